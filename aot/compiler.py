@@ -1,0 +1,118 @@
+"""The driver: trace -> schedule -> memory plan -> render -> build -> artifact."""
+from __future__ import annotations
+import importlib.resources, inspect, shutil, tempfile, time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+import numpy as np
+from aot.dtype import to_dtype
+from aot.ir import UOp, Ops
+from aot.schedule import schedule, Schedule, CompileError
+from aot.memory import memory_plan, weights_layout
+from aot.artifact import (Artifact, KernelInfo, c_name, render_header, render_model_c, render_weights_asm,
+                          write_manifest)
+from aot.build import build_library
+from aot.codegen.c import CRenderer, KERNEL_PRELUDE
+from aot.frontends.tensor import Tensor
+
+TARGETS = ("c",)
+# kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
+KERNELS_PER_FILE = 16
+
+@dataclass
+class Traced:
+  name: str
+  outputs: list[UOp]
+  inputs: list[UOp]
+
+def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
+  specs = []
+  for i, x in enumerate(example_inputs):
+    if isinstance(x, np.ndarray) or np.isscalar(x): x = np.asarray(x); specs.append((x.shape, to_dtype(x.dtype)))
+    elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (tuple, list)): specs.append((tuple(x[0]), to_dtype(x[1])))
+    else: raise TypeError(f"example input {i}: expected a numpy array or (shape, dtype), got {type(x).__name__}")
+  return specs
+
+def trace(fn: Callable, example_inputs: Sequence, name: str | None = None) -> Traced:
+  """Run a Tensor program once on named input placeholders; its outputs are the graph."""
+  specs = _input_specs(example_inputs)
+  try: params = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError): params = []
+  positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+  if params and not varargs and len(positional) < len(specs):
+    raise TypeError(f"{getattr(fn, '__name__', fn)} takes {len(positional)} inputs, {len(specs)} example inputs given")
+  names = [positional[i] if i < len(positional) else f"input{i}" for i in range(len(specs))]
+  inputs = [Tensor.input(n, shape, dt) for n, (shape, dt) in zip(names, specs)]
+  out = fn(*inputs)
+  outs = [out] if isinstance(out, Tensor) else list(out)
+  if not outs or not all(isinstance(o, Tensor) for o in outs):
+    raise TypeError(f"{getattr(fn, '__name__', fn)} must return a Tensor or a tuple of Tensors")
+  return Traced(c_name(name or getattr(fn, "__name__", "model")), [o.uop for o in outs], [t.uop for t in inputs])
+
+def resolve(what, example_inputs=None, name: str | None = None) -> Traced:
+  """Anything compile_model accepts, traced: a Tensor program with example inputs, or "models:NAME"."""
+  if isinstance(what, str) and what.startswith("models:"):
+    from aot.models import get
+    model = get(what.split(":", 1)[1])
+    return trace(model.forward, [(shape, dt) for _, shape, dt in model.inputs], name or model.name)
+  if callable(what):
+    if example_inputs is None: raise TypeError("compile_model(fn, example_inputs): example_inputs are needed to trace fn")
+    return trace(what, example_inputs, name)
+  raise TypeError(f"cannot compile {what!r}: expected a Tensor program or 'models:NAME'")
+
+def render_sources(name: str, sched: Schedule, renderer=CRenderer()) -> tuple[dict[str, str], list[KernelInfo], int, bytes]:
+  """Source files of the artifact, the kernel list, the arena size and the weights blob."""
+  arena = memory_plan(sched.kernels, sched.scratch)
+  blob_size = weights_layout(sched.consts)
+  blob = bytearray(blob_size)
+  for b in sched.consts: blob[b.offset:b.offset + b.nbytes] = np.ascontiguousarray(b.data, dtype=b.dtype.np).tobytes()
+  functions: dict[UOp, str] = {}
+  for k in sched.kernels:
+    if k.ast not in functions: functions[k.ast] = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
+  files, items = {}, list(functions.items())
+  protos = []
+  for i in range(0, len(items), KERNELS_PER_FILE):
+    chunk = items[i:i + KERNELS_PER_FILE]
+    files[f"kernels{i // KERNELS_PER_FILE}.c"] = KERNEL_PRELUDE + "\n" + "\n\n".join(renderer.render_kernel(fn, ast) for ast, fn in chunk) + "\n"
+  for ast, fn in items: protos.append(f"void {fn}({', '.join(renderer.param_decls(ast))});")
+  infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
+  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, [(functions[k.ast], k.bufs) for k in sched.kernels], protos)
+  files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), "c")
+  files["weights.S"] = render_weights_asm(name)
+  return files, infos, arena, bytes(blob)
+
+def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
+                  cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None) -> Artifact:
+  """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs) or "models:NAME" into an
+  artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact."""
+  if target not in TARGETS: raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+  t0 = time.perf_counter()
+  say = progress or (lambda s: None)
+  traced = resolve(what, example_inputs, name)
+  sched = schedule(traced.outputs, traced.inputs)
+  say(f"scheduled {len(sched.kernels)} kernels")
+  files, infos, arena, blob = render_sources(traced.name, sched)
+  out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{traced.name}_"))
+  # build in a staging folder and move into place only when everything worked: a failure leaves nothing behind
+  stage = Path(tempfile.mkdtemp(prefix=".aot_stage_", dir=out.parent if out.parent.exists() else None))
+  try:
+    src = stage / "src"
+    src.mkdir()
+    for fname, text in files.items(): (src / fname).write_text(text)
+    (src / "weights.bin").write_bytes(blob)
+    runtime = importlib.resources.files("aot.runtime_c")
+    for f in ("aot_runtime.c", "aot_runtime.h"): (src / f).write_text(runtime.joinpath(f).read_text())
+    sources = [f for f in files if f.endswith((".c", ".S"))] + ["aot_runtime.c"]
+    build_library(src, sources, stage / f"lib{traced.name}.so", cpu, cache,
+                  progress=lambda d, n: say(f"compiled {d}/{n} sources"))
+    shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
+    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, sched, infos, arena, len(blob),
+                   time.perf_counter() - t0)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")): old.unlink()
+    if (out / "src").exists(): shutil.rmtree(out / "src")
+    for p in stage.iterdir(): shutil.move(str(p), str(out / p.name))
+  finally:
+    shutil.rmtree(stage, ignore_errors=True)
+  return Artifact(out)

@@ -1,0 +1,56 @@
+"""Calling an artifact from Python: numpy arrays in, numpy arrays out, through cffi (ABI mode: no compiler needed)."""
+from __future__ import annotations
+import threading
+from pathlib import Path
+import numpy as np
+import cffi
+from aot.artifact import Artifact, api_type
+
+_ffi_lock = threading.Lock()
+
+class LoadedModel:
+  """One instance of a compiled model (its own arena). Calling it checks every input's shape and dtype."""
+  def __init__(self, artifact: Artifact):
+    self.artifact = a = artifact
+    self.ffi = ffi = cffi.FFI()
+    n = a.name
+    args = [f"const {api_type(t.dtype)} *" for t in a.inputs] + [f"{api_type(t.dtype)} *" for t in a.outputs]
+    ffi.cdef(f"""typedef struct {n}_model {n}_model;
+      int {n}_create({n}_model **out); int {n}_run({n}_model *m, {', '.join(args)});
+      void {n}_destroy({n}_model *m); const char *{n}_last_error(const {n}_model *m);""")
+    with _ffi_lock: self.lib = ffi.dlopen(str(a.library_path))
+    self._run, self._destroy = getattr(self.lib, f"{n}_run"), getattr(self.lib, f"{n}_destroy")
+    self._last_error = getattr(self.lib, f"{n}_last_error")
+    out = ffi.new(f"{n}_model **")
+    if (status := getattr(self.lib, f"{n}_create")(out)) != 0:
+      raise RuntimeError(f"{n}_create failed with status {status}")
+    self._model = out[0]
+    self._ptr_types = args
+
+  def __call__(self, *arrays: np.ndarray):
+    a = self.artifact
+    if len(arrays) != len(a.inputs):
+      raise TypeError(f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), got {len(arrays)}")
+    ins = []
+    for t, x in zip(a.inputs, arrays):
+      x = np.asarray(x)
+      if x.shape != t.shape:
+        raise ValueError(f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}")
+      if x.dtype != t.dtype.np:
+        raise TypeError(f"{a.name} input '{t.name}': expected dtype {t.dtype.name}, got {x.dtype}")
+      ins.append(np.ascontiguousarray(x))
+    outs = [np.empty(t.shape, dtype=t.dtype.np) for t in a.outputs]
+    ptrs = [self.ffi.cast(pt, x.ctypes.data) for pt, x in zip(self._ptr_types, ins + outs)]
+    if (status := self._run(self._model, *ptrs)) != 0:
+      raise RuntimeError(f"{a.name}_run failed (status {status}): {self.ffi.string(self._last_error(self._model)).decode()}")
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+  def close(self):
+    if getattr(self, "_model", None) is not None:
+      self._destroy(self._model)
+      self._model = None
+  def __del__(self): self.close()
+
+def load(what) -> LoadedModel:
+  """A callable over a compiled artifact (an Artifact or its folder)."""
+  return LoadedModel(what if isinstance(what, Artifact) else Artifact(Path(what)))

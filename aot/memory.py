@@ -1,0 +1,39 @@
+"""The memory plan: every scratch buffer gets an offset in one arena, reusing space between buffers whose lifetimes
+(first write to last read, in kernel order) do not overlap."""
+from __future__ import annotations
+from aot.schedule import Kernel, Buffer
+
+ALIGN = 64  # a cache line, and enough for any vector load
+
+def _align(n: int) -> int: return (n + ALIGN - 1) // ALIGN * ALIGN
+
+def memory_plan(kernels: list[Kernel], scratch: list[Buffer]) -> int:
+  """Assign buf.offset to each scratch buffer; return the arena size in bytes. Largest first, best fit."""
+  first: dict[int, int] = {}
+  last: dict[int, int] = {}
+  for i, k in enumerate(kernels):
+    for b in k.bufs:
+      first.setdefault(id(b), i)
+      last[id(b)] = i
+  placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+  arena = 0
+  for b in sorted(scratch, key=lambda b: (-b.nbytes, first.get(id(b), 0))):
+    lo, hi, size = first.get(id(b), 0), last.get(id(b), 0), _align(b.nbytes)
+    busy = sorted((o, e) for o, e, f, l in placed if not (l < lo or f > hi))
+    best, best_gap, cur = None, None, 0
+    for o, e in busy:
+      if o - cur >= size and (best_gap is None or o - cur < best_gap): best, best_gap = cur, o - cur
+      cur = max(cur, e)
+    if best is None: best = cur
+    b.offset = best
+    placed.append((best, best + size, lo, hi))
+    arena = max(arena, best + size)
+  return arena
+
+def weights_layout(consts: list[Buffer]) -> int:
+  """Offsets of constant buffers in the weights blob; return its size."""
+  off = 0
+  for b in consts:
+    b.offset = off
+    off = _align(off + b.nbytes)
+  return off

@@ -1,0 +1,349 @@
+"""The scheduler: a tensor graph becomes an ordered list of kernels (rangeify).
+
+Order of passes, each a rule list: inline calls and fold constants (prepare) -> decide what is materialised
+(stages) -> lower each stage to one kernel by pushing INDEX through the graph (movement ops become index arithmetic,
+reduces become accumulators over new ranges) -> finalise (buffers become numbered params, so equal kernels are one UOp).
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass, field
+import numpy as np
+from aot.dtype import dtypes, DType, min_value
+from aot.ir import UOp, Ops, GroupOp, BufferArg, ConstData, ReduceOp, prod
+from aot.rewrite import UPat, PatternMatcher, graph_rewrite, substitute
+from aot.symbolic import simplify, pm_simplify
+from aot.interpret import evaluate
+
+class CompileError(Exception):
+  """A problem in the user's program or model, stated so they can act on it."""
+
+@dataclass(eq=False)
+class Buffer:
+  kind: str                    # "input" | "output" | "const" | "scratch"
+  dtype: DType
+  size: int                    # elements
+  name: str = ""
+  index: int = -1              # position among inputs/outputs
+  shape: tuple = ()
+  data: np.ndarray | None = None
+  offset: int = 0              # bytes into the arena (scratch) or the weights blob (const)
+  @property
+  def nbytes(self) -> int: return self.size * self.dtype.itemsize
+  def __repr__(self) -> str: return f"{self.kind}:{self.name or '?'}[{self.size}]{self.dtype.name}"
+
+@dataclass(eq=False)
+class Kernel:
+  name: str
+  ast: UOp                     # STORE(DEFINE_GLOBAL(0), index, value) over RANGEs and ACCUMULATEs
+  bufs: list[Buffer]           # argument slot -> buffer; slot 0 is written
+  shape: tuple[int, ...]       # the stored tensor's shape
+  @property
+  def out(self) -> Buffer: return self.bufs[0]
+
+@dataclass
+class Schedule:
+  kernels: list[Kernel]
+  inputs: list[Buffer]
+  outputs: list[Buffer]
+  consts: list[Buffer] = field(default_factory=list)
+  scratch: list[Buffer] = field(default_factory=list)
+
+# *** prepare: inline calls, fold constants ***
+
+def inline_call(c: UOp) -> UOp:
+  fn, args = c.src[0], c.src[1:]
+  params = {p.arg[0]: p for p in fn.toposort() if p.op is Ops.PARAM}
+  if len(params) > len(args): raise TypeError(f"{fn.arg}() expects {len(params)} arguments, got {len(args)}")
+  for slot, p in params.items():
+    a = args[slot]
+    if a.shape != p.arg[1] or a.dtype != p.dtype:
+      raise TypeError(f"{fn.arg}() argument '{p.arg[2]}': body expects shape {p.arg[1]} {p.dtype.name}, "
+                      f"got shape {a.shape} {a.dtype.name}")
+  return substitute(fn.src[c.arg], {p: args[slot] for slot, p in params.items()})
+
+def _const_base(u: UOp) -> UOp | None:
+  """The CONST or constant BUFFER under a chain of movement ops, else None."""
+  while u.op in GroupOp.Movement: u = u.src[0]
+  return u if u.op is Ops.CONST or (u.op is Ops.BUFFER and u.arg.kind == "const") else None
+
+def _splat(u: UOp) -> bool:
+  """Every element is the same scalar (a CONST seen through reshapes and expands)."""
+  while u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP): u = u.src[0]
+  return u.op is Ops.CONST
+
+# folding must not blow a broadcast weight up into a huge constant: fold when the result is no bigger than this
+# or than the constants it comes from
+FOLD_MAX_ELEMENTS = 1 << 16
+
+def fold_constant(x: UOp) -> UOp | None:
+  bases = [_const_base(s) for s in x.src]
+  if any(b is None for b in bases): return None
+  if x.op is not Ops.REDUCE and all(_splat(s) for s in x.src):
+    v = evaluate(x.replace(src=tuple(b for b in bases)) if x.op is not Ops.GATHER else x).reshape(-1)
+    if x.op is not Ops.GATHER: return UOp.const(x.dtype, v[0].item()).reshape((1,) * len(x.shape)).expand(x.shape)
+  if x.numel > max([FOLD_MAX_ELEMENTS] + [b.numel for b in bases if b.op is Ops.BUFFER]): return None
+  arr = np.ascontiguousarray(evaluate(x))
+  arr.flags.writeable = False
+  return UOp(Ops.BUFFER, x.dtype, (), BufferArg("folded", x.shape, "const", ConstData(arr)))
+
+def _collapse_movement(x: UOp) -> UOp | None:
+  s = x.src[0]
+  if x.op is Ops.RESHAPE and s.op is Ops.RESHAPE: return s.src[0].reshape(x.arg)
+  if x.op is Ops.PERMUTE and s.op is Ops.PERMUTE: return s.src[0].permute(tuple(s.arg[i] for i in x.arg))
+  if x.op is Ops.EXPAND and s.op is Ops.EXPAND: return s.src[0].expand(x.arg)
+  return None
+
+pm_prepare = PatternMatcher([
+  # a call is its body with the parameters replaced by the arguments
+  (UPat(Ops.CALL, name="c"), inline_call),
+  # anything computed only from constants is computed now
+  (UPat(GroupOp.Compute, name="x"), fold_constant),
+  # two movement ops of one kind are one
+  (UPat(GroupOp.Movement, name="x"), _collapse_movement),
+  # a contiguous constant is already a buffer
+  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.BUFFER, name="b"),)), lambda b: b),
+])
+
+# *** lowering: INDEX pushed down a stage's graph until it reaches loads ***
+
+class Lowering:
+  def __init__(self, stages: dict[UOp, Buffer]):
+    self.stages = stages               # tensor node -> the buffer it is stored in
+    self.pending: list[UOp] = []       # stages found while lowering, still to be lowered
+    self.trip: dict[UOp, int] = {}     # RANGE -> iterations of the loop nest down to and including it
+    self.leaves: dict[UOp, Buffer] = {}
+    self.nrange = 0
+    self._ranges: dict[UOp, tuple] = {}
+
+  def new_range(self, size: int, kind: str, outer_trip: int) -> UOp:
+    r = UOp(Ops.RANGE, dtypes.index, (), (self.nrange, size, kind))
+    self.nrange += 1
+    self.trip[r] = outer_trip * size
+    return r
+
+  def ranges_in(self, u: UOp) -> tuple:
+    if (ret := self._ranges.get(u)) is None:
+      self._ranges[u] = ret = tuple(r for r in u.toposort() if r.op is Ops.RANGE)
+    return ret
+
+  def trip_of(self, idxs) -> int:
+    return max([1] + [self.trip[r] for i in idxs for r in self.ranges_in(i)])
+
+  def stage(self, x: UOp) -> Buffer:
+    if x not in self.stages:
+      self.stages[x] = Buffer("scratch", x.dtype, x.numel, shape=x.shape)
+      self.pending.append(x)
+    return self.stages[x]
+
+  def buffer_of(self, b: UOp) -> Buffer:
+    if b not in self.leaves:
+      arg: BufferArg = b.arg
+      self.leaves[b] = Buffer(arg.kind, b.dtype, prod(arg.shape), arg.name, shape=arg.shape,
+                              data=arg.data.array if arg.data is not None else None)
+    return self.leaves[b]
+
+def make_index(x: UOp, gate: UOp, idxs, root: bool = False) -> UOp:
+  return UOp(Ops.INDEX, x.dtype, (x, simplify(gate), *(simplify(i) if isinstance(i, UOp) else UOp.const(dtypes.index, i)
+                                                        for i in idxs)), "root" if root else None)
+
+def flat_index(idxs, shape) -> UOp:
+  ret, stride = UOp.const(dtypes.index, 0), 1
+  for i, s in reversed(list(zip(idxs, shape))):
+    if s != 1: ret = ret + i * stride
+    stride *= s
+  return simplify(ret)
+
+def load(buf: UOp, dtype: DType, idxs, shape, gate: UOp) -> UOp:
+  return UOp(Ops.LOAD, dtype, (buf, flat_index(idxs, shape), gate))
+
+def reshape_index(idxs, out_shape, in_shape) -> list:
+  """Indices into in_shape for indices into out_shape, matched group by group (dims whose products agree) so that
+  unrelated axes never meet in one division."""
+  res, o, i = [], 0, 0
+  zero = UOp.const(dtypes.index, 0)
+  while i < len(in_shape):
+    if in_shape[i] == 1: res.append(zero); i += 1; continue
+    while out_shape[o] == 1: o += 1
+    og, ig, po, pi = [o], [i], out_shape[o], in_shape[i]
+    o, i = o + 1, i + 1
+    while po != pi:
+      if po < pi: og.append(o); po *= out_shape[o]; o += 1
+      else: ig.append(i); pi *= in_shape[i]; i += 1
+    flat = flat_index([idxs[k] for k in og], [out_shape[k] for k in og])
+    stride = pi
+    for k in ig:
+      stride //= in_shape[k]
+      res.append(zero if in_shape[k] == 1 else simplify((flat // stride) % in_shape[k]) if k != ig[0] else simplify(flat // stride))
+  return res
+
+def _index_movement(i: UOp, x: UOp):
+  gate, idxs, src = i.src[1], list(i.src[2:]), x.src[0]
+  if x.op is Ops.RESHAPE: return make_index(src, gate, reshape_index(idxs, x.shape, src.shape))
+  if x.op is Ops.PERMUTE:
+    new = [None] * len(idxs)
+    for k, p in enumerate(x.arg): new[p] = idxs[k]
+    return make_index(src, gate, new)
+  if x.op is Ops.EXPAND: return make_index(src, gate, [0 if s == 1 else ix for ix, s in zip(idxs, src.shape)])
+  if x.op is Ops.SHRINK: return make_index(src, gate, [ix + a for ix, (a, _) in zip(idxs, x.arg)])
+  if x.op is Ops.FLIP: return make_index(src, gate, [(s - 1) - ix if k in x.arg else ix for k, (ix, s) in enumerate(zip(idxs, src.shape))])
+  if x.op is Ops.PAD:
+    pads, value = x.arg
+    valid = UOp.const(dtypes.bool, True)
+    for ix, (a, _), s in zip(idxs, pads, src.shape):
+      if a or _: valid = valid & ix.ge(a) & ix.lt(a + s)
+    valid = simplify(valid)
+    inner = make_index(src, gate & valid, [ix - a for ix, (a, _) in zip(idxs, pads)])
+    return simplify(UOp(Ops.WHERE, x.dtype, (valid, inner, UOp.const(x.dtype, value))))
+
+def _index_compute(ctx: Lowering, i: UOp, x: UOp):
+  """Push the index into a computed node, or load it from a buffer when computing it here would repeat work."""
+  gate, idxs = i.src[1], i.src[2:]
+  if i.arg != "root" and ctx.trip_of(idxs) > x.numel: return _index_stage(ctx, i, ctx.stage(x))
+  if x.op is Ops.REDUCE:
+    rop, axes = x.arg
+    outer = ctx.trip_of(idxs)
+    new, rngs = [], []
+    for k, (ix, s) in enumerate(zip(idxs, x.src[0].shape)):
+      if k not in axes: new.append(ix)
+      elif s == 1: new.append(UOp.const(dtypes.index, 0))
+      else:
+        rngs.append(r := ctx.new_range(s, "reduce", outer))
+        outer = ctx.trip[r]
+        new.append(r)
+    return UOp(Ops.ACCUMULATE, x.dtype, (make_index(x.src[0], gate, new), *rngs), rop)
+  if x.op is Ops.GATHER:
+    data, index, axis = x.src[0], x.src[1], x.arg
+    n = data.shape[axis]
+    v = make_index(index, gate, idxs).cast(dtypes.index) if index.dtype != dtypes.index else make_index(index, gate, idxs)
+    # negative indices count from the end; anything still outside is clamped so a bad index never reads out of bounds
+    v = UOp(Ops.WHERE, dtypes.index, (v.lt(0), v + n, v))
+    v = UOp(Ops.MAX, dtypes.index, (UOp(Ops.MIN, dtypes.index, (v, UOp.const(dtypes.index, n - 1))), UOp.const(dtypes.index, 0)))
+    return make_index(data, gate, [v if k == axis else ix for k, ix in enumerate(idxs)])
+  return x.replace(src=tuple(make_index(s, gate, idxs) for s in x.src))
+
+def _index_stage(ctx: Lowering, i: UOp, buf: Buffer) -> UOp:
+  x = i.src[0]
+  return load(UOp(Ops.BUF, x.dtype, (), buf), x.dtype, i.src[2:], x.shape, i.src[1])
+
+def _unlowerable(x: UOp):
+  raise CompileError(f"cannot lower {x.op.name} (was it inlined?)")
+
+pm_lower = PatternMatcher([
+  # a stage is read from its buffer (except inside its own kernel)
+  (UPat(Ops.INDEX, name="i"), lambda ctx, i: _index_stage(ctx, i, ctx.stages[i.src[0]])
+   if i.src[0] in ctx.stages and i.arg != "root" else None),
+  (UPat(Ops.INDEX, src=(UPat(Ops.BUFFER, name="x"),), allow_any_len=True, name="i"),
+   lambda ctx, i, x: _index_stage(ctx, i, ctx.buffer_of(x))),
+  (UPat(Ops.INDEX, src=(UPat(Ops.CONST, name="x"),), allow_any_len=True), lambda x: x),
+  # movement ops are index arithmetic
+  (UPat(Ops.INDEX, src=(UPat(GroupOp.Movement, name="x"),), allow_any_len=True, name="i"), _index_movement),
+  (UPat(Ops.INDEX, src=(UPat(Ops.CONTIGUOUS, name="x"),), allow_any_len=True, name="i"),
+   lambda i, x: make_index(x.src[0], i.src[1], i.src[2:])),
+  (UPat(Ops.INDEX, src=(UPat(GroupOp.Compute, name="x"),), allow_any_len=True, name="i"), _index_compute),
+  (UPat(Ops.INDEX, src=(UPat((Ops.PARAM, Ops.CALL, Ops.FUNCTION), name="x"),), allow_any_len=True), _unlowerable),
+  # loads that can never happen read nothing; loads that always happen need no gate
+  (UPat(Ops.LOAD, src=(UPat(), UPat(), UPat(Ops.CONST, arg=False)), name="l"), lambda l: l.const_like(0)),
+])
+
+# a value computed in a kernel may still simplify once its loads are known (a gated load of a constant, say)
+pm_finish = pm_simplify
+
+def lower_stage(ctx: Lowering, x: UOp, buf: Buffer) -> UOp:
+  rngs, trip = [], 1
+  for s in x.shape:
+    if s == 1: rngs.append(UOp.const(dtypes.index, 0)); continue
+    rngs.append(r := ctx.new_range(s, "loop", trip))
+    trip = ctx.trip[r]
+  root = make_index(x, UOp.const(dtypes.bool, True), rngs, root=True)
+  store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.BUF, x.dtype, (), buf), flat_index(rngs, x.shape), root))
+  return graph_rewrite(graph_rewrite(store, pm_lower, ctx), pm_finish)
+
+def finalize(store: UOp) -> tuple[UOp, list[Buffer]]:
+  """Buffers become DEFINE_GLOBAL slots (the written one first) and ranges are numbered in order of appearance, so two
+  kernels that do the same work on different buffers are the same UOp."""
+  bufs: list[Buffer] = []
+  mapping: dict[UOp, UOp] = {}
+  topo = store.toposort()
+  for u in topo:
+    if u.op is Ops.BUF:
+      bufs.append(u.arg)
+      mapping[u] = UOp(Ops.DEFINE_GLOBAL, u.dtype, (), len(bufs) - 1)
+  # ranges keep their creation order (output axes in order, then reductions), which is the loop nesting order
+  for n, r in enumerate(sorted((u for u in topo if u.op is Ops.RANGE), key=lambda r: r.arg[0])):
+    mapping[r] = UOp(Ops.RANGE, dtypes.index, (), (n, *r.arg[1:]))
+  return substitute(store, mapping), bufs
+
+def kernel_name(i: int, ast: UOp, shape) -> str:
+  kind = "r" if any(u.op is Ops.ACCUMULATE for u in ast.toposort()) else "e"
+  return f"k{i}_{kind}_" + ("_".join(str(s) for s in shape) or "1")
+
+def schedule(outputs: list[UOp], input_order: list[UOp]) -> Schedule:
+  sink = UOp(Ops.SINK, dtypes.void, tuple(outputs))
+  sink = graph_rewrite(sink, pm_prepare)
+  outputs = list(sink.src)
+
+  # what is materialised: a computed node read by more than one node; the rest fuses into its reader, except where
+  # lowering finds that fusing would repeat work (see _index_compute)
+  parents: dict[UOp, set] = {}
+  for u in sink.toposort():
+    for s in u.src: parents.setdefault(s, set()).add(u)
+  stages: dict[UOp, Buffer] = {}
+  out_bufs = []
+  for k, o in enumerate(outputs):
+    b = Buffer("output", o.dtype, o.numel, f"output{k}", k, o.shape)
+    out_bufs.append(b)
+  ctx = Lowering(stages)
+  for u, ps in parents.items():
+    if (u.op in GroupOp.Compute and len(ps) > 1) or u.op is Ops.CONTIGUOUS: ctx.stage(u)
+
+  # lower: outputs first (their stages may be found while lowering), then every stage found
+  lowered: dict[int, tuple[UOp, Buffer, UOp]] = {}
+  work: list[tuple[UOp, Buffer]] = []
+  for o, b in zip(outputs, out_bufs):
+    if o in stages and stages[o].kind == "scratch" and o not in [w[0] for w in work]:
+      # an output that others also read is computed straight into the output buffer
+      stages[o] = b
+      ctx.pending.remove(o)
+    work.append((o, b))
+  work += [(x, stages[x]) for x in ctx.pending]
+  ctx.pending = []
+  seen: set = set()
+  deps: dict[int, list[Buffer]] = {}
+  while work:
+    x, b = work.pop(0)
+    if id(b) in seen: continue
+    seen.add(id(b))
+    if x.numel == 0: continue
+    store = lower_stage(ctx, x, b) if b is stages.get(x, b) else lower_stage(ctx, _copy_of(x), b)
+    lowered[id(b)] = (store, b, x)
+    deps[id(b)] = [u.arg for u in store.toposort() if u.op is Ops.BUF and u.arg is not b]
+    work += [(y, stages[y]) for y in ctx.pending]
+    ctx.pending = []
+
+  # kernel order: each kernel after the kernels whose buffers it reads (depth first from the outputs, in order)
+  order: list[int] = []
+  visiting: set = set()
+  def visit(bid: int):
+    if bid in visiting or bid not in lowered: return
+    visiting.add(bid)
+    for d in deps[bid]: visit(id(d))
+    order.append(bid)
+  for b in out_bufs: visit(id(b))
+
+  kernels = []
+  for bid in order:
+    store, b, x = lowered[bid]
+    ast, bufs = finalize(store)
+    kernels.append(Kernel(kernel_name(len(kernels), ast, x.shape), ast, bufs, x.shape))
+
+  used = {id(b): b for k in kernels for b in k.bufs}
+  inputs = []
+  for n, u in enumerate(input_order):
+    inputs.append(ctx.leaves.get(u) or Buffer("input", u.dtype, u.numel, u.arg.name, shape=u.shape))
+    inputs[-1].index = n
+  return Schedule(kernels, inputs, out_bufs, consts=[b for b in used.values() if b.kind == "const"],
+                  scratch=[b for b in used.values() if b.kind == "scratch"])
+
+def _copy_of(x: UOp) -> UOp:
+  # an output that is the same node as an earlier output: copy it (CONTIGUOUS lowers to a plain read)
+  return UOp(Ops.CONTIGUOUS, x.dtype, (x,))

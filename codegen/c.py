@@ -1,0 +1,111 @@
+"""The C renderer: one C99 function per distinct kernel, from the linearized instruction list.
+The table of ops is shared by every C-family target (C, CUDA, HIP, Metal): a new target overrides entries."""
+from __future__ import annotations
+import math
+from aot.dtype import DType, dtypes, min_value, max_value
+from aot.ir import UOp, Ops, ReduceOp
+from aot.codegen.linearize import linearize
+
+def _fn(name: str):
+  # libm spelling per float type; half computes in float
+  def render(dt: DType, a: str) -> str:
+    if dt == dtypes.float64: return f"{name}({a})"
+    if dt == dtypes.float32: return f"{name}f({a})"
+    return f"(({dt.cname}){name}f((float)({a})))"
+  return lambda dt, a: render(dt, a)
+
+def _maxmin(cmp: str):
+  # numpy's maximum/minimum propagate NaN: keep a when it is NaN
+  return lambda dt, a, b: f"((({a}) {cmp} ({b}) || ({a}) != ({a})) ? ({a}) : ({b}))" if dt.is_float else f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
+
+class CRenderer:
+  kernel_prefix = "__attribute__((visibility(\"hidden\"))) void"
+  restrict = "restrict"
+  code_for_op = {
+    Ops.NEG: lambda dt, a: f"(-{a})" if dt != dtypes.bool else f"(!{a})",
+    Ops.EXP: _fn("exp"), Ops.LOG: _fn("log"), Ops.SQRT: _fn("sqrt"), Ops.SIN: _fn("sin"), Ops.COS: _fn("cos"),
+    Ops.TANH: _fn("tanh"), Ops.ERF: _fn("erf"), Ops.FLOOR: _fn("floor"), Ops.CEIL: _fn("ceil"), Ops.ROUND: _fn("rint"),
+    Ops.RECIP: lambda dt, a: f"(({dt.cname})1/({a}))",
+    Ops.ABS: lambda dt, a: _fn("fabs")(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))",
+    Ops.NOT: lambda dt, a: f"(!{a})" if dt == dtypes.bool else f"(~{a})",
+    Ops.ADD: lambda dt, a, b: f"({a}+{b})", Ops.SUB: lambda dt, a, b: f"({a}-{b})", Ops.MUL: lambda dt, a, b: f"({a}*{b})",
+    Ops.DIV: lambda dt, a, b: f"({a}/{b})", Ops.IDIV: lambda dt, a, b: f"({a}/{b})",
+    Ops.MOD: lambda dt, a, b: (f"fmod({a}, {b})" if dt == dtypes.float64 else f"fmodf({a}, {b})") if dt.is_float else f"({a}%{b})",
+    Ops.MAX: _maxmin(">"), Ops.MIN: _maxmin("<"),
+    Ops.POW: lambda dt, a, b: f"pow({a}, {b})" if dt == dtypes.float64 else f"(({dt.cname})powf({a}, {b}))",
+    Ops.CMPLT: lambda dt, a, b: f"({a}<{b})", Ops.CMPLE: lambda dt, a, b: f"({a}<={b})",
+    Ops.CMPEQ: lambda dt, a, b: f"({a}=={b})", Ops.CMPNE: lambda dt, a, b: f"({a}!={b})",
+    Ops.AND: lambda dt, a, b: f"({a}&&{b})" if dt == dtypes.bool else f"({a}&{b})",
+    Ops.OR: lambda dt, a, b: f"({a}||{b})" if dt == dtypes.bool else f"({a}|{b})",
+    Ops.XOR: lambda dt, a, b: f"({a}^{b})",
+    Ops.WHERE: lambda dt, c, a, b: f"({c}?{a}:{b})",
+  }
+
+  def literal(self, dt: DType, v) -> str:
+    if dt == dtypes.bool: return "1" if v else "0"
+    if dt.is_float:
+      special = math.isnan(v) or math.isinf(v)
+      s = "NAN" if math.isnan(v) else ("INFINITY" if v > 0 else "(-INFINITY)") if math.isinf(v) else float(v).hex()
+      if dt == dtypes.float32 and not special: s += "f"
+      if dt == dtypes.float16: s = f"(({dt.cname}){s})"
+      return f"({s})" if s.startswith("-") else s
+    if v == min_value(dt) and dt.itemsize >= 4: return f"(({dt.cname})({v + 1}{'LL' if dt.itemsize == 8 else ''}-1))"
+    suffix = {8: "ULL" if dt.kind == "u" else "LL"}.get(dt.itemsize, "U" if dt.kind == "u" and dt.itemsize == 4 else "")
+    s = f"{v}{suffix}" if dt == dtypes.index or dt.itemsize >= 4 else f"(({dt.cname}){v})"
+    return f"({s})" if v < 0 else s
+
+  def identity(self, op: ReduceOp, dt: DType) -> str:
+    return self.literal(dt, {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: min_value(dt), ReduceOp.MIN: max_value(dt)}[op])
+
+  def accumulate(self, op: ReduceOp, dt: DType, acc: str, v: str) -> str:
+    if op is ReduceOp.SUM: return f"{acc} += {v};"
+    if op is ReduceOp.PROD: return f"{acc} *= {v};"
+    return f"{acc} = {self.code_for_op[Ops.MAX if op is ReduceOp.MAX else Ops.MIN](dt, v, acc)};"
+
+  def param_decls(self, ast: UOp) -> list[str]:
+    params = sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
+    return [f"{'' if p.arg == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.arg}" for p in params]
+
+  def render_kernel(self, name: str, ast: UOp) -> str:
+    names: dict[UOp, str] = {}
+    def r(u: UOp) -> str:
+      if u.op is Ops.CONST: return self.literal(u.dtype, u.arg)
+      return names[u]
+    lines, depth = [f"{self.kernel_prefix} {name}({', '.join(self.param_decls(ast))}) {{"], 1
+    for kind, u in linearize(ast):
+      ind = "  " * depth
+      if kind == "loop":
+        names[u] = f"r{u.arg[0]}"
+        lines.append(f"{ind}for (int {names[u]} = 0; {names[u]} < {u.arg[1]}; {names[u]}++) {{"); depth += 1
+      elif kind == "end":
+        depth -= 1; lines.append("  " * depth + "}")
+      elif kind == "acc_init":
+        names[u] = f"acc{len(names)}"
+        lines.append(f"{ind}{u.dtype.cname} {names[u]} = {self.identity(u.arg, u.dtype)};")
+      elif kind == "acc_update":
+        lines.append(f"{ind}{self.accumulate(u.arg, u.dtype, names[u], r(u.src[0]))}")
+      elif kind == "store":
+        lines.append(f"{ind}d{u.src[0].arg}[{r(u.src[1])}] = {r(u.src[2])};")
+      else:
+        names[u] = f"v{len(names)}"
+        lines.append(f"{ind}const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
+    return "\n".join(lines + ["}"])
+
+  def render_value(self, u: UOp, r) -> str:
+    if u.op is Ops.LOAD:
+      buf, idx, gate = u.src
+      access = f"d{buf.arg}[{r(idx)}]"
+      return access if gate.op is Ops.CONST and gate.arg else f"({r(gate)} ? {access} : {self.literal(u.dtype, 0)})"
+    if u.op is Ops.CAST:
+      return f"(({u.dtype.cname})({r(u.src[0])} != 0))" if u.dtype == dtypes.bool else f"(({u.dtype.cname}){r(u.src[0])})"
+    if u.op is Ops.BITCAST:
+      return f"({{ {u.dtype.cname} t_; {u.src[0].dtype.cname} s_ = {r(u.src[0])}; __builtin_memcpy(&t_, &s_, sizeof t_); t_; }})"
+    if u.op in self.code_for_op:
+      dt = u.src[-1].dtype if u.op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE) else u.dtype
+      return self.code_for_op[u.op](dt, *[r(s) for s in u.src])
+    raise NotImplementedError(f"C renderer: no rule for {u.op.name}")
+
+KERNEL_PRELUDE = """#include <math.h>
+#include <stdint.h>
+#include <stdbool.h>
+"""

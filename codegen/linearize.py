@@ -1,0 +1,61 @@
+"""Lowering a kernel to loops: every node is placed in the innermost loop it depends on (so nothing is recomputed in a
+loop it does not vary in), and reductions open their own loops where their accumulator lives.
+
+The result is a flat instruction list shared by every renderer: ("loop", RANGE) ... ("end", RANGE), ("value", node),
+("acc_init", ACCUMULATE), ("acc_update", ACCUMULATE), ("store", STORE). A RANGE's kind ("loop", "reduce", and later
+"global"/"parallel"/"vector") is what optimisation passes and GPU renderers change; the placement is decided here once.
+"""
+from __future__ import annotations
+from aot.ir import UOp, Ops
+
+ROOT = None
+
+def linearize(ast: UOp) -> list[tuple[str, UOp]]:
+  topo = ast.toposort()
+  deps: dict[UOp, frozenset] = {}
+  for u in topo:
+    if u.op is Ops.RANGE: deps[u] = frozenset([u])
+    elif u.op is Ops.ACCUMULATE: deps[u] = deps[u.src[0]] - frozenset(u.src[1:])
+    else: deps[u] = frozenset().union(*(deps[s] for s in u.src))
+
+  # the loop tree: output loops nest in order; a reduction's loops nest inside the loop its accumulator is placed in
+  depth: dict = {ROOT: 0}
+  parent_child: dict = {}
+  outer = sorted((r for r in topo if r.op is Ops.RANGE and r.arg[2] != "reduce"), key=lambda r: r.arg[0])
+  prev = ROOT
+  for r in outer:
+    depth[r], parent_child[prev] = depth[prev] + 1, r
+    prev = r
+  block: dict[UOp, object] = {}
+  def place(u: UOp):
+    return max(deps[u], key=lambda r: depth[r], default=ROOT)
+  for u in reversed(topo):
+    if u.op is Ops.ACCUMULATE:
+      b = place(u)
+      for r in u.src[1:]:
+        depth[r] = depth[b] + 1
+        b = r
+  contents: dict = {}
+  for u in topo:
+    if u.op in (Ops.RANGE, Ops.CONST, Ops.DEFINE_GLOBAL): continue
+    block[u] = place(u)
+    contents.setdefault(block[u], []).append(u)
+
+  out: list[tuple[str, UOp]] = []
+  def emit_block(b, inner=None):
+    """Emit what is placed in block b, then what nests inside it (the next output loop, or the rest of a reduction)."""
+    for u in contents.get(b, []):
+      if u.op is Ops.ACCUMULATE:
+        out.append(("acc_init", u))
+        emit_reduce(u, 1)
+      else: out.append(("store" if u.op is Ops.STORE else "value", u))
+    if inner is not None: inner()
+    elif (child := parent_child.get(b)) is not None:
+      out.append(("loop", child)); emit_block(child); out.append(("end", child))
+  def emit_reduce(acc: UOp, i: int):
+    r = acc.src[i]
+    out.append(("loop", r))
+    emit_block(r, (lambda: emit_reduce(acc, i + 1)) if i + 1 < len(acc.src) else (lambda: out.append(("acc_update", acc))))
+    out.append(("end", r))
+  emit_block(ROOT)
+  return out
