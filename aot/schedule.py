@@ -113,6 +113,7 @@ class Lowering:
     self.trip: dict[UOp, int] = {}     # RANGE -> iterations of the loop nest down to and including it
     self.leaves: dict[UOp, Buffer] = {}
     self.nrange = 0
+    self.uses: dict[UOp, set] = {}     # computed node -> the INDEX nodes that read it (more than one: stage it)
     self._ranges: dict[UOp, tuple] = {}
 
   def new_range(self, size: int, kind: str, outer_trip: int) -> UOp:
@@ -198,7 +199,9 @@ def _index_movement(i: UOp, x: UOp):
 def _index_compute(ctx: Lowering, i: UOp, x: UOp):
   """Push the index into a computed node, or load it from a buffer when computing it here would repeat work."""
   gate, idxs = i.src[1], i.src[2:]
-  if i.arg != "root" and ctx.trip_of(idxs) > x.numel: return _index_stage(ctx, i, ctx.stage(x))
+  if i.arg != "root": ctx.uses.setdefault(x, set()).add(i)
+  # the loops around this point run trip_of(idxs) times; if the index can take fewer distinct values, work repeats
+  if i.arg != "root" and ctx.trip_of(idxs) > prod(ix.vmax - ix.vmin + 1 for ix in idxs): return _index_stage(ctx, i, ctx.stage(x))
   if x.op is Ops.REDUCE:
     rop, axes = x.arg
     outer = ctx.trip_of(idxs)
@@ -277,48 +280,51 @@ def kernel_name(i: int, ast: UOp, shape) -> str:
   kind = "r" if any(u.op is Ops.ACCUMULATE for u in ast.toposort()) else "e"
   return f"k{i}_{kind}_" + ("_".join(str(s) for s in shape) or "1")
 
-def schedule(outputs: list[UOp], input_order: list[UOp]) -> Schedule:
-  sink = UOp(Ops.SINK, dtypes.void, tuple(outputs))
-  sink = graph_rewrite(sink, pm_prepare)
-  outputs = list(sink.src)
-
-  # what is materialised: a computed node read by more than one node; the rest fuses into its reader, except where
-  # lowering finds that fusing would repeat work (see _index_compute)
-  parents: dict[UOp, set] = {}
-  for u in sink.toposort():
-    for s in u.src: parents.setdefault(s, set()).add(u)
-  stages: dict[UOp, Buffer] = {}
-  out_bufs = []
-  for k, o in enumerate(outputs):
-    b = Buffer("output", o.dtype, o.numel, f"output{k}", k, o.shape)
-    out_bufs.append(b)
-  ctx = Lowering(stages)
-  for u, ps in parents.items():
-    if (u.op in GroupOp.Compute and len(ps) > 1) or u.op is Ops.CONTIGUOUS: ctx.stage(u)
-
-  # lower: outputs first (their stages may be found while lowering), then every stage found
-  lowered: dict[int, tuple[UOp, Buffer, UOp]] = {}
+def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp]):
+  """Lower every stage reachable from the outputs, given the nodes that must be stages."""
+  ctx = Lowering({})
+  for u in forced: ctx.stage(u)
   work: list[tuple[UOp, Buffer]] = []
   for o, b in zip(outputs, out_bufs):
-    if o in stages and stages[o].kind == "scratch" and o not in [w[0] for w in work]:
+    if o in ctx.stages and ctx.stages[o].kind == "scratch":
       # an output that others also read is computed straight into the output buffer
-      stages[o] = b
+      ctx.stages[o] = b
       ctx.pending.remove(o)
     work.append((o, b))
-  work += [(x, stages[x]) for x in ctx.pending]
-  ctx.pending = []
-  seen: set = set()
+  lowered: dict[int, tuple[UOp, Buffer, UOp]] = {}
   deps: dict[int, list[Buffer]] = {}
-  while work:
+  while work or ctx.pending:
+    work += [(y, ctx.stages[y]) for y in ctx.pending]
+    ctx.pending = []
     x, b = work.pop(0)
-    if id(b) in seen: continue
-    seen.add(id(b))
-    if x.numel == 0: continue
-    store = lower_stage(ctx, x, b) if b is stages.get(x, b) else lower_stage(ctx, _copy_of(x), b)
+    if id(b) in lowered or x.numel == 0: continue
+    # a second output of the same node copies the first (CONTIGUOUS lowers to a plain read)
+    store = lower_stage(ctx, x if ctx.stages.get(x, b) is b else UOp(Ops.CONTIGUOUS, x.dtype, (x,)), b)
     lowered[id(b)] = (store, b, x)
     deps[id(b)] = [u.arg for u in store.toposort() if u.op is Ops.BUF and u.arg is not b]
-    work += [(y, stages[y]) for y in ctx.pending]
-    ctx.pending = []
+  return ctx, lowered, deps
+
+def schedule(outputs: list[UOp], input_order: list[UOp]) -> Schedule:
+  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outputs)), pm_prepare)
+  outputs = list(sink.src)
+  out_bufs = [Buffer("output", o.dtype, o.numel, f"output{k}", k, o.shape) for k, o in enumerate(outputs)]
+
+  # what is materialised: CONTIGUOUS, an output that other nodes read, and whatever lowering finds would be computed
+  # twice if fused (read at two different indices or from two kernels, or inside a loop it does not vary in). Those
+  # are found while lowering, so lower again with them as stages until nothing new is found.
+  parents: dict[UOp, int] = {}
+  for u in sink.toposort():
+    for s in set(u.src): parents[s] = parents.get(s, 0) + 1
+  forced = [u for u in sink.toposort() if u.op is Ops.CONTIGUOUS or (u in outputs and parents.get(u, 0) > 1
+                                                                        and u.op in GroupOp.Compute)]
+  while True:
+    ctx, lowered, deps = _lower_all(outputs, out_bufs, forced)
+    found = [x for x in ctx.stages if x not in forced] + [x for x, uses in ctx.uses.items() if len(uses) > 1 and x not in ctx.stages]
+    if not found: break
+    # stage only the outermost of them: staging a reader can resolve its sources' double reads
+    below: set = set()
+    for y in found: below.update(u for u in y.toposort(stop=lambda u: u in ctx.stages and u is not y) if u is not y)
+    forced += [x for x in found if x not in below]
 
   # kernel order: each kernel after the kernels whose buffers it reads (depth first from the outputs, in order)
   order: list[int] = []
@@ -344,6 +350,3 @@ def schedule(outputs: list[UOp], input_order: list[UOp]) -> Schedule:
   return Schedule(kernels, inputs, out_bufs, consts=[b for b in used.values() if b.kind == "const"],
                   scratch=[b for b in used.values() if b.kind == "scratch"])
 
-def _copy_of(x: UOp) -> UOp:
-  # an output that is the same node as an earlier output: copy it (CONTIGUOUS lowers to a plain read)
-  return UOp(Ops.CONTIGUOUS, x.dtype, (x,))
