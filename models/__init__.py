@@ -20,5 +20,5 @@ class ReferenceModel:
     return [rng.standard_normal(shape).astype(dtype) for _, shape, dtype in self.inputs]
 
 def get(name: str) -> ReferenceModel:
-  if name not in NAMES: raise KeyError(f"unknown reference model {name!r}; the bundled models are: {', '.join(NAMES)}")
+  if name not in NAMES: raise ValueError(f"unknown reference model {name!r}; the bundled models are: {', '.join(NAMES)}")
   return importlib.import_module(f"aot.models.{name}").build()

@@ -11,8 +11,10 @@ from . import _numpy_ref as ref
 SEED = 4
 SEQ, WIDTH, HEADS, HIDDEN, LAYERS = 128, 256, 4, 1024, 2
 HEAD_DIM = WIDTH // HEADS
-# pinned by tests/test_models.py
-EXPECTED_KERNELS = 0
+# pinned by tests/test_models.py: 14 per layer: q, k, v projections; scores; exp(scores - max); probabilities; probabilities @ v;
+# output projection + residual; layernorm as two (x - mean, then the normalised output); MLP up + GELU; MLP down +
+# residual; layernorm as two
+EXPECTED_KERNELS = 28
 
 # argument order of `layer` after the activations; torch-style (out, in) linear weights
 LAYER_PARAMS = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln1_w", "ln1_b",

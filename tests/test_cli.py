@@ -1,0 +1,45 @@
+"""compile-model end to end, in a subprocess, as a user runs it."""
+import json, subprocess, sys
+import pytest
+
+def cli(*args, cwd=None):
+  return subprocess.run([sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+def test_compile_and_check_a_bundled_model(tmp_path):
+  p = cli("models:mlp", "-o", str(tmp_path / "out"), "--check")
+  assert p.returncode == 0, p.stderr
+  assert "mlp: 3 kernels" in p.stdout and "k0_r_8_256" in p.stdout
+  assert "arena:" in p.stdout and "PASS" in p.stdout
+  manifest = json.loads((tmp_path / "out" / "mlp.json").read_text())
+  assert [k["name"] for k in manifest["kernels"]] == ["k0_r_8_256", "k1_r_8_128", "k2_r_8_10"]
+  assert (tmp_path / "out" / "libmlp.so").exists() and (tmp_path / "out" / "mlp.h").exists()
+  assert (tmp_path / "out" / "src" / "model.c").exists()
+
+def test_name_sets_the_c_prefix(tmp_path):
+  p = cli("models:mlp", "-o", str(tmp_path), "--name", "digits")
+  assert p.returncode == 0, p.stderr
+  assert "int digits_run(digits_model *m" in (tmp_path / "digits.h").read_text()
+
+def test_unknown_model_is_one_clear_line(tmp_path):
+  p = cli("models:nope", "-o", str(tmp_path / "out"))
+  assert p.returncode == 1
+  assert p.stderr.strip().splitlines() == [
+    "compile-model: error: unknown reference model 'nope'; the bundled models are: mlp, mnist, resnet18, transformer"]
+  assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
+
+def test_verbose_error_shows_the_traceback(tmp_path):
+  p = cli("models:nope", "-o", str(tmp_path), "-v")
+  assert p.returncode == 1 and "Traceback" in p.stderr
+
+def test_usage_error_exits_2():
+  p = cli("models:mlp")
+  assert p.returncode == 2 and "-o" in p.stderr
+
+def test_emit_kernels_and_graph_do_not_build(tmp_path):
+  p = cli("models:mnist", "-o", str(tmp_path), "--emit", "kernels")
+  assert p.returncode == 0 and "mnist: 5 kernels" in p.stdout and "k4_r_1_10" in p.stdout
+  p = cli("models:mnist", "-o", str(tmp_path), "--emit", "graph")
+  assert p.returncode == 0 and "REDUCE" in p.stdout and "BUFFER" in p.stdout
+  p = cli("models:mnist", "-o", str(tmp_path), "--emit", "source")
+  assert p.returncode == 0 and (tmp_path / "src" / "kernels0.c").exists()
+  assert not list(tmp_path.glob("*.so"))

@@ -1,0 +1,43 @@
+"""The bundled reference models: they match their independent numpy references and compile to their pinned counts."""
+import numpy as np
+import pytest
+import aot
+from aot.ir import Ops
+from aot.models import NAMES, get
+from aot.testing import assert_kernel_count
+from aot.compiler import resolve
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_matches_numpy_reference(compiled_model, name):
+  art, model = compiled_model(name)
+  run = aot.load(art)
+  for seed in (0, 1):
+    xs = model.example_inputs(seed)
+    got, want = run(*xs), model.reference(*xs)
+    assert got.shape == want.shape and got.dtype == np.float32
+    rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert rel <= 1e-4, f"{name}: max relative error {rel:.2e}"
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_kernel_count_is_pinned(compiled_model, name):
+  art, model = compiled_model(name)
+  assert_kernel_count(art, model.expected_kernels)
+  assert_kernel_count(art.dir, model.expected_kernels)
+  # the header says the same as the manifest
+  header = art.header_path.read_text()
+  assert f"#define {art.name.upper()}_NUM_KERNELS {model.expected_kernels}\n" in header
+  assert f"#define {art.name.upper()}_ARENA_BYTES {art.arena_bytes}\n" in header
+
+def test_arena_reuses_memory(compiled_model):
+  # ResNet-18's intermediates add up to more than twice the arena: liveness-based reuse is working. The arena
+  # cannot be smaller than the first conv's output plus the maxpool's, which are live together
+  art, _ = compiled_model("resnet18")
+  sizes = [4 * int(np.prod(k.shape)) for k in art.kernels[:-1]]
+  assert sizes[0] + sizes[1] <= art.arena_bytes < sum(sizes) / 2
+
+def test_transformer_layer_is_traced_once():
+  traced = resolve("models:transformer")
+  nodes = {u for o in traced.outputs for u in o.toposort()}
+  functions = [u for u in nodes if u.op is Ops.FUNCTION]
+  calls = [u for u in nodes if u.op is Ops.CALL]
+  assert len(functions) == 1 and len(calls) == 2
