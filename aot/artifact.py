@@ -21,7 +21,7 @@ def param_names(sched: Schedule) -> tuple[list[str], list[str]]:
     while n in used or n in ("m", "A", "W"): n += "_"
     used.add(n)
     return n
-  return [unique(b.name) for b in sched.inputs], [unique(f"output{b.index}") for b in sched.outputs]
+  return [unique(b.name) for b in sched.inputs], [unique(b.name) for b in sched.outputs]
 
 def render_header(name: str, sched: Schedule, arena_bytes: int, num_kernels: int, target: str) -> str:
   P, ins, outs = name.upper(), *param_names(sched)

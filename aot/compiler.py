@@ -24,6 +24,7 @@ class Traced:
   name: str
   outputs: list[UOp]
   inputs: list[UOp]
+  output_names: list[str] | None = None
 
 def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
   specs = []
@@ -50,8 +51,12 @@ def trace(fn: Callable, example_inputs: Sequence, name: str | None = None) -> Tr
     raise TypeError(f"{getattr(fn, '__name__', fn)} must return a Tensor or a tuple of Tensors")
   return Traced(c_name(name or getattr(fn, "__name__", "model")), [o.uop for o in outs], [t.uop for t in inputs])
 
-def resolve(what, example_inputs=None, name: str | None = None) -> Traced:
-  """Anything compile_model accepts, traced: a Tensor program with example inputs, or "models:NAME"."""
+def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bind=None) -> Traced:
+  """Anything compile_model accepts, traced: a Tensor program with example inputs, "models:NAME", an ONNX file or
+  an onnx.ModelProto."""
+  if _is_onnx(what):
+    from aot.frontends.onnx import trace_onnx
+    return trace_onnx(what, shapes, bind, name)
   if isinstance(what, str) and what.startswith("models:"):
     from aot.models import get
     model = get(what.split(":", 1)[1])
@@ -60,6 +65,10 @@ def resolve(what, example_inputs=None, name: str | None = None) -> Traced:
     if example_inputs is None: raise TypeError("compile_model(fn, example_inputs): example_inputs are needed to trace fn")
     return trace(what, example_inputs, name)
   raise TypeError(f"cannot compile {what!r}: expected a Tensor program or 'models:NAME'")
+
+def _is_onnx(what) -> bool:
+  if isinstance(what, (str, Path)) and str(what).endswith(".onnx"): return True
+  return type(what).__name__ == "ModelProto"
 
 def render_sources(name: str, sched: Schedule, renderer=CRenderer()) -> tuple[dict[str, str], list[KernelInfo], int, bytes]:
   """Source files of the artifact, the kernel list, the arena size and the weights blob."""
@@ -83,14 +92,16 @@ def render_sources(name: str, sched: Schedule, renderer=CRenderer()) -> tuple[di
   return files, infos, arena, bytes(blob)
 
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
-                  cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None) -> Artifact:
-  """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs) or "models:NAME" into an
-  artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact."""
+                  cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,
+                  shapes: dict | None = None, bind: dict | None = None) -> Artifact:
+  """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs), "models:NAME", or an ONNX
+  model (a .onnx path or an onnx.ModelProto; `shapes` pins symbolic dims by input or dim name, `bind` pins scalar
+  inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact."""
   if target not in TARGETS: raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
   t0 = time.perf_counter()
   say = progress or (lambda s: None)
-  traced = resolve(what, example_inputs, name)
-  sched = schedule(traced.outputs, traced.inputs)
+  traced = resolve(what, example_inputs, name, shapes, bind)
+  sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   say(f"scheduled {len(sched.kernels)} kernels")
   files, infos, arena, blob = render_sources(traced.name, sched)
   out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{traced.name}_"))

@@ -14,7 +14,10 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 NP_ALU = {
   Ops.NEG: np.negative, Ops.EXP: np.exp, Ops.LOG: np.log, Ops.SQRT: np.sqrt, Ops.RECIP: np.reciprocal,
   Ops.SIN: np.sin, Ops.COS: np.cos, Ops.TANH: np.tanh, Ops.ABS: np.abs, Ops.FLOOR: np.floor, Ops.CEIL: np.ceil,
-  Ops.ROUND: np.round, Ops.ERF: lambda x: _erf(x).astype(x.dtype),
+  Ops.ROUND: np.round, Ops.ERF: lambda x: _erf(x).astype(x.dtype), Ops.TRUNC: np.trunc, Ops.TAN: np.tan,
+  Ops.ASIN: np.arcsin, Ops.ACOS: np.arccos, Ops.ATAN: np.arctan, Ops.SINH: np.sinh, Ops.COSH: np.cosh,
+  Ops.ASINH: np.arcsinh, Ops.ACOSH: np.arccosh, Ops.ATANH: np.arctanh,
+  Ops.SHL: np.left_shift, Ops.SHR: np.right_shift,
   Ops.NOT: lambda x: np.logical_not(x) if x.dtype == bool else np.invert(x),
   Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.DIV: np.true_divide, Ops.IDIV: _idiv,
   Ops.MOD: np.fmod, Ops.MAX: np.maximum, Ops.MIN: np.minimum, Ops.POW: np.power,

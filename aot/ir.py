@@ -16,9 +16,12 @@ class Ops(Enum):
   CAST = auto(); BITCAST = auto(); CONTIGUOUS = auto(); REDUCE = auto(); GATHER = auto()
   # elementwise ALU, shared by tensor and kernel level
   NEG = auto(); EXP = auto(); LOG = auto(); SQRT = auto(); RECIP = auto(); SIN = auto(); COS = auto()
-  TANH = auto(); ERF = auto(); ABS = auto(); NOT = auto(); FLOOR = auto(); CEIL = auto(); ROUND = auto()
+  TANH = auto(); ERF = auto(); ABS = auto(); NOT = auto(); FLOOR = auto(); CEIL = auto(); ROUND = auto(); TRUNC = auto()
+  TAN = auto(); ASIN = auto(); ACOS = auto(); ATAN = auto(); SINH = auto(); COSH = auto(); ASINH = auto(); ACOSH = auto()
+  ATANH = auto()
   ADD = auto(); SUB = auto(); MUL = auto(); DIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto(); MIN = auto()
   POW = auto(); CMPLT = auto(); CMPLE = auto(); CMPEQ = auto(); CMPNE = auto(); AND = auto(); OR = auto(); XOR = auto()
+  SHL = auto(); SHR = auto()
   WHERE = auto()
   # kernel level (after scheduling)
   SINK = auto(); INDEX = auto(); BUF = auto(); DEFINE_GLOBAL = auto(); RANGE = auto(); LOAD = auto(); STORE = auto()
@@ -26,9 +29,10 @@ class Ops(Enum):
 
 class GroupOp:
   Unary = {Ops.NEG, Ops.EXP, Ops.LOG, Ops.SQRT, Ops.RECIP, Ops.SIN, Ops.COS, Ops.TANH, Ops.ERF, Ops.ABS, Ops.NOT,
-           Ops.FLOOR, Ops.CEIL, Ops.ROUND}
+           Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC, Ops.TAN, Ops.ASIN, Ops.ACOS, Ops.ATAN, Ops.SINH, Ops.COSH,
+           Ops.ASINH, Ops.ACOSH, Ops.ATANH}
   Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.DIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW, Ops.CMPLT, Ops.CMPLE,
-            Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
+            Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
   Ternary = {Ops.WHERE}
   ALU = Unary | Binary | Ternary
   Compare = {Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE}

@@ -304,10 +304,11 @@ def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp]):
     deps[id(b)] = [u.arg for u in store.toposort() if u.op is Ops.BUF and u.arg is not b]
   return ctx, lowered, deps
 
-def schedule(outputs: list[UOp], input_order: list[UOp]) -> Schedule:
+def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str] | None = None) -> Schedule:
   sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outputs)), pm_prepare)
   outputs = list(sink.src)
-  out_bufs = [Buffer("output", o.dtype, o.numel, f"output{k}", k, o.shape) for k, o in enumerate(outputs)]
+  out_bufs = [Buffer("output", o.dtype, o.numel, output_names[k] if output_names else f"output{k}", k, o.shape)
+              for k, o in enumerate(outputs)]
 
   # what is materialised: CONTIGUOUS, an output that other nodes read, and whatever lowering finds would be computed
   # twice if fused (read at two different indices or from two kernels, or inside a loop it does not vary in). Those

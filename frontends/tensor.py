@@ -128,6 +128,21 @@ class Tensor:
   def cos(self): return self._float()._unary(Ops.COS)
   def tanh(self): return self._float()._unary(Ops.TANH)
   def erf(self): return self._float()._unary(Ops.ERF)
+  def tan(self): return self._float()._unary(Ops.TAN)
+  def asin(self): return self._float()._unary(Ops.ASIN)
+  def acos(self): return self._float()._unary(Ops.ACOS)
+  def atan(self): return self._float()._unary(Ops.ATAN)
+  def sinh(self): return self._float()._unary(Ops.SINH)
+  def cosh(self): return self._float()._unary(Ops.COSH)
+  def asinh(self): return self._float()._unary(Ops.ASINH)
+  def acosh(self): return self._float()._unary(Ops.ACOSH)
+  def atanh(self): return self._float()._unary(Ops.ATANH)
+  def trunc(self): return self._unary(Ops.TRUNC) if self.dtype.is_float else self
+  def sign(self): return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
+  def isnan(self): return self != self
+  def isinf(self): return self.abs() == float("inf") if self.dtype.is_float else self != self
+  def __lshift__(self, o): return self._binary(Ops.SHL, o)
+  def __rshift__(self, o): return self._binary(Ops.SHR, o)
   def floor(self): return self._unary(Ops.FLOOR) if self.dtype.is_float else self
   def ceil(self): return self._unary(Ops.CEIL) if self.dtype.is_float else self
   def round(self): return self._unary(Ops.ROUND) if self.dtype.is_float else self

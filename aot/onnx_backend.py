@@ -1,0 +1,64 @@
+"""A standard onnx.backend Backend over compiled artifacts, so onnx.backend.test runs every node case through
+compile -> libNAME.so -> aot.load."""
+from __future__ import annotations
+import tempfile
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep
+
+class AotRep(BackendRep):
+  """A compiled model. Inputs whose values decide shapes (a Reshape's shape fed as a graph input, say) are bound at
+  the first run and the model is compiled for those values, once per distinct set of values."""
+  def __init__(self, model: onnx.ModelProto, **kw):
+    from aot.compiler import compile_model
+    from aot.schedule import CompileError
+    self.onnx_model, self.kw, self.compiled = model, kw, {}
+    self.input_names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    self.bound: tuple = ()
+    try: self._compile({})
+    except CompileError as e:
+      if not getattr(e, "needs_inputs", None): raise
+      self.bound = tuple(sorted(e.needs_inputs))
+
+  def _compile(self, bind: dict):
+    from aot.compiler import compile_model
+    from aot.loader import load
+    key = tuple((k, v.tobytes(), v.dtype.str, v.shape) for k, v in sorted(bind.items()))
+    if key not in self.compiled:
+      d = tempfile.TemporaryDirectory(prefix="aot_backend_")
+      art = compile_model(self.onnx_model, out_dir=d.name, name="model", bind=bind, **self.kw)
+      self.compiled[key] = (d, art, load(art))
+    return self.compiled[key]
+
+  def run(self, inputs, **kwargs):
+    if isinstance(inputs, dict): inputs = [inputs[n] for n in self.input_names]
+    if isinstance(inputs, np.ndarray): inputs = [inputs]
+    from aot.schedule import CompileError
+    values = dict(zip(self.input_names, [np.asarray(x) for x in inputs]))
+    while True:
+      try:
+        _, art, model = self._compile({k: values[k] for k in self.bound})
+        break
+      except CompileError as e:
+        more = set(getattr(e, "needs_inputs", ())) - set(self.bound)
+        if not more: raise
+        self.bound = tuple(sorted(set(self.bound) | more))
+    outs = model(*[values[t.name] for t in art.inputs])
+    return tuple(outs) if isinstance(outs, tuple) else (outs,)
+
+class AotBackend(Backend):
+  @classmethod
+  def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> AotRep:
+    super().prepare(model, device, **kwargs)
+    return AotRep(model, **kwargs)
+
+  @classmethod
+  def run_model(cls, model, inputs, device="CPU", **kwargs):
+    return cls.prepare(model, device, **kwargs).run(inputs)
+
+  @classmethod
+  def supports_device(cls, device: str) -> bool: return device.upper() == "CPU"
+
+prepare = AotBackend.prepare
+run_model = AotBackend.run_model
+supports_device = AotBackend.supports_device

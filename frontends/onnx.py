@@ -1,0 +1,272 @@
+"""ONNX models in: load and check a model, pin its symbolic dims, and map every node to Tensor ops through a table of
+small functions (one per op and opset range, in onnx_ops*.py). Model-local functions become FUNCTION/CALL."""
+from __future__ import annotations
+import inspect, math, os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from aot.dtype import to_dtype, DType
+from aot.ir import UOp, Ops
+from aot.schedule import CompileError
+from aot.frontends.tensor import Tensor, function
+
+class Unsupported(Exception):
+  """This node cannot be compiled as it is (an attribute, a dtype, a value that must be known at compile time)."""
+
+class NeedsConstant(Unsupported):
+  """A value that must be known at compile time depends on a model input (which --bind can pin)."""
+  def __init__(self, msg: str, input_name: str):
+    super().__init__(msg)
+    self.input_name = input_name
+
+# op_type (with domain prefix for non-default domains) -> [(since_version, fn)], newest first
+OPS: dict[str, list[tuple[int, Callable]]] = {}
+
+def op(*names: str, since: int = 1, domain: str = ""):
+  """Register fn for these op types from opset `since` on (until the next registration of the same op)."""
+  def register(fn):
+    for n in names:
+      key = f"{domain}::{n}" if domain else n
+      OPS.setdefault(key, []).append((since, fn))
+      OPS[key].sort(key=lambda x: -x[0])
+    return fn
+  return register
+
+def lookup(op_type: str, domain: str, opset: int) -> Callable | None:
+  key = f"{domain}::{op_type}" if domain not in ("", "ai.onnx") else op_type
+  for since, fn in OPS.get(key, []):
+    if since <= opset: return fn
+  return None
+
+def onnx_dtype(elem_type: int) -> DType:
+  try: return to_dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+  except (TypeError, KeyError, ValueError):
+    raise Unsupported(f"dtype {onnx.TensorProto.DataType.Name(elem_type)} is not supported")
+
+def attribute_values(node: onnx.NodeProto) -> dict:
+  out = {}
+  for a in node.attribute:
+    v = onnx.helper.get_attribute_value(a)
+    if isinstance(v, bytes): v = v.decode()
+    elif isinstance(v, onnx.TensorProto): v = numpy_helper.to_array(v)
+    elif isinstance(v, list) and v and isinstance(v[0], bytes): v = [x.decode() for x in v]
+    out[a.name] = v
+  return out
+
+@dataclass
+class Node:
+  """What an op function sees besides its inputs and attributes."""
+  proto: onnx.NodeProto
+  opset: int
+  tracer: "Tracer"
+  env: dict
+  @property
+  def name(self) -> str: return self.proto.name or self.proto.output[0]
+  @property
+  def num_outputs(self) -> int: return len(self.proto.output)
+  def output_used(self, i: int) -> bool: return i < len(self.proto.output) and self.proto.output[i] != ""
+  def const(self, t: Tensor | None, what: str = "input") -> np.ndarray | None:
+    """The value of t, which must be computable at compile time (shape arithmetic, constants, bound inputs)."""
+    if t is None: return None
+    return constant_value(t, f"{what} of {self.proto.op_type} node '{self.name}'")
+  def subgraph(self, g: onnx.GraphProto, inputs: list[Tensor]) -> list[Tensor]:
+    """Run a subgraph (If/Loop/Scan body) with the outer scope visible."""
+    env = dict(self.env)
+    for vi, t in zip(g.input, inputs): env[vi.name] = t
+    return self.tracer.run_graph(g, env, self.opset)
+
+def constant_value(t: Tensor, what: str) -> np.ndarray:
+  from aot.interpret import evaluate
+  leaves = [u for u in t.uop.toposort() if u.op in (Ops.BUFFER, Ops.PARAM) and not (u.op is Ops.BUFFER and u.arg.kind == "const")]
+  if leaves:
+    name = leaves[0].arg.name if leaves[0].op is Ops.BUFFER else leaves[0].arg[2]
+    raise NeedsConstant(f"{what} must be known at compile time, but it depends on the model input '{name}' "
+                        f"(pin it with --bind {name}=VALUE, or use a static shape)", name)
+  from aot.schedule import pm_prepare
+  from aot.rewrite import graph_rewrite
+  return np.asarray(evaluate(graph_rewrite(t.uop, pm_prepare)))
+
+class _Poison:
+  """The output of a node that failed: nodes reading it are skipped (their failure is not news)."""
+
+POISON = _Poison()
+
+@dataclass
+class Tracer:
+  model: onnx.ModelProto
+  errors: list = field(default_factory=list)
+  needs_inputs: set = field(default_factory=set)
+  functions: dict = field(default_factory=dict)
+
+  def run_graph(self, g: onnx.GraphProto, env: dict, opset: int) -> list:
+    for init in g.initializer:
+      env[init.name] = Tensor(numpy_helper.to_array(init))
+    for node in g.node:
+      ins = [None if n == "" else env.get(n, _missing(n)) for n in node.input]
+      if any(x is POISON for x in ins):
+        outs = [POISON] * len(node.output)
+      else:
+        try: outs = self.run_node(node, ins, env, opset)
+        except (Unsupported, ValueError, TypeError, NotImplementedError, IndexError) as e:
+          if isinstance(e, NeedsConstant): self.needs_inputs.add(e.input_name)
+          self.errors.append(f"{node.op_type} node '{node.name or node.output[0]}': {e}")
+          outs = [POISON] * len(node.output)
+      for name, t in zip(node.output, outs):
+        if name: env[name] = t
+    return [env.get(o.name, _missing(o.name)) for o in g.output]
+
+  def run_node(self, node: onnx.NodeProto, ins: list, env: dict, opset: int) -> list:
+    for x in ins:
+      if isinstance(x, _Missing): raise Unsupported(f"input '{x.name}' is not produced by any node or graph input")
+    attrs = attribute_values(node)
+    fn = lookup(node.op_type, node.domain, self.opset_of(node.domain, opset))
+    if fn is None:
+      fproto = self.local_function(node)
+      if fproto is None: raise Unsupported("operator not supported")
+      return self.call_function(fproto, node, ins, attrs)
+    ctx = Node(node, self.opset_of(node.domain, opset), self, env)
+    sig = inspect.signature(fn)
+    nin = sum(1 for p in sig.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD) - 1
+    for k in attrs:
+      if k not in sig.parameters: raise Unsupported(f"attribute '{k}' is not supported")
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values())
+    if len(ins) > nin and not varargs: raise Unsupported(f"{len(ins)} inputs given, at most {nin} supported")
+    out = fn(ctx, *ins, **attrs)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return outs + [None] * (len(node.output) - len(outs))
+
+  def opset_of(self, domain: str, default: int) -> int:
+    for o in self.model.opset_import:
+      if o.domain == domain or (domain in ("", "ai.onnx") and o.domain in ("", "ai.onnx")): return o.version
+    return default
+
+  def local_function(self, node: onnx.NodeProto):
+    for f in self.model.functions:
+      if f.name == node.op_type and f.domain == node.domain: return f
+    return None
+
+  def call_function(self, f: onnx.FunctionProto, node: onnx.NodeProto, ins: list, attrs: dict) -> list:
+    """A model-local function is traced once per argument signature into a FUNCTION; each node is a CALL."""
+    defaults = {a.name: onnx.helper.get_attribute_value(a) for a in f.attribute_proto}
+    attrs = {**defaults, **attrs}
+    body_opset = {o.domain: o.version for o in f.opset_import}.get("", 1)
+    def body(*args):
+      g = onnx.helper.make_graph([_bind_attrs(n, attrs) for n in f.node], f.name,
+                                 [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in f.input],
+                                 [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in f.output])
+      env = dict(zip(f.input, args))
+      outs = self.run_graph(g, env, body_opset)
+      if any(o is POISON for o in outs): raise Unsupported(f"function {f.name} has nodes that cannot be compiled")
+      return tuple(outs)
+    present = [x for x in ins if x is not None]
+    key = (f.domain, f.name, repr(sorted(attrs.items(), key=lambda kv: kv[0])), tuple((x.shape, x.dtype) for x in present))
+    try:
+      if key not in self.functions: self.functions[key] = function(body)
+      outs = self.functions[key](*present)
+    except Unsupported as e:
+      if "compile time" not in str(e): raise
+      outs = body(*present)  # the body needs an argument's value: trace it inline instead
+    return list(outs)
+
+@dataclass
+class _Missing:
+  name: str
+def _missing(name: str) -> _Missing: return _Missing(name)
+
+def _bind_attrs(n: onnx.NodeProto, attrs: dict) -> onnx.NodeProto:
+  """A function body node with its attribute references (ref_attr_name) replaced by the caller's values."""
+  if not any(a.ref_attr_name for a in n.attribute): return n
+  new = onnx.NodeProto()
+  new.CopyFrom(n)
+  del new.attribute[:]
+  for a in n.attribute:
+    if a.ref_attr_name:
+      if a.ref_attr_name in attrs: new.attribute.append(onnx.helper.make_attribute(a.name, attrs[a.ref_attr_name]))
+    else: new.attribute.append(a)
+  return new
+
+# *** loading ***
+
+def load_model(src) -> onnx.ModelProto:
+  if isinstance(src, onnx.ModelProto): model = src
+  else:
+    path = Path(src)
+    if not path.exists(): raise FileNotFoundError(f"{path}: no such file")
+    try: model = onnx.load(str(path), load_external_data=False)
+    except Exception as e: raise CompileError(f"{path}: not a readable ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'truncated or corrupt'})")
+    try: onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except Exception as e: raise CompileError(f"{path}: cannot load external weights: {e}")
+  try: onnx.checker.check_model(model)
+  except onnx.checker.ValidationError as e:
+    raise CompileError(f"invalid ONNX model: {str(e).splitlines()[0]}")
+  return model
+
+def _all_nodes(g: onnx.GraphProto):
+  for n in g.node:
+    yield n
+    for a in n.attribute:
+      if a.type == onnx.AttributeProto.GRAPH: yield from _all_nodes(a.g)
+      if a.type == onnx.AttributeProto.GRAPHS:
+        for sg in a.graphs: yield from _all_nodes(sg)
+
+def unsupported_ops(model: onnx.ModelProto) -> list[str]:
+  tracer = Tracer(model)
+  local = {(f.domain, f.name) for f in model.functions}
+  bad = []
+  for n in list(_all_nodes(model.graph)) + [n for f in model.functions for n in f.node]:
+    if (n.domain, n.op_type) in local: continue
+    if lookup(n.op_type, n.domain, tracer.opset_of(n.domain, 1)) is None:
+      bad.append(f"{n.op_type}{' (domain ' + n.domain + ')' if n.domain else ''} (node '{n.name or n.output[0]}')")
+  return bad
+
+def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None):
+  """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler."""
+  from aot.compiler import Traced
+  from aot.artifact import c_name
+  import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
+  model = load_model(src)
+  if bad := unsupported_ops(model):
+    raise CompileError(f"unsupported ONNX operators: {', '.join(bad)}")
+  shapes, bind = dict(shapes or {}), dict(bind or {})
+  g = model.graph
+  inits = {i.name for i in g.initializer}
+  env: dict = {}
+  inputs, problems, unpinned = [], [], []
+  for vi in g.input:
+    if vi.name in inits: continue
+    if vi.name in bind:
+      tt = vi.type.tensor_type
+      env[vi.name] = Tensor(np.asarray(bind[vi.name], dtype=onnx_dtype(tt.elem_type).np))
+      continue
+    if not vi.type.HasField("tensor_type"):
+      problems.append(f"input '{vi.name}' is not a tensor"); continue
+    tt = vi.type.tensor_type
+    try: dt = onnx_dtype(tt.elem_type)
+    except Unsupported as e: problems.append(f"input '{vi.name}': {e}"); continue
+    if vi.name in shapes: shape = tuple(int(s) for s in shapes[vi.name])
+    else:
+      shape = []
+      for i, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value"): shape.append(d.dim_value)
+        elif d.dim_param and d.dim_param in shapes: shape.append(int(shapes[d.dim_param]))
+        else: unpinned.append(f"{vi.name}[{i}]" + (f" ('{d.dim_param}')" if d.dim_param else "")); shape.append(-1)
+      shape = tuple(shape)
+    if -1 not in shape:
+      env[vi.name] = t = Tensor.input(vi.name, shape, dt)
+      inputs.append(t)
+  if unpinned:
+    problems.append(f"symbolic dims must be pinned: {', '.join(unpinned)} (use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
+  if problems: raise CompileError("; ".join(problems))
+  tracer = Tracer(model)
+  outs = tracer.run_graph(g, env, tracer.opset_of("", 1))
+  if tracer.errors:
+    err = CompileError(f"{len(tracer.errors)} ONNX node(s) cannot be compiled: " + "; ".join(tracer.errors))
+    err.needs_inputs = tracer.needs_inputs
+    raise err
+  for o, vi in zip(outs, g.output):
+    if not isinstance(o, Tensor): raise CompileError(f"output '{vi.name}' is not a tensor")
+  name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
+  return Traced(c_name(name), [o.uop for o in outs], [t.uop for t in inputs], [vi.name for vi in g.output])

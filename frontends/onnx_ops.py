@@ -1,0 +1,197 @@
+"""ONNX operators, one small function each: (node, *inputs, **attributes) -> Tensor(s). Attribute defaults are the
+ONNX defaults. Elementwise math, logic, casts and reductions here; movement/indexing in onnx_ops_tensor.py, neural
+network layers in onnx_ops_nn.py, control flow in onnx_ops_control.py."""
+from __future__ import annotations
+import math
+import numpy as np
+from aot.dtype import dtypes, to_dtype
+from aot.frontends.tensor import Tensor
+from aot.frontends.onnx import op, onnx_dtype, Unsupported
+
+# *** elementwise ***
+
+for _name, _method in {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "reciprocal",
+                       "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan",
+                       "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
+                       "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid", "Relu": "relu", "Floor": "floor",
+                       "Ceil": "ceil", "Round": "round", "Sign": "sign", "IsNaN": "isnan", "Not": "logical_not",
+                       "BitwiseNot": "__invert__"}.items():
+  op(_name)(lambda n, x, _m=_method: getattr(x, _m)())
+
+@op("Add")
+def add(n, a, b): return a + b
+@op("Sub")
+def sub(n, a, b): return a - b
+@op("Mul")
+def mul(n, a, b): return a * b
+@op("Div")
+def div(n, a, b):
+  if a.dtype.is_int: return _int_div(a, b)
+  return a / b
+def _int_div(a, b):
+  # ONNX integer division truncates toward zero, as C does
+  return a // b
+@op("Pow")
+def pow_(n, a, b):
+  out = a.cast(dtypes.float64 if a.dtype == dtypes.float64 or b.dtype == dtypes.float64 else dtypes.float32).pow(b)
+  return out.cast(a.dtype)
+@op("Mod")
+def mod(n, a, b, fmod=0):
+  if fmod or a.dtype.is_float: return a - (a / b).trunc() * b if a.dtype.is_float else a % b
+  r = a % b  # C remainder has the dividend's sign; Python-style mod takes the divisor's
+  return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
+@op("Max")
+def max_(n, *xs): return _variadic(xs, lambda a, b: a.maximum(b))
+@op("Min")
+def min_(n, *xs): return _variadic(xs, lambda a, b: a.minimum(b))
+@op("Sum")
+def sum_(n, *xs): return _variadic(xs, lambda a, b: a + b)
+@op("Mean")
+def mean_(n, *xs): return _variadic(xs, lambda a, b: a + b) / len(xs)
+def _variadic(xs, f):
+  out = xs[0]
+  for x in xs[1:]: out = f(out, x)
+  return out
+
+@op("Equal")
+def equal(n, a, b): return a == b
+@op("Less")
+def less(n, a, b): return a < b
+@op("LessOrEqual")
+def less_eq(n, a, b): return a <= b
+@op("Greater")
+def greater(n, a, b): return a > b
+@op("GreaterOrEqual")
+def greater_eq(n, a, b): return a >= b
+@op("And")
+def and_(n, a, b): return a & b
+@op("Or")
+def or_(n, a, b): return a | b
+@op("Xor")
+def xor(n, a, b): return a ^ b
+@op("BitwiseAnd")
+def bitwise_and(n, a, b): return a & b
+@op("BitwiseOr")
+def bitwise_or(n, a, b): return a | b
+@op("BitwiseXor")
+def bitwise_xor(n, a, b): return a ^ b
+@op("BitShift")
+def bitshift(n, x, y, direction=""):
+  if direction not in ("LEFT", "RIGHT"): raise Unsupported(f"direction {direction!r}")
+  return x << y if direction == "LEFT" else x >> y
+@op("Where")
+def where(n, c, a, b): return c.where(a, b)
+@op("IsInf")
+def isinf(n, x, detect_negative=1, detect_positive=1):
+  if not x.dtype.is_float: return x != x
+  pos, neg = x == float("inf"), x == float("-inf")
+  return (pos if detect_positive else x != x) | (neg if detect_negative else x != x)
+
+@op("Cast")
+def cast(n, x, to=1, saturate=1, round_mode="up"): return x.cast(onnx_dtype(to))
+@op("CastLike")
+def cast_like(n, x, like, saturate=1, round_mode="up"): return x.cast(like.dtype)
+@op("BitCast")
+def bitcast(n, x, to=1): return x.bitcast(onnx_dtype(to))
+@op("Identity")
+def identity(n, x): return x
+
+# *** activations ***
+
+@op("LeakyRelu")
+def leaky_relu(n, x, alpha=0.01): return (x < 0).where(x * alpha, x)
+@op("PRelu")
+def prelu(n, x, slope): return (x < 0).where(x * slope, x)
+@op("ThresholdedRelu")
+def thresholded_relu(n, x, alpha=1.0): return (x > alpha).where(x, 0.0)
+@op("Elu")
+def elu(n, x, alpha=1.0): return (x < 0).where(alpha * (x.exp() - 1), x)
+@op("Celu")
+def celu(n, x, alpha=1.0): return x.maximum(0) + (alpha * ((x / alpha).exp() - 1)).minimum(0)
+@op("Selu")
+def selu(n, x, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
+  return (x <= 0).where(gamma * (alpha * x.exp() - alpha), gamma * x)
+@op("HardSigmoid")
+def hard_sigmoid(n, x, alpha=0.2, beta=0.5): return (x * alpha + beta).maximum(0).minimum(1)
+@op("HardSwish")
+def hard_swish(n, x): return x * (x * (1 / 6) + 0.5).maximum(0).minimum(1)
+@op("Softplus")
+def softplus(n, x): return (x > 20).where(x, (x.exp() + 1).log())
+@op("Softsign")
+def softsign(n, x): return x / (x.abs() + 1)
+@op("Mish")
+def mish(n, x): return x * softplus(n, x).tanh()
+@op("Swish", since=24)
+def swish(n, x, alpha=1.0): return x * (x * alpha).sigmoid()
+@op("Gelu", since=20)
+def gelu(n, x, approximate="none"): return x.gelu(approximate).cast(x.dtype)
+@op("Shrink")
+def shrink(n, x, bias=0.0, lambd=0.5):
+  return (x < -lambd).where(x + bias, (x > lambd).where(x - bias, 0)).cast(x.dtype)
+@op("Clip", since=1)
+def clip_v1(n, x, min=-3.4028234663852886e38, max=3.4028234663852886e38): return x.maximum(min).minimum(max)
+@op("Clip", since=11)
+def clip(n, x, lo=None, hi=None):
+  if lo is not None: x = x.maximum(lo)
+  if hi is not None: x = x.minimum(hi)
+  return x
+
+# *** reductions: axes an attribute before opset 18 (13 for ReduceSum), an input after ***
+
+def _axes(n, x, axes, noop_with_empty_axes):
+  if isinstance(axes, Tensor): axes = n.const(axes, "axes").tolist()
+  if axes is None or len(axes) == 0:
+    return () if noop_with_empty_axes else tuple(range(x.ndim))
+  return tuple(int(a) % max(x.ndim, 1) for a in axes)
+
+def _reduction(name: str, since_input: int, fn):
+  @op(name, since=1)
+  def attr_form(n, x, axes=None, keepdims=1, noop_with_empty_axes=0):
+    return _finish(x, fn, _axes(n, x, axes, noop_with_empty_axes), keepdims)
+  @op(name, since=since_input)
+  def input_form(n, x, axes=None, keepdims=1, noop_with_empty_axes=0):
+    return _finish(x, fn, _axes(n, x, axes, noop_with_empty_axes), keepdims)
+
+def _finish(x, fn, axes, keepdims):
+  if not axes: return _noop(x, fn)
+  return fn(x, axes, bool(keepdims))
+
+def _noop(x, fn):
+  # no axes and noop_with_empty_axes: the elementwise part of the reduction only
+  return {"l1": x.abs(), "l2": x.abs(), "sumsq": x * x, "logsumexp": x, "logsum": x}.get(getattr(fn, "kind", ""), x)
+
+def _kind(kind, f):
+  f.kind = kind
+  return f
+
+_reduction("ReduceSum", 13, lambda x, a, k: x.sum(a, k))
+_reduction("ReduceMean", 18, lambda x, a, k: x.mean(a, k).cast(x.dtype))
+_reduction("ReduceMax", 18, lambda x, a, k: x.max(a, k))
+_reduction("ReduceMin", 18, lambda x, a, k: x.min(a, k))
+_reduction("ReduceProd", 18, lambda x, a, k: x.prod(a, k))
+_reduction("ReduceL1", 18, _kind("l1", lambda x, a, k: x.abs().sum(a, k)))
+_reduction("ReduceL2", 18, _kind("l2", lambda x, a, k: (x * x).sum(a, k).cast(dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32).sqrt().cast(x.dtype)))
+_reduction("ReduceSumSquare", 18, _kind("sumsq", lambda x, a, k: (x * x).sum(a, k)))
+_reduction("ReduceLogSum", 18, _kind("logsum", lambda x, a, k: x.sum(a, k).log()))
+_reduction("ReduceLogSumExp", 18, _kind("logsumexp", lambda x, a, k: _logsumexp(x, a, k)))
+
+def _logsumexp(x, axes, keepdims):
+  m = x.max(axes, keepdim=True)
+  m = (m.abs() == float("inf")).where(0.0, m) if x.dtype.is_float else m
+  out = (x - m).exp().sum(axes, keepdim=True).log() + m
+  return out if keepdims else out.squeeze(axes)
+
+@op("ArgMax")
+def argmax(n, x, axis=0, keepdims=1, select_last_index=0): return _arg(x, axis, keepdims, select_last_index, True)
+@op("ArgMin")
+def argmin(n, x, axis=0, keepdims=1, select_last_index=0): return _arg(x, axis, keepdims, select_last_index, False)
+def _arg(x, axis, keepdims, last, largest):
+  if last:
+    # the last index of the extreme is the first one in the flipped tensor
+    i = _arg(x.flip(axis), axis, keepdims, 0, largest)
+    return (x.shape[axis % x.ndim] - 1) - i
+  return (x.argmax(axis, bool(keepdims)) if largest else x.argmin(axis, bool(keepdims))).cast(dtypes.int64)
+
+import aot.frontends.onnx_ops_tensor  # noqa: E402,F401
+import aot.frontends.onnx_ops_nn  # noqa: E402,F401
+import aot.frontends.onnx_ops_control  # noqa: E402,F401
