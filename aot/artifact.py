@@ -65,7 +65,46 @@ const char *{name}_last_error(const {name}_model *m);
 #endif
 """
 
-def render_model_c(name: str, sched: Schedule, calls: list[tuple[str, list[Buffer]]], protos: list[str]) -> str:
+# weights above this size go to NAME.weights beside the library and are mmapped at create time, rather than linked in:
+# a library of hundreds of MB is slow to link, copy and cache
+WEIGHTS_INLINE_MAX = 64 << 20
+
+def _external_weights_c(name: str, nbytes: int) -> str:
+  return f"""#include <dlfcn.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+/* the weights file lies beside this library: find the library's own path, map the file read-only */
+static int load_weights(char *error, const unsigned char **out) {{
+  Dl_info info;
+  if (!dladdr((void *){name}_create, &info) || !info.dli_fname)
+    return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot locate lib{name}.so to find {name}.weights");
+  char path[4096];
+  const char *slash = strrchr(info.dli_fname, '/');
+  size_t dir = slash ? (size_t)(slash - info.dli_fname + 1) : 0;
+  if (dir + sizeof("{name}.weights") > sizeof path) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "library path too long");
+  memcpy(path, info.dli_fname, dir);
+  strcpy(path + dir, "{name}.weights");
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot open %s", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (size_t)st.st_size != (size_t){nbytes}ULL) {{
+    close(fd);
+    return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "%s: expected {nbytes} bytes", path);
+  }}
+  void *p = mmap(NULL, (size_t){nbytes}ULL, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return aot_fail(error, AOT_ERR_OUT_OF_MEMORY, "cannot map %s", path);
+  *out = p;
+  return AOT_OK;
+}}
+"""
+
+def render_model_c(name: str, sched: Schedule, calls: list[tuple[str, list[Buffer]]], protos: list[str],
+                   external_weights: int = 0) -> str:
+  """The C API over the kernel list. external_weights: the size of NAME.weights if the weights are not linked in."""
   ins, outs = param_names(sched)
   args = [f"const {api_type(b.dtype)} *{n}" for b, n in zip(sched.inputs, ins)] + \
          [f"{api_type(b.dtype)} *{n}" for b, n in zip(sched.outputs, outs)]
@@ -85,11 +124,11 @@ def render_model_c(name: str, sched: Schedule, calls: list[tuple[str, list[Buffe
 #include "{name}.h"
 #define API __attribute__((visibility("default")))
 
-extern const unsigned char {name}_weights[];
+{"extern const unsigned char " + name + "_weights[];" if not external_weights else ""}
 {chr(10).join(protos)}
 
-struct {name}_model {{ unsigned char *arena; char error[AOT_ERROR_CAPACITY]; }};
-
+struct {name}_model {{ unsigned char *arena; const unsigned char *weights; char error[AOT_ERROR_CAPACITY]; }};
+{_external_weights_c(name, external_weights) if external_weights else ""}
 API int {name}_create({name}_model **out) {{
   if (!out) return AOT_ERR_NULL_ARGUMENT;
   *out = NULL;
@@ -97,6 +136,7 @@ API int {name}_create({name}_model **out) {{
   if (!m) return AOT_ERR_OUT_OF_MEMORY;
   m->arena = aot_arena_alloc({name.upper()}_ARENA_BYTES);
   if (!m->arena) {{ free(m); return AOT_ERR_OUT_OF_MEMORY; }}
+  {f"char err[AOT_ERROR_CAPACITY]; int st = load_weights(err, &m->weights); if (st != AOT_OK) {{ aot_arena_free(m->arena); free(m); return st; }}" if external_weights else f"m->weights = {name}_weights;"}
   *out = m;
   return AOT_OK;
 }}
@@ -106,7 +146,7 @@ API int {name}_run({name}_model *m, {', '.join(args)}) {{
 {chr(10).join(checks)}
   m->error[0] = 0;
   unsigned char *A = m->arena;
-  const unsigned char *W = {name}_weights;
+  const unsigned char *W = m->weights;
   (void)A; (void)W;
 {chr(10).join(body)}
   return AOT_OK;
@@ -114,6 +154,7 @@ API int {name}_run({name}_model *m, {', '.join(args)}) {{
 
 API void {name}_destroy({name}_model *m) {{
   if (!m) return;
+  {f"if (m->weights) munmap((void *)m->weights, (size_t){external_weights}ULL);" if external_weights else ""}
   aot_arena_free(m->arena);
   free(m);
 }}
@@ -181,4 +222,6 @@ def write_manifest(path: Path, name: str, target: str, cpu: str, sched: Schedule
     "name": name, "target": target, "cpu": cpu, "compiler": f"aot-compiler {__version__}",
     "inputs": [t(b) for b in sched.inputs], "outputs": [t(b) for b in sched.outputs],
     "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in kernels],
-    "arena_bytes": arena, "weights_bytes": weights, "compile_seconds": round(seconds, 3)}, indent=1))
+    "arena_bytes": arena, "weights_bytes": weights,
+    "weights_file": f"{name}.weights" if weights > WEIGHTS_INLINE_MAX else None,
+    "compile_seconds": round(seconds, 3)}, indent=1))

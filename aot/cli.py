@@ -24,11 +24,16 @@ def _kernel_lines(kernels) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="compile-model", description="Compile a model ahead of time into libNAME.so + NAME.h.")
-  p.add_argument("model", help="a bundled reference model, models:NAME (mlp, mnist, resnet18, transformer)")
+  p.add_argument("model", help="an ONNX file (model.onnx), or a bundled reference model: models:NAME "
+                                "(mlp, mnist, resnet18, transformer)")
   p.add_argument("-o", "--out", required=True, help="output folder for the artifact")
   p.add_argument("--name", help="C prefix of the artifact's API (default: the model's name)")
   p.add_argument("--target", default="c", choices=["c"], help="code generator (default: c)")
   p.add_argument("--cpu", default="native", help="CPU to compile for, as -march takes it (default: native)")
+  p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                 help="pin an input's shape (input=1x3x224x224) or a symbolic dim (batch=1); repeatable")
+  p.add_argument("--bind", action="append", default=[], metavar="NAME=VALUE",
+                 help="pin a scalar input to a value at compile time (sr=16000), so control flow on it folds; repeatable")
   p.add_argument("--emit", choices=["graph", "kernels", "source"], help="stop after this stage and show it")
   p.add_argument("--check", action="store_true", help="run the artifact on a seeded input and compare with the reference")
   p.add_argument("--no-cache", action="store_true", help="always run the C compiler (ignore the build cache)")
@@ -46,14 +51,15 @@ def _run(args) -> int:
   import aot
   from aot.compiler import resolve, render_sources
   from aot.schedule import schedule
-  if not args.model.startswith("models:"):
-    raise ValueError(f"{args.model!r}: expected models:NAME (one of mlp, mnist, resnet18, transformer)")
+  if not args.model.startswith("models:") and not args.model.endswith(".onnx"):
+    raise ValueError(f"{args.model!r}: expected an .onnx file or models:NAME (one of mlp, mnist, resnet18, transformer)")
+  shapes, bind = _pins(args.shape, "--shape", _dims), _pins(args.bind, "--bind", _number)
   say = (lambda s: print(f"  .. {s}", file=sys.stderr)) if args.verbose else (lambda s: None)
   out = Path(args.out)
   if args.emit in ("graph", "kernels", "source"):
-    traced = resolve(args.model, name=args.name)
+    traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
     if args.emit == "graph": print(_graph_text(traced.outputs)); return 0
-    sched = schedule(traced.outputs, traced.inputs)
+    sched = schedule(traced.outputs, traced.inputs, traced.output_names)
     files, infos, arena, _ = render_sources(traced.name, sched)
     if args.emit == "kernels":
       print(f"{traced.name}: {len(infos)} kernels, arena {arena} bytes")
@@ -71,30 +77,76 @@ def _run(args) -> int:
       last[0] = time.perf_counter()
       print(f"  .. {s}", file=sys.stderr)
   art = aot.compile_model(args.model, target=args.target, out_dir=out, name=args.name, cpu=args.cpu,
-                          cache=not args.no_cache, progress=progress)
+                          cache=not args.no_cache, progress=progress, shapes=shapes, bind=bind)
   print(f"{art.name}: {art.num_kernels} kernels (target {art.target}), compiled in {time.perf_counter() - t0:.1f} s")
   print("\n".join(_kernel_lines(art.kernels)))
   print(f"arena: {art.arena_bytes} bytes ({art.arena_bytes / 2**20:.2f} MiB); weights: {art.weights_bytes} bytes")
   print(f"wrote {art.library_path}, {art.header_path}, {art.dir / (art.name + '.json')}, {art.dir / 'src'}/")
-  if args.check: return _check(art, args.model)
+  if args.check: return _check(art, args.model, bind)
   return 0
 
-def _check(art, model: str) -> int:
+def _pins(items: list[str], flag: str, parse) -> dict:
+  out = {}
+  for it in items:
+    name, eq, value = it.partition("=")
+    if not eq or not name: raise ValueError(f"{flag} {it!r}: expected NAME=VALUE")
+    out[name] = parse(value, f"{flag} {it}")
+  return out
+
+def _dims(v: str, where: str):
+  try: dims = tuple(int(d) for d in v.lower().split("x"))
+  except ValueError: raise ValueError(f"{where}: dims must be integers separated by x, like 1x3x224x224") from None
+  return dims[0] if len(dims) == 1 else dims
+
+def _number(v: str, where: str):
+  for parse in (int, float):
+    try: return parse(v)
+    except ValueError: pass
+  raise ValueError(f"{where}: the value must be a number")
+
+def random_inputs(inputs, seed: int = 0) -> list[np.ndarray]:
+  """Seeded inputs of the right shapes and dtypes: normal floats, small non-negative integers, random bools."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for t in inputs:
+    dt = t.dtype.np
+    if t.dtype.is_float: out.append(rng.standard_normal(t.shape).astype(dt))
+    elif t.dtype.kind == "b": out.append(rng.random(t.shape) < 0.5)
+    else: out.append(rng.integers(0, 4, t.shape).astype(dt))
+  return out
+
+def _check(art, model: str, bind: dict) -> int:
   import aot
-  from aot.models import get
-  ref = get(model.split(":", 1)[1])
-  xs = ref.example_inputs(seed=0)
   run = aot.load(art)
+  if model.startswith("models:"):
+    from aot.models import get
+    ref = get(model.split(":", 1)[1])
+    xs = ref.example_inputs(seed=0)
+    want, against = [ref.reference(*xs)], "numpy reference"
+  else:
+    try: import onnxruntime as ort
+    except ImportError: raise RuntimeError("--check on an ONNX model needs onnxruntime (pip install onnxruntime)") from None
+    xs = random_inputs(art.inputs)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    feed = {t.name: x for t, x in zip(art.inputs, xs)}
+    feed.update({k: np.asarray(v, dtype=next(i for i in _ort_inputs(sess) if i[0] == k)[1]) for k, v in bind.items()})
+    want, against = sess.run(None, feed), "onnxruntime"
   got = run(*xs)
+  got = list(got) if isinstance(got, tuple) else [got]
   times = []
   for _ in range(5):
     t = time.perf_counter(); run(*xs); times.append(time.perf_counter() - t)
-  want = ref.reference(*xs)
-  err = float(np.max(np.abs(got.astype(np.float64) - want)))
-  rel = err / max(float(np.max(np.abs(want))), 1e-30)
-  ok = rel <= 1e-4
-  print(f"check vs numpy reference: max abs err {err:.3e}, max rel err {rel:.3e} -> {'PASS' if ok else 'FAIL'}; "
+  err = max(float(np.max(np.abs(g.astype(np.float64) - w), initial=0)) for g, w in zip(got, want))
+  scale = max(max(float(np.max(np.abs(w), initial=0)) for w in want), 1e-30)
+  rel = err / scale
+  ok = rel <= 1e-4 and all(g.shape == np.shape(w) for g, w in zip(got, want))
+  print(f"check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e} -> {'PASS' if ok else 'FAIL'}; "
         f"latency {np.median(times) * 1e3:.2f} ms (median of 5)")
   return 0 if ok else 1
+
+def _ort_inputs(sess):
+  types = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
+           "tensor(bool)": np.bool_, "tensor(float16)": np.float16, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}
+  return [(i.name, types.get(i.type, np.float32)) for i in sess.get_inputs()]
 
 if __name__ == "__main__": sys.exit(main())

@@ -10,7 +10,7 @@ from aot.ir import UOp, Ops
 from aot.schedule import schedule, Schedule, CompileError
 from aot.memory import memory_plan, weights_layout
 from aot.artifact import (Artifact, KernelInfo, c_name, render_header, render_model_c, render_weights_asm,
-                          write_manifest)
+                          write_manifest, WEIGHTS_INLINE_MAX)
 from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.frontends.tensor import Tensor
@@ -86,9 +86,11 @@ def render_sources(name: str, sched: Schedule, renderer=CRenderer()) -> tuple[di
     files[f"kernels{i // KERNELS_PER_FILE}.c"] = KERNEL_PRELUDE + "\n" + "\n\n".join(renderer.render_kernel(fn, ast) for ast, fn in chunk) + "\n"
   for ast, fn in items: protos.append(f"void {fn}({', '.join(renderer.param_decls(ast))});")
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
-  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, [(functions[k.ast], k.bufs) for k in sched.kernels], protos)
+  external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
+  files["model.c"] = "#define _GNU_SOURCE\n#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(
+    name, sched, [(functions[k.ast], k.bufs) for k in sched.kernels], protos, external)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), "c")
-  files["weights.S"] = render_weights_asm(name)
+  if not external: files["weights.S"] = render_weights_asm(name)
   return files, infos, arena, bytes(blob)
 
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
@@ -111,7 +113,8 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     src = stage / "src"
     src.mkdir()
     for fname, text in files.items(): (src / fname).write_text(text)
-    (src / "weights.bin").write_bytes(blob)
+    # weights linked into the library come from src/weights.bin; big ones are a file beside it (see WEIGHTS_INLINE_MAX)
+    (src / "weights.bin" if len(blob) <= WEIGHTS_INLINE_MAX else stage / f"{traced.name}.weights").write_bytes(blob)
     runtime = importlib.resources.files("aot.runtime_c")
     for f in ("aot_runtime.c", "aot_runtime.h"): (src / f).write_text(runtime.joinpath(f).read_text())
     sources = [f for f in files if f.endswith((".c", ".S"))] + ["aot_runtime.c"]
@@ -121,7 +124,8 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, sched, infos, arena, len(blob),
                    time.perf_counter() - t0)
     out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")): old.unlink()
+    for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):
+      old.unlink()
     if (out / "src").exists(): shutil.rmtree(out / "src")
     for p in stage.iterdir(): shutil.move(str(p), str(out / p.name))
   finally:

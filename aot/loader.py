@@ -23,7 +23,9 @@ class LoadedModel:
     self._last_error = getattr(self.lib, f"{n}_last_error")
     out = ffi.new(f"{n}_model **")
     if (status := getattr(self.lib, f"{n}_create")(out)) != 0:
-      raise RuntimeError(f"{n}_create failed with status {status}")
+      wf = a.manifest.get("weights_file")
+      hint = f" (its weights are read from {a.dir / wf}: is the file there?)" if wf else ""
+      raise RuntimeError(f"{n}_create failed with status {status}{hint}")
     self._model = out[0]
     self._ptr_types = args
 

@@ -1,0 +1,392 @@
+"""ONNX neural-network operators: matmul/gemm, convolutions, pooling, normalisations, softmax family, attention,
+recurrent layers, losses and quantisation. One small function per op (and per opset range where semantics changed)."""
+from __future__ import annotations
+import math
+import numpy as np
+from aot.dtype import dtypes, min_value, max_value
+from aot.frontends.tensor import Tensor
+from aot.frontends.onnx import op, onnx_dtype, Unsupported
+
+# *** helpers ***
+
+def _iota(n: int, axis: int, ndim: int, dtype=np.int64) -> Tensor:
+  """0..n-1 laid along `axis` of an otherwise all-ones shape: compared with a runtime index it makes a one-hot mask."""
+  return Tensor(np.arange(n, dtype=dtype).reshape([n if i == axis else 1 for i in range(ndim)]))
+
+def _f32(x: Tensor) -> Tensor: return x if x.dtype in (dtypes.float32, dtypes.float64) else x.cast(dtypes.float32)
+
+def _spatial(x, kernel_shape, w=None):
+  n = x.ndim - 2
+  kernel = tuple(kernel_shape) if kernel_shape else tuple(w.shape[2:])
+  return n, kernel
+
+def _pads(auto_pad, pads, shape, kernel, strides, dilations) -> list[tuple[int, int]]:
+  """(lo, hi) per spatial axis from ONNX pads/auto_pad (SAME_* pads so that out = ceil(in / stride))."""
+  n = len(kernel)
+  if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    out = []
+    for L, K, s, d in zip(shape, kernel, strides, dilations):
+      total = max(0, (-(-L // s) - 1) * s + (K - 1) * d + 1 - L)
+      small = total // 2
+      out.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
+    return out
+  if auto_pad == "VALID" or not pads: return [(0, 0)] * n
+  if auto_pad not in ("NOTSET", ""): raise Unsupported(f"auto_pad {auto_pad!r}")
+  return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+
+def _defaults(n, strides, dilations): return tuple(strides or (1,) * n), tuple(dilations or (1,) * n)
+
+# *** matmul and gemm ***
+
+@op("MatMul")
+def matmul(n, a, b): return a.matmul(b)
+
+@op("Gemm")
+def gemm(n, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):
+  if transA: a = a.T
+  if transB: b = b.T
+  y = a.matmul(b)
+  if alpha != 1.0: y = (y * alpha).cast(a.dtype)
+  if c is not None: y = y + (c * beta if beta != 1.0 else c).cast(y.dtype)
+  return y
+
+@op("MatMulInteger")
+def matmul_integer(n, a, b, a_zero_point=None, b_zero_point=None):
+  a = a.cast(dtypes.int32) - (a_zero_point.cast(dtypes.int32).reshape(-1, 1) if a_zero_point is not None and a_zero_point.ndim == 1 and a_zero_point.shape[0] > 1 else _zp32(a_zero_point))
+  b = b.cast(dtypes.int32) - _zp32(b_zero_point)
+  return a.matmul(b)
+
+def _zp32(zp): return zp.cast(dtypes.int32) if zp is not None else 0
+
+# *** convolution ***
+
+@op("Conv")
+def conv(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+  nd, kernel = _spatial(x, kernel_shape, w)
+  strides, dilations = _defaults(nd, strides, dilations)
+  p = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
+  return x.conv(w, b, strides, p, dilations, group)
+
+@op("ConvInteger")
+def conv_integer(n, x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None):
+  wz = _zp32(w_zero_point)
+  if isinstance(wz, Tensor) and wz.ndim == 1: wz = wz.reshape((-1,) + (1,) * (w.ndim - 1))
+  nd, kernel = _spatial(x, kernel_shape, w)
+  strides, dilations = _defaults(nd, strides, dilations)
+  p = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
+  # padding must be the zero point, i.e. zero after the shift: shift first, then pad with 0
+  return (x.cast(dtypes.int32) - _zp32(x_zero_point)).conv(w.cast(dtypes.int32) - wz, None, strides, p, dilations, group)
+
+def _dilate(x: Tensor, strides) -> Tensor:
+  """Insert stride-1 zeros between the elements of each spatial axis."""
+  nd = len(strides)
+  for i, s in enumerate(strides):
+    if s == 1: continue
+    ax = x.ndim - nd + i
+    L = x.shape[ax]
+    x = x.unsqueeze(ax + 1).pad([(0, s - 1) if j == ax + 1 else (0, 0) for j in range(x.ndim + 1)])
+    x = x.reshape(x.shape[:ax] + (L * s,) + x.shape[ax + 2:])
+    x = x.shrink([(0, (L - 1) * s + 1) if j == ax else None for j in range(x.ndim)])
+  return x
+
+@op("ConvTranspose")
+def conv_transpose(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, output_padding=None,
+                   output_shape=None, pads=None, strides=None):
+  nd, kernel = _spatial(x, kernel_shape, w)
+  strides, dilations = _defaults(nd, strides, dilations)
+  op_ = tuple(output_padding or (0,) * nd)
+  full = [s * (L - 1) + o + (K - 1) * d + 1 for L, s, o, K, d in zip(x.shape[2:], strides, op_, kernel, dilations)]
+  if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    outs = list(output_shape)[-nd:] if output_shape is not None else [L * s for L, s in zip(x.shape[2:], strides)]
+    tot = [f - o for f, o in zip(full, outs)]
+    p = [(t // 2, t - t // 2) if auto_pad != "SAME_LOWER" else (t - t // 2, t // 2) for t in tot]
+  else: p = _pads("NOTSET" if auto_pad == "VALID" else auto_pad, pads, x.shape[2:], kernel, strides, dilations)
+  # a transposed conv is a conv over the zero-dilated input with the kernel flipped and its channel axes swapped
+  cin, coutg = w.shape[0], w.shape[1]
+  wt = w.reshape((group, cin // group, coutg) + kernel).transpose(1, 2).reshape((group * coutg, cin // group) + kernel)
+  wt = wt.flip(tuple(range(2, 2 + nd)))
+  xp = _dilate(x, strides)
+  cp = [((K - 1) * d - lo, (K - 1) * d - hi + o) for (lo, hi), K, d, o in zip(p, kernel, dilations, op_)]
+  xp = xp.pad([(0, 0), (0, 0)] + cp)
+  return xp.conv(wt, b, 1, 0, dilations, group)
+
+# *** pooling ***
+
+def _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode):
+  """Explicit pads, extra trailing pads that ceil_mode needs, and the output sizes."""
+  p = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
+  extra, outs = [], []
+  for L, K, s, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dilations, p):
+    span = (K - 1) * d + 1
+    O = (L + lo + hi - span) // s + 1
+    if ceil_mode:
+      O = -(-(L + lo + hi - span) // s) + 1
+      if (O - 1) * s >= L + lo: O -= 1
+    outs.append(O)
+    extra.append(max(0, (O - 1) * s + span - (L + lo + hi)))
+  return p, extra, outs
+
+def _pool_windows(x, kernel, strides, dilations, p, extra, value):
+  nd = len(kernel)
+  xp = x.pad([(0, 0)] * (x.ndim - nd) + [(lo, hi + e) for (lo, hi), e in zip(p, extra)], value)
+  return xp._windows(kernel, strides, dilations)
+
+def _window_counts(shape, kernel, strides, dilations, p, extra, outs, include_pad):
+  """How many window taps fall on real elements (or explicit padding): the averaging divisor, a constant."""
+  cnt = np.ones((), dtype=np.float64)
+  for L, K, s, d, (lo, hi), O in zip(shape, kernel, strides, dilations, p, outs):
+    pos = np.arange(O)[:, None] * s + np.arange(K)[None, :] * d - lo
+    ok = (pos >= -lo) & (pos < L + hi) if include_pad else (pos >= 0) & (pos < L)
+    cnt = cnt[..., None] * ok.sum(1)
+  return cnt
+
+def _pool_args(x, kernel_shape, strides, dilations):
+  nd = x.ndim - 2
+  kernel = tuple(kernel_shape)
+  strides, dilations = _defaults(nd, strides, dilations)
+  return nd, kernel, strides, dilations
+
+@op("MaxPool")
+def max_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None, storage_order=0, strides=None):
+  nd, kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
+  p, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
+  win = _pool_windows(x, kernel, strides, dilations, p, extra, min_value(x.dtype))
+  axes = tuple(range(-nd, 0))
+  y = win.max(axes)
+  if not n.output_used(1): return y
+  # the flat index of each window's first maximum: windows over an index tensor, picked where x hits the max
+  sp = x.shape[2:]
+  idx = np.arange(int(np.prod(sp)), dtype=np.int64).reshape(sp)
+  if storage_order: idx = np.arange(int(np.prod(sp)), dtype=np.int64).reshape(sp[::-1]).T
+  iw = _pool_windows(Tensor(idx).reshape((1, 1) + sp), kernel, strides, dilations, p, extra, -1)
+  flat = win.reshape(win.shape[:-nd] + (-1,))
+  first = flat.argmax(-1).unsqueeze(-1)
+  k = int(np.prod(kernel))
+  pick = (_iota(k, flat.ndim - 1, flat.ndim) == first).where(iw.reshape(iw.shape[:-nd] + (k,)), 0).sum(-1)
+  N, C = x.shape[:2]
+  base = Tensor((np.arange(N * C, dtype=np.int64) * int(np.prod(sp))).reshape((N, C) + (1,) * nd))
+  return y, pick + base
+
+@op("AveragePool")
+def avg_pool(n, x, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape=None, pads=None, strides=None):
+  nd, kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
+  p, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
+  total = _pool_windows(x, kernel, strides, dilations, p, extra, 0.0).sum(tuple(range(-nd, 0)))
+  cnt = _window_counts(x.shape[2:], kernel, strides, dilations, p, extra, outs, count_include_pad)
+  return (total / Tensor(cnt.astype(np.float32))).cast(x.dtype)
+
+@op("LpPool")
+def lp_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2, pads=None, strides=None):
+  nd, kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
+  pp, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
+  s = _pool_windows(x.abs().pow(float(p)), kernel, strides, dilations, pp, extra, 0.0).sum(tuple(range(-nd, 0)))
+  return s.pow(1.0 / p).cast(x.dtype)
+
+@op("GlobalAveragePool")
+def global_avg_pool(n, x): return x.mean(tuple(range(2, x.ndim)), keepdim=True).cast(x.dtype)
+@op("GlobalMaxPool")
+def global_max_pool(n, x): return x.max(tuple(range(2, x.ndim)), keepdim=True)
+@op("GlobalLpPool")
+def global_lp_pool(n, x, p=2):
+  return x.abs().pow(float(p)).sum(tuple(range(2, x.ndim)), keepdim=True).pow(1.0 / p).cast(x.dtype)
+
+@op("LRN")
+def lrn(n, x, size=None, alpha=0.0001, beta=0.75, bias=1.0):
+  sq = (x * x).pad([(0, 0), ((size - 1) // 2, size // 2)] + [(0, 0)] * (x.ndim - 2))
+  # sum over a channel window: move channels last, slide, reduce
+  perm = (0,) + tuple(range(2, x.ndim)) + (1,)
+  win = sq.permute(perm)._windows((size,), (1,), (1,)).sum(-1)
+  s = win.permute((0, x.ndim - 1) + tuple(range(1, x.ndim - 1)))
+  return (x / (bias + (alpha / size) * s).pow(beta)).cast(x.dtype)
+
+# *** normalisation ***
+
+@op("BatchNormalization")
+def batch_norm(n, x, scale, b, mean, var, epsilon=1e-5, momentum=0.9, training_mode=0, spatial=1, is_test=0,
+               consumed_inputs=None):
+  if not training_mode: return x.batchnorm(mean, var, scale, b, epsilon).cast(x.dtype)
+  axes = (0,) + tuple(range(2, x.ndim))
+  bm, bv = x.mean(axes), x.var(axes)
+  y = x.batchnorm(bm, bv, scale, b, epsilon).cast(x.dtype)
+  return y, (mean * momentum + bm * (1 - momentum)).cast(mean.dtype), (var * momentum + bv * (1 - momentum)).cast(var.dtype)
+
+@op("InstanceNormalization")
+def instance_norm(n, x, scale, b, epsilon=1e-5):
+  axes = tuple(range(2, x.ndim))
+  xf = _f32(x)
+  d = xf - xf.mean(axes, keepdim=True)
+  y = d * ((d * d).mean(axes, keepdim=True) + epsilon).rsqrt()
+  shape = (1, -1) + (1,) * (x.ndim - 2)
+  return (y * scale.reshape(shape) + b.reshape(shape)).cast(x.dtype)
+
+@op("LayerNormalization", since=17)
+def layer_norm(n, x, scale, b=None, axis=-1, epsilon=1e-5, stash_type=1):
+  axes = tuple(range(axis % x.ndim, x.ndim))
+  xs = x.cast(onnx_dtype(stash_type))
+  mean = xs.mean(axes, keepdim=True)
+  d = xs - mean
+  inv = ((d * d).mean(axes, keepdim=True) + epsilon).rsqrt()
+  y = (d * inv).cast(x.dtype) * scale
+  if b is not None: y = y + b
+  return y, mean, inv
+
+@op("RMSNormalization", since=23)
+def rms_norm(n, x, scale, axis=-1, epsilon=1e-5, stash_type=1):
+  axes = tuple(range(axis % x.ndim, x.ndim))
+  xs = x.cast(onnx_dtype(stash_type))
+  y = xs * ((xs * xs).mean(axes, keepdim=True) + epsilon).rsqrt()
+  return y.cast(x.dtype) * scale
+
+def _group_norm(x, scale, b, num_groups, epsilon, per_channel, stash):
+  N, C = x.shape[:2]
+  g = x.cast(stash).reshape(N, num_groups, -1)
+  d = g - g.mean(-1, keepdim=True)
+  y = (d * ((d * d).mean(-1, keepdim=True) + epsilon).rsqrt()).reshape(x.shape).cast(x.dtype)
+  if not per_channel:
+    # opset 18: one scale per group, spread over its channels
+    scale, b = scale.reshape(-1, 1).expand(num_groups, C // num_groups).reshape(C), b.reshape(-1, 1).expand(num_groups, C // num_groups).reshape(C)
+  shape = (1, C) + (1,) * (x.ndim - 2)
+  return y * scale.reshape(shape) + b.reshape(shape)
+
+@op("GroupNormalization", since=18)
+def group_norm_18(n, x, scale, b, num_groups=None, epsilon=1e-5):
+  return _group_norm(x, scale, b, num_groups, epsilon, False, dtypes.float32)
+@op("GroupNormalization", since=21)
+def group_norm_21(n, x, scale, b, num_groups=None, epsilon=1e-5, stash_type=1):
+  return _group_norm(x, scale, b, num_groups, epsilon, True, onnx_dtype(stash_type))
+
+@op("MeanVarianceNormalization")
+def mvn(n, x, axes=(0, 2, 3)):
+  axes = tuple(axes)
+  d = x - x.mean(axes, keepdim=True)
+  return (d / ((d * d).mean(axes, keepdim=True).sqrt() + 1e-9)).cast(x.dtype)
+
+@op("LpNormalization")
+def lp_norm(n, x, axis=-1, p=2):
+  if p == 1: norm = x.abs().sum(axis, keepdim=True)
+  elif p == 2: norm = (x * x).sum(axis, keepdim=True).sqrt()
+  else: raise Unsupported(f"p={p}")
+  return (x / norm).cast(x.dtype)
+
+# *** softmax family ***
+
+def _flat2d(fn):
+  """Before opset 13: the input is viewed as 2-D at `axis` and the op runs over the whole second half."""
+  def run(n, x, axis=1):
+    a = axis % x.ndim
+    return fn(x.reshape(int(np.prod(x.shape[:a])), -1), 1).reshape(x.shape)
+  return run
+
+def _hardmax(x, axis):
+  am = x.argmax(axis, keepdim=True)
+  return (_iota(x.shape[axis % x.ndim], axis % x.ndim, x.ndim) == am).cast(x.dtype)
+
+for _name, _fn in {"Softmax": lambda x, a: x.softmax(a).cast(x.dtype), "LogSoftmax": lambda x, a: x.log_softmax(a).cast(x.dtype),
+                   "Hardmax": _hardmax}.items():
+  op(_name, since=1)(_flat2d(_fn))
+  op(_name, since=13)(lambda n, x, axis=-1, _f=_fn: _f(x, axis))
+
+@op("Dropout", since=1)
+def dropout_old(n, x, ratio=0.5, is_test=0, consumed_inputs=None, seed=None):
+  return x, Tensor(np.ones(x.shape, dtype=bool))
+@op("Dropout", since=12)
+def dropout(n, x, ratio=None, training_mode=None, seed=None):
+  train = training_mode is not None and bool(n.const(training_mode, "training_mode"))
+  if train and ratio is not None and float(n.const(ratio, "ratio")) != 0.0:
+    raise Unsupported("training-mode dropout with a nonzero ratio draws random numbers")
+  if train and ratio is None: raise Unsupported("training-mode dropout with the default ratio draws random numbers")
+  return x, Tensor(np.ones(x.shape, dtype=bool))
+
+@op("SwiGLU", since=28)
+def swiglu(n, a, b, alpha=1.0): return (a * (a * alpha).sigmoid().cast(a.dtype) * b).cast(a.dtype)
+
+# *** attention ***
+
+def _heads(x, h):
+  B, S, D = x.shape
+  return x.reshape(B, S, h, D // h).permute(0, 2, 1, 3)
+
+@op("Attention", since=23)
+def attention(n, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, is_causal=0,
+              kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None, softcap=0.0,
+              softmax_precision=None, left_window_size=-1, right_window_size=-1):
+  three = q.ndim == 3
+  if three: q, k, v = _heads(q, q_num_heads), _heads(k, kv_num_heads), _heads(v, kv_num_heads)
+  if past_key is not None: k = Tensor.cat([past_key, k], 2)
+  if past_value is not None: v = Tensor.cat([past_value, v], 2)
+  present_k, present_v = k, v
+  B, Hq, Sq, Dh = q.shape
+  Skv = k.shape[2]
+  dt = q.dtype
+  sc = math.sqrt(scale if scale is not None else 1 / math.sqrt(Dh))
+  bias = _attention_bias(n, q, attn_mask, Sq, Skv, is_causal, past_key, nonpad_kv_seqlen, left_window_size, right_window_size)
+  if Hq != k.shape[1]:
+    # grouped-query: each kv head serves Hq/Hkv consecutive query heads
+    r = Hq // k.shape[1]
+    k, v = [t.unsqueeze(2).expand(B, t.shape[1], r, Skv, t.shape[3]).reshape(B, Hq, Skv, t.shape[3]) for t in (k, v)]
+  qk = ((q * sc).cast(dt)).matmul((k * sc).cast(dt).transpose(-1, -2)).cast(dt)
+  if softcap: qk = ((qk / softcap).tanh() * softcap).cast(dt)
+  qkb = qk + bias if bias is not None else qk
+  qk_out = qkb if qk_matmul_output_mode == 2 else qk
+  sm_in = qkb.cast(onnx_dtype(softmax_precision)) if softmax_precision else qkb
+  p = _safe_softmax(sm_in)
+  if bias is not None:
+    p = (bias.max(-1, keepdim=True) == float("-inf")).where(0.0, p)
+  if qk_matmul_output_mode == 3: qk_out = p
+  y = p.cast(dt).matmul(v).cast(dt)
+  if three: y = y.permute(0, 2, 1, 3).reshape(B, Sq, -1)
+  return y, present_k, present_v, qk_out.cast(dt)
+
+def _safe_softmax(x):
+  m = x.max(-1, keepdim=True)
+  m = (m == float("-inf")).where(0.0, m)
+  e = (x - m).exp()
+  s = e.sum(-1, keepdim=True)
+  return e / (s == 0).where(1.0, s)
+
+def _attention_bias(n, q, mask, Sq, Skv, causal, past_key, nonpad, left, right):
+  """The additive bias: the mask (bool -> 0/-inf), padded to the kv length, plus causal/window/padding terms."""
+  dt = q.dtype
+  bias = None
+  if mask is not None:
+    if mask.shape[-1] < Skv:
+      padv = False if mask.dtype == dtypes.bool else float("-inf")
+      mask = mask.pad([(0, 0)] * (mask.ndim - 1) + [(0, Skv - mask.shape[-1])], padv)
+    bias = mask.where(Tensor(0.0).cast(dt), float("-inf")) if mask.dtype == dtypes.bool else mask.cast(dt)
+  i, j = _iota(Sq, 0, 2), _iota(Skv, 1, 2)
+  if nonpad is not None and past_key is None:
+    off = (nonpad.cast(dtypes.int64) - Sq).reshape(-1, 1, 1, 1)
+  else: off = past_key.shape[2] if past_key is not None else 0
+  allowed = None
+  if causal: allowed = j <= i + off
+  if left >= 0: allowed = _and(allowed, (i + off) - j <= left)
+  if right >= 0: allowed = _and(allowed, j - (i + off) <= right)
+  if allowed is not None:
+    term = allowed.where(Tensor(0.0).cast(dt), float("-inf"))
+    bias = term if bias is None else bias + term
+  if nonpad is not None:
+    pm = (_iota(Skv, 0, 1) < nonpad.cast(dtypes.int64).reshape(-1, 1)).reshape(-1, 1, 1, Skv)
+    term = pm.where(Tensor(0.0).cast(dt), float("-inf"))
+    bias = term if bias is None else bias + term
+  return bias
+
+def _and(a, b): return b if a is None else a & b
+
+@op("RotaryEmbedding", since=23)
+def rotary_embedding(n, x, cos_cache, sin_cache, position_ids=None, interleaved=0, num_heads=0, rotary_embedding_dim=0):
+  shape = x.shape
+  if x.ndim == 4: x = x.permute(0, 2, 1, 3)
+  else: x = x.reshape(shape[0], shape[1], num_heads, -1)
+  D = x.shape[3]
+  rd = rotary_embedding_dim or D
+  if position_ids is not None: cos_cache, sin_cache = cos_cache.take(position_ids, 0), sin_cache.take(position_ids, 0)
+  cos, sin = cos_cache.unsqueeze(2), sin_cache.unsqueeze(2)
+  xr, rest = x[..., :rd], x[..., rd:]
+  if interleaved: x1, x2 = xr[..., 0::2], xr[..., 1::2]
+  else: x1, x2 = xr[..., :rd // 2], xr[..., rd // 2:]
+  real, imag = (cos * x1 - sin * x2).cast(x.dtype), (sin * x1 + cos * x2).cast(x.dtype)
+  if interleaved: rot = Tensor.stack([real, imag], axis=-1).reshape(xr.shape)
+  else: rot = Tensor.cat([real, imag], -1)
+  out = Tensor.cat([rot, rest], -1) if rd < D else rot
+  return out.reshape(shape) if len(shape) == 3 else out.permute(0, 2, 1, 3)
