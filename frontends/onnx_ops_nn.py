@@ -34,6 +34,13 @@ def _pads(auto_pad, pads, shape, kernel, strides, dilations) -> list[tuple[int, 
   if auto_pad not in ("NOTSET", ""): raise Unsupported(f"auto_pad {auto_pad!r}")
   return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
 
+def _reduce(x: Tensor, method: str, axes, keepdim=False) -> Tensor:
+  """x.sum/max/... over axes, leaving out size-1 axes (a reduce over only size-1 axes trips the code generator)."""
+  axes = tuple(a % x.ndim for a in axes)
+  big = tuple(a for a in axes if x.shape[a] != 1)
+  y = getattr(x, method)(big, keepdim=True) if big else x
+  return y if keepdim else y.reshape(tuple(s for i, s in enumerate(y.shape) if i not in axes))
+
 def _defaults(n, strides, dilations): return tuple(strides or (1,) * n), tuple(dilations or (1,) * n)
 
 # *** matmul and gemm ***
@@ -97,11 +104,15 @@ def conv_transpose(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, 
   strides, dilations = _defaults(nd, strides, dilations)
   op_ = tuple(output_padding or (0,) * nd)
   full = [s * (L - 1) + o + (K - 1) * d + 1 for L, s, o, K, d in zip(x.shape[2:], strides, op_, kernel, dilations)]
-  if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+  if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
     outs = list(output_shape)[-nd:] if output_shape is not None else [L * s for L, s in zip(x.shape[2:], strides)]
     tot = [f - o for f, o in zip(full, outs)]
-    p = [(t // 2, t - t // 2) if auto_pad != "SAME_LOWER" else (t - t // 2, t // 2) for t in tot]
-  else: p = _pads("NOTSET" if auto_pad == "VALID" else auto_pad, pads, x.shape[2:], kernel, strides, dilations)
+    p = [(t // 2, t - t // 2) if auto_pad == "SAME_UPPER" else (t - t // 2, t // 2) for t in tot]
+  else:
+    p = _pads("NOTSET" if auto_pad == "VALID" else auto_pad, pads, x.shape[2:], kernel, strides, dilations)
+    if output_shape is not None:
+      # an explicit output shape with explicit pads: the result is cut or zero-extended at the end
+      op_ = tuple(o + w - (f - lo - hi) for o, w, f, (lo, hi) in zip(op_, list(output_shape)[-nd:], full, p))
   # a transposed conv is a conv over the zero-dilated input with the kernel flipped and its channel axes swapped
   cin, coutg = w.shape[0], w.shape[1]
   wt = w.reshape((group, cin // group, coutg) + kernel).transpose(1, 2).reshape((group * coutg, cin // group) + kernel)
@@ -153,7 +164,7 @@ def max_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
   p, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
   win = _pool_windows(x, kernel, strides, dilations, p, extra, min_value(x.dtype))
   axes = tuple(range(-nd, 0))
-  y = win.max(axes)
+  y = _reduce(win, "max", axes)
   if not n.output_used(1): return y
   # the flat index of each window's first maximum: windows over an index tensor, picked where x hits the max
   sp = x.shape[2:]
@@ -161,9 +172,9 @@ def max_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
   if storage_order: idx = np.arange(int(np.prod(sp)), dtype=np.int64).reshape(sp[::-1]).T
   iw = _pool_windows(Tensor(idx).reshape((1, 1) + sp), kernel, strides, dilations, p, extra, -1)
   flat = win.reshape(win.shape[:-nd] + (-1,))
-  first = flat.argmax(-1).unsqueeze(-1)
+  first = flat.argmax(-1).unsqueeze(-1) if flat.shape[-1] > 1 else Tensor(np.zeros((), np.int64))
   k = int(np.prod(kernel))
-  pick = (_iota(k, flat.ndim - 1, flat.ndim) == first).where(iw.reshape(iw.shape[:-nd] + (k,)), 0).sum(-1)
+  pick = _reduce((_iota(k, flat.ndim - 1, flat.ndim) == first).where(iw.reshape(iw.shape[:-nd] + (k,)), 0), "sum", (-1,))
   N, C = x.shape[:2]
   base = Tensor((np.arange(N * C, dtype=np.int64) * int(np.prod(sp))).reshape((N, C) + (1,) * nd))
   return y, pick + base
@@ -172,7 +183,7 @@ def max_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
 def avg_pool(n, x, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape=None, pads=None, strides=None):
   nd, kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
   p, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
-  total = _pool_windows(x, kernel, strides, dilations, p, extra, 0.0).sum(tuple(range(-nd, 0)))
+  total = _reduce(_pool_windows(x, kernel, strides, dilations, p, extra, 0.0), "sum", range(-nd, 0))
   cnt = _window_counts(x.shape[2:], kernel, strides, dilations, p, extra, outs, count_include_pad)
   return (total / Tensor(cnt.astype(np.float32))).cast(x.dtype)
 
@@ -180,7 +191,7 @@ def avg_pool(n, x, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilation
 def lp_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2, pads=None, strides=None):
   nd, kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
   pp, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
-  s = _pool_windows(x.abs().pow(float(p)), kernel, strides, dilations, pp, extra, 0.0).sum(tuple(range(-nd, 0)))
+  s = _reduce(_pool_windows(x.abs().pow(float(p)), kernel, strides, dilations, pp, extra, 0.0), "sum", range(-nd, 0))
   return s.pow(1.0 / p).cast(x.dtype)
 
 @op("GlobalAveragePool")

@@ -8,6 +8,8 @@ import aot
 from aot.models import NAMES, get
 from aot.models.onnx_forms import onnx_model, OPSET, FUNCTION_DOMAIN
 from aot.testing import assert_kernel_count, kernel_count
+from aot.compiler import resolve
+from aot.ir import Ops
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -69,6 +71,12 @@ def test_transformer_layer_is_a_model_local_function(forms):
   w0, w1 = (set(c.input[1:]) for c in calls)
   assert w0 and w1 and not (w0 & w1) and w0 | w1 <= inits
   assert calls[1].input[0] == calls[0].output[0]
+
+def test_transformer_onnx_layer_is_traced_once(forms):
+  # as the Tensor form's @aot.function layer (tests/test_models.py): one FUNCTION body, two CALLs
+  traced = resolve(forms.proto("transformer"))
+  nodes = {u for o in traced.outputs for u in o.toposort()}
+  assert len([u for u in nodes if u.op is Ops.FUNCTION]) == 1 and len([u for u in nodes if u.op is Ops.CALL]) == 2
 
 @pytest.mark.parametrize("name", NAMES)
 def test_onnxruntime_matches_numpy_reference(forms, name):
