@@ -46,13 +46,13 @@ def _defaults(n, strides, dilations): return tuple(strides or (1,) * n), tuple(d
 # *** matmul and gemm ***
 
 @op("MatMul")
-def matmul(n, a, b): return a.matmul(b)
+def matmul(n, a, b): return _mm(a, b)
 
 @op("Gemm")
 def gemm(n, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):
   if transA: a = a.T
   if transB: b = b.T
-  y = a.matmul(b)
+  y = _mm(a, b)
   if alpha != 1.0: y = (y * alpha).cast(a.dtype)
   if c is not None: y = y + (c * beta if beta != 1.0 else c).cast(y.dtype)
   return y
@@ -72,7 +72,22 @@ def conv(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
   nd, kernel = _spatial(x, kernel_shape, w)
   strides, dilations = _defaults(nd, strides, dilations)
   p = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
-  return x.conv(w, b, strides, p, dilations, group)
+  return _conv(x, w, b, strides, p, dilations, group)
+
+def _conv(x, w, b, strides, pads, dilations, group):
+  if x.dtype == dtypes.float16:
+    # half accumulates in float, as numpy does
+    f = dtypes.float32
+    return _conv(x.cast(f), w.cast(f), b.cast(f) if b is not None else None, strides, pads, dilations, group).cast(x.dtype)
+  if int(np.prod(w.shape[1:])) != 1: return x.conv(w, b, strides, pads, dilations, group)
+  # one tap per output (1x1 kernel, one channel per group): no reduction at all, so don't ask for one (a reduce over
+  # only size-1 axes trips the code generator); each output channel scales its group's input channel
+  nd, (N, C), cout = x.ndim - 2, x.shape[:2], w.shape[0]
+  xs = x._pad_spatial(pads, nd)._windows((1,) * nd, strides, dilations)
+  xs = xs.reshape(xs.shape[:2 + nd]).unsqueeze(2)
+  xs = xs.expand((N, C, cout // C) + xs.shape[3:]).reshape((N, cout) + xs.shape[3:])
+  out = xs * w.reshape((1, cout) + (1,) * nd)
+  return out + b.reshape((1, cout) + (1,) * nd) if b is not None else out
 
 @op("ConvInteger")
 def conv_integer(n, x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", dilations=None, group=1,
@@ -83,7 +98,7 @@ def conv_integer(n, x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET
   strides, dilations = _defaults(nd, strides, dilations)
   p = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
   # padding must be the zero point, i.e. zero after the shift: shift first, then pad with 0
-  return (x.cast(dtypes.int32) - _zp32(x_zero_point)).conv(w.cast(dtypes.int32) - wz, None, strides, p, dilations, group)
+  return _conv(x.cast(dtypes.int32) - _zp32(x_zero_point), w.cast(dtypes.int32) - wz, None, strides, p, dilations, group)
 
 def _dilate(x: Tensor, strides) -> Tensor:
   """Insert stride-1 zeros between the elements of each spatial axis."""
@@ -120,7 +135,7 @@ def conv_transpose(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, 
   xp = _dilate(x, strides)
   cp = [((K - 1) * d - lo, (K - 1) * d - hi + o) for (lo, hi), K, d, o in zip(p, kernel, dilations, op_)]
   xp = xp.pad([(0, 0), (0, 0)] + cp)
-  return xp.conv(wt, b, 1, 0, dilations, group)
+  return _conv(xp, wt, b, (1,) * nd, 0, dilations, group)
 
 # *** pooling ***
 
@@ -278,7 +293,7 @@ def lp_norm(n, x, axis=-1, p=2):
   if p == 1: norm = x.abs().sum(axis, keepdim=True)
   elif p == 2: norm = (x * x).sum(axis, keepdim=True).sqrt()
   else: raise Unsupported(f"p={p}")
-  return (x / norm).cast(x.dtype)
+  return (norm == 0).where(0.0, x / norm).cast(x.dtype)
 
 # *** softmax family ***
 
@@ -293,7 +308,19 @@ def _hardmax(x, axis):
   am = x.argmax(axis, keepdim=True)
   return (_iota(x.shape[axis % x.ndim], axis % x.ndim, x.ndim) == am).cast(x.dtype)
 
-for _name, _fn in {"Softmax": lambda x, a: x.softmax(a).cast(x.dtype), "LogSoftmax": lambda x, a: x.log_softmax(a).cast(x.dtype),
+def _sum_acc(x, axis):
+  # half sums accumulate in float, as numpy's do
+  return x.cast(dtypes.float32).sum(axis, keepdim=True).cast(x.dtype) if x.dtype == dtypes.float16 else x.sum(axis, keepdim=True)
+
+def _softmax(x, axis):
+  e = (x - x.max(axis, keepdim=True)).exp()
+  return (e / _sum_acc(e, axis)).cast(x.dtype)
+
+def _log_softmax(x, axis):
+  d = x - x.max(axis, keepdim=True)
+  return (d - _sum_acc(d.exp(), axis).log()).cast(x.dtype)
+
+for _name, _fn in {"Softmax": _softmax, "LogSoftmax": _log_softmax,
                    "Hardmax": _hardmax}.items():
   op(_name, since=1)(_flat2d(_fn))
   op(_name, since=13)(lambda n, x, axis=-1, _f=_fn: _f(x, axis))
@@ -336,7 +363,7 @@ def attention(n, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad
     # grouped-query: each kv head serves Hq/Hkv consecutive query heads
     r = Hq // k.shape[1]
     k, v = [t.unsqueeze(2).expand(B, t.shape[1], r, Skv, t.shape[3]).reshape(B, Hq, Skv, t.shape[3]) for t in (k, v)]
-  qk = ((q * sc).cast(dt)).matmul((k * sc).cast(dt).transpose(-1, -2)).cast(dt)
+  qk = _mm((q * sc).cast(dt), (k * sc).cast(dt).transpose(-1, -2))
   if softcap: qk = ((qk / softcap).tanh() * softcap).cast(dt)
   qkb = qk + bias if bias is not None else qk
   qk_out = qkb if qk_matmul_output_mode == 2 else qk
@@ -345,15 +372,23 @@ def attention(n, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad
   if bias is not None:
     p = (bias.max(-1, keepdim=True) == float("-inf")).where(0.0, p)
   if qk_matmul_output_mode == 3: qk_out = p
-  y = p.cast(dt).matmul(v).cast(dt)
+  y = _mm(p.cast(dt), v)
   if three: y = y.permute(0, 2, 1, 3).reshape(B, Sq, -1)
   return y, present_k, present_v, qk_out.cast(dt)
 
+def _mm(a, b):
+  if a.ndim >= 2 and b.ndim >= 2 and a.shape[-1] == 1:
+    # an outer product: no reduction (one over a size-1 axis trips the code generator)
+    return a * b.reshape(b.shape[:-2] + (1, b.shape[-1]))
+  # half precision accumulates in float (as numpy does); a half accumulator drifts by ulps
+  return a.cast(dtypes.float32).matmul(b.cast(dtypes.float32)).cast(a.dtype) if a.dtype == dtypes.float16 else a.matmul(b)
+
 def _safe_softmax(x):
+  """Softmax whose fully masked (all -inf) rows give 0 rather than nan."""
   m = x.max(-1, keepdim=True)
   m = (m == float("-inf")).where(0.0, m)
   e = (x - m).exp()
-  s = e.sum(-1, keepdim=True)
+  s = e.cast(dtypes.float32).sum(-1, keepdim=True).cast(e.dtype) if e.dtype == dtypes.float16 else e.sum(-1, keepdim=True)
   return e / (s == 0).where(1.0, s)
 
 def _attention_bias(n, q, mask, Sq, Skv, causal, past_key, nonpad, left, right):
@@ -401,3 +436,263 @@ def rotary_embedding(n, x, cos_cache, sin_cache, position_ids=None, interleaved=
   else: rot = Tensor.cat([real, imag], -1)
   out = Tensor.cat([rot, rest], -1) if rd < D else rot
   return out.reshape(shape) if len(shape) == 3 else out.permute(0, 2, 1, 3)
+
+# *** recurrent layers: unrolled over the (static) sequence length ***
+
+_ACT = {"relu": lambda x, a, b: x.relu(), "tanh": lambda x, a, b: x.tanh(), "sigmoid": lambda x, a, b: x.sigmoid(),
+        "affine": lambda x, a, b: x * a + b, "leakyrelu": lambda x, a, b: (x < 0).where(x * a, x),
+        "thresholdedrelu": lambda x, a, b: (x > a).where(x, 0.0), "scaledtanh": lambda x, a, b: (x * b).tanh() * a,
+        "hardsigmoid": lambda x, a, b: (x * a + b).maximum(0).minimum(1), "elu": lambda x, a, b: (x < 0).where(a * (x.exp() - 1), x),
+        "softsign": lambda x, a, b: x / (x.abs() + 1), "softplus": lambda x, a, b: (x.exp() + 1).log()}
+_ACT_DEFAULTS = {"leakyrelu": (0.01, 0.0), "thresholdedrelu": (1.0, 0.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0),
+                 "scaledtanh": (1.0, 1.0), "affine": (1.0, 0.0)}
+
+def _activations(names, alphas, betas, defaults, ndir):
+  """One list of callables per direction; alpha/beta are consumed in order by the activations that take them."""
+  names = list(names) if names else defaults * ndir
+  alphas, betas = list(alphas or []), list(betas or [])
+  fns = []
+  for nm in names:
+    k = nm.lower()
+    if k not in _ACT: raise Unsupported(f"activation {nm!r}")
+    a, b = _ACT_DEFAULTS.get(k, (0.0, 0.0))
+    if k in _ACT_DEFAULTS:
+      if alphas: a = alphas.pop(0)
+      if betas and k in ("hardsigmoid", "scaledtanh", "affine"): b = betas.pop(0)
+    fns.append(lambda x, _f=_ACT[k], _a=a, _b=b: _f(x, _a, _b))
+  per = len(names) // ndir
+  return [fns[d * per:(d + 1) * per] for d in range(ndir)]
+
+def _rnn_setup(n, x, w, r, b, seq_lens, h0, layout, direction, gates, extra=None):
+  if layout: x = x.transpose(0, 1)
+  T, B = x.shape[:2]
+  H = r.shape[-1]
+  ndir = 2 if direction == "bidirectional" else 1
+  if b is None: b = Tensor(np.zeros((ndir, 2 * gates * H), dtype=x.dtype.np))
+  if h0 is not None and layout: h0 = h0.transpose(0, 1)
+  lens = n.const(seq_lens, "sequence_lens") if seq_lens is not None else None
+  if lens is not None and (lens == T).all(): lens = None
+  return x, T, B, H, ndir, b, h0, lens
+
+def _run_dirs(x, T, ndir, direction, lens, step, init):
+  """Run step(d, x_t, state) -> (h, state) over time in each direction; steps past a sequence's length keep the state
+  and output zeros."""
+  ys, finals = [], []
+  for d in range(ndir):
+    rev = direction == "reverse" or d == 1
+    state, out = init(d), [None] * T
+    for t in (reversed(range(T)) if rev else range(T)):
+      h, new = step(d, x[t], state)
+      if lens is not None:
+        live = Tensor((t < lens).reshape(-1, 1))
+        new = tuple(live.where(nv, ov) for nv, ov in zip(new, state))
+        h = live.where(h, 0.0)
+      state, out[t] = new, h
+    ys.append(Tensor.stack(out, axis=0))
+    finals.append(state)
+  return ys, finals
+
+def _rnn_outputs(ys, finals, layout, x_dtype):
+  y = Tensor.stack(ys, axis=1)  # (T, dirs, B, H)
+  hs = [Tensor.stack([f[i] for f in finals], axis=0) for i in range(len(finals[0]))]
+  if layout: y, hs = y.permute(2, 0, 1, 3), [h.transpose(0, 1) for h in hs]
+  return (y.cast(x_dtype), *[h.cast(x_dtype) for h in hs])
+
+def _clip(x, clip): return x.maximum(-clip).minimum(clip) if clip is not None else x
+
+@op("RNN", since=7)
+def rnn(n, x, w, r, b=None, sequence_lens=None, initial_h=None, activation_alpha=None, activation_beta=None,
+        activations=None, clip=None, direction="forward", hidden_size=None, layout=0):
+  x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 1)
+  acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], ndir)
+  def step(d, xt, st):
+    h = acts[d][0](_clip(xt.matmul(w[d].T) + st[0].matmul(r[d].T) + b[d][:H] + b[d][H:], clip))
+    return h, (h,)
+  init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
+  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+
+@op("GRU", since=7)
+def gru(n, x, w, r, b=None, sequence_lens=None, initial_h=None, activation_alpha=None, activation_beta=None,
+        activations=None, clip=None, direction="forward", hidden_size=None, layout=0, linear_before_reset=0):
+  x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 3)
+  acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], ndir)
+  def step(d, xt, st):
+    f, g = acts[d]
+    hp = st[0]
+    xw = xt.matmul(w[d].T) + b[d][:3 * H]
+    rb = b[d][3 * H:]
+    hr = hp.matmul(r[d][:2 * H].T) + rb[:2 * H]
+    z = f(_clip(xw[:, :H] + hr[:, :H], clip))
+    rr = f(_clip(xw[:, H:2 * H] + hr[:, H:], clip))
+    if linear_before_reset: hh = rr * (hp.matmul(r[d][2 * H:].T) + rb[2 * H:])
+    else: hh = (rr * hp).matmul(r[d][2 * H:].T) + rb[2 * H:]
+    ht = g(_clip(xw[:, 2 * H:] + hh, clip))
+    h = (1 - z) * ht + z * hp
+    return h, (h,)
+  init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
+  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+
+@op("LSTM", since=7)
+def lstm(n, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, activation_alpha=None,
+         activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0, layout=0):
+  x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 4)
+  if initial_c is not None and layout: initial_c = initial_c.transpose(0, 1)
+  acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
+  def step(d, xt, st):
+    f, g, hf = acts[d]
+    hp, cp = st
+    gts = xt.matmul(w[d].T) + hp.matmul(r[d].T) + b[d][:4 * H] + b[d][4 * H:]
+    pi, po, pf = (p[d][:H], p[d][H:2 * H], p[d][2 * H:]) if p is not None else (0.0, 0.0, 0.0)
+    i = f(_clip(gts[:, :H] + pi * cp, clip))
+    fg = 1 - i if input_forget else f(_clip(gts[:, 2 * H:3 * H] + pf * cp, clip))
+    c = fg * cp + i * g(_clip(gts[:, 3 * H:], clip))
+    o = f(_clip(gts[:, H:2 * H] + po * c, clip))
+    h = o * hf(c)
+    return h, (h, c)
+  zeros = Tensor(np.zeros((B, H), dtype=x.dtype.np))
+  init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
+  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+
+# *** losses: labels are runtime values, picked with a one-hot mask rather than a gather ***
+
+def _nll(x, target, weight, ignore_index, reduction):
+  C = x.shape[1]
+  onehot = _iota(C, 1, x.ndim) == target.cast(dtypes.int64).unsqueeze(1)
+  picked = _reduce(onehot.where(x, 0.0), "sum", (1,))
+  w = _reduce(onehot.where(weight.reshape((1, C) + (1,) * (x.ndim - 2)), 0.0), "sum", (1,)) if weight is not None \
+    else Tensor(np.ones((), dtype=x.dtype.np))
+  if ignore_index is not None: w = (target == ignore_index).where(0.0, w)
+  w = w.cast(x.dtype)._broadcast_to(picked.shape)
+  loss = -picked * w
+  if reduction == "none": return loss.cast(x.dtype)
+  if reduction == "sum": return loss.sum().cast(x.dtype)
+  if reduction == "mean": return (loss.sum() / w.sum()).cast(x.dtype)
+  raise Unsupported(f"reduction {reduction!r}")
+
+@op("NegativeLogLikelihoodLoss", since=12)
+def nll_loss(n, x, target, weight=None, ignore_index=None, reduction="mean"):
+  return _nll(x, target, weight, ignore_index, reduction)
+
+@op("SoftmaxCrossEntropyLoss", since=12)
+def sce_loss(n, scores, labels, weights=None, ignore_index=None, reduction="mean"):
+  logp = scores.log_softmax(1).cast(scores.dtype)
+  return _nll(logp, labels, weights, ignore_index, reduction), logp
+
+# *** quantisation ***
+
+def _qparam(s, x, axis, block_size):
+  """A scale/zero point shaped to broadcast against x: per tensor, per axis, or blocked along axis."""
+  if s.ndim == 0 or s.numel() == 1 and block_size == 0: return s.reshape(())
+  axis = axis % x.ndim
+  if s.ndim == 1 and not block_size: return s.reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+  # blocked: repeat each entry block_size times along axis, then cut to x's length
+  rep = s.unsqueeze(axis + 1)
+  rep = rep.expand(rep.shape[:axis + 1] + (block_size,) + rep.shape[axis + 2:])
+  rep = rep.reshape(s.shape[:axis] + (s.shape[axis] * block_size,) + s.shape[axis + 1:])
+  return rep.shrink([(0, x.shape[axis]) if i == axis else None for i in range(x.ndim)])
+
+_QTYPES = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32)
+
+def _quantize(x, scale, zp, out_dt):
+  if out_dt not in _QTYPES: raise Unsupported(f"quantize to {out_dt.name}")
+  q = (x.cast(dtypes.float32) / scale.cast(dtypes.float32)).round()
+  if zp is not None: q = q + zp.cast(dtypes.float32)
+  return q.maximum(float(min_value(out_dt))).minimum(float(max_value(out_dt))).cast(out_dt)
+
+@op("QuantizeLinear", since=10)
+def quantize_linear(n, x, y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, precision=0):
+  out_dt = y_zero_point.dtype if y_zero_point is not None else onnx_dtype(output_dtype) if output_dtype else dtypes.uint8
+  s = _qparam(y_scale, x, axis, block_size)
+  z = _qparam(y_zero_point, x, axis, block_size) if y_zero_point is not None else None
+  return _quantize(x, s, z, out_dt)
+
+@op("DequantizeLinear", since=10)
+def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0):
+  s = _qparam(x_scale, x, axis, block_size)
+  xf = x.cast(dtypes.float32)
+  if x_zero_point is not None: xf = xf - _qparam(x_zero_point, x, axis, block_size).cast(dtypes.float32)
+  out = onnx_dtype(output_dtype) if output_dtype else x_scale.dtype
+  return (xf * s.cast(dtypes.float32)).cast(out)
+
+@op("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(n, x):
+  lo, hi = x.min().minimum(0.0), x.max().maximum(0.0)
+  scale = (hi - lo) / 255.0
+  zp = (-lo / scale).round().maximum(0.0).minimum(255.0).cast(dtypes.uint8)
+  return _quantize(x, scale, zp, dtypes.uint8), scale, zp
+
+@op("QLinearMatMul", since=10)
+def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+  acc = (a.cast(dtypes.int32) - _zp32(a_zp)).matmul(b.cast(dtypes.int32) - _zp32(b_zp))
+  return _requant(acc, a_scale.cast(dtypes.float32) * b_scale.cast(dtypes.float32) / y_scale.cast(dtypes.float32), y_zp, a.dtype)
+
+def _requant(acc, mult, y_zp, fallback):
+  d = acc.cast(dtypes.float32) * mult
+  if y_zp is not None: d = d + y_zp.cast(dtypes.float32)
+  dt = y_zp.dtype if y_zp is not None else fallback
+  return d.round().maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
+
+@op("QLinearConv", since=10)
+def qlinear_conv(n, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None, auto_pad="NOTSET", dilations=None,
+                 group=1, kernel_shape=None, pads=None, strides=None):
+  acc = conv_integer(n, x, w, x_zp, w_zp, auto_pad, dilations, group, kernel_shape, pads, strides)
+  if b is not None: acc = acc + b.cast(dtypes.int32).reshape((1, -1) + (1,) * (x.ndim - 2))
+  ws = w_scale.cast(dtypes.float32)
+  if ws.ndim == 1 and ws.shape[0] > 1: ws = ws.reshape((1, -1) + (1,) * (x.ndim - 2))
+  return _requant(acc, x_scale.cast(dtypes.float32) * ws / y_scale.cast(dtypes.float32), y_zp, x.dtype)
+
+@op("CausalConvWithState", since=27)
+def causal_conv_with_state(n, x, w, b=None, past_state=None, activation="none"):
+  if activation not in ("none", "silu", "swish"): raise Unsupported(f"activation {activation!r}")
+  B, C, L = x.shape
+  k = w.shape[2]
+  pad = past_state if past_state is not None else Tensor(np.zeros((B, C, k - 1), dtype=x.dtype.np))
+  padded = Tensor.cat([pad, x], 2) if k > 1 else x
+  y = _conv(padded, w, b, (1,), 0, (1,), C).cast(x.dtype)
+  if activation != "none": y = (_f32(y) * _f32(y).sigmoid()).cast(x.dtype)
+  return y, padded.shrink([None, None, (padded.shape[2] - (k - 1), padded.shape[2])])
+
+@op("LinearAttention", since=27)
+def linear_attention(n, q, k, v, past_state=None, decay=None, beta=None, chunk_size=None, kv_num_heads=None,
+                     q_num_heads=None, scale=None, update_rule="gated_delta"):
+  """The recurrent form, unrolled over the (static) sequence: state (B, Hkv, dk, dv) updated once per step."""
+  if update_rule not in ("linear", "gated", "delta", "gated_delta"): raise Unsupported(f"update_rule {update_rule!r}")
+  f = dtypes.float32
+  B, T, _ = q.shape
+  q4, k4, v4 = [_heads(t, h).cast(f) for t, h in ((q, q_num_heads), (k, kv_num_heads), (v, kv_num_heads))]
+  dk, dv, grp = q4.shape[-1], v4.shape[-1], q_num_heads // kv_num_heads
+  if decay is not None:
+    decay = (decay.reshape(B, T, kv_num_heads, 1).permute(0, 2, 1, 3) if decay.shape[-1] == kv_num_heads
+             else _heads(decay, kv_num_heads)).cast(f)
+  if beta is not None: beta = beta.reshape(B, T, beta.shape[-1], 1).permute(0, 2, 1, 3).cast(f)
+  state = past_state.cast(f) if past_state is not None else Tensor(np.zeros((B, kv_num_heads, dk, dv), np.float32))
+  sc = float(scale) if scale else 1.0 / math.sqrt(dk)
+  outs = []
+  for i in range(T):
+    kt, vt = k4[:, :, i, :], v4[:, :, i, :]
+    if decay is not None: state = state * decay[:, :, i, :].exp().unsqueeze(-1)
+    if beta is not None: vt = beta[:, :, i, :] * (vt - _reduce(state * kt.unsqueeze(-1), "sum", (2,)))
+    state = state + kt.unsqueeze(-1) * vt.unsqueeze(-2)
+    rd = state if grp == 1 else state.unsqueeze(2).expand(B, kv_num_heads, grp, dk, dv).reshape(B, q_num_heads, dk, dv)
+    outs.append(_reduce(q4[:, :, i, :].unsqueeze(-1) * rd, "sum", (2,)) * sc)
+  y = Tensor.stack(outs, axis=2).permute(0, 2, 1, 3).reshape(B, T, -1).cast(q.dtype)
+  return y, state.cast(past_state.dtype if past_state is not None else q.dtype)
+
+@op("MaxUnpool", since=9)
+def max_unpool(n, x, indices, output_shape=None, kernel_shape=None, pads=None, strides=None):
+  nd = x.ndim - 2
+  strides = tuple(strides or (1,) * nd)
+  p = _pads("NOTSET", pads, x.shape[2:], kernel_shape, strides, (1,) * nd)
+  out_sp = tuple((L - 1) * s + K - lo - hi for L, s, K, (lo, hi) in zip(x.shape[2:], strides, kernel_shape, p))
+  N, C = x.shape[:2]
+  lin, lout = int(np.prod(x.shape[2:])), int(np.prod(out_sp))
+  # indices are flat over the whole output; each (n, c) plane owns lout of them: scatter by comparing with an iota
+  base = Tensor((np.arange(N * C, dtype=np.int64) * lout).reshape(N, C, 1, 1))
+  rel = indices.cast(dtypes.int64).reshape(N, C, lin, 1) - base
+  hit = rel == _iota(lout, 3, 4)
+  out = _reduce(hit.where(x.reshape(N, C, lin, 1), 0), "sum", (2,))
+  out = out.reshape((N, C) + out_sp).cast(x.dtype)
+  if output_shape is None: return out
+  # a given output shape holds the inferred one in its leading corner
+  want = tuple(int(v) for v in n.const(output_shape, "output_shape"))[2:]
+  return out.pad([(0, 0), (0, 0)] + [(0, w - o) for w, o in zip(want, out_sp)])

@@ -38,6 +38,15 @@ def _full(shape, value, dt) -> Tensor:
   t = _scalar(value, dt)
   return t.reshape((1,) * len(shape)).expand(tuple(shape)) if len(shape) else t
 
+def _reduce(x: Tensor, how: str, axes) -> Tensor:
+  """x.sum/prod/max/min over axes (keepdim=False), reshaping away the axes of size 1 instead of reducing them: the
+  code generator cannot yet lower a reduction whose axes all have size 1."""
+  axes = {a % x.ndim for a in ((axes,) if isinstance(axes, int) else axes)}
+  if how == "sum" and x.dtype == dtypes.bool: x = x.cast(dtypes.default_int)
+  big = tuple(a for a in sorted(axes) if x.shape[a] != 1)
+  y = getattr(x, how)(big, keepdim=True) if big else x
+  return y.reshape([s for i, s in enumerate(x.shape) if i not in axes])
+
 def _move_last(x: Tensor, axis: int) -> Tensor:
   return x.permute([i for i in range(x.ndim) if i != axis] + [axis])
 
@@ -83,7 +92,7 @@ def constant_of_shape(n, s, value=None):
 
 @op("Range")
 def range_(n, start, limit, delta):
-  s, l, d = (n.const(t, w) for t, w in ((start, "start"), (limit, "limit"), (delta, "delta")))
+  s, l, d = (n.const(t, w).reshape(-1)[0] for t, w in ((start, "start"), (limit, "limit"), (delta, "delta")))
   count = max(int(math.ceil((float(l) - float(s)) / float(d))), 0)
   return _const((s + np.arange(count).astype(s.dtype) * d).astype(s.dtype))
 
@@ -254,7 +263,7 @@ def _linear_index(indices: Tensor, dims) -> Tensor:
   dims_t = _const(np.asarray(dims, dtype=np.int64))
   idx = (idx < 0).where(idx + dims_t, idx)
   strides = np.cumprod((list(dims[1:]) + [1])[::-1])[::-1].astype(np.int64)
-  return (idx * _const(strides.copy())).sum(-1) if len(dims) else idx.sum(-1)
+  return _reduce(idx * _const(strides.copy()), "sum", -1)
 
 # *** scattering: the IR has no scatter, so every output element selects or reduces the updates aimed at it ***
 
@@ -295,13 +304,13 @@ def _scatter_runtime(data: Tensor, idx: Tensor, upd: Tensor, axis: int, reductio
   region = data.shrink([(0, s) for s in region_shape])
   if reduction == "none":
     k = _const(np.arange(K, dtype=np.int64))
-    last = hit.where(k, -1).max(-1)  # the last update wins, as in the reference
-    val = (k == last.unsqueeze(-1)).where(uk, _scalar(min_value(data.dtype), data.dtype)).max(-1)
+    last = _reduce(hit.where(k, -1), "max", -1)  # the last update wins, as in the reference
+    val = _reduce((k == last.unsqueeze(-1)).where(uk, _scalar(min_value(data.dtype), data.dtype)), "max", -1)
     new = (last >= 0).where(val, region)
   elif reduction in ("add", "mul", "max", "min"):
     ident = _scalar(_IDENT[reduction](data.dtype), data.dtype)
-    red = {"add": Tensor.sum, "mul": Tensor.prod, "max": Tensor.max, "min": Tensor.min}[reduction]
-    new = _combine(reduction, region, red(hit.where(uk, ident), -1).cast(data.dtype))
+    red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[reduction]
+    new = _combine(reduction, region, _reduce(hit.where(uk, ident), red, -1).cast(data.dtype))
   else: raise Unsupported(f"reduction {reduction!r}")
   if region_shape == data.shape: return new
   width = [(0, d - s) for d, s in zip(data.shape, region_shape)]
@@ -363,19 +372,19 @@ def trilu(n, x, k=None, upper=1):
   mask = (j - i >= k) if upper else (j - i <= k)
   return _const(mask).where(x, _scalar(0, x.dtype))
 
-def _cumulative(n, x, axis, exclusive, reverse, ident, reduce):
+def _cumulative(n, x, axis, exclusive, reverse, ident, how):
   a = _axis(_ints(n, axis, "axis")[0], x.ndim)
   d = x.shape[a]
   i, j = np.arange(d)[:, None], np.arange(d)[None, :]
   mask = (j > i if exclusive else j >= i) if reverse else (j < i if exclusive else j <= i)
   xs = _move_last(x, a).unsqueeze(-2)  # (..., 1, d): row i of the mask picks what output i accumulates
-  out = reduce(_const(mask).where(xs, _scalar(ident, x.dtype)), -1).cast(x.dtype)
+  out = _reduce(_const(mask).where(xs, _scalar(ident, x.dtype)), how, -1).cast(x.dtype)
   return _move_back(out, a)
 
 @op("CumSum")
-def cumsum(n, x, axis, exclusive=0, reverse=0): return _cumulative(n, x, axis, exclusive, reverse, 0, Tensor.sum)
+def cumsum(n, x, axis, exclusive=0, reverse=0): return _cumulative(n, x, axis, exclusive, reverse, 0, "sum")
 @op("CumProd")
-def cumprod(n, x, axis, exclusive=0, reverse=0): return _cumulative(n, x, axis, exclusive, reverse, 1, Tensor.prod)
+def cumprod(n, x, axis, exclusive=0, reverse=0): return _cumulative(n, x, axis, exclusive, reverse, 1, "prod")
 
 @op("OneHot")
 def one_hot(n, indices, depth, values, axis=-1):
@@ -407,10 +416,10 @@ def topk(n, x, K=None, axis=-1, largest=1, sorted=1, k=None):
   # rank of element i = how many elements come before it (ties: the lower index first)
   before = (xj > xi) if largest else (xj < xi)
   lower = _const(np.arange(d)[None, :] < np.arange(d)[:, None])
-  rank = (before | ((xj == xi) & lower)).sum(-1)  # (..., d)
+  rank = _reduce(before | ((xj == xi) & lower), "sum", -1)  # (..., d)
   sel = rank.unsqueeze(-1) == _const(np.arange(k, dtype=rank.dtype.np))  # (..., d, k)
-  vals = sel.where(xl.unsqueeze(-1), _scalar(0, x.dtype)).sum(-2).cast(x.dtype)
-  inds = sel.where(_const(np.arange(d, dtype=np.int64).reshape(d, 1)), _scalar(0, dtypes.int64)).sum(-2)
+  vals = _reduce(sel.where(xl.unsqueeze(-1), _scalar(0, x.dtype)), "sum", -2).cast(x.dtype)
+  inds = _reduce(sel.where(_const(np.arange(d, dtype=np.int64).reshape(d, 1)), _scalar(0, dtypes.int64)), "sum", -2)
   return _move_back(vals, a), _move_back(inds, a)
 
 @op("ReverseSequence")
@@ -552,7 +561,7 @@ def _apply_taps(x, a, idx, coeffs, outside, nearest, extrap):
   else:
     g = x.take(idx.reshape(-1), a).reshape(x.shape[:a] + (out_w, k) + x.shape[a + 1:])
     w = _const(coeffs.astype(x.dtype.np).reshape((out_w, k) + (1,) * (x.ndim - a - 1)))
-    y = (g * w).sum(a + 1)
+    y = _reduce(g * w, "sum", a + 1)
   if outside is not None and outside.any():
     y = _along(a, x.ndim, outside).where(_scalar(extrap, x.dtype), y)
   return y
@@ -620,7 +629,7 @@ def einsum(n, *xs, equation=""):
   for x in aligned[1:]: prod_ = prod_ * x
   prod_ = prod_.expand([sizes[c] for c in letters])
   summed = [i for i, c in enumerate(letters) if c not in rhs]
-  out = prod_.sum(tuple(summed)) if summed else prod_
+  out = _reduce(prod_, "sum", summed)
   return out.cast(xs[0].dtype)
 
 def _einsum_diagonals(x: Tensor, t: str):

@@ -489,7 +489,11 @@ def function(fn):
   @functools.wraps(fn)
   def call(*args, **kwargs):
     bound = sig.bind(*args, **kwargs)
-    names, vals = list(bound.arguments), [v if isinstance(v, Tensor) else Tensor(v) for v in bound.arguments.values()]
+    names, vals = [], []
+    for n, v in bound.arguments.items():
+      # *args contribute one parameter each
+      items = [(f"{n}[{i}]", x) for i, x in enumerate(v)] if sig.parameters[n].kind is inspect.Parameter.VAR_POSITIONAL else [(n, v)]
+      for name, x in items: names.append(name); vals.append(x if isinstance(x, Tensor) else Tensor(x))
     if "body" not in state:
       params = [Tensor(UOp(Ops.PARAM, v.dtype, (), (i, v.shape, n))) for i, (n, v) in enumerate(zip(names, vals))]
       out = fn(*params)
