@@ -1,6 +1,6 @@
 """Building an artifact's sources into libNAME.so with the system C compiler, in parallel, cached by content hash."""
 from __future__ import annotations
-import hashlib, os, shutil, subprocess, tempfile
+import functools, hashlib, os, shutil, subprocess, tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -12,8 +12,15 @@ def cc() -> str: return os.environ.get("CC", "cc")
 
 def cflags(cpu: str) -> list[str]:
   # -fno-math-errno lets libm calls vectorise; no -ffast-math: results must stay within the tests' tolerances
-  return ["-O2", f"-march={cpu}" if cpu != "native" else "-march=native", "-fPIC", "-fvisibility=hidden",
-          "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
+  flags = ["-O2", f"-march={cpu}", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
+  # gcc 12's loop vectoriser miscompiles reductions over reversed reads (tests/test_ops.py, flip + sum): off for gcc
+  return flags + (["-fno-tree-loop-vectorize"] if _is_gcc() else [])
+
+@functools.lru_cache(maxsize=None)
+def _is_gcc() -> bool:
+  try: out = subprocess.run([cc(), "--version"], capture_output=True, text=True).stdout
+  except OSError: return False
+  return "clang" not in out and ("gcc" in out.lower() or "free software foundation" in out.lower())
 
 def _cache_dir() -> Path:
   return Path(os.environ.get("AOT_CACHE_DIR", Path.home() / ".cache" / "aot-compiler"))

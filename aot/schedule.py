@@ -213,7 +213,8 @@ def _index_compute(ctx: Lowering, i: UOp, x: UOp):
         rngs.append(r := ctx.new_range(s, "reduce", outer))
         outer = ctx.trip[r]
         new.append(r)
-    return UOp(Ops.ACCUMULATE, x.dtype, (make_index(x.src[0], gate, new), *rngs), rop)
+    # a reduce over size-1 axes only is its input
+    return UOp(Ops.ACCUMULATE, x.dtype, (make_index(x.src[0], gate, new), *rngs), rop) if rngs else make_index(x.src[0], gate, new)
   if x.op is Ops.GATHER:
     data, index, axis = x.src[0], x.src[1], x.arg
     n = data.shape[axis]

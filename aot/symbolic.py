@@ -60,8 +60,9 @@ def from_linear(terms: dict[UOp, int], const: int, dtype=dtypes.index) -> UOp:
   if ret is None: return UOp.const(dtype, const)
   return ret if const == 0 else UOp(Ops.ADD, dtype, (ret, UOp.const(dtype, const)))
 
-def _merge_divmod(terms: dict[UOp, int]) -> bool:
-  """(x//c)*c + x%c -> x and (x//c)%d*c + x%c -> x%(c*d): what un-flattening then flattening an index leaves."""
+def _merge_divmod(terms: dict[UOp, int]) -> int | None:
+  """(x//c)*c + x%c -> x and (x//c)%d*c + x%c -> x%(c*d): what un-flattening then flattening an index leaves.
+  Rewrites terms in place; returns the constant the merge adds, or None when nothing merged."""
   for t, k in list(terms.items()):
     if t.op is not Ops.MOD or t.src[1].op is not Ops.CONST or t not in terms: continue
     x, c = t.src[0], t.src[1].arg
@@ -69,20 +70,19 @@ def _merge_divmod(terms: dict[UOp, int]) -> bool:
     if terms.get(div) == k * c:
       del terms[t], terms[div]
       tx, cx = linear(x)
-      if cx != 0: return False  # keep it simple: only merge constant-free x
       for a, b in tx.items(): terms[a] = terms.get(a, 0) + b * k
-      return True
+      return cx * k
     for d, kd in list(terms.items()):
       if d.op is Ops.MOD and d.src[0] is div and d.src[1].op is Ops.CONST and kd == k * c:
         del terms[t], terms[d]
         m = UOp(Ops.MOD, t.dtype, (x, UOp.const(t.dtype, c * d.src[1].arg)))
         terms[m] = terms.get(m, 0) + k
-        return True
-  return False
+        return 0
+  return None
 
 def _fold_add(x: UOp) -> UOp | None:
   terms, const = linear(x)
-  while _merge_divmod(terms): pass
+  while (extra := _merge_divmod(terms)) is not None: const += extra
   return from_linear(terms, const, x.dtype)
 
 def _fold_mul(x: UOp, c: UOp) -> UOp | None:

@@ -281,17 +281,20 @@ def _scatter_flat(data: Tensor, targets: np.ndarray, updates: Tensor, reduction:
   """Known targets: data.flat[targets[i]] (op)= updates.flat[i], in order. Each round handles one update per target,
   so repeated targets combine in index order as the reference does."""
   flat, upd = data.reshape(-1), updates.reshape(-1)
-  D = flat.shape[0]
+  for src in _rounds(targets, flat.shape[0]):
+    flat = _const(src >= 0).where(_combine(reduction, flat, upd.take(np.maximum(src, 0)).cast(flat.dtype)), flat)
+  return flat.reshape(data.shape)
+
+def _rounds(targets: np.ndarray, size: int):
+  """Source maps src[p] (-1: none), round r holding the r-th source (in index order) aimed at each target p."""
   targets = np.asarray(targets, dtype=np.int64).reshape(-1)
   order = np.argsort(targets, kind="stable")
-  t_sorted = targets[order]
-  rank = np.arange(len(targets)) - np.searchsorted(t_sorted, t_sorted, side="left")
-  for r in range(int(rank.max()) + 1 if len(targets) else 0):
-    src = np.full(D, -1, dtype=np.int64)
-    src[t_sorted[rank == r]] = order[rank == r]
-    hit = _const(src >= 0)
-    flat = hit.where(_combine(reduction, flat, upd.take(np.maximum(src, 0)).cast(flat.dtype)), flat)
-  return flat.reshape(data.shape)
+  ts = targets[order]
+  rank = np.arange(len(ts)) - np.searchsorted(ts, ts, side="left")
+  for r in range(int(rank.max()) + 1 if len(ts) else 0):
+    src = np.full(size, -1, dtype=np.int64)
+    src[ts[rank == r]] = order[rank == r]
+    yield src
 
 def _scatter_runtime(data: Tensor, idx: Tensor, upd: Tensor, axis: int, reduction: str) -> Tensor:
   """Runtime indices: out[.., p, ..] reduces over k the updates with idx[.., k, ..] == p (ScatterElements)."""
@@ -412,15 +415,35 @@ def topk(n, x, K=None, axis=-1, largest=1, sorted=1, k=None):
   a = _axis(axis, x.ndim)
   d = x.shape[a]
   xl = _move_last(x, a)
+  vals, inds = _topk_select(xl, k, largest) if k <= 8 and d > 32 else _topk_rank(xl, k, largest)
+  return _move_back(vals, a), _move_back(inds, a)
+
+def _topk_rank(xl: Tensor, k: int, largest) -> tuple[Tensor, Tensor]:
+  """All k at once, O(d^2): output r takes the element with exactly r elements before it."""
+  d = xl.shape[-1]
   xi, xj = xl.unsqueeze(-1), xl.unsqueeze(-2)
   # rank of element i = how many elements come before it (ties: the lower index first)
   before = (xj > xi) if largest else (xj < xi)
   lower = _const(np.arange(d)[None, :] < np.arange(d)[:, None])
   rank = _reduce(before | ((xj == xi) & lower), "sum", -1)  # (..., d)
   sel = rank.unsqueeze(-1) == _const(np.arange(k, dtype=rank.dtype.np))  # (..., d, k)
-  vals = _reduce(sel.where(xl.unsqueeze(-1), _scalar(0, x.dtype)), "sum", -2).cast(x.dtype)
+  vals = _reduce(sel.where(xl.unsqueeze(-1), _scalar(0, xl.dtype)), "sum", -2).cast(xl.dtype)
   inds = _reduce(sel.where(_const(np.arange(d, dtype=np.int64).reshape(d, 1)), _scalar(0, dtypes.int64)), "sum", -2)
-  return _move_back(vals, a), _move_back(inds, a)
+  return vals, inds
+
+def _topk_select(xl: Tensor, k: int, largest) -> tuple[Tensor, Tensor]:
+  """One extreme at a time, O(k*d) for small k: the first index holding the extreme among those not yet taken."""
+  d = xl.shape[-1]
+  pos = _const(np.arange(d, dtype=np.int64))
+  fill = _scalar((min_value if largest else max_value)(xl.dtype), xl.dtype)
+  taken, vals, inds = _const(np.zeros(d, bool)), [], []
+  for _ in range(k):
+    cand = taken.where(fill, xl)
+    v = cand.max(-1, keepdim=True) if largest else cand.min(-1, keepdim=True)
+    i = _reduce(((xl == v) & taken.logical_not()).where(pos, d), "min", -1)
+    vals.append(v); inds.append(i.unsqueeze(-1))
+    taken = taken | (pos == i.unsqueeze(-1))
+  return Tensor.cat(vals, -1), Tensor.cat(inds, -1)
 
 @op("ReverseSequence")
 def reverse_sequence(n, x, sequence_lens, batch_axis=1, time_axis=0):
@@ -588,17 +611,10 @@ def col2im(n, x, image_shape, block_shape, dilations=None, pads=None, strides=No
   return out.shrink([None, None] + [(pads[i], pads[i] + img[i]) for i in range(nd)])
 
 def _col2im_sum(cols: Tensor, target: np.ndarray, P: int) -> Tensor:
-  """out[:, p] = sum of cols[:, j] over the j with target[j] == p (rounds of gathers, one hit per pixel each)."""
-  t = target.reshape(-1)
-  order = np.argsort(t, kind="stable")
-  ts = t[order]
-  rank = np.arange(len(t)) - np.searchsorted(ts, ts, side="left")
-  out = None
-  for r in range(int(rank.max()) + 1):
-    src = np.full(P, -1, dtype=np.int64)
-    src[ts[rank == r]] = order[rank == r]
-    term = _const(src >= 0).where(cols.take(np.maximum(src, 0), 1), _scalar(0, cols.dtype))
-    out = term if out is None else out + term
+  """out[:, p] = sum of cols[:, j] over the j with target[j] == p."""
+  out = _scalar(0, cols.dtype).reshape(1, 1).expand(cols.shape[0], P)
+  for src in _rounds(target, P):
+    out = out + _const(src >= 0).where(cols.take(np.maximum(src, 0), 1), _scalar(0, cols.dtype))
   return out
 
 # *** Einsum and Det ***
