@@ -314,19 +314,25 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
   # what is materialised: CONTIGUOUS, an output that other nodes read, and whatever lowering finds would be computed
   # twice if fused (read at two different indices or from two kernels, or inside a loop it does not vary in). Those
   # are found while lowering, so lower again with them as stages until nothing new is found.
-  parents: dict[UOp, int] = {}
+  # The first guess saves most of those rounds: a computed node with several readers is a stage unless every reader is
+  # elementwise on the same shape (those usually land in one kernel and read it at one index, like GELU's input).
+  parents: dict[UOp, set] = {}
   for u in sink.toposort():
-    for s in set(u.src): parents[s] = parents.get(s, 0) + 1
-  forced = [u for u in sink.toposort() if u.op is Ops.CONTIGUOUS or (u in outputs and parents.get(u, 0) > 1
-                                                                        and u.op in GroupOp.Compute)]
+    for s in u.src: parents.setdefault(s, set()).add(u)
+  def shared(u: UOp) -> bool:
+    ps = parents.get(u, set())
+    return len(ps) > 1 and not all((p.op in GroupOp.ALU or p.op is Ops.CAST) and p.shape == u.shape for p in ps)
+  forced = [u for u in sink.toposort() if u.op is Ops.CONTIGUOUS or (u.op in GroupOp.Compute and shared(u))]
   while True:
     ctx, lowered, deps = _lower_all(outputs, out_bufs, forced)
-    found = [x for x in ctx.stages if x not in forced] + [x for x, uses in ctx.uses.items() if len(uses) > 1 and x not in ctx.stages]
+    # stages found for work repeated inside a loop are consistent as they are; a node read at two indices was fused
+    # somewhere already, so those need another round
+    found = [x for x, uses in ctx.uses.items() if len(uses) > 1 and x not in ctx.stages]
     if not found: break
     # stage only the outermost of them: staging a reader can resolve its sources' double reads
     below: set = set()
     for y in found: below.update(u for u in y.toposort(stop=lambda u: u in ctx.stages and u is not y) if u is not y)
-    forced += [x for x in found if x not in below]
+    forced += [x for x in ctx.stages if x not in forced] + [x for x in found if x not in below]
 
   # kernel order: each kernel after the kernels whose buffers it reads (depth first from the outputs, in order)
   order: list[int] = []

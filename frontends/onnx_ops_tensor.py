@@ -39,8 +39,8 @@ def _full(shape, value, dt) -> Tensor:
   return t.reshape((1,) * len(shape)).expand(tuple(shape)) if len(shape) else t
 
 def _reduce(x: Tensor, how: str, axes) -> Tensor:
-  """x.sum/prod/max/min over axes (keepdim=False), reshaping away the axes of size 1 instead of reducing them: the
-  code generator cannot yet lower a reduction whose axes all have size 1."""
+  """x.sum/prod/max/min over axes (keepdim=False); axes of size 1 are reshaped away rather than reduced, so that
+  k=1 / length-1 cases need no degenerate reduction."""
   axes = {a % x.ndim for a in ((axes,) if isinstance(axes, int) else axes)}
   if how == "sum" and x.dtype == dtypes.bool: x = x.cast(dtypes.default_int)
   big = tuple(a for a in sorted(axes) if x.shape[a] != 1)
