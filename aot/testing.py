@@ -53,7 +53,8 @@ def randomize_constant_weights(model, seed: int = 0):
   g.initializer.extend(inits)
   # before IR version 4 every initializer must also be a graph input
   names = {i.name for i in inits}
-  inputs = [i for i in g.input if i.name not in names or m.ir_version < 4]
+  dropped = {i.name for i in model.graph.initializer} - names
+  inputs = [i for i in g.input if i.name not in dropped and (i.name not in names or m.ir_version < 4)]
   if m.ir_version < 4:
     have = {i.name for i in inputs}
     inputs += [onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in new_inits if i.name not in have]

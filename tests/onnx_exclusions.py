@@ -14,6 +14,6 @@ EXCLUDED: list[tuple[str, str]] = [
   (r"test_(adagrad|adam|momentum|nesterov)", "training-only ops: out of scope for inference"),
   (r"test_(dft|stft|.*window|melweightmatrix)", "complex numbers and signal processing: out of scope"),
   (r"test_(nonmaxsuppression|unique)", "output shape depends on input values: not expressible with static shapes"),
-  (r"FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|BFLOAT16|e4m3|e5m2|float8|int4|uint4|int2|uint2|bfloat16|FLOAT6|e2m1|e8m0",
+  (r"FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|BFLOAT16|bf16|e4m3|e5m2|float8|int4|uint4|int2|uint2|bfloat16|FLOAT6|e2m1|e8m0",
    "dtypes without a C type here (float8, float4, int4, int2, bfloat16)"),
 ]

@@ -1,0 +1,32 @@
+"""The real architectures that ship with onnx (backend/test/data/light), with seeded random weights in place of their
+constant 0.02 ones: they compile, match onnxruntime, and keep their pinned kernel counts."""
+import os
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import aot
+from aot.testing import randomize_constant_weights, assert_kernel_count
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+# pinned kernel counts: one kernel per conv (with its batchnorm, bias, relu and residual add fused), plus pools,
+# concatenations that feed windowed reads, fully-connected layers and the softmax
+KERNELS = {
+  "bvlc_alexnet": 17, "densenet121": 180, "inception_v1": 50, "inception_v2": 56, "resnet50": 53,
+  "shufflenet": 53, "squeezenet": 23, "vgg19": 21, "zfnet512": 16,
+}
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_light_model_matches_onnxruntime(name, tmp_path):
+  ort.set_default_logger_severity(3)
+  model = randomize_constant_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), seed=0)
+  art = aot.compile_model(model, out_dir=tmp_path / name, name=name)
+  assert_kernel_count(art, KERNELS[name])
+  x = np.random.default_rng(1).standard_normal(art.inputs[0].shape).astype(np.float32)
+  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+    None, {art.inputs[0].name: x})[0]
+  got = aot.load(art)(x)
+  assert got.shape == want.shape
+  rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
+  assert rel <= 1e-4, f"{name}: max relative error {rel:.2e}"
