@@ -37,8 +37,9 @@ def pow_(n, a, b):
   return out.cast(a.dtype)
 @op("Mod")
 def mod(n, a, b, fmod=0):
-  if fmod or a.dtype.is_float: return a - (a / b).trunc() * b if a.dtype.is_float else a % b
-  r = a % b  # C remainder has the dividend's sign; Python-style mod takes the divisor's
+  r = a % b  # C semantics: the remainder has the dividend's sign (fmod)
+  if fmod: return r
+  # Python-style mod takes the divisor's sign
   return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
 @op("Max")
 def max_(n, *xs): return _variadic(xs, lambda a, b: a.maximum(b))
@@ -78,14 +79,24 @@ def bitwise_xor(n, a, b): return a ^ b
 @op("BitShift")
 def bitshift(n, x, y, direction=""):
   if direction not in ("LEFT", "RIGHT"): raise Unsupported(f"direction {direction!r}")
-  return x << y if direction == "LEFT" else x >> y
+  # shifting by a negative amount or by the bit width or more saturates (C leaves it undefined)
+  bits = x.dtype.itemsize * 8
+  valid = (y >= 0) & (y < bits)
+  y = valid.where(y, 0)
+  if direction == "RIGHT":
+    return valid.where(x >> y, (x < 0).where(-1, 0).cast(x.dtype) if x.dtype.kind == "i" else 0)
+  if x.dtype.kind == "i":  # left shifts of negative signed values are done on the bits
+    u = to_dtype(f"uint{bits}")
+    return valid.where((x.bitcast(u) << y.cast(u)).bitcast(x.dtype), 0)
+  return valid.where(x << y, 0)
 @op("Where")
 def where(n, c, a, b): return c.where(a, b)
 @op("IsInf")
 def isinf(n, x, detect_negative=1, detect_positive=1):
-  if not x.dtype.is_float: return x != x
-  pos, neg = x == float("inf"), x == float("-inf")
-  return (pos if detect_positive else x != x) | (neg if detect_negative else x != x)
+  out = x != x if not x.dtype.is_float else (x < 0) & (x > 0)  # all false (NaN included)
+  if x.dtype.is_float and detect_positive: out = out | (x == float("inf"))
+  if x.dtype.is_float and detect_negative: out = out | (x == float("-inf"))
+  return out
 
 @op("Cast")
 def cast(n, x, to=1, saturate=1, round_mode="up"): return x.cast(onnx_dtype(to))

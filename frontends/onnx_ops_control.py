@@ -26,7 +26,9 @@ def if_(n, cond, then_branch=None, else_branch=None):
 def loop(n, trip_count=None, cond=None, *carried, body=None):
   m = _known(n, trip_count) if trip_count is not None else None
   keep_going = _known(n, cond) if cond is not None else np.array(True)
-  if m is None and keep_going is None: raise Unsupported("the trip count and the condition are only known at run time")
+  if m is None and keep_going is None:
+    # unrolling needs the trip count: say which input decides it, so it can be bound (--bind)
+    n.const(trip_count if trip_count is not None else cond, "the trip count")
   m = int(np.asarray(m).reshape(-1)[0]) if m is not None else None
   n_carried = len(carried)
   vals, scans, i = list(carried), [], 0

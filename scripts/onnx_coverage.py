@@ -1,0 +1,59 @@
+"""Run the ONNX backend node suite through compiled artifacts and write the coverage table into README.md.
+
+  python scripts/onnx_coverage.py            # runs tests/test_onnx_backend.py with pytest -n 2, updates README.md
+  python scripts/onnx_coverage.py --print    # print the table only
+"""
+from __future__ import annotations
+import argparse, re, subprocess, sys, tempfile, warnings
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from onnx_exclusions import EXCLUDED  # noqa: E402
+
+def all_cases() -> list[str]:
+  warnings.filterwarnings("ignore")
+  from onnx.backend.test.loader import load_model_tests
+  return [c.name for c in load_model_tests(kind="node")]
+
+def run_suite() -> dict[str, str]:
+  with tempfile.TemporaryDirectory() as d:
+    xml = Path(d) / "junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                    "tests/test_onnx_backend.py"], cwd=ROOT, stdout=subprocess.DEVNULL)
+    results = {}
+    for tc in ET.parse(xml).getroot().iter("testcase"):
+      name = tc.get("name").removesuffix("_cpu")
+      results[name] = "failed" if tc.find("failure") is not None or tc.find("error") is not None else "passed"
+  return results
+
+def table(cases: list[str], results: dict[str, str]) -> str:
+  reasons: Counter = Counter()
+  for c in cases:
+    for pat, why in EXCLUDED:
+      if re.search(pat, c): reasons[why] += 1; break
+  passed = sum(1 for c in cases if results.get(c) == "passed")
+  failed = sum(1 for c in cases if results.get(c) == "failed")
+  excluded = sum(reasons.values())
+  lines = ["| ONNX backend node cases | count |", "| --- | --- |",
+           f"| passed (compiled to a .so, run, compared) | **{passed}** |", f"| failed | {failed} |",
+           f"| excluded (below) | {excluded} |", f"| total shipped with onnx | {len(cases)} |", "",
+           "| excluded family | cases |", "| --- | --- |"]
+  lines += [f"| {why} | {n} |" for why, n in reasons.most_common()]
+  return "\n".join(lines)
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--print", action="store_true", help="print the table, do not touch README.md")
+  args = ap.parse_args()
+  text = table(all_cases(), run_suite())
+  print(text)
+  if not args.print:
+    readme = ROOT / "README.md"
+    s = readme.read_text()
+    new = re.sub(r"(<!-- onnx-coverage:start -->\n).*?(<!-- onnx-coverage:end -->)", lambda m: m.group(1) + text + "\n" + m.group(2), s, flags=re.S)
+    readme.write_text(new)
+
+if __name__ == "__main__": main()
