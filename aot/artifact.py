@@ -214,12 +214,12 @@ class Artifact:
   def __repr__(self) -> str:
     return f"<Artifact {self.name} {self.target} {len(self.kernels)} kernels, arena {self.arena_bytes} B at {self.dir}>"
 
-def write_manifest(path: Path, name: str, target: str, cpu: str, sched: Schedule, kernels: list[KernelInfo],
-                   arena: int, weights: int, seconds: float):
+def write_manifest(path: Path, name: str, target: str, cpu: str, triple: str | None, sched: Schedule,
+                   kernels: list[KernelInfo], arena: int, weights: int, seconds: float):
   from aot import __version__
   t = lambda b: {"name": b.name, "shape": list(b.shape), "dtype": b.dtype.name}
   path.write_text(json.dumps({
-    "name": name, "target": target, "cpu": cpu, "compiler": f"aot-compiler {__version__}",
+    "name": name, "target": target, "cpu": cpu, "triple": triple, "compiler": f"aot-compiler {__version__}",
     "inputs": [t(b) for b in sched.inputs], "outputs": [t(b) for b in sched.outputs],
     "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in kernels],
     "arena_bytes": arena, "weights_bytes": weights,

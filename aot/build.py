@@ -8,17 +8,21 @@ from typing import Callable
 class BuildError(Exception):
   """The C compiler or linker failed on generated code (a compiler bug, not the user's)."""
 
-def cc() -> str: return os.environ.get("CC", "cc")
+def cc(triple: str | None = None) -> str:
+  """The C compiler: $CC, or cc; for a cross build, the triple's gcc (Debian's gcc-aarch64-linux-gnu, say)."""
+  if triple: return os.environ.get("CROSS_CC", f"{triple}-gcc")
+  return os.environ.get("CC", "cc")
 
-def cflags(cpu: str) -> list[str]:
+def cflags(cpu: str, triple: str | None = None) -> list[str]:
+  arch = ([] if cpu in ("native", "generic") else [f"-mcpu={cpu}"]) if triple else [f"-march={cpu}"]
   # -fno-math-errno lets libm calls vectorise; no -ffast-math: results must stay within the tests' tolerances
-  flags = ["-O2", f"-march={cpu}", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
+  flags = ["-O2", *arch, "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
   # gcc 12's loop vectoriser miscompiles reductions over reversed reads (tests/test_ops.py, flip + sum): off for gcc
-  return flags + (["-fno-tree-loop-vectorize"] if _is_gcc() else [])
+  return flags + (["-fno-tree-loop-vectorize"] if _is_gcc(cc(triple)) else [])
 
 @functools.lru_cache(maxsize=None)
-def _is_gcc() -> bool:
-  try: out = subprocess.run([cc(), "--version"], capture_output=True, text=True).stdout
+def _is_gcc(compiler: str) -> bool:
+  try: out = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
   except OSError: return False
   return "clang" not in out and ("gcc" in out.lower() or "free software foundation" in out.lower())
 
@@ -31,11 +35,14 @@ def _run(cmd: list[str], cwd: Path):
     raise BuildError(f"{' '.join(cmd)} failed:\n{p.stderr[-4000:]}")
 
 def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = "native", cache: bool = True,
-                  progress: Callable[[int, int], None] | None = None) -> bool:
-  """Compile the C/assembly sources (names relative to src_dir) and link them into out_path.
+                  progress: Callable[[int, int], None] | None = None, triple: str | None = None) -> bool:
+  """Compile the C, assembly and LLVM IR sources (names relative to src_dir) and link them into out_path.
   Returns True when the library came from the cache."""
-  flags = cflags(cpu)
-  h = hashlib.sha256(" ".join([cc()] + flags).encode())
+  compiler, flags = cc(triple), cflags(cpu, triple)
+  # "native" means this machine's CPU, which a hash of the sources does not see
+  from aot.codegen.llvm import host_target
+  flags = flags + [f"--target={triple or host_target()[0]}", f"--cpu={cpu if cpu != 'native' else host_target()[1]}"]
+  h = hashlib.sha256(" ".join([compiler] + flags).encode())
   for s in sorted(sources) + ["weights.bin"]:
     if (src_dir / s).exists(): h.update(s.encode()); h.update((src_dir / s).read_bytes())
   key = h.hexdigest()[:32]
@@ -46,16 +53,20 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
   with tempfile.TemporaryDirectory(prefix="aot_build_") as tmp:
     objs = [str(Path(tmp) / (Path(s).stem + ".o")) for s in sources]
     done = [0]
+    cflags_ = [f for f in flags if not f.startswith("--")]
     def compile_one(args):
       s, o = args
-      _run([cc(), *flags, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
+      if s.endswith(".ll"):
+        from aot.codegen.llvm import compile_module
+        Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
+      else: _run([compiler, *cflags_, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
       done[0] += 1
       if progress: progress(done[0], len(sources))
     # the big kernel files first, so the last one to finish is a small one
     jobs = sorted(zip(sources, objs), key=lambda so: -(src_dir / so[0]).stat().st_size)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex: list(ex.map(compile_one, jobs))
     tmp_so = Path(tmp) / "lib.so"
-    _run([cc(), "-shared", "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
+    _run([compiler, "-shared", "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
     shutil.copyfile(tmp_so, out_path)
     if cache:
       try:

@@ -15,7 +15,7 @@ from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.frontends.tensor import Tensor
 
-TARGETS = ("c",)
+TARGETS = ("c", "llvm")
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
@@ -70,7 +70,22 @@ def _is_onnx(what) -> bool:
   if isinstance(what, (str, Path)) and str(what).endswith(".onnx"): return True
   return type(what).__name__ == "ModelProto"
 
-def render_sources(name: str, sched: Schedule, renderer=CRenderer()) -> tuple[dict[str, str], list[KernelInfo], int, bytes]:
+def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
+  """The kernel source files: C files of KERNELS_PER_FILE kernels each (compiled in parallel), or one LLVM module."""
+  items = list(functions.items())
+  if target == "llvm":
+    from llvmlite import ir
+    from aot.codegen.llvm import LLVMRenderer
+    module = ir.Module(name="kernels")
+    llr = LLVMRenderer(module)
+    for ast, fn in items: llr.render_kernel(fn, ast)
+    return {"kernels.ll": str(module)}
+  renderer = CRenderer()
+  return {f"kernels{i // KERNELS_PER_FILE}.c": KERNEL_PRELUDE + "\n" + "\n\n".join(
+            renderer.render_kernel(fn, ast) for ast, fn in items[i:i + KERNELS_PER_FILE]) + "\n"
+          for i in range(0, len(items), KERNELS_PER_FILE)}
+
+def render_sources(name: str, sched: Schedule, target: str = "c") -> tuple[dict[str, str], list[KernelInfo], int, bytes]:
   """Source files of the artifact, the kernel list, the arena size and the weights blob."""
   arena = memory_plan(sched.kernels, sched.scratch)
   blob_size = weights_layout(sched.consts)
@@ -78,34 +93,34 @@ def render_sources(name: str, sched: Schedule, renderer=CRenderer()) -> tuple[di
   for b in sched.consts: blob[b.offset:b.offset + b.nbytes] = np.ascontiguousarray(b.data, dtype=b.dtype.np).tobytes()
   functions: dict[UOp, str] = {}
   for k in sched.kernels:
+    # kernels that do the same work on different buffers share one function
     if k.ast not in functions: functions[k.ast] = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
-  files, items = {}, list(functions.items())
-  protos = []
-  for i in range(0, len(items), KERNELS_PER_FILE):
-    chunk = items[i:i + KERNELS_PER_FILE]
-    files[f"kernels{i // KERNELS_PER_FILE}.c"] = KERNEL_PRELUDE + "\n" + "\n\n".join(renderer.render_kernel(fn, ast) for ast, fn in chunk) + "\n"
-  for ast, fn in items: protos.append(f"void {fn}({', '.join(renderer.param_decls(ast))});")
+  files = render_kernels(target, functions)
+  protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
   external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
   files["model.c"] = "#define _GNU_SOURCE\n#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(
     name, sched, [(functions[k.ast], k.bufs) for k in sched.kernels], protos, external)
-  files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), "c")
+  files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target)
   if not external: files["weights.S"] = render_weights_asm(name)
   return files, infos, arena, bytes(blob)
 
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
                   cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,
-                  shapes: dict | None = None, bind: dict | None = None) -> Artifact:
+                  shapes: dict | None = None, bind: dict | None = None, triple: str | None = None) -> Artifact:
   """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs), "models:NAME", or an ONNX
   model (a .onnx path or an onnx.ModelProto; `shapes` pins symbolic dims by input or dim name, `bind` pins scalar
-  inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact."""
+  inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact.
+  target: "c" (kernels in C, built with the system compiler) or "llvm" (kernels as LLVM IR through llvmlite).
+  cpu: the CPU to compile for ("native" = this machine); triple: cross-compile for another target triple
+  (e.g. "aarch64-linux-gnu"; needs that triple's gcc for the runtime and the link)."""
   if target not in TARGETS: raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
   t0 = time.perf_counter()
   say = progress or (lambda s: None)
   traced = resolve(what, example_inputs, name, shapes, bind)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   say(f"scheduled {len(sched.kernels)} kernels")
-  files, infos, arena, blob = render_sources(traced.name, sched)
+  files, infos, arena, blob = render_sources(traced.name, sched, target)
   out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{traced.name}_"))
   # build in a staging folder and move into place only when everything worked: a failure leaves nothing behind
   stage = Path(tempfile.mkdtemp(prefix=".aot_stage_", dir=out.parent if out.parent.exists() else None))
@@ -117,11 +132,11 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     (src / "weights.bin" if len(blob) <= WEIGHTS_INLINE_MAX else stage / f"{traced.name}.weights").write_bytes(blob)
     runtime = importlib.resources.files("aot.runtime_c")
     for f in ("aot_runtime.c", "aot_runtime.h"): (src / f).write_text(runtime.joinpath(f).read_text())
-    sources = [f for f in files if f.endswith((".c", ".S"))] + ["aot_runtime.c"]
+    sources = [f for f in files if f.endswith((".c", ".S", ".ll"))] + ["aot_runtime.c"]
     build_library(src, sources, stage / f"lib{traced.name}.so", cpu, cache,
-                  progress=lambda d, n: say(f"compiled {d}/{n} sources"))
+                  progress=lambda d, n: say(f"compiled {d}/{n} sources"), triple=triple)
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
-    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, sched, infos, arena, len(blob),
+    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, len(blob),
                    time.perf_counter() - t0)
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):

@@ -1,0 +1,207 @@
+"""The LLVM renderer: the same linearized kernels the C renderer reads, as LLVM IR built with llvmlite, optimised by
+LLVM's pass pipeline and emitted as an object file for a target triple and CPU.
+
+Loop counters and accumulators live in allocas that LLVM's mem2reg turns into phis, so the renderer stays a walk
+over the instruction list. exp/log/sqrt/sin/cos/floor/ceil/rint/trunc/fabs/pow are LLVM intrinsics (LLVM knows
+their semantics and vectorises them where the target has vector forms); the rest (tanh, erf, tan, asin, ...) are
+libm calls: no intrinsic exists and an approximation of our own would need its own accuracy proof."""
+from __future__ import annotations
+import math
+from llvmlite import ir
+import llvmlite.binding as llvm
+from aot.dtype import DType, dtypes, min_value, max_value
+from aot.ir import UOp, Ops, ReduceOp
+from aot.codegen.linearize import linearize
+
+def ltype(dt: DType) -> ir.Type:
+  """The type of a value in registers (bool is i1; in memory it is i8)."""
+  if dt == dtypes.bool: return ir.IntType(1)
+  if dt.is_float: return {2: ir.HalfType(), 4: ir.FloatType(), 8: ir.DoubleType()}[dt.itemsize]
+  return ir.IntType(dt.itemsize * 8)
+
+def mtype(dt: DType) -> ir.Type: return ir.IntType(8) if dt == dtypes.bool else ltype(dt)
+
+INTRINSICS = {Ops.EXP: "llvm.exp", Ops.LOG: "llvm.log", Ops.SQRT: "llvm.sqrt", Ops.SIN: "llvm.sin", Ops.COS: "llvm.cos",
+              Ops.FLOOR: "llvm.floor", Ops.CEIL: "llvm.ceil", Ops.ROUND: "llvm.rint", Ops.TRUNC: "llvm.trunc"}
+LIBM = {Ops.TANH: "tanh", Ops.ERF: "erf", Ops.TAN: "tan", Ops.ASIN: "asin", Ops.ACOS: "acos", Ops.ATAN: "atan",
+        Ops.SINH: "sinh", Ops.COSH: "cosh", Ops.ASINH: "asinh", Ops.ACOSH: "acosh", Ops.ATANH: "atanh"}
+
+class LLVMRenderer:
+  def __init__(self, module: ir.Module): self.module = module
+
+  def _fn(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    if name in self.module.globals: return self.module.globals[name]
+    return ir.Function(self.module, ir.FunctionType(ret, args), name)
+
+  def _math(self, b: ir.IRBuilder, op: Ops, dt: DType, *xs):
+    # half goes through float, as the C target computes it
+    if dt == dtypes.float16:
+      return b.fptrunc(self._math(b, op, dtypes.float32, *[b.fpext(x, ir.FloatType()) for x in xs]), ir.HalfType())
+    t = ltype(dt)
+    suffix = {4: "f32", 8: "f64"}[dt.itemsize]
+    if op in INTRINSICS: return b.call(self._fn(f"{INTRINSICS[op]}.{suffix}", t, [t]), list(xs))
+    if op is Ops.POW: return b.call(self._fn(f"llvm.pow.{suffix}", t, [t, t]), list(xs))
+    if op is Ops.ABS: return b.call(self._fn(f"llvm.fabs.{suffix}", t, [t]), list(xs))
+    return b.call(self._fn(LIBM[op] + ("f" if dt.itemsize == 4 else ""), t, [t]), list(xs))
+
+  def const(self, dt: DType, v) -> ir.Constant:
+    if dt == dtypes.bool: return ir.Constant(ir.IntType(1), int(bool(v)))
+    if dt.is_float: return ir.Constant(ltype(dt), float(v))
+    return ir.Constant(ltype(dt), int(v) & ((1 << (dt.itemsize * 8)) - 1) if v < 0 and dt.kind == "u" else int(v))
+
+  def identity(self, op: ReduceOp, dt: DType):
+    return self.const(dt, {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: min_value(dt), ReduceOp.MIN: max_value(dt)}[op])
+
+  def render_kernel(self, name: str, ast: UOp) -> ir.Function:
+    params = sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
+    fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params]), name)
+    fn.attributes.add("nounwind")
+    for a in fn.args: a.add_attribute("noalias")
+    ptr = {p.arg: a for p, a in zip(params, fn.args)}
+    entry = fn.append_basic_block("entry")
+    alloca_b = ir.IRBuilder(entry)
+    body = fn.append_basic_block("body")
+    b = ir.IRBuilder(body)
+    vals: dict[UOp, object] = {}
+    accs: dict[UOp, object] = {}
+    loops: list = []
+
+    def r(u: UOp):
+      if u.op is Ops.CONST: return self.const(u.dtype, u.arg)
+      if u.op is Ops.ACCUMULATE: return b.load(accs[u])
+      return vals[u]
+
+    for kind, u in linearize(ast):
+      if kind == "loop":
+        counter = alloca_b.alloca(ir.IntType(32), name=f"r{u.arg[0]}")
+        b.store(ir.Constant(ir.IntType(32), 0), counter)
+        head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.arg[0]}") for s in ("head", "loop", "exit"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.load(counter)
+        b.cbranch(b.icmp_signed("<", i, ir.Constant(ir.IntType(32), u.arg[1])), loop_body, exit_)
+        b.position_at_end(loop_body)
+        vals[u] = i
+        loops.append((counter, head, exit_))
+      elif kind == "end":
+        counter, head, exit_ = loops.pop()
+        b.store(b.add(b.load(counter), ir.Constant(ir.IntType(32), 1), flags=["nsw"]), counter)
+        b.branch(head)
+        b.position_at_end(exit_)
+      elif kind == "acc_init":
+        accs[u] = alloca_b.alloca(ltype(u.dtype), name=f"acc")
+        b.store(self.identity(u.arg, u.dtype), accs[u])
+      elif kind == "acc_update":
+        acc = b.load(accs[u])
+        b.store(self.combine(b, u.arg, u.dtype, acc, r(u.src[0])), accs[u])
+      elif kind == "store":
+        buf, idx, val = u.src
+        v = r(val)
+        if buf.dtype == dtypes.bool: v = b.zext(v, ir.IntType(8))
+        b.store(v, b.gep(ptr[buf.arg], [r(idx)], inbounds=True))
+      else:
+        vals[u] = self.render_value(b, u, r, ptr)
+    b.ret_void()
+    alloca_b.branch(body)
+    return fn
+
+  def combine(self, b, op: ReduceOp, dt: DType, acc, v):
+    if op is ReduceOp.SUM: return b.fadd(acc, v) if dt.is_float else b.add(acc, v)
+    if op is ReduceOp.PROD: return b.fmul(acc, v) if dt.is_float else b.mul(acc, v)
+    return self.maxmin(b, dt, v, acc, op is ReduceOp.MAX)
+
+  def maxmin(self, b, dt: DType, x, y, is_max: bool):
+    # numpy's maximum/minimum propagate NaN: keep x when it is NaN
+    if dt.is_float: c = b.or_(b.fcmp_ordered(">" if is_max else "<", x, y), b.fcmp_unordered("uno", x, x))
+    elif dt.kind == "u" or dt == dtypes.bool: c = b.icmp_unsigned(">" if is_max else "<", x, y)
+    else: c = b.icmp_signed(">" if is_max else "<", x, y)
+    return b.select(c, x, y)
+
+  def cast(self, b, x, src: DType, dst: DType):
+    fs, ft = ltype(src), ltype(dst)
+    if src == dst: return x
+    if dst == dtypes.bool:
+      return b.fcmp_unordered("!=", x, ir.Constant(fs, 0.0)) if src.is_float else b.icmp_unsigned("!=", x, ir.Constant(fs, 0))
+    if src.is_float and dst.is_float: return b.fpext(x, ft) if dst.itemsize > src.itemsize else b.fptrunc(x, ft)
+    if src.is_float: return b.fptoui(x, ft) if dst.kind == "u" else b.fptosi(x, ft)
+    unsigned = src.kind in "ub"
+    if dst.is_float: return b.uitofp(x, ft) if unsigned else b.sitofp(x, ft)
+    if ft.width > fs.width: return b.zext(x, ft) if unsigned else b.sext(x, ft)
+    return b.trunc(x, ft) if ft.width < fs.width else x
+
+  def render_value(self, b, u: UOp, r, ptr):
+    op, dt, s = u.op, u.dtype, u.src
+    if op is Ops.LOAD:
+      buf, idx, gate = s
+      i = r(idx)
+      gated = not (gate.op is Ops.CONST and gate.arg)
+      # a gated load reads element 0 (always there) when the gate is off, then selects the pad value: no branch
+      if gated: i = b.select(r(gate), i, ir.Constant(ir.IntType(32), 0))
+      v = b.load(b.gep(ptr[buf.arg], [i], inbounds=True))
+      if dt == dtypes.bool: v = b.trunc(v, ir.IntType(1))
+      return b.select(r(gate), v, self.const(dt, 0)) if gated else v
+    if op is Ops.CAST: return self.cast(b, r(s[0]), s[0].dtype, dt)
+    if op is Ops.BITCAST: return b.bitcast(r(s[0]), ltype(dt))
+    xs = [r(x) for x in s]
+    if op is Ops.WHERE: return b.select(*xs)
+    if op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE):
+      sd = s[0].dtype
+      pred = {Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}[op]
+      if sd.is_float: return b.fcmp_unordered(pred, *xs) if op is Ops.CMPNE else b.fcmp_ordered(pred, *xs)
+      return (b.icmp_unsigned if sd.kind in "ub" else b.icmp_signed)(pred, *xs)
+    if op in (Ops.MAX, Ops.MIN): return self.maxmin(b, dt, xs[0], xs[1], op is Ops.MAX)
+    if dt.is_float:
+      if op is Ops.ADD: return b.fadd(*xs)
+      if op is Ops.SUB: return b.fsub(*xs)
+      if op is Ops.MUL: return b.fmul(*xs)
+      if op is Ops.DIV: return b.fdiv(*xs)
+      if op is Ops.MOD: return b.frem(*xs)
+      if op is Ops.NEG: return b.fneg(xs[0])
+      if op is Ops.RECIP: return b.fdiv(self.const(dt, 1.0), xs[0])
+      if op is Ops.IDIV: return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
+      return self._math(b, op, dt, *xs)
+    unsigned = dt.kind in "ub"
+    if op is Ops.ADD: return b.add(*xs)
+    if op is Ops.SUB: return b.sub(*xs)
+    if op is Ops.MUL: return b.mul(*xs)
+    if op in (Ops.IDIV, Ops.DIV): return b.udiv(*xs) if unsigned else b.sdiv(*xs)
+    if op is Ops.MOD: return b.urem(*xs) if unsigned else b.srem(*xs)
+    if op is Ops.NEG: return b.not_(xs[0]) if dt == dtypes.bool else b.neg(xs[0])
+    if op is Ops.NOT: return b.not_(xs[0])
+    if op is Ops.AND: return b.and_(*xs)
+    if op is Ops.OR: return b.or_(*xs)
+    if op is Ops.XOR: return b.xor(*xs)
+    if op is Ops.SHL: return b.shl(*xs)
+    if op is Ops.SHR: return b.lshr(*xs) if unsigned else b.ashr(*xs)
+    if op is Ops.ABS: return b.select(b.icmp_signed("<", xs[0], self.const(dt, 0)), b.neg(xs[0]), xs[0]) if not unsigned else xs[0]
+    if op is Ops.POW:
+      f = self._math(b, Ops.POW, dtypes.float64, self.cast(b, xs[0], dt, dtypes.float64), self.cast(b, xs[1], s[1].dtype, dtypes.float64))
+      return self.cast(b, f, dtypes.float64, dt)
+    if op in (Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC): return xs[0]
+    raise NotImplementedError(f"LLVM renderer: no rule for {op.name} on {dt.name}")
+
+def host_target() -> tuple[str, str, str]:
+  """(triple, cpu, features) of this machine."""
+  llvm.initialize_native_target(); llvm.initialize_native_asmprinter()
+  return llvm.get_default_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native") -> bytes:
+  """Optimise LLVM IR text and emit an object file for triple (default: this machine) and cpu."""
+  llvm.initialize_all_targets(); llvm.initialize_all_asmprinters()
+  host_triple, host_cpu, host_features = host_target()
+  triple = triple or host_triple
+  if cpu == "native":
+    if triple != host_triple: raise ValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
+    cpu, features = host_cpu, host_features
+  else: features = ""
+  try: target = llvm.Target.from_triple(triple)
+  except RuntimeError as e: raise ValueError(f"LLVM has no target for triple {triple!r}: {e}") from None
+  tm = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
+  mod = llvm.parse_assembly(ir_text)
+  mod.triple, mod.data_layout = triple, str(tm.target_data)
+  mod.verify()
+  pto = llvm.create_pipeline_tuning_options(speed_level=3)
+  pto.loop_vectorization = pto.slp_vectorization = True
+  pb = llvm.create_pass_builder(tm, pto)
+  pb.getModulePassManager().run(mod, pb)
+  return tm.emit_object(mod)
