@@ -56,10 +56,16 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
     cflags_ = [f for f in flags if not f.startswith("--")]
     def compile_one(args):
       s, o = args
-      if s.endswith(".ll"):
+      # objects are cached too: the runtime, and kernels shared by many models, compile once
+      oh = hashlib.sha256(" ".join([compiler, *flags, Path(s).suffix]).encode() + (src_dir / s).read_bytes())
+      if s.endswith(".S") and (src_dir / "weights.bin").exists(): oh.update((src_dir / "weights.bin").read_bytes())
+      cached_o = _cache_dir() / "obj" / (oh.hexdigest()[:32] + ".o")
+      if cache and cached_o.exists(): shutil.copyfile(cached_o, o)
+      elif s.endswith(".ll"):
         from aot.codegen.llvm import compile_module
         Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
       else: _run([compiler, *cflags_, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
+      if cache and not cached_o.exists(): _store(Path(o), cached_o)
       done[0] += 1
       if progress: progress(done[0], len(sources))
     # the big kernel files first, so the last one to finish is a small one
@@ -68,11 +74,14 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
     tmp_so = Path(tmp) / "lib.so"
     _run([compiler, "-shared", "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
     shutil.copyfile(tmp_so, out_path)
-    if cache:
-      try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        part = cached.with_suffix(f".{os.getpid()}.part")
-        shutil.copyfile(tmp_so, part)
-        os.replace(part, cached)
-      except OSError: pass  # a read-only cache only costs time
+    if cache: _store(tmp_so, cached)
   return False
+
+def _store(path: Path, cached: Path):
+  """Put a file into the cache atomically (concurrent builds may store the same key)."""
+  try:
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    part = cached.with_name(f"{cached.name}.{os.getpid()}.{id(path)}.part")
+    shutil.copyfile(path, part)
+    os.replace(part, cached)
+  except OSError: pass  # a read-only cache only costs time

@@ -75,11 +75,11 @@ def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
   items = list(functions.items())
   if target == "llvm":
     from llvmlite import ir
-    from aot.codegen.llvm import LLVMRenderer
+    from aot.codegen.llvm import LLVMRenderer, module_text
     module = ir.Module(name="kernels")
     llr = LLVMRenderer(module)
     for ast, fn in items: llr.render_kernel(fn, ast)
-    return {"kernels.ll": str(module)}
+    return {"kernels.ll": module_text(module)}
   renderer = CRenderer()
   return {f"kernels{i // KERNELS_PER_FILE}.c": KERNEL_PRELUDE + "\n" + "\n\n".join(
             renderer.render_kernel(fn, ast) for ast, fn in items[i:i + KERNELS_PER_FILE]) + "\n"

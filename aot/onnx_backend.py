@@ -47,10 +47,11 @@ class AotRep(BackendRep):
     return tuple(outs) if isinstance(outs, tuple) else (outs,)
 
 class AotBackend(Backend):
+  target = "c"
   @classmethod
   def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> AotRep:
     super().prepare(model, device, **kwargs)
-    return AotRep(model, **kwargs)
+    return AotRep(model, **{"target": cls.target, **kwargs})
 
   @classmethod
   def run_model(cls, model, inputs, device="CPU", **kwargs):
@@ -58,6 +59,10 @@ class AotBackend(Backend):
 
   @classmethod
   def supports_device(cls, device: str) -> bool: return device.upper() == "CPU"
+
+class AotLLVMBackend(AotBackend):
+  """The same backend with kernels compiled through LLVM."""
+  target = "llvm"
 
 prepare = AotBackend.prepare
 run_model = AotBackend.run_model

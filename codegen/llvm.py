@@ -6,7 +6,7 @@ over the instruction list. exp/log/sqrt/sin/cos/floor/ceil/rint/trunc/fabs/pow a
 their semantics and vectorises them where the target has vector forms); the rest (tanh, erf, tan, asin, ...) are
 libm calls: no intrinsic exists and an approximation of our own would need its own accuracy proof."""
 from __future__ import annotations
-import math
+import math, re
 from llvmlite import ir
 import llvmlite.binding as llvm
 from aot.dtype import DType, dtypes, min_value, max_value
@@ -179,6 +179,10 @@ class LLVMRenderer:
       return self.cast(b, f, dtypes.float64, dt)
     if op in (Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC): return xs[0]
     raise NotImplementedError(f"LLVM renderer: no rule for {op.name} on {dt.name}")
+
+def module_text(module: ir.Module) -> str:
+  # only the C API is exported, as in the C target (llvmlite does not print a function's visibility itself)
+  return re.sub(r"^define void @", "define hidden void @", str(module), flags=re.M)
 
 def host_target() -> tuple[str, str, str]:
   """(triple, cpu, features) of this machine."""

@@ -853,3 +853,65 @@ def roi_align(n, x, rois, batch_indices, coordinate_transformation_mode="half_pi
     m = _reduce(live.where(_reduce(vals, "max", (-1,)), float("-inf")), "max", (3, 5))
     y = Tensor((gh * gw == 0).reshape(1, R, 1, 1)).where(0.0, m)
   return y.permute(1, 0, 2, 3).cast(x.dtype)
+
+@op("DeformConv", since=19)
+def deform_conv(n, x, w, offset, b=None, mask=None, dilations=None, group=1, kernel_shape=None, offset_group=1,
+                pads=None, strides=None):
+  N, C, dims = x.shape[0], x.shape[1], x.shape[2:]
+  nd, kernel, outs = len(dims), tuple(kernel_shape or w.shape[2:]), offset.shape[2:]
+  strides, dilations = _defaults(nd, strides, dilations)
+  pads = list(pads or [0] * 2 * nd)
+  og, K = offset_group, int(np.prod(kernel))
+  off = _f32(offset).reshape((N, og) + kernel + (nd,) + outs)
+  # bilinear samples (zeros outside) at each tap's own position: base grid + learned offset, per offset group
+  taps = []
+  for i, L in enumerate(dims):
+    tap = _iota(kernel[i], 2 + i, 2 + nd + nd) * dilations[i] + _iota(outs[i], 2 + nd + i, 2 + nd + nd) * strides[i] - pads[i]
+    p = off[(slice(None),) * (2 + nd) + (i,)] + tap.cast(dtypes.float32)
+    p0 = p.floor()
+    t = p - p0
+    taps.append([(c.maximum(0.0).minimum(L - 1.0).cast(dtypes.int64), wt, (c >= 0) & (c <= L - 1)) for c, wt in ((p0, 1 - t), (p0 + 1, t))])
+  idx, wts, valid = _combine_taps(taps, dims)
+  P = K * int(np.prod(outs)) * idx.shape[-1]
+  vals = _gather_flat(x.reshape(N, og, C // og, -1), idx.reshape(N, og, 1, P), 3)
+  rs = lambda t: t.reshape((N, og, 1, K) + outs + (idx.shape[-1],))
+  s = _blend(_f32(vals).reshape((N, og, C // og, K) + outs + (idx.shape[-1],)), rs(wts), rs(valid))
+  if mask is not None: s = s * _f32(mask).reshape((N, og, 1, K) + outs)
+  # the convolution proper: per group, a sum over its input channels and the kernel taps
+  cg, cout = C // group, w.shape[0]
+  s = s.reshape((N, group, 1, cg, K) + outs)
+  wf = _f32(w).reshape((1, group, cout // group, cg, K) + (1,) * nd)
+  y = _reduce(s * wf, "sum", (3, 4)).reshape((N, cout) + outs)
+  if b is not None: y = y + _f32(b).reshape((1, cout) + (1,) * nd)
+  return y.cast(x.dtype)
+
+# *** FlexAttention: attention with user subgraphs applied to the whole score and probability tensors ***
+
+_FLEX_PRECISION = {1: dtypes.float32, 10: dtypes.float16, 11: dtypes.float64}
+
+@op("FlexAttention", since=1, domain="ai.onnx.preview")
+def flex_attention(n, q, k, v, prob_mod=None, score_mod=None, scale=None, softmax_precision=None):
+  B, Hq, L, E = q.shape
+  Hkv, S = k.shape[1], k.shape[2]
+  if Hq != Hkv:
+    # grouped-query: each kv head serves Hq/Hkv consecutive query heads
+    r = Hq // Hkv
+    k, v = [t.unsqueeze(2).expand(B, Hkv, r, S, t.shape[3]).reshape(B, Hq, S, t.shape[3]) for t in (k, v)]
+  if softmax_precision is not None and softmax_precision not in _FLEX_PRECISION:
+    raise Unsupported(f"softmax_precision {softmax_precision}")
+  cd = _FLEX_PRECISION[softmax_precision] if softmax_precision is not None else \
+    (dtypes.float32 if q.dtype.itemsize < 4 else q.dtype)
+  # Q and K are each pre-scaled by sqrt(scale), computed in float32 and rounded to the input type, as the reference does
+  sq = float(np.array(np.sqrt(np.float32(scale if scale is not None else 1.0 / np.sqrt(E))), dtype=q.dtype.np))
+  scores = _mm((q * sq).cast(q.dtype), (k * sq).cast(q.dtype).transpose(-1, -2)).cast(cd)
+  if score_mod is not None: scores = _one_output(n, score_mod, scores).cast(cd)
+  e = (scores - scores.max(-1, keepdim=True)).exp()
+  p = e / e.sum(-1, keepdim=True)
+  if prob_mod is not None: p = _one_output(n, prob_mod, p).cast(cd)
+  return _mm(p, v.cast(cd)).cast(v.dtype)
+
+def _one_output(n, g, t: Tensor) -> Tensor:
+  if len(g.input) != 1 or len(g.output) != 1: raise Unsupported("a FlexAttention modifier takes one input and gives one output")
+  (out,) = n.subgraph(g, [t])
+  if not isinstance(out, Tensor): raise Unsupported("the FlexAttention modifier subgraph cannot be compiled")
+  return out

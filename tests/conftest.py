@@ -3,12 +3,15 @@ import pytest
 import aot
 from aot.models import get
 
+# every test that runs compiled code runs it for each of these targets
+TARGETS = ("c", "llvm")
+
 @functools.lru_cache(maxsize=None)
-def _compiled(name: str, out_dir: str):
-  return aot.compile_model(f"models:{name}", out_dir=out_dir)
+def _compiled(name: str, target: str, out_dir: str):
+  return aot.compile_model(f"models:{name}", out_dir=out_dir, target=target)
 
 @pytest.fixture(scope="session")
 def compiled_model(tmp_path_factory):
-  """compiled_model(name) -> (artifact, ReferenceModel); each model is compiled once per test process."""
+  """compiled_model(name, target="c") -> (artifact, ReferenceModel); each is compiled once per test process."""
   base = tmp_path_factory.mktemp("models")
-  return lambda name: (_compiled(name, str(base / name)), get(name))
+  return lambda name, target="c": (_compiled(name, target, str(base / f"{name}_{target}")), get(name))

@@ -2,6 +2,7 @@
 import subprocess
 import numpy as np
 import pytest
+from conftest import TARGETS
 
 def build_c(tmp_path, source: str, *arts) -> str:
   (tmp_path / "prog.c").write_text(source)
@@ -29,8 +30,9 @@ int main(int argc, char **argv) {
 }
 """
 
-def test_c_program_runs_mnist(tmp_path, compiled_model):
-  art, model = compiled_model("mnist")
+@pytest.mark.parametrize("target", TARGETS)
+def test_c_program_runs_mnist(tmp_path, compiled_model, target):
+  art, model = compiled_model("mnist", target)
   x = model.example_inputs(3)[0]
   (tmp_path / "x.bin").write_bytes(x.tobytes())
   out = subprocess.run([build_c(tmp_path, RUN_MNIST, art), str(tmp_path / "x.bin")], capture_output=True, text=True, check=True)
@@ -62,8 +64,9 @@ int main(void) {
 }
 """
 
-def test_null_pointers_are_errors_not_crashes(tmp_path, compiled_model):
-  art, _ = compiled_model("mnist")
+@pytest.mark.parametrize("target", TARGETS)
+def test_null_pointers_are_errors_not_crashes(tmp_path, compiled_model, target):
+  art, _ = compiled_model("mnist", target)
   p = subprocess.run([build_c(tmp_path, ERRORS, art)], capture_output=True, text=True)
   assert p.returncode == 0, p.stderr
   lines = p.stdout.splitlines()
@@ -102,8 +105,9 @@ int main(void) {
 }
 """
 
-def test_two_instances_run_concurrently(tmp_path, compiled_model):
-  art, _ = compiled_model("mnist")
+@pytest.mark.parametrize("target", TARGETS)
+def test_two_instances_run_concurrently(tmp_path, compiled_model, target):
+  art, _ = compiled_model("mnist", target)
   p = subprocess.run([build_c(tmp_path, THREADS, art)], capture_output=True, text=True)
   assert p.returncode == 0, f"exit {p.returncode} {p.stderr}"
 
@@ -122,20 +126,23 @@ int main(void) {
 }
 """
 
-def test_two_models_link_into_one_program(tmp_path, compiled_model):
-  (mnist, m1), (mlp, m2) = compiled_model("mnist"), compiled_model("mlp")
+@pytest.mark.parametrize("target", TARGETS)
+def test_two_models_link_into_one_program(tmp_path, compiled_model, target):
+  (mnist, m1), (mlp, m2) = compiled_model("mnist", target), compiled_model("mlp", target)
   p = subprocess.run([build_c(tmp_path, TWO_MODELS, mnist, mlp)], capture_output=True, text=True)
   assert p.returncode == 0, p.stderr
   assert p.stdout.split() == [str(m1.expected_kernels), str(m2.expected_kernels)]
 
-def test_only_the_api_is_exported(compiled_model):
-  art, _ = compiled_model("mnist")
+@pytest.mark.parametrize("target", TARGETS)
+def test_only_the_api_is_exported(compiled_model, target):
+  art, _ = compiled_model("mnist", target)
   syms = subprocess.run(["nm", "-D", "--defined-only", str(art.library_path)], capture_output=True, text=True, check=True).stdout
   exported = sorted(line.split()[-1] for line in syms.splitlines() if " T " in line)
   assert exported == ["mnist_create", "mnist_destroy", "mnist_last_error", "mnist_run"]
 
-def test_header_is_valid_cplusplus(tmp_path, compiled_model):
-  art, _ = compiled_model("mnist")
+@pytest.mark.parametrize("target", TARGETS)
+def test_header_is_valid_cplusplus(tmp_path, compiled_model, target):
+  art, _ = compiled_model("mnist", target)
   (tmp_path / "a.cpp").write_text('#include "mnist.h"\nint main() { mnist_model *m = nullptr; return mnist_create(&m) == AOT_OK ? (mnist_destroy(m), 0) : 1; }\n')
   subprocess.run(["c++", "-Wall", "-Werror", str(tmp_path / "a.cpp"), f"-I{art.dir}", f"-L{art.dir}", "-lmnist",
                   f"-Wl,-rpath,{art.dir}", "-o", str(tmp_path / "a")], check=True, capture_output=True)

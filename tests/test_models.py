@@ -7,9 +7,12 @@ from aot.models import NAMES, get
 from aot.testing import assert_kernel_count
 from aot.compiler import resolve
 
+from conftest import TARGETS
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", NAMES)
-def test_model_matches_numpy_reference(compiled_model, name):
-  art, model = compiled_model(name)
+def test_model_matches_numpy_reference(compiled_model, name, target):
+  art, model = compiled_model(name, target)
   run = aot.load(art)
   for seed in (0, 1):
     xs = model.example_inputs(seed)
@@ -18,9 +21,10 @@ def test_model_matches_numpy_reference(compiled_model, name):
     rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
     assert rel <= 1e-4, f"{name}: max relative error {rel:.2e}"
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", NAMES)
-def test_model_kernel_count_is_pinned(compiled_model, name):
-  art, model = compiled_model(name)
+def test_model_kernel_count_is_pinned(compiled_model, name, target):
+  art, model = compiled_model(name, target)
   assert_kernel_count(art, model.expected_kernels)
   assert_kernel_count(art.dir, model.expected_kernels)
   # the header says the same as the manifest
@@ -41,3 +45,10 @@ def test_transformer_layer_is_traced_once():
   functions = [u for u in nodes if u.op is Ops.FUNCTION]
   calls = [u for u in nodes if u.op is Ops.CALL]
   assert len(functions) == 1 and len(calls) == 2
+
+@pytest.mark.parametrize("name", NAMES)
+def test_c_and_llvm_agree(compiled_model, name):
+  (c, model), (ll, _) = compiled_model(name, "c"), compiled_model(name, "llvm")
+  x = model.example_inputs(2)
+  a, b = aot.load(c)(*x), aot.load(ll)(*x)
+  assert np.max(np.abs(a - b)) / np.max(np.abs(a)) <= 1e-5

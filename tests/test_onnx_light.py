@@ -7,6 +7,7 @@ import onnxruntime as ort
 import pytest
 import aot
 from aot.testing import randomize_constant_weights, assert_kernel_count
+from conftest import TARGETS
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
@@ -17,11 +18,12 @@ KERNELS = {
   "shufflenet": 53, "squeezenet": 23, "vgg19": 21, "zfnet512": 16,
 }
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_light_model_matches_onnxruntime(name, tmp_path):
+def test_light_model_matches_onnxruntime(name, target, tmp_path):
   ort.set_default_logger_severity(3)
   model = randomize_constant_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), seed=0)
-  art = aot.compile_model(model, out_dir=tmp_path / name, name=name)
+  art = aot.compile_model(model, out_dir=tmp_path / name, name=name, target=target)
   assert_kernel_count(art, KERNELS[name])
   x = np.random.default_rng(1).standard_normal(art.inputs[0].shape).astype(np.float32)
   want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(

@@ -4,6 +4,7 @@ permute/reshape/slice/pad/flip/expand and keepdim reductions, so fusion across m
 from __future__ import annotations
 import math, tempfile
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 import aot
 from aot import Tensor
@@ -11,12 +12,21 @@ from aot import Tensor
 MAX_NUMEL = 400
 SIZES = [1, 2, 3, 4, 5, 7]
 CHAIN = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+
+from conftest import TARGETS
+TARGET = "c"
+
+@pytest.fixture(autouse=True, params=TARGETS)
+def _target(request):
+  """Every test here runs once per target."""
+  global TARGET
+  TARGET = request.param
 
 def run(fn, *arrays):
   arrays = [np.asarray(a) for a in arrays]
   with tempfile.TemporaryDirectory(prefix="aot_test_chains_") as d:
-    model = aot.load(aot.compile_model(fn, arrays, out_dir=d))
+    model = aot.load(aot.compile_model(fn, arrays, out_dir=d, target=TARGET))
     try: return model(*arrays)
     finally: model.close()
 
