@@ -59,3 +59,14 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
     out.append(("end", r))
   emit_block(ROOT)
   return out
+
+def flop_count(ast: UOp) -> int:
+  """Floating-point operations one run of the kernel performs (loads, stores and index arithmetic excluded)."""
+  from aot.ir import GroupOp
+  trips, total = [1], 0
+  for kind, u in linearize(ast):
+    if kind == "loop": trips.append(trips[-1] * u.arg[1])
+    elif kind == "end": trips.pop()
+    elif kind in ("value", "acc_update") and u.dtype.is_float and (u.op in GroupOp.ALU or kind == "acc_update"):
+      total += trips[-1]
+  return total

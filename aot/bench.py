@@ -1,0 +1,106 @@
+"""Benchmark: our artifacts (c and llvm targets) against onnxruntime, in one process, interleaved, on the same seeded
+input, after warm-up. Ratios are what to compare: absolute times move with the machine's load.
+
+  python -m aot.bench                         # the bundled reference models
+  python -m aot.bench model.onnx ... --json out.json --threads 1
+"""
+from __future__ import annotations
+import argparse, json, os, statistics, sys, tempfile, time
+from pathlib import Path
+import numpy as np
+
+def _ort_session(model, threads: int):
+  import onnxruntime as ort
+  ort.set_default_logger_severity(3)
+  so = ort.SessionOptions()
+  so.intra_op_num_threads = so.inter_op_num_threads = threads
+  data = model.SerializeToString() if not isinstance(model, (str, Path)) else str(model)
+  return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+def _time(fns: dict, repeats: int, budget_s: float) -> dict[str, float]:
+  """Median seconds per call of each fn, calls interleaved round-robin so load changes hit all of them alike."""
+  for f in fns.values(): f(); f()  # warm-up
+  times = {k: [] for k in fns}
+  t_end = time.perf_counter() + budget_s
+  for i in range(repeats):
+    for k, f in fns.items():
+      t = time.perf_counter(); f(); times[k].append(time.perf_counter() - t)
+    if i >= 2 and time.perf_counter() > t_end: break
+  return {k: statistics.median(v) for k, v in times.items()}
+
+def bench_model(label: str, what, onnx_model, inputs_for, threads: int, targets, repeats: int, budget_s: float) -> dict:
+  import aot
+  from aot.codegen.linearize import flop_count
+  from aot.compiler import resolve
+  from aot.schedule import schedule
+  traced = resolve(what) if onnx_model is None or isinstance(what, str) else resolve(what)
+  sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+  gflop = sum(flop_count(k.ast) for k in sched.kernels) / 1e9
+  arts, compile_s = {}, {}
+  for t in targets:
+    t0 = time.perf_counter()
+    arts[t] = aot.compile_model(what, target=t, out_dir=tempfile.mkdtemp(prefix=f"bench_{t}_"), cache=False)
+    compile_s[t] = time.perf_counter() - t0
+  xs = inputs_for(arts[targets[0]])
+  runners = {t: (lambda m=aot.load(arts[t]): m(*xs)) for t in targets}
+  sess = _ort_session(onnx_model, threads) if onnx_model is not None else None
+  feed = {i.name: x for i, x in zip(sess.get_inputs(), xs)} if sess else None
+  if sess: runners["onnxruntime"] = lambda: sess.run(None, feed)
+  os.environ["AOT_NUM_THREADS"] = str(threads)
+  med = _time(runners, repeats, budget_s)
+  ref = sess.run(None, feed)[0] if sess else None
+  row = {"model": label, "gflop": round(gflop, 4), "threads": threads, "kernels": arts[targets[0]].num_kernels}
+  for t in targets:
+    out = runners[t]()
+    out = out[0] if isinstance(out, tuple) else out
+    row[f"{t}_ms"] = round(med[t] * 1e3, 3)
+    row[f"{t}_gflops"] = round(gflop / med[t], 2) if med[t] else None
+    row[f"{t}_compile_s"] = round(compile_s[t], 2)
+    if ref is not None:
+      row[f"{t}_rel_err"] = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-30))
+      row[f"{t}_vs_ort"] = round(med[t] / med["onnxruntime"], 2)
+  if sess: row["ort_ms"] = round(med["onnxruntime"] * 1e3, 3)
+  if "c" in targets and "llvm" in targets: row["llvm_over_c"] = round(med["llvm"] / med["c"], 2)
+  return row
+
+def table(rows: list[dict], targets) -> str:
+  cols = ["model", "gflop", "threads", "kernels"] + [f"{t}_ms" for t in targets] + ["ort_ms"] + \
+         [f"{t}_vs_ort" for t in targets] + [f"{t}_gflops" for t in targets] + ["llvm_over_c"] + \
+         [f"{t}_compile_s" for t in targets] + [f"{t}_rel_err" for t in targets]
+  cols = [c for c in cols if any(c in r for r in rows)]
+  fmt = lambda v: f"{v:.1e}" if isinstance(v, float) and abs(v) < 1e-2 and v != 0 else str(v)
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+  return "\n".join(lines)
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m aot.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("onnx", nargs="*", help="ONNX models to time besides the bundled reference models")
+  ap.add_argument("--models", default="mlp,mnist,resnet18,transformer", help="bundled models to time ('' for none)")
+  ap.add_argument("--targets", default="c,llvm")
+  ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
+  ap.add_argument("--repeats", type=int, default=20)
+  ap.add_argument("--budget", type=float, default=20.0, help="seconds of timing per model at most (after 3 rounds)")
+  ap.add_argument("--json", help="write the rows here as JSON")
+  args = ap.parse_args(argv)
+  from aot.models import get
+  from aot.models.onnx_forms import onnx_model
+  from aot.cli import random_inputs
+  targets = [t for t in args.targets.split(",") if t]
+  rows = []
+  for threads in [int(t) for t in args.threads.split(",")]:
+    for name in [m for m in args.models.split(",") if m]:
+      ref = get(name)
+      rows.append(bench_model(name, f"models:{name}", onnx_model(name), lambda art, r=ref: r.example_inputs(0),
+                              threads, targets, args.repeats, args.budget))
+      print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
+    for path in args.onnx:
+      import onnx
+      rows.append(bench_model(Path(path).stem, path, onnx.load(path), lambda art: random_inputs(art.inputs),
+                              threads, targets, args.repeats, args.budget))
+      print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
+  print(table(rows, targets))
+  if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
+  return 0
+
+if __name__ == "__main__": sys.exit(main())
