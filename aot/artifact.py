@@ -166,16 +166,11 @@ API const char *{name}_last_error(const {name}_model *m) {{
 """
 
 def render_weights_asm(name: str) -> str:
-  # weights are linked as bytes: a C array initialiser of hundreds of MB would take the compiler minutes
-  return f""".section .rodata
-.balign 64
-.globl {name}_weights
-.hidden {name}_weights
-{name}_weights:
-.incbin "weights.bin"
-.byte 0
-.section .note.GNU-stack,"",@progbits
-"""
+  """A top-level asm statement for model.c that links src/weights.bin in as bytes: a C array initialiser of hundreds
+  of MB would take the compiler minutes (and nan is not a C literal)."""
+  lines = [".pushsection .rodata", ".balign 64", f".globl {name}_weights", f".hidden {name}_weights", f"{name}_weights:",
+           '.incbin \\"weights.bin\\"', ".byte 0", ".popsection"]
+  return "__asm__(\n" + "\n".join(f'  "{l}\\n"' for l in lines) + "\n);\n"
 
 @dataclass(frozen=True)
 class KernelInfo:

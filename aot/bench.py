@@ -82,6 +82,7 @@ def main(argv=None) -> int:
   ap.add_argument("--repeats", type=int, default=20)
   ap.add_argument("--budget", type=float, default=20.0, help="seconds of timing per model at most (after 3 rounds)")
   ap.add_argument("--json", help="write the rows here as JSON")
+  ap.add_argument("--readme", help="replace the table between the bench markers of this README")
   args = ap.parse_args(argv)
   from aot.models import get
   from aot.models.onnx_forms import onnx_model
@@ -101,6 +102,12 @@ def main(argv=None) -> int:
       print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
   print(table(rows, targets))
   if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
+  if args.readme:
+    import re
+    readme = Path(args.readme)
+    text = f"`python -m aot.bench --threads {args.threads}` on {os.cpu_count()} cores:\n\n" + table(rows, targets)
+    readme.write_text(re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", lambda m: m.group(1) + text + "\n" + m.group(2),
+                             readme.read_text(), flags=re.S))
   return 0
 
 if __name__ == "__main__": sys.exit(main())

@@ -58,7 +58,7 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
       s, o = args
       # objects are cached too: the runtime, and kernels shared by many models, compile once
       oh = hashlib.sha256(" ".join([compiler, *flags, Path(s).suffix]).encode() + (src_dir / s).read_bytes())
-      if s.endswith(".S") and (src_dir / "weights.bin").exists(): oh.update((src_dir / "weights.bin").read_bytes())
+      if s == "model.c" and (src_dir / "weights.bin").exists(): oh.update((src_dir / "weights.bin").read_bytes())
       cached_o = _cache_dir() / "obj" / (oh.hexdigest()[:32] + ".o")
       if cache and cached_o.exists(): shutil.copyfile(cached_o, o)
       elif s.endswith(".ll"):

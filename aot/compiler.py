@@ -99,10 +99,15 @@ def render_sources(name: str, sched: Schedule, target: str = "c") -> tuple[dict[
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
   external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
-  files["model.c"] = "#define _GNU_SOURCE\n#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(
+  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(
     name, sched, [(functions[k.ast], k.bufs) for k in sched.kernels], protos, external)
+  if not external: files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target)
-  if not external: files["weights.S"] = render_weights_asm(name)
+  if list(files) == ["kernels0.c", "model.c", f"{name}.h"]:
+    # a small model is one C file: a compiler run per artifact is most of the build time
+    files["model.c"] = files.pop("kernels0.c") + "\n" + files["model.c"]
+  # dladdr (external weights) needs _GNU_SOURCE before the first system header
+  files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
   return files, infos, arena, bytes(blob)
 
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,

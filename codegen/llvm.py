@@ -141,7 +141,11 @@ class LLVMRenderer:
       if dt == dtypes.bool: v = b.trunc(v, ir.IntType(1))
       return b.select(r(gate), v, self.const(dt, 0)) if gated else v
     if op is Ops.CAST: return self.cast(b, r(s[0]), s[0].dtype, dt)
-    if op is Ops.BITCAST: return b.bitcast(r(s[0]), ltype(dt))
+    if op is Ops.BITCAST:
+      # bool is i1 in registers but a byte in memory, which is what a bitcast reinterprets
+      if s[0].dtype == dtypes.bool: return b.zext(r(s[0]), ltype(dt))
+      if dt == dtypes.bool: return b.icmp_unsigned("!=", r(s[0]), ir.Constant(ltype(s[0].dtype), 0))
+      return b.bitcast(r(s[0]), ltype(dt))
     xs = [r(x) for x in s]
     if op is Ops.WHERE: return b.select(*xs)
     if op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE):

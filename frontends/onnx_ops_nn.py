@@ -1,7 +1,7 @@
 """ONNX neural-network operators: matmul/gemm, convolutions, pooling, normalisations, softmax family, attention,
 recurrent layers, losses and quantisation. One small function per op (and per opset range where semantics changed)."""
 from __future__ import annotations
-import math
+import functools, itertools, math, operator
 import numpy as np
 from aot.dtype import dtypes, min_value, max_value
 from aot.frontends.tensor import Tensor
@@ -744,15 +744,13 @@ def _gs_axis(x: Tensor, L: int, mode: str, padding: str, align: bool):
 
 def _combine_taps(axes_taps, dims) -> tuple[Tensor, Tensor | None, Tensor | None]:
   """Every combination of per-axis taps, stacked on a new last axis: flat indices, weights (product) and validity."""
-  import itertools
   strides = [int(np.prod(dims[i + 1:])) for i in range(len(dims))]
   idx, ws, vs = [], [], []
   for combo in itertools.product(*axes_taps):
     idx.append(sum(i * s for (i, _, _), s in zip(combo, strides)))
-    w = [t[1] for t in combo if t[1] is not None]
-    ws.append(math.prod(w[1:], start=w[0]) if w else None)
-    v = [t[2] for t in combo if t[2] is not None]
-    vs.append(math.prod(v[1:], start=v[0]) if v else None)  # bools: product is and
+    w, v = [t[1] for t in combo if t[1] is not None], [t[2] for t in combo if t[2] is not None]
+    ws.append(functools.reduce(operator.mul, w) if w else None)
+    vs.append(functools.reduce(operator.and_, v) if v else None)
   stack = lambda ts: Tensor.stack(ts, axis=-1) if ts[0] is not None else None
   return stack(idx), stack(ws), stack(vs)
 
@@ -792,7 +790,7 @@ def affine_grid(n, theta, size, align_corners=0):
   out = Tensor(base).matmul(theta.transpose(-1, -2))  # (N, P, nd)
   return out.reshape([N] + dims + [len(dims)]).cast(theta.dtype)
 
-def _roi_grid_counts(n, rois, sampling_ratio, oh, ow, scale, off, half_pixel):
+def _roi_grid_counts(n, rois, sampling_ratio, oh, ow, scale, half_pixel):
   """Samples per bin along h and w, per ROI: fixed, or (ratio 0) ceil(roi size / bins), which needs the ROI values."""
   R = rois.shape[0]
   if sampling_ratio > 0: return np.full(R, sampling_ratio), np.full(R, sampling_ratio)
@@ -825,7 +823,7 @@ def roi_align(n, x, rois, batch_indices, coordinate_transformation_mode="half_pi
   half = coordinate_transformation_mode == "half_pixel"
   N, C, H, W = x.shape
   R, oh, ow = rois.shape[0], output_height, output_width
-  gh, gw = _roi_grid_counts(n, rois, sampling_ratio, oh, ow, spatial_scale, 0.5 if half else 0.0, half)
+  gh, gw = _roi_grid_counts(n, rois, sampling_ratio, oh, ow, spatial_scale, half)
   Gh, Gw = max(int(gh.max(initial=0)), 1), max(int(gw.max(initial=0)), 1)
   r = _f32(rois) * spatial_scale - (0.5 if half else 0.0)
   x1, y1, x2, y2 = (r[:, i] for i in range(4))
@@ -870,7 +868,8 @@ def deform_conv(n, x, w, offset, b=None, mask=None, dilations=None, group=1, ker
     p = off[(slice(None),) * (2 + nd) + (i,)] + tap.cast(dtypes.float32)
     p0 = p.floor()
     t = p - p0
-    taps.append([(c.maximum(0.0).minimum(L - 1.0).cast(dtypes.int64), wt, (c >= 0) & (c <= L - 1)) for c, wt in ((p0, 1 - t), (p0 + 1, t))])
+    corners = ((p0, 1 - t), (p0 + 1, t))
+    taps.append([(c.maximum(0.0).minimum(L - 1.0).cast(dtypes.int64), wt, (c >= 0) & (c <= L - 1)) for c, wt in corners])
   idx, wts, valid = _combine_taps(taps, dims)
   P = K * int(np.prod(outs)) * idx.shape[-1]
   vals = _gather_flat(x.reshape(N, og, C // og, -1), idx.reshape(N, og, 1, P), 3)

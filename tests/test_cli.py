@@ -41,5 +41,17 @@ def test_emit_kernels_and_graph_do_not_build(tmp_path):
   p = cli("models:mnist", "-o", str(tmp_path), "--emit", "graph")
   assert p.returncode == 0 and "REDUCE" in p.stdout and "BUFFER" in p.stdout
   p = cli("models:mnist", "-o", str(tmp_path), "--emit", "source")
-  assert p.returncode == 0 and (tmp_path / "src" / "kernels0.c").exists()
+  assert p.returncode == 0 and "void mnist_f4(" in (tmp_path / "src" / "model.c").read_text()
   assert not list(tmp_path.glob("*.so"))
+
+def test_llvm_target_and_its_source(tmp_path):
+  p = cli("models:mnist", "-o", str(tmp_path / "ll"), "--target", "llvm", "--check")
+  assert p.returncode == 0, p.stderr
+  assert "(target llvm)" in p.stdout and "PASS" in p.stdout
+  assert (tmp_path / "ll" / "src" / "kernels.ll").read_text().count("define hidden void @") == 5
+  p = cli("models:mnist", "-o", str(tmp_path / "src_only"), "--target", "llvm", "--emit", "source")
+  assert p.returncode == 0 and (tmp_path / "src_only" / "src" / "kernels.ll").exists()
+
+def test_unknown_triple_is_one_line(tmp_path):
+  p = cli("models:mlp", "-o", str(tmp_path / "x"), "--target", "llvm", "--triple", "nonsense-triple", "--cpu", "generic")
+  assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "nonsense-triple" in p.stderr
