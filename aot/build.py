@@ -42,7 +42,9 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
   # "native" means this machine's CPU, which a hash of the sources does not see
   from aot.codegen.llvm import host_target
   flags = flags + [f"--target={triple or host_target()[0]}", f"--cpu={cpu if cpu != 'native' else host_target()[1]}"]
-  h = hashlib.sha256(" ".join([compiler] + flags).encode())
+  # headers are part of what a source means (NAME.h holds the arena size model.c allocates)
+  headers = b"".join(p.name.encode() + p.read_bytes() for p in sorted(src_dir.glob("*.h")))
+  h = hashlib.sha256(" ".join([compiler] + flags).encode() + headers)
   for s in sorted(sources) + ["weights.bin"]:
     if (src_dir / s).exists(): h.update(s.encode()); h.update((src_dir / s).read_bytes())
   key = h.hexdigest()[:32]
@@ -57,7 +59,7 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
     def compile_one(args):
       s, o = args
       # objects are cached too: the runtime, and kernels shared by many models, compile once
-      oh = hashlib.sha256(" ".join([compiler, *flags, Path(s).suffix]).encode() + (src_dir / s).read_bytes())
+      oh = hashlib.sha256(" ".join([compiler, *flags, Path(s).suffix]).encode() + headers + (src_dir / s).read_bytes())
       if s == "model.c" and (src_dir / "weights.bin").exists(): oh.update((src_dir / "weights.bin").read_bytes())
       cached_o = _cache_dir() / "obj" / (oh.hexdigest()[:32] + ".o")
       if cache and cached_o.exists(): shutil.copyfile(cached_o, o)

@@ -48,9 +48,14 @@ class LoadedModel:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   def close(self):
+    """Destroy the instance and unload the library. Unloading matters: glibc knows a loaded library by its file's
+    inode, and a deleted artifact's inode can be reused by a new one, which dlopen would then mistake for the old."""
     if getattr(self, "_model", None) is not None:
       self._destroy(self._model)
       self._model = None
+    if getattr(self, "lib", None) is not None:
+      with _ffi_lock: self.ffi.dlclose(self.lib)
+      self.lib = None
   def __del__(self): self.close()
 
 def load(what) -> LoadedModel:

@@ -211,5 +211,12 @@ def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native")
   pto = llvm.create_pipeline_tuning_options(speed_level=3)
   pto.loop_vectorization = pto.slp_vectorization = True
   pb = llvm.create_pass_builder(tm, pto)
-  pb.getModulePassManager().run(mod, pb)
-  return tm.emit_object(mod)
+  mpm = pb.getModulePassManager()
+  try:
+    mpm.run(mod, pb)
+    return tm.emit_object(mod)
+  finally:
+    # dispose in dependency order: the pass builder refers to the target machine, and Python's collector would free
+    # them in any order (a freed target machine under a live pass builder corrupts the heap)
+    mpm.close(); pb.close(); pto.close(); mod.close(); tm.close()
+
