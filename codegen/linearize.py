@@ -67,6 +67,8 @@ def flop_count(ast: UOp) -> int:
   for kind, u in linearize(ast):
     if kind == "loop": trips.append(trips[-1] * u.arg[1])
     elif kind == "end": trips.pop()
-    elif kind in ("value", "acc_update") and u.dtype.is_float and (u.op in GroupOp.ALU or kind == "acc_update"):
+    # arithmetic only: selects and comparisons (padding masks) are not floating-point work
+    elif kind in ("value", "acc_update") and u.dtype.is_float and (kind == "acc_update" or
+                                                                    (u.op in GroupOp.ALU and u.op is not Ops.WHERE)):
       total += trips[-1]
   return total
