@@ -42,11 +42,10 @@ def bench_model(label: str, what, onnx_model, inputs_for, threads: int, targets,
     arts[t] = aot.compile_model(what, target=t, out_dir=tempfile.mkdtemp(prefix=f"bench_{t}_"), cache=False)
     compile_s[t] = time.perf_counter() - t0
   xs = inputs_for(arts[targets[0]])
-  runners = {t: (lambda m=aot.load(arts[t]): m(*xs)) for t in targets}
+  runners = {t: (lambda m=aot.load(arts[t], threads=threads): m(*xs)) for t in targets}
   sess = _ort_session(onnx_model, threads) if onnx_model is not None else None
   feed = {i.name: x for i, x in zip(sess.get_inputs(), xs)} if sess else None
   if sess: runners["onnxruntime"] = lambda: sess.run(None, feed)
-  os.environ["AOT_NUM_THREADS"] = str(threads)
   med = _time(runners, repeats, budget_s)
   ref = sess.run(None, feed)[0] if sess else None
   row = {"model": label, "gflop": round(gflop, 4), "threads": threads, "kernels": arts[targets[0]].num_kernels}

@@ -74,7 +74,7 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
     jobs = sorted(zip(sources, objs), key=lambda so: -(src_dir / so[0]).stat().st_size)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex: list(ex.map(compile_one, jobs))
     tmp_so = Path(tmp) / "lib.so"
-    _run([compiler, "-shared", "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
+    _run([compiler, "-shared", "-pthread", "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
     shutil.copyfile(tmp_so, out_path)
     if cache: _store(tmp_so, cached)
   return False

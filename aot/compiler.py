@@ -6,16 +6,19 @@ from pathlib import Path
 from typing import Callable, Sequence
 import numpy as np
 from aot.dtype import to_dtype
-from aot.ir import UOp, Ops
+from aot.ir import UOp, Ops, prod
 from aot.schedule import schedule, Schedule, CompileError
 from aot.memory import memory_plan, weights_layout
 from aot.artifact import (Artifact, KernelInfo, c_name, render_header, render_model_c, render_weights_asm,
                           write_manifest, WEIGHTS_INLINE_MAX)
 from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
+from aot.codegen.linearize import parallel_extent, flop_count
 from aot.frontends.tensor import Tensor
 
 TARGETS = ("c", "llvm")
+# kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
+PARALLEL_MIN_WORK = 1 << 16
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
@@ -99,8 +102,11 @@ def render_sources(name: str, sched: Schedule, target: str = "c") -> tuple[dict[
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
   external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
-  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(
-    name, sched, [(functions[k.ast], k.bufs) for k in sched.kernels], protos, external)
+  calls = []
+  for k in sched.kernels:
+    extent = parallel_extent(k.ast)
+    calls.append((functions[k.ast], k.bufs, extent, extent > 1 and flop_count(k.ast) + prod(k.shape) >= PARALLEL_MIN_WORK))
+  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
   if not external: files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target)
   if list(files) == ["kernels0.c", "model.c", f"{name}.h"]:

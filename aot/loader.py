@@ -10,13 +10,14 @@ _ffi_lock = threading.Lock()
 
 class LoadedModel:
   """One instance of a compiled model (its own arena). Calling it checks every input's shape and dtype."""
-  def __init__(self, artifact: Artifact):
+  def __init__(self, artifact: Artifact, threads: int | None = None):
     self.artifact = a = artifact
     self.ffi = ffi = cffi.FFI()
     n = a.name
     args = [f"const {api_type(t.dtype)} *" for t in a.inputs] + [f"{api_type(t.dtype)} *" for t in a.outputs]
     ffi.cdef(f"""typedef struct {n}_model {n}_model;
       int {n}_create({n}_model **out); int {n}_run({n}_model *m, {', '.join(args)});
+      int {n}_set_threads({n}_model *m, int n);
       void {n}_destroy({n}_model *m); const char *{n}_last_error(const {n}_model *m);""")
     with _ffi_lock: self.lib = ffi.dlopen(str(a.library_path))
     self._run, self._destroy = getattr(self.lib, f"{n}_run"), getattr(self.lib, f"{n}_destroy")
@@ -28,6 +29,12 @@ class LoadedModel:
       raise RuntimeError(f"{n}_create failed with status {status}{hint}")
     self._model = out[0]
     self._ptr_types = args
+    if threads is not None: self.set_threads(threads)
+
+  def set_threads(self, n: int) -> None:
+    """Run the kernels on n threads (results are bitwise the same for any n)."""
+    if getattr(self.lib, f"{self.artifact.name}_set_threads")(self._model, int(n)) != 0:
+      raise ValueError(self.ffi.string(self._last_error(self._model)).decode())
 
   def __call__(self, *arrays: np.ndarray):
     a = self.artifact
@@ -58,6 +65,7 @@ class LoadedModel:
       self.lib = None
   def __del__(self): self.close()
 
-def load(what) -> LoadedModel:
-  """A callable over a compiled artifact (an Artifact or its folder)."""
-  return LoadedModel(what if isinstance(what, Artifact) else Artifact(Path(what)))
+def load(what, threads: int | None = None) -> LoadedModel:
+  """A callable over a compiled artifact (an Artifact or its folder). threads: how many threads its kernels run on
+  (default: AOT_NUM_THREADS, else all cores)."""
+  return LoadedModel(what if isinstance(what, Artifact) else Artifact(Path(what)), threads)

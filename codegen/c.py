@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from aot.dtype import DType, dtypes, min_value, max_value
 from aot.ir import UOp, Ops, ReduceOp
-from aot.codegen.linearize import linearize
+from aot.codegen.linearize import linearize, is_outer
 
 def _fn(name: str):
   # libm spelling per float type; half computes in float
@@ -67,7 +67,8 @@ class CRenderer:
 
   def param_decls(self, ast: UOp) -> list[str]:
     params = sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
-    return [f"{'' if p.arg == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.arg}" for p in params]
+    # start/end bound the outermost output loop: the slice of it one thread runs
+    return [f"{'' if p.arg == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.arg}" for p in params] + ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
     names: dict[UOp, str] = {}
@@ -79,7 +80,8 @@ class CRenderer:
       ind = "  " * depth
       if kind == "loop":
         names[u] = f"r{u.arg[0]}"
-        lines.append(f"{ind}for (int {names[u]} = 0; {names[u]} < {u.arg[1]}; {names[u]}++) {{"); depth += 1
+        lo, hi = ("start", "end") if is_outer(u) else ("0", str(u.arg[1]))
+        lines.append(f"{ind}for (int {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{"); depth += 1
       elif kind == "end":
         depth -= 1; lines.append("  " * depth + "}")
       elif kind == "acc_init":

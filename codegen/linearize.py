@@ -10,6 +10,14 @@ from aot.ir import UOp, Ops
 
 ROOT = None
 
+def is_outer(r: UOp) -> bool:
+  """The outermost output loop: the one split across threads (kernels take its [start, end) as arguments)."""
+  return r.arg[0] == 0 and r.arg[2] != "reduce"
+
+def parallel_extent(ast: UOp) -> int:
+  """How many iterations of the outermost output loop a kernel has (1 when it has none: it runs whole, once)."""
+  return next((r.arg[1] for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)
+
 def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   topo = ast.toposort()
   deps: dict[UOp, frozenset] = {}

@@ -11,7 +11,7 @@ from llvmlite import ir
 import llvmlite.binding as llvm
 from aot.dtype import DType, dtypes, min_value, max_value
 from aot.ir import UOp, Ops, ReduceOp
-from aot.codegen.linearize import linearize
+from aot.codegen.linearize import linearize, is_outer
 
 def ltype(dt: DType) -> ir.Type:
   """The type of a value in registers (bool is i1; in memory it is i8)."""
@@ -54,10 +54,12 @@ class LLVMRenderer:
 
   def render_kernel(self, name: str, ast: UOp) -> ir.Function:
     params = sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
-    fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params]), name)
+    i32 = ir.IntType(32)
+    fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name)
     fn.attributes.add("nounwind")
-    for a in fn.args: a.add_attribute("noalias")
+    for a in fn.args[:-2]: a.add_attribute("noalias")
     ptr = {p.arg: a for p, a in zip(params, fn.args)}
+    start, end = fn.args[-2:]  # the slice of the outermost output loop this call runs
     entry = fn.append_basic_block("entry")
     alloca_b = ir.IRBuilder(entry)
     body = fn.append_basic_block("body")
@@ -74,12 +76,13 @@ class LLVMRenderer:
     for kind, u in linearize(ast):
       if kind == "loop":
         counter = alloca_b.alloca(ir.IntType(32), name=f"r{u.arg[0]}")
-        b.store(ir.Constant(ir.IntType(32), 0), counter)
+        outer = is_outer(u)
+        b.store(start if outer else ir.Constant(i32, 0), counter)
         head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.arg[0]}") for s in ("head", "loop", "exit"))
         b.branch(head)
         b.position_at_end(head)
         i = b.load(counter)
-        b.cbranch(b.icmp_signed("<", i, ir.Constant(ir.IntType(32), u.arg[1])), loop_body, exit_)
+        b.cbranch(b.icmp_signed("<", i, end if outer else ir.Constant(i32, u.arg[1])), loop_body, exit_)
         b.position_at_end(loop_body)
         vals[u] = i
         loops.append((counter, head, exit_))

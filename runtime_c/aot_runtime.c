@@ -31,3 +31,105 @@ void *aot_arena_alloc(size_t bytes) {
 }
 
 void aot_arena_free(void *arena) { free(arena); }
+
+#include <pthread.h>
+#include <unistd.h>
+
+struct aot_pool {
+  int threads;               /* including the caller */
+  pthread_t *workers;
+  pthread_mutex_t lock;
+  pthread_cond_t start, done;
+  unsigned long generation;  /* bumped for every job, so a worker never runs one twice */
+  int pending, stop;
+  aot_task fn;
+  void *ctx;
+  int n;
+};
+
+typedef struct { aot_pool *pool; int index; } aot_worker_arg;
+
+static void run_slice(aot_pool *p, int i) {
+  int lo = (int)((long long)p->n * i / p->threads), hi = (int)((long long)p->n * (i + 1) / p->threads);
+  if (lo < hi) p->fn(p->ctx, lo, hi);
+}
+
+static void *worker_main(void *arg) {
+  aot_worker_arg a = *(aot_worker_arg *)arg;
+  free(arg);
+  aot_pool *p = a.pool;
+  unsigned long seen = 0;
+  pthread_mutex_lock(&p->lock);
+  for (;;) {
+    while (!p->stop && p->generation == seen) pthread_cond_wait(&p->start, &p->lock);
+    if (p->stop) break;
+    seen = p->generation;
+    pthread_mutex_unlock(&p->lock);
+    run_slice(p, a.index);
+    pthread_mutex_lock(&p->lock);
+    if (--p->pending == 0) pthread_cond_signal(&p->done);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
+aot_pool *aot_pool_create(int threads) {
+  if (threads < 1) return NULL;
+  aot_pool *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->threads = threads;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->start, NULL);
+  pthread_cond_init(&p->done, NULL);
+  if (threads > 1) {
+    p->workers = calloc((size_t)threads - 1, sizeof *p->workers);
+    if (!p->workers) { free(p); return NULL; }
+    for (int i = 1; i < threads; i++) {
+      aot_worker_arg *a = malloc(sizeof *a);
+      if (a) { a->pool = p; a->index = i; }
+      if (!a || pthread_create(&p->workers[i - 1], NULL, worker_main, a) != 0) {
+        free(a);
+        p->threads = i;  /* keep the workers that started */
+        break;
+      }
+    }
+  }
+  return p;
+}
+
+void aot_pool_destroy(aot_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->lock);
+  p->stop = 1;
+  pthread_cond_broadcast(&p->start);
+  pthread_mutex_unlock(&p->lock);
+  for (int i = 1; i < p->threads; i++) pthread_join(p->workers[i - 1], NULL);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->start);
+  pthread_cond_destroy(&p->done);
+  free(p->workers);
+  free(p);
+}
+
+void aot_parallel(aot_pool *p, aot_task fn, void *ctx, int n) {
+  if (!p || p->threads == 1 || n < 2) { fn(ctx, 0, n); return; }
+  pthread_mutex_lock(&p->lock);
+  p->fn = fn; p->ctx = ctx; p->n = n;
+  p->pending = p->threads - 1;
+  p->generation++;
+  pthread_cond_broadcast(&p->start);
+  pthread_mutex_unlock(&p->lock);
+  run_slice(p, 0);
+  pthread_mutex_lock(&p->lock);
+  while (p->pending > 0) pthread_cond_wait(&p->done, &p->lock);
+  pthread_mutex_unlock(&p->lock);
+}
+
+int aot_pool_threads(const aot_pool *p) { return p ? p->threads : 1; }
+
+int aot_default_threads(void) {
+  const char *env = getenv("AOT_NUM_THREADS");
+  if (env && atoi(env) > 0) return atoi(env);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}

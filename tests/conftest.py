@@ -1,7 +1,10 @@
-import functools
+import functools, os
 import pytest
 import aot
 from aot.models import get
+
+# pytest -n 2 already keeps both cores busy: one kernel thread per worker (tests of threading set their own)
+os.environ.setdefault("AOT_NUM_THREADS", "1")
 
 # every test that runs compiled code runs it for each of these targets
 TARGETS = ("c", "llvm")

@@ -53,6 +53,8 @@ int main(void) {
   printf("%s\n", mnist_last_error(m));
   if (mnist_run(m, in, NULL) != AOT_ERR_NULL_ARGUMENT) return 5;
   printf("%s\n", mnist_last_error(m));
+  if (mnist_set_threads(m, 0) != AOT_ERR_INVALID_ARGUMENT || mnist_set_threads(NULL, 2) != AOT_ERR_NULL_ARGUMENT) return 7;
+  if (mnist_set_threads(m, 2) != AOT_OK) return 8;
   if (mnist_run(m, in, out) != AOT_OK) return 6;
   printf("%s\n", mnist_last_error(m));
   printf("%s\n", mnist_last_error(NULL));
@@ -138,7 +140,7 @@ def test_only_the_api_is_exported(compiled_model, target):
   art, _ = compiled_model("mnist", target)
   syms = subprocess.run(["nm", "-D", "--defined-only", str(art.library_path)], capture_output=True, text=True, check=True).stdout
   exported = sorted(line.split()[-1] for line in syms.splitlines() if " T " in line)
-  assert exported == ["mnist_create", "mnist_destroy", "mnist_last_error", "mnist_run"]
+  assert exported == ["mnist_create", "mnist_destroy", "mnist_last_error", "mnist_run", "mnist_set_threads"]
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_header_is_valid_cplusplus(tmp_path, compiled_model, target):
