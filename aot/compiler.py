@@ -14,6 +14,7 @@ from aot.artifact import (Artifact, KernelInfo, c_name, render_header, render_mo
 from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.codegen.linearize import parallel_extent, flop_count
+from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
 
 TARGETS = ("c", "llvm")
@@ -98,14 +99,17 @@ def render_sources(name: str, sched: Schedule, target: str = "c") -> tuple[dict[
   for k in sched.kernels:
     # kernels that do the same work on different buffers share one function
     if k.ast not in functions: functions[k.ast] = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
+  optimized = {ast: optimize(ast) for ast in functions}
+  functions = {optimized[ast]: fn for ast, fn in functions.items()}
   files = render_kernels(target, functions)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
-  infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
+  infos = [KernelInfo(k.name, functions[optimized[k.ast]], k.shape) for k in sched.kernels]
   external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
   calls = []
   for k in sched.kernels:
-    extent = parallel_extent(k.ast)
-    calls.append((functions[k.ast], k.bufs, extent, extent > 1 and flop_count(k.ast) + prod(k.shape) >= PARALLEL_MIN_WORK))
+    ast = optimized[k.ast]
+    extent = parallel_extent(ast)
+    calls.append((functions[ast], k.bufs, extent, extent > 1 and flop_count(ast) + prod(k.shape) >= PARALLEL_MIN_WORK))
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
   if not external: files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target)

@@ -82,9 +82,12 @@ def fold_constant(x: UOp) -> UOp | None:
     v = evaluate(x.replace(src=tuple(b for b in bases)) if x.op is not Ops.GATHER else x).reshape(-1)
     if x.op is not Ops.GATHER: return UOp.const(x.dtype, v[0].item()).reshape((1,) * len(x.shape)).expand(x.shape)
   if x.numel > max([FOLD_MAX_ELEMENTS] + [b.numel for b in bases if b.op is Ops.BUFFER]): return None
-  arr = np.ascontiguousarray(evaluate(x))
+  return _const_buffer(evaluate(x), x.dtype)
+
+def _const_buffer(value: np.ndarray, dtype) -> UOp:
+  arr = np.ascontiguousarray(value)
   arr.flags.writeable = False
-  return UOp(Ops.BUFFER, x.dtype, (), BufferArg("folded", x.shape, "const", ConstData(arr)))
+  return UOp(Ops.BUFFER, dtype, (), BufferArg("folded", arr.shape, "const", ConstData(arr)))
 
 def _collapse_movement(x: UOp) -> UOp | None:
   s = x.src[0]
@@ -102,6 +105,9 @@ pm_prepare = PatternMatcher([
   (UPat(GroupOp.Movement, name="x"), _collapse_movement),
   # a contiguous constant is already a buffer
   (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.BUFFER, name="b"),)), lambda b: b),
+  # weights are stored in the order they are read: a transposed constant (x @ w.T) is transposed now, for free
+  (UPat(Ops.PERMUTE, src=(UPat(Ops.BUFFER, name="b"),), name="x"), lambda x, b: _const_buffer(evaluate(x), x.dtype)
+   if b.arg.kind == "const" else None),
 ])
 
 # *** lowering: INDEX pushed down a stage's graph until it reaches loads ***

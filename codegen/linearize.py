@@ -8,7 +8,7 @@ The result is a flat instruction list shared by every renderer: ("loop", RANGE) 
 from __future__ import annotations
 from aot.ir import UOp, Ops
 
-ROOT = None
+ROOT = "root"  # the block outside every loop
 
 def is_outer(r: UOp) -> bool:
   """The outermost output loop: the one split across threads (kernels take its [start, end) as arguments)."""
@@ -45,25 +45,47 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
         b = r
   contents: dict = {}
   for u in topo:
-    if u.op in (Ops.RANGE, Ops.CONST, Ops.DEFINE_GLOBAL): continue
+    if u.op in (Ops.RANGE, Ops.CONST, Ops.DEFINE_GLOBAL, Ops.SINK): continue
     block[u] = place(u)
     contents.setdefault(block[u], []).append(u)
 
   out: list[tuple[str, UOp]] = []
+  # accumulators placed together over the same reduction ranges (the lanes of an upcast kernel) share one loop nest
+  groups: dict[tuple, list[UOp]] = {}
+  for u in topo:
+    if u.op is Ops.ACCUMULATE: groups.setdefault((block[u], u.src[1:]), []).append(u)
+
+  def needs(unit, b) -> set:
+    """What must be emitted in block b before unit: its sources placed in b (for a reduction, those its body reads)."""
+    if not isinstance(unit, list): return {s for s in unit.src if block.get(s) is b}
+    return {n for a in unit for n in a.src[0].toposort(stop=lambda n: block.get(n) is b) if block.get(n) is b}
+
   def emit_block(b, inner=None):
-    """Emit what is placed in block b, then what nests inside it (the next output loop, or the rest of a reduction)."""
+    """Emit what is placed in block b in dependency order, then what nests inside it (the next output loop, or the
+    rest of a reduction)."""
+    units, seen = [], set()
     for u in contents.get(b, []):
-      if u.op is Ops.ACCUMULATE:
-        out.append(("acc_init", u))
-        emit_reduce(u, 1)
-      else: out.append(("store" if u.op is Ops.STORE else "value", u))
+      if u.op is not Ops.ACCUMULATE: units.append(u)
+      elif (key := (b, u.src[1:])) not in seen: seen.add(key); units.append(groups[key])
+    done: set = set()
+    while units:
+      unit = next(x for x in units if needs(x, b) <= done)
+      units.remove(unit)
+      if isinstance(unit, list):
+        out.extend(("acc_init", a) for a in unit)
+        emit_reduce(unit, 1)
+        done.update(unit)
+      else:
+        out.append(("store" if unit.op is Ops.STORE else "value", unit))
+        done.add(unit)
     if inner is not None: inner()
     elif (child := parent_child.get(b)) is not None:
       out.append(("loop", child)); emit_block(child); out.append(("end", child))
-  def emit_reduce(acc: UOp, i: int):
-    r = acc.src[i]
+  def emit_reduce(group: list[UOp], i: int):
+    r = group[0].src[i]
     out.append(("loop", r))
-    emit_block(r, (lambda: emit_reduce(acc, i + 1)) if i + 1 < len(acc.src) else (lambda: out.append(("acc_update", acc))))
+    emit_block(r, (lambda: emit_reduce(group, i + 1)) if i + 1 < len(group[0].src) else
+                  (lambda: out.extend(("acc_update", a) for a in group)))
     out.append(("end", r))
   emit_block(ROOT)
   return out

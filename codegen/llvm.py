@@ -168,9 +168,11 @@ class LLVMRenderer:
       if op is Ops.IDIV: return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
       return self._math(b, op, dt, *xs)
     unsigned = dt.kind in "ub"
-    if op is Ops.ADD: return b.add(*xs)
-    if op is Ops.SUB: return b.sub(*xs)
-    if op is Ops.MUL: return b.mul(*xs)
+    # index arithmetic never wraps (buffers have < 2**31 elements): saying so lets LLVM see consecutive addresses
+    nsw = ["nsw"] if dt == dtypes.index else []
+    if op is Ops.ADD: return b.add(*xs, flags=nsw)
+    if op is Ops.SUB: return b.sub(*xs, flags=nsw)
+    if op is Ops.MUL: return b.mul(*xs, flags=nsw)
     if op in (Ops.IDIV, Ops.DIV): return b.udiv(*xs) if unsigned else b.sdiv(*xs)
     if op is Ops.MOD: return b.urem(*xs) if unsigned else b.srem(*xs)
     if op is Ops.NEG: return b.not_(xs[0]) if dt == dtypes.bool else b.neg(xs[0])
@@ -205,6 +207,8 @@ def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native")
     if triple != host_triple: raise ValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
     cpu, features = host_cpu, host_features
   else: features = ""
+  # strided reads (a weight read across output columns) vectorised as gathers are slower than scalar loads here
+  if triple.startswith("x86_64"): features = ",".join(f for f in (features, "+prefer-no-gather", "+prefer-no-scatter") if f)
   try: target = llvm.Target.from_triple(triple)
   except RuntimeError as e: raise ValueError(f"LLVM has no target for triple {triple!r}: {e}") from None
   tm = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
