@@ -14,6 +14,8 @@ def _ort_session(model, threads: int):
   ort.set_default_logger_severity(3)
   so = ort.SessionOptions()
   so.intra_op_num_threads = so.inter_op_num_threads = threads
+  # onnxruntime's idle threads spin by default, which would take the cores from our run that comes next
+  so.add_session_config_entry("session.intra_op.allow_spinning", "0")
   data = model.SerializeToString() if not isinstance(model, (str, Path)) else str(model)
   return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
