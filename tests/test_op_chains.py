@@ -14,23 +14,10 @@ SIZES = [1, 2, 3, 4, 5, 7]
 CHAIN = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 
-from conftest import TARGETS
-TARGET = "c"
+from conftest import run
 
-@pytest.fixture(autouse=True, params=TARGETS)
-def _target(request):
-  """Every test here runs once per target."""
-  global TARGET
-  TARGET = request.param
-
-def run(fn, *arrays):
-  arrays = [np.asarray(a) for a in arrays]
-  with tempfile.TemporaryDirectory(prefix="aot_test_chains_") as d:
-    model = aot.load(aot.compile_model(fn, arrays, out_dir=d, target=TARGET))
-    try: return model(*arrays)
-    finally: model.close()
-
-# *** drawing a chain: every step is a plain tuple (so hypothesis prints a readable falsifying example) ***
+# every test here runs once per target
+pytestmark = pytest.mark.usefixtures("each_target")
 
 def _numel(shape): return math.prod(shape)
 

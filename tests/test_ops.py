@@ -9,23 +9,10 @@ from aot import Tensor
 
 # *** helpers ***
 
-from conftest import TARGETS
-TARGET = "c"
+from conftest import run
 
-@pytest.fixture(autouse=True, params=TARGETS)
-def _target(request):
-  """Every test here runs once per target."""
-  global TARGET
-  TARGET = request.param
-
-def run(fn, *arrays):
-  """Compile fn for these example inputs, load the artifact and run it on the same inputs."""
-  arrays = [np.asarray(a) for a in arrays]
-  with tempfile.TemporaryDirectory(prefix="aot_test_ops_") as d:
-    art = aot.compile_model(fn, arrays, out_dir=d, target=TARGET)
-    model = aot.load(art)
-    try: return model(*arrays)
-    finally: model.close()
+# every test here runs once per target
+pytestmark = pytest.mark.usefixtures("each_target")
 
 def rng(seed=0): return np.random.default_rng(seed)
 
@@ -836,7 +823,7 @@ def test_loaded_model_checks_inputs():
   a, b = randf((3, 5), 1), randf((5,), 2)
   def model(image, bias): return image + bias
   with tempfile.TemporaryDirectory() as d:
-    m = aot.load(aot.compile_model(model, [a, b], out_dir=d, target=TARGET))
+    m = aot.load(aot.compile_model(model, [a, b], out_dir=d))
     check(m(a, b), a + b, np.float32)
     with pytest.raises(ValueError, match="image") as e: m(randf((5, 3), 1), b)
     assert "(3, 5)" in str(e.value) and "(5, 3)" in str(e.value)
