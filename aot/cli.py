@@ -1,6 +1,6 @@
 """compile-model: the command line."""
 from __future__ import annotations
-import argparse, sys, time, traceback
+import argparse, signal, sys, time, traceback
 from pathlib import Path
 import numpy as np
 
@@ -23,6 +23,8 @@ def _kernel_lines(kernels) -> list[str]:
   return [f"  {i:3d}  {k.name:<32} shape {tuple(k.shape)}  fn {k.function}" for i, k in enumerate(kernels)]
 
 def main(argv: list[str] | None = None) -> int:
+  # `compile-model ... | head` closing the pipe is not an error
+  signal.signal(signal.SIGPIPE, signal.SIG_DFL)
   p = argparse.ArgumentParser(prog="compile-model", description="Compile a model ahead of time into libNAME.so + NAME.h.")
   p.add_argument("model", help="an ONNX file (model.onnx), or a bundled reference model: models:NAME "
                                 "(mlp, mnist, resnet18, transformer)")
