@@ -3,6 +3,7 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
 
   python -m aot.bench                         # the bundled reference models
   python -m aot.bench model.onnx ... --json out.json --threads 1
+  OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro   # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread)
 """
 from __future__ import annotations
 import argparse, json, os, statistics, sys, tempfile, time
@@ -64,6 +65,29 @@ def bench_model(label: str, what, onnx_model, inputs_for, threads: int, targets,
   if "c" in targets and "llvm" in targets: row["llvm_over_c"] = round(med["llvm"] / med["c"], 2)
   return row
 
+def micro(targets, threads: int, budget_s: float) -> list[dict]:
+  """The two kernels that decide CNN and transformer speed, against numpy's matmul (its BLAS) in the same run."""
+  import aot
+  from aot.frontends.tensor import Tensor
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((1024, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
+  x, w = rng.standard_normal((1, 64, 56, 56), dtype=np.float32), rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
+  cases = [("matmul 1024^3", lambda p: p @ Tensor(b), [a], 2 * 1024 ** 3),
+           ("conv 3x3 56x56x64->64", lambda p: p.conv2d(Tensor(w), padding=1), [x], 2 * 56 * 56 * 64 * 64 * 9)]
+  rows = []
+  for label, fn, xs, flops in cases:
+    runners = {"numpy matmul": lambda: a @ b}
+    for t in targets:
+      m = aot.load(aot.compile_model(fn, xs, target=t, out_dir=tempfile.mkdtemp(prefix="micro_")), threads=threads)
+      runners[t] = lambda m=m, xs=xs: m(*xs)
+    med = _time(runners, 10, budget_s)
+    row = {"kernel": label, "threads": threads, "numpy_matmul_gflops": round(2 * 1024 ** 3 / med["numpy matmul"] / 1e9, 1)}
+    for t in targets:
+      row[f"{t}_gflops"] = round(flops / med[t] / 1e9, 2)
+      row[f"{t}_pct_of_numpy"] = round(100 * row[f"{t}_gflops"] / row["numpy_matmul_gflops"], 1)
+    rows.append(row)
+  return rows
+
 def table(rows: list[dict], targets) -> str:
   cols = ["model", "gflop", "threads", "kernels"] + [f"{t}_ms" for t in targets] + ["ort_ms"] + \
          [f"{t}_vs_ort" for t in targets] + [f"{t}_gflops" for t in targets] + ["llvm_over_c"] + \
@@ -84,11 +108,19 @@ def main(argv=None) -> int:
   ap.add_argument("--budget", type=float, default=20.0, help="seconds of timing per model at most (after 3 rounds)")
   ap.add_argument("--json", help="write the rows here as JSON")
   ap.add_argument("--readme", help="replace the table between the bench markers of this README")
+  ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul and 3x3 conv kernels against numpy instead")
   args = ap.parse_args(argv)
   from aot.models import get
   from aot.models.onnx_forms import onnx_model
   from aot.cli import random_inputs
   targets = [t for t in args.targets.split(",") if t]
+  if args.micro:
+    rows = [r for n in args.threads.split(",") for r in micro(targets, int(n), args.budget)]
+    cols = list(rows[0])
+    print("\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
+                     ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]))
+    if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
   rows = []
   for threads in [int(t) for t in args.threads.split(",")]:
     for name in [m for m in args.models.split(",") if m]:
