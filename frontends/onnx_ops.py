@@ -206,3 +206,4 @@ def _arg(x, axis, keepdims, last, largest):
 import aot.frontends.onnx_ops_tensor  # noqa: E402,F401
 import aot.frontends.onnx_ops_nn  # noqa: E402,F401
 import aot.frontends.onnx_ops_control  # noqa: E402,F401
+import aot.frontends.onnx_ops_sampling  # noqa: E402,F401
