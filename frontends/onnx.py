@@ -224,6 +224,22 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
       bad.append(f"{n.op_type}{' (domain ' + n.domain + ')' if n.domain else ''} (node '{n.name or n.output[0]}')")
   return bad
 
+# ONNX shape inference copies the whole model; past this size the cross-check costs more than it tells
+SHAPE_INFERENCE_MAX_BYTES = 256 << 20
+
+def check_inferred_shapes(model: onnx.ModelProto, outs: list) -> None:
+  """ONNX's own shape inference, as a cross-check of ours: a static output shape it infers must be the traced one."""
+  if model.ByteSize() > SHAPE_INFERENCE_MAX_BYTES: return
+  try: inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+  except Exception: return  # inference gives up on some valid models; ours is the one that must work
+  for vi, o in zip(inferred.graph.output, outs):
+    dims = vi.type.tensor_type.shape.dim
+    if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+      want = tuple(d.dim_value for d in dims)
+      if want != o.shape:
+        raise CompileError(f"output '{vi.name}': ONNX shape inference gives {want}, the traced graph {o.shape} "
+                           f"(a frontend bug: please report it)")
+
 def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None):
   """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler."""
   from aot.compiler import Traced
@@ -270,5 +286,6 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     raise err
   for o, vi in zip(outs, g.output):
     if not isinstance(o, Tensor): raise CompileError(f"output '{vi.name}' is not a tensor")
+  check_inferred_shapes(model, outs)
   name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
   return Traced(c_name(name), [o.uop for o in outs], [t.uop for t in inputs], [vi.name for vi in g.output])
