@@ -36,7 +36,7 @@ def bench_model(label: str, what, onnx_model, inputs_for, threads: int, targets,
   from aot.codegen.linearize import flop_count
   from aot.compiler import resolve
   from aot.schedule import schedule
-  traced = resolve(what) if onnx_model is None or isinstance(what, str) else resolve(what)
+  traced = resolve(what)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   gflop = sum(flop_count(k.ast) for k in sched.kernels) / 1e9
   arts, compile_s = {}, {}

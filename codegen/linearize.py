@@ -67,10 +67,10 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
     for u in contents.get(b, []):
       if u.op is not Ops.ACCUMULATE: units.append(u)
       elif (key := (b, u.src[1:])) not in seen: seen.add(key); units.append(groups[key])
-    done: set = set()
-    while units:
-      unit = next(x for x in units if needs(x, b) <= done)
-      units.remove(unit)
+    pending, done = [(u, needs(u, b)) for u in units], set()
+    while pending:
+      i = next(i for i, (_, need) in enumerate(pending) if need <= done)
+      unit = pending.pop(i)[0]
       if isinstance(unit, list):
         out.extend(("acc_init", a) for a in unit)
         emit_reduce(unit, 1)

@@ -18,19 +18,13 @@ for _name, _method in {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "
                        "BitwiseNot": "__invert__"}.items():
   op(_name)(lambda n, x, _m=_method: getattr(x, _m)())
 
-@op("Add")
-def add(n, a, b): return a + b
-@op("Sub")
-def sub(n, a, b): return a - b
-@op("Mul")
-def mul(n, a, b): return a * b
+for _name, _method in {"Add": "__add__", "Sub": "__sub__", "Mul": "__mul__"}.items():
+  op(_name)(lambda n, a, b, _m=_method: getattr(a, _m)(b))
+
 @op("Div")
 def div(n, a, b):
-  if a.dtype.is_int: return _int_div(a, b)
-  return a / b
-def _int_div(a, b):
-  # ONNX integer division truncates toward zero, as C does
-  return a // b
+  # ONNX integer division truncates toward zero, as C (and Tensor's //) does
+  return a // b if a.dtype.is_int else a / b
 @op("Pow")
 def pow_(n, a, b):
   out = a.cast(dtypes.float64 if a.dtype == dtypes.float64 or b.dtype == dtypes.float64 else dtypes.float32).pow(b)
@@ -54,28 +48,11 @@ def _variadic(xs, f):
   for x in xs[1:]: out = f(out, x)
   return out
 
-@op("Equal")
-def equal(n, a, b): return a == b
-@op("Less")
-def less(n, a, b): return a < b
-@op("LessOrEqual")
-def less_eq(n, a, b): return a <= b
-@op("Greater")
-def greater(n, a, b): return a > b
-@op("GreaterOrEqual")
-def greater_eq(n, a, b): return a >= b
-@op("And")
-def and_(n, a, b): return a & b
-@op("Or")
-def or_(n, a, b): return a | b
-@op("Xor")
-def xor(n, a, b): return a ^ b
-@op("BitwiseAnd")
-def bitwise_and(n, a, b): return a & b
-@op("BitwiseOr")
-def bitwise_or(n, a, b): return a | b
-@op("BitwiseXor")
-def bitwise_xor(n, a, b): return a ^ b
+for _name, _method in {"Equal": "__eq__", "Less": "__lt__", "LessOrEqual": "__le__", "Greater": "__gt__",
+                       "GreaterOrEqual": "__ge__", "And": "__and__", "Or": "__or__", "Xor": "__xor__",
+                       "BitwiseAnd": "__and__", "BitwiseOr": "__or__", "BitwiseXor": "__xor__"}.items():
+  op(_name)(lambda n, a, b, _m=_method: getattr(a, _m)(b))
+
 @op("BitShift")
 def bitshift(n, x, y, direction=""):
   if direction not in ("LEFT", "RIGHT"): raise Unsupported(f"direction {direction!r}")
@@ -147,7 +124,7 @@ def clip(n, x, lo=None, hi=None):
   if hi is not None: x = x.minimum(hi)
   return x
 
-# *** reductions: axes an attribute before opset 18 (13 for ReduceSum), an input after ***
+# *** reductions: axes are an attribute before opset 18 (13 for ReduceSum), an input after; _axes takes both ***
 
 def _axes(n, x, axes, noop_with_empty_axes):
   if isinstance(axes, Tensor): axes = n.const(axes, "axes").tolist()
@@ -155,36 +132,24 @@ def _axes(n, x, axes, noop_with_empty_axes):
     return () if noop_with_empty_axes else tuple(range(x.ndim))
   return tuple(int(a) % max(x.ndim, 1) for a in axes)
 
-def _reduction(name: str, since_input: int, fn):
-  @op(name, since=1)
-  def attr_form(n, x, axes=None, keepdims=1, noop_with_empty_axes=0):
-    return _finish(x, fn, _axes(n, x, axes, noop_with_empty_axes), keepdims)
-  @op(name, since=since_input)
-  def input_form(n, x, axes=None, keepdims=1, noop_with_empty_axes=0):
-    return _finish(x, fn, _axes(n, x, axes, noop_with_empty_axes), keepdims)
+def _reduction(name: str, fn, elementwise=lambda x: x):
+  """fn(x, axes, keepdims) reduces; with no axes and noop_with_empty_axes only its elementwise part is applied."""
+  @op(name)
+  def reduce(n, x, axes=None, keepdims=1, noop_with_empty_axes=0):
+    axes = _axes(n, x, axes, noop_with_empty_axes)
+    return fn(x, axes, bool(keepdims)) if axes else elementwise(x)
 
-def _finish(x, fn, axes, keepdims):
-  if not axes: return _noop(x, fn)
-  return fn(x, axes, bool(keepdims))
-
-def _noop(x, fn):
-  # no axes and noop_with_empty_axes: the elementwise part of the reduction only
-  return {"l1": x.abs(), "l2": x.abs(), "sumsq": x * x, "logsumexp": x, "logsum": x}.get(getattr(fn, "kind", ""), x)
-
-def _kind(kind, f):
-  f.kind = kind
-  return f
-
-_reduction("ReduceSum", 13, lambda x, a, k: x.sum(a, k))
-_reduction("ReduceMean", 18, lambda x, a, k: x.mean(a, k).cast(x.dtype))
-_reduction("ReduceMax", 18, lambda x, a, k: x.max(a, k))
-_reduction("ReduceMin", 18, lambda x, a, k: x.min(a, k))
-_reduction("ReduceProd", 18, lambda x, a, k: x.prod(a, k))
-_reduction("ReduceL1", 18, _kind("l1", lambda x, a, k: x.abs().sum(a, k)))
-_reduction("ReduceL2", 18, _kind("l2", lambda x, a, k: (x * x).sum(a, k).cast(dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32).sqrt().cast(x.dtype)))
-_reduction("ReduceSumSquare", 18, _kind("sumsq", lambda x, a, k: (x * x).sum(a, k)))
-_reduction("ReduceLogSum", 18, _kind("logsum", lambda x, a, k: x.sum(a, k).log()))
-_reduction("ReduceLogSumExp", 18, _kind("logsumexp", lambda x, a, k: _logsumexp(x, a, k)))
+_reduction("ReduceSum", lambda x, a, k: x.sum(a, k))
+_reduction("ReduceMean", lambda x, a, k: x.mean(a, k).cast(x.dtype))
+_reduction("ReduceMax", lambda x, a, k: x.max(a, k))
+_reduction("ReduceMin", lambda x, a, k: x.min(a, k))
+_reduction("ReduceProd", lambda x, a, k: x.prod(a, k))
+_reduction("ReduceL1", lambda x, a, k: x.abs().sum(a, k), lambda x: x.abs())
+_reduction("ReduceL2", lambda x, a, k: (x * x).sum(a, k).cast(dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32).sqrt().cast(x.dtype),
+           lambda x: x.abs())
+_reduction("ReduceSumSquare", lambda x, a, k: (x * x).sum(a, k), lambda x: x * x)
+_reduction("ReduceLogSum", lambda x, a, k: x.sum(a, k).log())
+_reduction("ReduceLogSumExp", lambda x, a, k: _logsumexp(x, a, k))
 
 def _logsumexp(x, axes, keepdims):
   m = x.max(axes, keepdim=True)

@@ -229,8 +229,8 @@ class Tensor:
   def expand(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
     shape = tuple(s if s != -1 else self.shape[i - (len(shape) - self.ndim)] for i, s in enumerate(shape))
-    return self._broadcast_to(_broadcast_shape(self.shape, shape)) if _broadcast_shape(self.shape, shape) == shape else \
-      _raise(ValueError(f"cannot expand {self.shape} to {shape}"))
+    if _broadcast_shape(self.shape, shape) != shape: raise ValueError(f"cannot expand {self.shape} to {shape}")
+    return self._broadcast_to(shape)
   def pad(self, pads, value=0.0) -> Tensor:
     """numpy-style pads: one (before, after) per axis; negative amounts remove elements."""
     pads = [(p, p) if isinstance(p, int) else tuple(p) for p in pads]
@@ -458,8 +458,6 @@ class Tensor:
     shift = (bias if bias is not None else 0.0) - mean * scale
     shape = (1, -1) + (1,) * (self.ndim - 2)
     return self * scale.reshape(shape) + shift.reshape(shape)
-
-def _raise(e: Exception): raise e
 
 def _spatial_pads(padding, n: int) -> list[tuple[int, int]]:
   if isinstance(padding, int): return [(padding, padding)] * n
