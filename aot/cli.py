@@ -65,7 +65,7 @@ def _run(args) -> int:
     traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
     if args.emit == "graph": print(_graph_text(traced.outputs)); return 0
     sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-    files, infos, arena, _ = render_sources(traced.name, sched, args.target)
+    files, infos, (arena, _), _ = render_sources(traced.name, sched, args.target, args.cpu, args.triple)
     if args.emit == "kernels":
       print(f"{traced.name}: {len(infos)} kernels, arena {arena} bytes")
       print("\n".join(_kernel_lines(infos)))

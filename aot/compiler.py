@@ -7,13 +7,15 @@ from typing import Callable, Sequence
 import numpy as np
 from aot.dtype import to_dtype
 from aot.ir import UOp, Ops, prod
-from aot.schedule import schedule, Schedule, CompileError
-from aot.memory import memory_plan, weights_layout
-from aot.artifact import (Artifact, KernelInfo, c_name, render_header, render_model_c, render_weights_asm,
+from aot.schedule import schedule, Schedule, CompileError, Kernel, Buffer
+from aot.dtype import dtypes
+from aot.memory import memory_plan, weights_layout, align_up
+from aot.artifact import (Artifact, KernelInfo, GemmCall, c_name, render_header, render_model_c, render_weights_asm,
                           write_manifest, WEIGHTS_INLINE_MAX)
 from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
-from aot.codegen.linearize import parallel_extent, flop_count
+from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
+from aot.codegen.contract import lower_contractions, gemm_tile
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
 
@@ -89,27 +91,57 @@ def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
             renderer.render_kernel(fn, ast) for ast, fn in items[i:i + KERNELS_PER_FILE]) + "\n"
           for i in range(0, len(items), KERNELS_PER_FILE)}
 
-def render_sources(name: str, sched: Schedule, target: str = "c") -> tuple[dict[str, str], list[KernelInfo], int, bytes]:
-  """Source files of the artifact, the kernel list, the arena size and the weights blob."""
-  arena = memory_plan(sched.kernels, sched.scratch)
-  blob_size = weights_layout(sched.consts)
-  blob = bytearray(blob_size)
-  for b in sched.consts: blob[b.offset:b.offset + b.nbytes] = np.ascontiguousarray(b.data, dtype=b.dtype.np).tobytes()
-  functions: dict[UOp, str] = {}
+def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "native",
+                   triple: str | None = None) -> tuple[dict[str, str], list[KernelInfo], tuple[int, int], bytes]:
+  """Source files of the artifact, the kernel list, the arena's size and what it holds (bytes of every buffer placed in
+  it: the size it would have without reuse), and the weights blob."""
+  tile = gemm_tile(cpu, triple)
+  def make_buffer(kind: str, x) -> Buffer:
+    if kind == "const": return Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x)
+    return Buffer("scratch", dtypes.float32, x, "contraction")
+  # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
+  kernels, plans = [], []
   for k in sched.kernels:
+    last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer)
+    kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
+    plans.append((last, gemms))
+  scratch = sched.scratch + [b for k in kernels for b in k.bufs if b.kind == "scratch" and b.name == "contraction"]
+  arena = memory_plan(kernels, scratch)
+  # constants only a prepacked copy reads are left out of the weights
+  used = {id(k.bufs[u.arg]) for k, (last, gemms) in zip(kernels, plans)
+          for ast in [last, *(o.dense for g in gemms for o in (g.a, g.b) if o.dense is not None)]
+          for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+  used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)}
+  consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used]
+  consts = list({id(b): b for b in consts}.values())
+  blob_size = weights_layout(consts)
+  blob = bytearray(blob_size)
+  for b in consts: blob[b.offset:b.offset + b.nbytes] = np.ascontiguousarray(b.data, dtype=b.dtype.np).tobytes()
+  functions: dict[UOp, str] = {}
+  for k, (last, gemms) in zip(sched.kernels, plans):
     # kernels that do the same work on different buffers share one function
-    if k.ast not in functions: functions[k.ast] = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
+    base = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
+    functions.setdefault(last, base)
+    for i, g in enumerate(gemms):
+      for side, o in zip("ab", (g.a, g.b)):
+        if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
   optimized = {ast: optimize(ast) for ast in functions}
   functions = {optimized[ast]: fn for ast, fn in functions.items()}
   files = render_kernels(target, functions)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
-  infos = [KernelInfo(k.name, functions[optimized[k.ast]], k.shape) for k in sched.kernels]
+  infos = [KernelInfo(k.name, functions[optimized[last]], k.shape) for k, (last, _) in zip(sched.kernels, plans)]
   external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
-  calls = []
-  for k in sched.kernels:
-    ast = optimized[k.ast]
-    extent = parallel_extent(ast)
-    calls.append((functions[ast], k.bufs, extent, extent > 1 and flop_count(ast) + prod(k.shape) >= PARALLEL_MIN_WORK))
+  calls: list = []
+  for k, (last, gemms) in zip(kernels, plans):
+    def call(ast: UOp, out: Buffer):
+      # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
+      ast, extent = optimized[ast], parallel_extent(optimized[ast])
+      args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
+      return (functions[ast], args, extent, extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
+    for g in gemms:
+      calls += [call(o.dense, k.bufs[o.slot]) for o in (g.a, g.b) if o.dense is not None]
+      calls.append(GemmCall(g, k.bufs, g.tasks > 1 and g.c.B * g.c.a.size * g.c.b.size * g.c.K >= PARALLEL_MIN_WORK))
+    calls.append(call(last, k.bufs[0]))
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
   if not external: files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target)
@@ -118,7 +150,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c") -> tuple[dict[
     files["model.c"] = files.pop("kernels0.c") + "\n" + files["model.c"]
   # dladdr (external weights) needs _GNU_SOURCE before the first system header
   files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
-  return files, infos, arena, bytes(blob)
+  return files, infos, (arena, sum(align_up(b.nbytes) for b in scratch)), bytes(blob)
 
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
                   cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,
@@ -135,7 +167,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   traced = resolve(what, example_inputs, name, shapes, bind)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   say(f"scheduled {len(sched.kernels)} kernels")
-  files, infos, arena, blob = render_sources(traced.name, sched, target)
+  files, infos, (arena, holds), blob = render_sources(traced.name, sched, target, cpu, triple)
   out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{traced.name}_"))
   # build in a staging folder and move into place only when everything worked: a failure leaves nothing behind
   stage = Path(tempfile.mkdtemp(prefix=".aot_stage_", dir=out.parent if out.parent.exists() else None))
@@ -146,12 +178,12 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     # weights linked into the library come from src/weights.bin; big ones are a file beside it (see WEIGHTS_INLINE_MAX)
     (src / "weights.bin" if len(blob) <= WEIGHTS_INLINE_MAX else stage / f"{traced.name}.weights").write_bytes(blob)
     runtime = importlib.resources.files("aot.runtime_c")
-    for f in ("aot_runtime.c", "aot_runtime.h"): (src / f).write_text(runtime.joinpath(f).read_text())
-    sources = [f for f in files if f.endswith((".c", ".S", ".ll"))] + ["aot_runtime.c"]
+    for f in ("aot_runtime.c", "aot_gemm.c", "aot_runtime.h"): (src / f).write_text(runtime.joinpath(f).read_text())
+    sources = [f for f in files if f.endswith((".c", ".S", ".ll"))] + ["aot_runtime.c", "aot_gemm.c"]
     build_library(src, sources, stage / f"lib{traced.name}.so", cpu, cache,
                   progress=lambda d, n: say(f"compiled {d}/{n} sources"), triple=triple)
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
-    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, len(blob),
+    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, holds, len(blob),
                    time.perf_counter() - t0)
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):

@@ -5,7 +5,7 @@ from aot.schedule import Kernel, Buffer
 
 ALIGN = 64  # a cache line, and enough for any vector load
 
-def _align(n: int) -> int: return (n + ALIGN - 1) // ALIGN * ALIGN
+def align_up(n: int) -> int: return (n + ALIGN - 1) // ALIGN * ALIGN
 
 def memory_plan(kernels: list[Kernel], scratch: list[Buffer]) -> int:
   """Assign buf.offset to each scratch buffer; return the arena size in bytes. Largest first, best fit."""
@@ -18,7 +18,7 @@ def memory_plan(kernels: list[Kernel], scratch: list[Buffer]) -> int:
   placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
   arena = 0
   for b in sorted(scratch, key=lambda b: (-b.nbytes, first.get(id(b), 0))):
-    lo, hi, size = first.get(id(b), 0), last.get(id(b), 0), _align(b.nbytes)
+    lo, hi, size = first.get(id(b), 0), last.get(id(b), 0), align_up(b.nbytes)
     busy = sorted((o, e) for o, e, f, l in placed if not (l < lo or f > hi))
     best, best_gap, cur = None, None, 0
     for o, e in busy:
@@ -35,5 +35,5 @@ def weights_layout(consts: list[Buffer]) -> int:
   off = 0
   for b in consts:
     b.offset = off
-    off = _align(off + b.nbytes)
+    off = align_up(off + b.nbytes)
   return off

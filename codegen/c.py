@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from aot.dtype import DType, dtypes, min_value, max_value
 from aot.ir import UOp, Ops, ReduceOp
-from aot.codegen.linearize import linearize, is_outer
+from aot.codegen.linearize import linearize, is_outer, kernel_params
 
 def _fn(name: str):
   # libm spelling per float type; half computes in float
@@ -66,9 +66,9 @@ class CRenderer:
     return f"{acc} = {self.code_for_op[Ops.MAX if op is ReduceOp.MAX else Ops.MIN](dt, v, acc)};"
 
   def param_decls(self, ast: UOp) -> list[str]:
-    params = sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
     # start/end bound the outermost output loop: the slice of it one thread runs
-    return [f"{'' if p.arg == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.arg}" for p in params] + ["int start", "int end"]
+    return [f"{'' if p.arg == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.arg}" for p in kernel_params(ast)] + \
+           ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
     names: dict[UOp, str] = {}

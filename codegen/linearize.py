@@ -18,6 +18,10 @@ def parallel_extent(ast: UOp) -> int:
   """How many iterations of the outermost output loop a kernel has (1 when it has none: it runs whole, once)."""
   return next((r.arg[1] for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)
 
+def kernel_params(ast: UOp) -> list[UOp]:
+  """A kernel's buffer arguments (DEFINE_GLOBALs) in slot order; its loop bounds follow them."""
+  return sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
+
 def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   topo = ast.toposort()
   deps: dict[UOp, frozenset] = {}

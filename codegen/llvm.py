@@ -11,7 +11,7 @@ from llvmlite import ir
 import llvmlite.binding as llvm
 from aot.dtype import DType, dtypes, min_value, max_value
 from aot.ir import UOp, Ops, ReduceOp
-from aot.codegen.linearize import linearize, is_outer
+from aot.codegen.linearize import linearize, is_outer, kernel_params
 
 def ltype(dt: DType) -> ir.Type:
   """The type of a value in registers (bool is i1; in memory it is i8)."""
@@ -53,7 +53,7 @@ class LLVMRenderer:
     return self.const(dt, {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: min_value(dt), ReduceOp.MIN: max_value(dt)}[op])
 
   def render_kernel(self, name: str, ast: UOp) -> ir.Function:
-    params = sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
+    params = kernel_params(ast)
     i32 = ir.IntType(32)
     fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name)
     fn.attributes.add("nounwind")

@@ -35,3 +35,21 @@ __attribute__((visibility("hidden"))) int aot_pool_threads(const aot_pool *pool)
 /* AOT_NUM_THREADS if set and positive, else the number of online cores */
 __attribute__((visibility("hidden"))) int aot_default_threads(void);
 #endif
+
+#ifndef AOT_RUNTIME_GEMM_H
+#define AOT_RUNTIME_GEMM_H
+/* C[b][m][n] = sum_k A[b][m][k] B[b][k][n] (runtime_c/aot_gemm.c). An operand's element (batch, row, k), row = m for
+   A and n for B in tiles of R = mr or nr rows, is p[batch*batch_stride + (row/R)*tile + (row%R)*row_stride + k*k_stride]:
+   tiles packed ahead of time, or a plain strided matrix. A padded operand may be read past its last row up to a whole
+   tile (what is there only reaches C's elements past the edge, which are dropped). (mr, nr) is 8x32 or 6x16; mc, nc, the rows and columns of C
+   one task computes, are multiples of them. Run aot_gemm_run(g, 0, aot_gemm_tasks(g)), split across threads as you
+   like: every element of C is summed in the same order whatever the split. */
+typedef struct { const float *p; long batch, tile, row, k; int padded; } aot_operand;
+typedef struct {
+  int batch, M, N, K, mr, nr, mc, nc;
+  aot_operand a, b;
+  float *c;
+} aot_gemm;
+__attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
+__attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);
+#endif

@@ -1,0 +1,109 @@
+/* The matrix-multiply microkernel generated contraction kernels call (see codegen/contract.py).
+
+   C[b][m][n] = sum_k A[b][m][k] * B[b][k][n]. Each operand is described by strides (aot_operand): a constant is
+   packed at compile time in tiles ([m/MR][K][MR] for A, [n/NR][K][NR] for B, zero-padded) so the inner loop reads it
+   contiguously; a runtime operand is read where it lies, or from a copy a generated kernel made (when its element is
+   an expression, e.g. a convolution's window with padding). The microkernel keeps an MR x NR tile of C in vector
+   registers across a KC-long slice of K; B's NR columns must be contiguous.
+
+   Work is split into tasks (batch x m blocks x n blocks), each computing its block of C whole; every element of C is
+   summed in the same order (k ascending, in KC slices) whatever the thread count, so results are bitwise the same. */
+#include <stdlib.h>
+#include <string.h>
+#include "aot_runtime.h"
+
+/* K is walked in slices this long: one slice of a B tile (KC x NR floats) stays in L1 while the A tiles of the block
+   pass over it */
+#define KC 256
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+
+/* One microkernel per (MR, NR, vector type): an MR x NR tile of C in MR x NR/VW vector accumulators over kc steps of
+   k. A's element (i, k) is a[i*ar + k*ak] (broadcast); B's row k is NR contiguous floats at b + k*bk. C is read (when
+   `accumulate`) and written with row stride ldc. */
+#define MICROKERNEL(NAME, MR, NR, V)                                                                      \
+  static void NAME(int kc, const float *restrict a, long ar, long ak, const float *restrict b, long bk,    \
+                   float *restrict c, long ldc, int accumulate) {                                          \
+    enum { VW = (int)(sizeof(V) / sizeof(float)), NV = NR / VW };                                          \
+    V acc[MR][NV];                                                                                         \
+    const float *ai[MR];                                                                                   \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
+      ai[i] = a + i * ar;                                                                                  \
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)                                                 \
+        acc[i][j] = accumulate ? *(const V *)(c + i * ldc + j * VW) : (V){0};                              \
+    }                                                                                                      \
+    for (int k = 0; k < kc; k++) {                                                                         \
+      V bv[NV];                                                                                            \
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) bv[j] = *(const V *)(b + k * bk + j * VW);     \
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                              \
+        V av = (V){0} + ai[i][k * ak];                                                                     \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[i][j] += av * bv[j];                      \
+      }                                                                                                    \
+    }                                                                                                      \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                                                  \
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) *(V *)(c + i * ldc + j * VW) = acc[i][j];      \
+  }
+
+/* 8 x 32 with 16-float vectors: 16 accumulators + 2 B vectors + 1 broadcast fit AVX-512's 32 registers */
+MICROKERNEL(microkernel_8x32, 8, 32, v16)
+/* 6 x 16 with 8-float vectors: 12 accumulators fit AVX2's 16 registers (and NEON's 32 as 24 halves) */
+MICROKERNEL(microkernel_6x16, 6, 16, v8)
+
+typedef void (*microkernel_fn)(int, const float *, long, long, const float *, long, float *, long, int);
+
+static int cdiv(int a, int b) { return (a + b - 1) / b; }
+static int min(int a, int b) { return a < b ? a : b; }
+
+int aot_gemm_tasks(const aot_gemm *g) { return g->batch * cdiv(g->M, g->mc) * cdiv(g->N, g->nc); }
+
+/* where an operand's element (batch, row, k) is; rows come in tiles of R */
+static const float *at(const aot_operand *o, int b, int row, int R) {
+  return o->p + b * o->batch + (long)(row / R) * o->tile + (long)(row % R) * o->row;
+}
+
+void aot_gemm_run(void *ctx, int start, int end) {
+  const aot_gemm *g = ctx;
+  const int MR = g->mr, NR = g->nr, K = g->K;
+  const microkernel_fn micro = MR == 8 ? microkernel_8x32 : microkernel_6x16;
+  const int mblocks = cdiv(g->M, g->mc), nblocks = cdiv(g->N, g->nc);
+  /* edge tiles of operands that end at M or N (and B tiles whose lanes are not contiguous) are read through
+     zero-padded copies; C's edge tiles through a full-size one */
+  float ea[KC * 8] __attribute__((aligned(64))), eb[KC * 32] __attribute__((aligned(64)));
+  float ec[8 * 32] __attribute__((aligned(64)));
+  for (int t = start; t < end; t++) {
+    /* m blocks innermost: neighbouring tasks share B columns */
+    const int b = t / (mblocks * nblocks), nb = t / mblocks % nblocks, mb = t % mblocks;
+    const int m0 = mb * g->mc, m1 = min(m0 + g->mc, g->M), n0 = nb * g->nc, n1 = min(n0 + g->nc, g->N);
+    float *c = g->c + (long)b * g->M * g->N;
+    for (int k0 = 0; k0 < K; k0 += KC) {
+      const int kc = min(K - k0, KC);
+      for (int n = n0; n < n1; n += NR) {
+        const int nr = min(n1 - n, NR);
+        const float *bt = at(&g->b, b, n, NR) + (long)k0 * g->b.k;
+        long bk = g->b.k;
+        if ((nr < NR && !g->b.padded) || g->b.row != 1) {
+          for (int k = 0; k < kc; k++)
+            for (int j = 0; j < NR; j++) eb[k * NR + j] = j < nr ? bt[j * g->b.row + (long)k * g->b.k] : 0;
+          bt = eb; bk = NR;
+        }
+        for (int m = m0; m < m1; m += MR) {
+          const int mr = min(m1 - m, MR);
+          const float *a_ = at(&g->a, b, m, MR) + (long)k0 * g->a.k;
+          long ar = g->a.row, ak = g->a.k;
+          if (mr < MR && !g->a.padded) {
+            for (int k = 0; k < kc; k++)
+              for (int i = 0; i < MR; i++) ea[k * MR + i] = i < mr ? a_[i * ar + (long)k * ak] : 0;
+            a_ = ea; ar = 1; ak = MR;
+          }
+          float *ct = c + (long)m * g->N + n;
+          if (mr == MR && nr == NR) { micro(kc, a_, ar, ak, bt, bk, ct, g->N, k0 > 0); continue; }
+          for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) ec[i * NR + j] = i < mr && j < nr && k0 > 0 ? ct[(long)i * g->N + j] : 0;
+          micro(kc, a_, ar, ak, bt, bk, ec, NR, 1);
+          for (int i = 0; i < mr; i++) memcpy(ct + (long)i * g->N, ec + i * NR, (size_t)nr * sizeof(float));
+        }
+      }
+    }
+  }
+}
