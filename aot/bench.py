@@ -3,6 +3,7 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
 
   python -m aot.bench                         # the bundled reference models
   python -m aot.bench model.onnx ... --json out.json --threads 1
+  python -m aot.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
   OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro   # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread)
 """
 from __future__ import annotations
@@ -65,6 +66,17 @@ def bench_model(label: str, what, onnx_model, inputs_for, threads: int, targets,
   if "c" in targets and "llvm" in targets: row["llvm_over_c"] = round(med["llvm"] / med["c"], 2)
   return row
 
+def _onnx_arg(path: str):
+  """(label, ModelProto) of a command-line model: a file, or light:NAME, one of the architectures that ship with onnx
+  (backend/test/data/light) with seeded random weights in place of their constant ones."""
+  import onnx
+  if path.startswith("light:"):
+    from aot.testing import randomize_constant_weights
+    name = path.split(":", 1)[1]
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
+    return f"light {name}", randomize_constant_weights(onnx.load(light))
+  return Path(path).stem, onnx.load(path)
+
 def micro(targets, threads: int, budget_s: float) -> list[dict]:
   """The two kernels that decide CNN and transformer speed, against numpy's matmul (its BLAS) in the same run."""
   import aot
@@ -100,7 +112,8 @@ def table(rows: list[dict], targets) -> str:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m aot.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("onnx", nargs="*", help="ONNX models to time besides the bundled reference models")
+  ap.add_argument("onnx", nargs="*", help="ONNX models to time besides the bundled reference models (a file, or "
+                  "light:NAME for onnx's light models with seeded random weights)")
   ap.add_argument("--models", default="mlp,mnist,resnet18,transformer", help="bundled models to time ('' for none)")
   ap.add_argument("--targets", default="c,llvm")
   ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
@@ -125,12 +138,14 @@ def main(argv=None) -> int:
   for threads in [int(t) for t in args.threads.split(",")]:
     for name in [m for m in args.models.split(",") if m]:
       ref = get(name)
-      rows.append(bench_model(name, f"models:{name}", onnx_model(name), lambda art, r=ref: r.example_inputs(0),
+      # the ONNX form, compiled and given to onnxruntime alike (its kernels are the Tensor form's)
+      form = onnx_model(name)
+      rows.append(bench_model(name, form, form, lambda art, r=ref: r.example_inputs(0),
                               threads, targets, args.repeats, args.budget))
       print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
     for path in args.onnx:
-      import onnx
-      rows.append(bench_model(Path(path).stem, path, onnx.load(path), lambda art: random_inputs(art.inputs),
+      label, model = _onnx_arg(path)
+      rows.append(bench_model(label, model, model, lambda art: random_inputs(art.inputs),
                               threads, targets, args.repeats, args.budget))
       print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
   print(table(rows, targets))

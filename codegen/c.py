@@ -44,6 +44,12 @@ class CRenderer:
     Ops.WHERE: lambda dt, c, a, b: f"({c}?{a}:{b})",
   }
 
+  def prefix(self, ast: UOp) -> str:
+    # gcc's loop vectoriser is off (build.py: it miscompiles a reduction); kernels without one get it back, which is
+    # what makes an elementwise kernel or an operand copy vectorised
+    if any(u.op is Ops.ACCUMULATE for u in ast.toposort()): return self.kernel_prefix
+    return '__attribute__((optimize("tree-loop-vectorize"))) ' + self.kernel_prefix
+
   def literal(self, dt: DType, v) -> str:
     if dt == dtypes.bool: return "1" if v else "0"
     if dt.is_float:
@@ -75,7 +81,7 @@ class CRenderer:
     def r(u: UOp) -> str:
       if u.op is Ops.CONST: return self.literal(u.dtype, u.arg)
       return names[u]
-    lines, depth = [f"{self.kernel_prefix} {name}({', '.join(self.param_decls(ast))}) {{"], 1
+    lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
     for kind, u in linearize(ast):
       ind = "  " * depth
       if kind == "loop":

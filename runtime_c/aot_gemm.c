@@ -36,9 +36,10 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
     for (int k = 0; k < kc; k++) {                                                                         \
       V bv[NV];                                                                                            \
       _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) bv[j] = *(const V *)(b + k * bk + j * VW);     \
+      /* scalar * vector broadcasts the scalar straight from memory (0 + a would be an add: -0 + 0 is not -0) */ \
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                              \
-        V av = (V){0} + ai[i][k * ak];                                                                     \
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[i][j] += av * bv[j];                      \
+        const float av = ai[i][k * ak];                                                                    \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[i][j] += bv[j] * av;                      \
       }                                                                                                    \
     }                                                                                                      \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                                                  \
