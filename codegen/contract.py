@@ -31,12 +31,15 @@ from aot.symbolic import pm_simplify, linear
 MIN_WORK = 1 << 15
 # a reduction shorter than this is mostly packing overhead
 MIN_K = 8
-# tasks a contraction is split into at least (when it is big enough): enough to balance the threads of a pool
-MIN_TASKS = 16
+# tasks a contraction is split into at least (when it is big enough): threads take them as they finish the last, so
+# a few per thread keep them balanced
+MIN_TASKS = 32
 # swap the operands when the fraction of the microkernel's tiles they fill grows by more than this over K (the swap
 # costs the epilogue a pass over the result read across its loops, which a long reduction hides): measured on
 # ResNet's 7x7 layers (K >= 2304: faster) and a 14x14 1x1 conv (K = 256: slower)
 SWAP_GAIN = 100
+# an outermost loop shorter than this splits unevenly across threads
+MIN_SPLIT = 16
 # block sizes in tiles: a B block (KC x nc floats per K slice) and the A tiles passing over it stay in L2
 NC_TILES, MC_TILES = 4, 32
 
@@ -119,9 +122,12 @@ def _unflat(flat: UOp, ranges) -> dict[UOp, UOp]:
 
 def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
   """A kernel writing a runtime operand out as a dense row-major matrix: A as [batch][rows][k], B as [batch][k][rows]
-  (n contiguous, as the microkernel's vector loads want it), rows padded to whole tiles (left unwritten). Loops follow
-  the matrix's layout, outermost first."""
-  order = [*c.batch, *(c.k if is_b else side.rows), *(side.rows if is_b else c.k)]
+  (n contiguous, as the microkernel's vector loads want it), rows padded to whole tiles (left unwritten)."""
+  # B's rows are written whole (n innermost: contiguous writes, reads along a convolution's rows), except that a k
+  # too short to split across threads (an RGB input's 3 channels) goes inside n's outer ranges
+  if not is_b: order = [*c.batch, *side.rows, *c.k]
+  elif c.k[0].arg[1] < MIN_SPLIT: order = [*c.batch, *side.rows[:-1], *c.k, *side.rows[-1:]]
+  else: order = [*c.batch, *c.k, *side.rows]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(order)}
   batch, own, k = (_flat([fresh[r] for r in g]) for g in (c.batch, side.rows, c.k))
   idx = (batch * c.K + k) * rows + own if is_b else (batch * rows + own) * c.K + k

@@ -66,7 +66,11 @@ static const float *at(const aot_operand *o, int b, int row, int R) {
 }
 
 void aot_gemm_run(void *ctx, int start, int end) {
-  const aot_gemm *g = ctx;
+  /* tasks are taken from a shared counter, not from [start, end): blocks at the edges are smaller, and a fixed split
+     would leave one thread waiting (each task computes its block whole, so results do not depend on who takes it) */
+  (void)start; (void)end;
+  aot_gemm *g = ctx;
+  const int tasks = aot_gemm_tasks(g);
   const int MR = g->mr, NR = g->nr, K = g->K;
   const microkernel_fn micro = MR == 8 ? microkernel_8x32 : microkernel_6x16;
   const int mblocks = cdiv(g->M, g->mc), nblocks = cdiv(g->N, g->nc);
@@ -74,7 +78,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
      zero-padded copies of EDGE_KC steps of k at a time; C's edge tiles through a full-size one */
   float ea[EDGE_KC * 8] __attribute__((aligned(64))), eb[EDGE_KC * 32] __attribute__((aligned(64)));
   float ec[8 * 32] __attribute__((aligned(64)));
-  for (int t = start; t < end; t++) {
+  for (int t; (t = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < tasks;) {
     /* m blocks innermost: neighbouring tasks share B columns */
     const int b = t / (mblocks * nblocks), nb = t / mblocks % nblocks, mb = t % mblocks;
     const int m0 = mb * g->mc, m1 = min(m0 + g->mc, g->M), n0 = nb * g->nc, n1 = min(n0 + g->nc, g->N);

@@ -42,13 +42,15 @@ __attribute__((visibility("hidden"))) int aot_default_threads(void);
    A and n for B in tiles of R = mr or nr rows, is p[batch*batch_stride + (row/R)*tile + (row%R)*row_stride + k*k_stride]:
    tiles packed ahead of time, or a plain strided matrix. A padded operand may be read past its last row up to a whole
    tile (what is there only reaches C's elements past the edge, which are dropped). (mr, nr) is 8x32 or 6x16; mc, nc, the rows and columns of C
-   one task computes, are multiples of them. Run aot_gemm_run(g, 0, aot_gemm_tasks(g)), split across threads as you
-   like: every element of C is summed in the same order whatever the split. */
+   one task computes, are multiples of them; next counts the tasks taken (0 to start). Run aot_gemm_run(g, 0,
+   aot_gemm_tasks(g)) on any number of threads at once: each takes tasks until none is left, and every element of C is
+   summed in the same order whoever computes it. */
 typedef struct { const float *p; long batch, tile, row, k; int padded; } aot_operand;
 typedef struct {
   int batch, M, N, K, mr, nr, mc, nc;
   aot_operand a, b;
   float *c;
+  int next;
 } aot_gemm;
 __attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
 __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);
