@@ -189,6 +189,7 @@ API int {name}_run({name}_model *m, {', '.join(args)}) {{
   const unsigned char *W = m->weights;
   (void)A; (void)W;
 {chr(10).join(body)}
+  aot_pool_rest(m->pool);
   return AOT_OK;
 }}
 

@@ -21,7 +21,7 @@ from aot.frontends.tensor import Tensor
 
 TARGETS = ("c", "llvm")
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
-PARALLEL_MIN_WORK = 1 << 16
+PARALLEL_MIN_WORK = 1 << 20
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 

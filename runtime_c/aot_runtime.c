@@ -37,7 +37,8 @@ void aot_arena_free(void *arena) { free(arena); }
 
 /* Between the kernels of one run, waiting threads spin this many rounds before they sleep: waking a sleeping
    thread costs tens of microseconds, and a ResNet run is ~60 parallel regions (measured: 2 threads went from 1.5x to
-   faster than 1 thread on ResNet-18; see README). ~100 us at most, then the condition variable. */
+   faster than 1 thread on ResNet-18; see README). ~100 us at most, then the condition variable; and not at all once
+   a run has ended (aot_pool_rest), so idle models do not take the cores from busy ones. */
 #define AOT_SPIN 20000
 
 static inline void cpu_relax(void) {
@@ -55,6 +56,7 @@ struct aot_pool {
   pthread_cond_t start, done;
   unsigned long generation;  /* bumped for every job, so a worker never runs one twice */
   int pending, stop;
+  int resting;               /* set between runs: waiting workers sleep at once instead of spinning */
   aot_task fn;
   void *ctx;
   int n;
@@ -74,7 +76,8 @@ static void *worker_main(void *arg) {
   unsigned long seen = 0;
   for (;;) {
     for (int i = 0; i < AOT_SPIN && __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE) == seen &&
-                    !__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE); i++) cpu_relax();
+                    !__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE) && !__atomic_load_n(&p->resting, __ATOMIC_ACQUIRE);
+         i++) cpu_relax();
     pthread_mutex_lock(&p->lock);
     while (!p->stop && p->generation == seen) pthread_cond_wait(&p->start, &p->lock);
     int stop = p->stop;
@@ -132,6 +135,7 @@ void aot_pool_destroy(aot_pool *p) {
 void aot_parallel(aot_pool *p, aot_task fn, void *ctx, int n) {
   if (!p || p->threads == 1 || n < 2) { fn(ctx, 0, n); return; }
   pthread_mutex_lock(&p->lock);
+  __atomic_store_n(&p->resting, 0, __ATOMIC_RELEASE);
   p->fn = fn; p->ctx = ctx; p->n = n;
   __atomic_store_n(&p->pending, p->threads - 1, __ATOMIC_RELEASE);
   __atomic_add_fetch(&p->generation, 1, __ATOMIC_RELEASE);
@@ -142,6 +146,10 @@ void aot_parallel(aot_pool *p, aot_task fn, void *ctx, int n) {
   pthread_mutex_lock(&p->lock);
   while (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&p->done, &p->lock);
   pthread_mutex_unlock(&p->lock);
+}
+
+void aot_pool_rest(aot_pool *p) {
+  if (p) __atomic_store_n(&p->resting, 1, __ATOMIC_RELEASE);
 }
 
 int aot_pool_threads(const aot_pool *p) { return p ? p->threads : 1; }

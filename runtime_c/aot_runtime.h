@@ -32,6 +32,8 @@ __attribute__((visibility("hidden"))) aot_pool *aot_pool_create(int threads);
 __attribute__((visibility("hidden"))) void aot_pool_destroy(aot_pool *pool);
 __attribute__((visibility("hidden"))) void aot_parallel(aot_pool *pool, aot_task fn, void *ctx, int n);
 __attribute__((visibility("hidden"))) int aot_pool_threads(const aot_pool *pool);
+/* the end of a run: the pool's threads sleep until the next aot_parallel instead of spinning for it */
+__attribute__((visibility("hidden"))) void aot_pool_rest(aot_pool *pool);
 /* AOT_NUM_THREADS if set and positive, else the number of online cores */
 __attribute__((visibility("hidden"))) int aot_default_threads(void);
 #endif
