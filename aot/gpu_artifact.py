@@ -32,7 +32,7 @@ class MissingToolError(RuntimeError):
 
 def _which(names: tuple[str, ...], what: str) -> str:
   for n in names:
-    if (p := shutil.which(n)) or (Path(n).is_absolute() and Path(n).exists() and (p := n)): return p
+    if p := shutil.which(n): return p
   raise MissingToolError(f"{what} not found (looked for {', '.join(names)})")
 
 def clang() -> str:
@@ -291,7 +291,8 @@ def build_steps(target: str, src: Path, sources: list[str], out: Path, emulate: 
     link = [emulator_cxx(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]
     return steps + [link], tmp
   if target == "cuda":
-    steps.append([nvcc(), "-fatbin", "-O3", "-std=c++17", f"-gencode=arch=compute_{CUDA_ARCH},code=sm_{CUDA_ARCH}",
+    # uncompressed: the PTX stays readable in the artifact (and the driver skips a decompression at load)
+    steps.append([nvcc(), "-fatbin", "-O3", "-std=c++17", "--no-compress", f"-gencode=arch=compute_{CUDA_ARCH},code=sm_{CUDA_ARCH}",
                   f"-gencode=arch=compute_{CUDA_ARCH},code=compute_{CUDA_ARCH}", "-I.", KERNEL_SOURCE[target],
                   "-o", DEVICE_IMAGE[target]])
     glue_flags = [f"-I{cuda_include()}"]
@@ -365,7 +366,7 @@ def compile_gpu_model(name: str, sched: Schedule, target: str, out_dir, cpu: str
                                                    "cooperative": l.cooperative} for fn, _, l in launches]}
     if target == "hip": m["gpu"]["offload_arch"] = list(offload_arch or DEFAULT_OFFLOAD_ARCH)
     if target == "cuda" and not emulate: m["gpu"]["cuda_arch"] = [f"sm_{CUDA_ARCH}", f"compute_{CUDA_ARCH}"]
-    if target == "metal": m["gpu"]["built"] = "no: run src/build_macos.sh on macOS for the .dylib"
+    if target == "metal": m["gpu"]["built"] = "on macOS: sh src/build_macos.sh"
     manifest.write_text(json.dumps(m, indent=1))
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):

@@ -1,0 +1,202 @@
+"""GPU targets (cuda, hip, metal): every model compiles for each with the c target's kernel list; the CUDA kernel
+source, run on the CPU through the grid-as-loops shim (emulate=True), matches the numpy references and onnxruntime;
+the host glue builds, links into a C program, and fails cleanly where there is no GPU runtime."""
+import ctypes, functools, os, subprocess, sys
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import aot
+from aot import Tensor
+from aot.build import BuildError
+from aot.codegen import gpu
+from aot.gpu_artifact import check_metal_syntax, GPU_TARGETS, DEFAULT_OFFLOAD_ARCH
+from aot.models import NAMES, get
+from aot.testing import assert_kernel_count, randomize_constant_weights, kernel_count
+from test_onnx_light import LIGHT, KERNELS as LIGHT_KERNELS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str, target: str, emulate: bool, out: str):
+  return aot.compile_model(f"models:{name}", target=target, emulate=emulate, out_dir=out)
+
+@pytest.fixture(scope="session")
+def gpu_model(tmp_path_factory):
+  """gpu_model(name, target, emulate=False) -> artifact, compiled once per test process."""
+  base = tmp_path_factory.mktemp("gpu_models")
+  return lambda name, target, emulate=False: _compiled(name, target, emulate, str(base / f"{name}_{target}_{emulate}"))
+
+def rel_err(got, want) -> float:
+  return float(np.max(np.abs(got.astype(np.float64) - want)) / np.max(np.abs(want)))
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_model_builds_for_gpu_target_with_the_c_kernel_list(gpu_model, name, target):
+  art = gpu_model(name, target)
+  # the same kernel list as the CPU targets: one launch per kernel, in order
+  assert_kernel_count(art, get(name).expected_kernels)
+  assert art.num_kernels == kernel_count(f"models:{name}")
+  assert len(art.manifest["gpu"]["launches"]) == art.num_kernels
+  header = art.header_path.read_text()
+  assert f"int {art.name}_run_device(" in header
+  src = art.dir / "src"
+  kernel_source = src / {"cuda": "kernels.cu", "hip": "kernels.hip", "metal": "kernels.metal"}[target]
+  functions = {k.function for k in art.kernels}
+  assert all(f" {fn}(" in kernel_source.read_text() for fn in functions)
+  if target == "metal":
+    # not built here: the sources, header and manifest, plus the macOS build recipe
+    assert not art.library_path.exists() and (src / "build_macos.sh").exists() and (src / "aot_metal.m").exists()
+  else:
+    assert art.library_path.exists()
+    # the GPU runtime is loaded at create time, never linked
+    needed = subprocess.run(["readelf", "-d", str(art.library_path)], capture_output=True, text=True).stdout
+    assert "libcuda" not in needed and "amdhip" not in needed
+
+def test_hip_code_object_holds_every_offload_arch(gpu_model, tmp_path):
+  bundle = (gpu_model("mnist", "hip").dir / "src" / "kernels.hipfb").read_bytes()
+  assert bundle.startswith(b"__CLANG_OFFLOAD_BUNDLE__")
+  assert all(f"amdgcn-amd-amdhsa--{a}".encode() in bundle for a in DEFAULT_OFFLOAD_ARCH)
+  art = aot.compile_model("models:mlp", target="hip", offload_arch=("gfx942",), out_dir=tmp_path / "mlp")
+  bundle = (art.dir / "src" / "kernels.hipfb").read_bytes()
+  assert b"amdgcn-amd-amdhsa--gfx942" in bundle and b"gfx1100" not in bundle
+  assert art.manifest["gpu"]["offload_arch"] == ["gfx942"]
+
+def test_cuda_image_holds_cubin_and_ptx(gpu_model):
+  fatbin = (gpu_model("mnist", "cuda").dir / "src" / "kernels.fatbin").read_bytes()
+  assert b"\x7fELF" in fatbin                                    # the sm_90 cubin
+  assert b".target sm_90" in fatbin and b".visible .entry" in fatbin  # the PTX, for GPUs newer than sm_90
+
+@pytest.mark.parametrize("name", NAMES)
+def test_emulated_gpu_kernels_match_numpy_reference(gpu_model, name):
+  art = gpu_model(name, "cuda", emulate=True)
+  assert art.num_kernels == get(name).expected_kernels
+  run, model = aot.load(art), get(name)
+  for seed in (0, 1):
+    xs = model.example_inputs(seed)
+    got, want = run(*xs), model.reference(*xs)
+    assert got.shape == want.shape
+    assert rel_err(got, want) <= 1e-4, f"{name}: max relative error {rel_err(got, want):.2e}"
+
+@pytest.mark.parametrize("name", sorted(LIGHT_KERNELS))
+def test_light_model_on_gpu_targets(name, tmp_path):
+  """Emulated CUDA kernels match onnxruntime; hip and cuda build, metal passes its syntax check, all with the c
+  target's kernel count."""
+  ort.set_default_logger_severity(3)
+  model = randomize_constant_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), seed=0)
+  art = aot.compile_model(model, out_dir=tmp_path / "emulated", name=name, target="cuda", emulate=True)
+  assert_kernel_count(art, LIGHT_KERNELS[name])
+  x = np.random.default_rng(1).standard_normal(art.inputs[0].shape).astype(np.float32)
+  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+    None, {art.inputs[0].name: x})[0]
+  got = aot.load(art)(x)
+  assert got.shape == want.shape
+  assert rel_err(got, want) <= 1e-4, f"{name}: max relative error {rel_err(got, want):.2e}"
+  for target in GPU_TARGETS:
+    built = aot.compile_model(model, out_dir=tmp_path / target, name=name, target=target)
+    assert_kernel_count(built, LIGHT_KERNELS[name])
+    assert built.library_path.exists() == (target != "metal")
+
+def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path):
+  # 7*37*3 = 777 outputs: three full blocks and a partial one whose extra threads the bounds guard stops
+  x = np.random.default_rng(0).standard_normal((3, 37, 7)).astype(np.float32)
+  y = np.random.default_rng(1).standard_normal((7, 37, 1)).astype(np.float32)
+  fn = lambda x, y: (x.permute(2, 1, 0) * y).exp() - y
+  art = aot.compile_model(fn, [x, y], target="cuda", emulate=True, out_dir=tmp_path / "odd")
+  (launch,) = art.manifest["gpu"]["launches"]
+  assert not launch["cooperative"] and launch["block"] == gpu.BLOCK_THREADS
+  assert launch["grid"] == -(-777 // gpu.BLOCK_THREADS)
+  got = aot.load(art)(x, y)
+  want = np.exp(x.transpose(2, 1, 0) * y) - y
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+@pytest.mark.parametrize("op", ["sum", "max", "mean"])
+def test_large_reduction_to_small_output_is_cooperative(op, tmp_path):
+  # 5 outputs, each over 3*2000 elements (two reduce loops, flattened and split across the block), and a scalar
+  x = np.random.default_rng(0).standard_normal((5, 3, 2000)).astype(np.float32)
+  fn = lambda x: (getattr(x, op)(axis=(1, 2)), getattr(x.exp(), op)())
+  assert 3 * 2000 >= gpu.COOP_MIN_REDUCE and 5 <= gpu.COOP_MAX_OUTPUTS
+  art = aot.compile_model(fn, [x], target="cuda", emulate=True, out_dir=tmp_path / op)
+  launches = art.manifest["gpu"]["launches"]
+  assert all(l["cooperative"] and l["block"] == gpu.COOP_THREADS for l in launches)
+  assert [l["grid"] for l in launches] == [5, 1]
+  source = (art.dir / "src" / "kernels.cu").read_text()
+  assert "__shared__" in source and "AOT_BARRIER" in source and "#define AOT_BARRIER __syncthreads()" in source
+  got = aot.load(art)(x)
+  want = (getattr(np, op)(x, axis=(1, 2)), getattr(np, op)(np.exp(x)))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+@pytest.mark.parametrize("target,library", [("cuda", "libcuda.so.1"), ("hip", "libamdhip64")])
+def test_create_without_gpu_runtime_fails_with_status_and_message(gpu_model, target, library):
+  art = gpu_model("mnist", target)
+  lib = ctypes.CDLL(str(art.library_path))
+  lib.mnist_last_error.restype = ctypes.c_char_p
+  m = ctypes.c_void_p()
+  status = lib.mnist_create(ctypes.byref(m))
+  if status == 0:
+    # a machine with this GPU: the model runs and matches its reference
+    lib.mnist_destroy(m)
+    model = get("mnist")
+    xs = model.example_inputs(0)
+    assert rel_err(aot.load(art)(*xs), model.reference(*xs)) <= 1e-4
+    return
+  # AOT_ERR_DEVICE, no model, and a message naming the runtime library that is missing (or has no device)
+  assert status == 4 and not m.value
+  message = lib.mnist_last_error(None).decode()
+  assert library in message, message
+  with pytest.raises(RuntimeError, match=library.replace(".", r"\.")):
+    aot.load(art)
+
+def test_gpu_library_links_into_a_c_program(gpu_model, tmp_path):
+  art = gpu_model("mlp", "cuda")
+  (tmp_path / "app.c").write_text(f"""#include <stdio.h>
+#include "{art.name}.h"
+int main(void) {{
+  static float x[MLP_INPUT0_SIZE], y[MLP_OUTPUT0_SIZE];
+  mlp_model *m = NULL;
+  int st = mlp_create(&m);
+  if (st != AOT_OK) {{ printf("create %d: %s\\n", st, mlp_last_error(NULL)); return st == AOT_ERR_DEVICE ? 0 : 1; }}
+  st = mlp_run(m, x, y);
+  mlp_destroy(m);
+  printf("run %d\\n", st);
+  return st;
+}}
+""")
+  subprocess.run(["cc", "app.c", f"-I{art.dir}", f"-L{art.dir}", f"-l{art.name}", f"-Wl,-rpath,{art.dir}", "-o", "app"],
+                 cwd=tmp_path, check=True)
+  out = subprocess.run([str(tmp_path / "app")], capture_output=True, text=True)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert out.stdout.startswith(("create 4: ", "run 0"))
+
+def test_metal_syntax_check_rejects_broken_source(gpu_model, tmp_path):
+  src = gpu_model("mnist", "metal").dir / "src"
+  check_metal_syntax(src)
+  (tmp_path / "kernels.metal").write_text((src / "kernels.metal").read_text().replace("threadgroup_barrier", "threadgroup_barier", 1)
+                                          .replace("const int gid", "const int gid = undefined_name; int gid2", 1))
+  with pytest.raises(BuildError):
+    check_metal_syntax(tmp_path)
+
+def test_missing_gpu_toolchain_is_one_line(monkeypatch, capsys, tmp_path):
+  from aot import cli, gpu_artifact
+  monkeypatch.setattr(gpu_artifact.shutil, "which", lambda *a, **k: None)
+  assert cli.main(["models:mlp", "-o", str(tmp_path / "mlp"), "--target", "cuda", "--no-cache"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "nvcc" in err[0]
+  with pytest.raises(ValueError, match="unknown target 'vulkan'"):
+    aot.compile_model("models:mlp", target="vulkan")
+
+def test_emit_source_for_gpu_targets(tmp_path, capsys):
+  from aot import cli
+  for target, f in (("hip", "kernels.hip"), ("metal", "kernels.metal"), ("cuda", "kernels.cu")):
+    assert cli.main(["models:mlp", "-o", str(tmp_path / target), "--target", target, "--emit", "source"]) == 0
+    assert (tmp_path / target / "src" / f).exists()
+
+def test_gpu_check_script_fails_cleanly_without_a_gpu():
+  sys.path.insert(0, os.path.join(ROOT, "scripts"))
+  try: import gpu_check
+  finally: sys.path.pop(0)
+  if gpu_check.cuda_device() is None: pytest.skip("an NVIDIA GPU is present: the script runs for real (scripts/gpu_check.py)")
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check.py")], capture_output=True, text=True,
+                       timeout=60)
+  assert out.returncode == 1 and out.stderr.startswith("gpu_check: no ") and len(out.stderr.strip().splitlines()) == 1
