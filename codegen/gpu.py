@@ -20,7 +20,8 @@ import math, re
 from dataclasses import dataclass
 from aot.dtype import DType, dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod
-from aot.codegen.c import CRenderer, _fn
+from aot.codegen.c import CRenderer
+from aot.schedule import CompileError
 from aot.codegen.linearize import linearize
 
 # threads per block for per-thread kernels: a multiple of both warp (32) and wavefront (64) sizes, and small enough
@@ -76,6 +77,7 @@ class GPURenderer(CRenderer):
   block_id = "blockIdx.x"
   thread_id = "threadIdx.x"
   extra_params: tuple = ()     # thread-position parameters (Metal passes them as arguments)
+  type_names: dict = {}        # C type names this target spells differently
   prelude = ""
 
   def param_decls(self, ast: UOp) -> list[str]:
@@ -149,7 +151,9 @@ class GPURenderer(CRenderer):
       depth -= 1; emit("}")
       depth -= 1; emit("AOT_PHASE_END")
     decls = [f"  {self.shared_space} {a.dtype.cname} {p}[{launch.block}];" for a, p in part.items()]
-    return "\n".join(head + decls + lines + ["}"])
+    text = "\n".join(head + decls + lines + ["}"])
+    if not self.type_names: return text
+    return re.sub(r"\b(" + "|".join(self.type_names) + r")\b", lambda m: self.type_names[m.group(0)], text)
 
   def _combine(self, accs: list[UOp], names: dict, part: dict, threads: int, ind: str) -> list[str]:
     """End a cooperative reduction's phase: publish each thread's partial result, halve the block until one is left,
@@ -174,6 +178,9 @@ class GPURenderer(CRenderer):
 
 _CUDA_PRELUDE = """#include <math.h>
 #include <stdint.h>
+#ifndef AOT_GPU_SHIM_H
+#include <cuda_fp16.h>
+#endif
 /* phases and barriers (see codegen/gpu.py); the CPU shim (aot_gpu_shim.h) defines them first to run the grid as loops */
 #ifndef AOT_PHASE_BEGIN
 #define AOT_PHASE_BEGIN(threads) {
@@ -184,16 +191,25 @@ _CUDA_PRELUDE = """#include <math.h>
 
 class CUDARenderer(GPURenderer):
   target = "cuda"
+  # nvcc parses _Float16 but cannot generate code for it
+  type_names = {"_Float16": "__half"}
   prelude = _CUDA_PRELUDE
 
 # libm functions the AMDGPU backend lowers itself (LLVM intrinsics); the rest come from aot_hip_math.h, since device
 # code here is built without ROCm's device libraries (-nogpulib)
 _AMDGPU_NATIVE = {"exp", "log", "sqrt", "sin", "cos", "floor", "ceil", "rint", "trunc", "fabs"}
 
+# ... and in double precision (the others would need ROCm's device libraries)
+_AMDGPU_NATIVE_F64 = {"sqrt", "floor", "ceil", "rint", "trunc", "fabs"}
+
+def _no_hip_f64(what: str):
+  raise CompileError(f"target hip: float64 {what} needs ROCm's device libraries, which hip builds here do not use "
+                     "(float32 works; or use target c/llvm)")
+
 def _hip_fn(name: str):
   spell = f"__builtin_{name}" if name in _AMDGPU_NATIVE else f"aot_{name}"
   def render(dt: DType, a: str) -> str:
-    if dt == dtypes.float64: return f"{spell}({a})"
+    if dt == dtypes.float64: return f"__builtin_{name}({a})" if name in _AMDGPU_NATIVE_F64 else _no_hip_f64(name)
     if dt == dtypes.float32: return f"{spell}f({a})"
     return f"(({dt.cname}){spell}f((float)({a})))"
   return render
@@ -227,7 +243,7 @@ class HIPRenderer(GPURenderer):
                  Ops.ABS: lambda dt, a: _hip_fn("fabs")(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))",
                  Ops.MOD: lambda dt, a, b: f"__builtin_fmod{'' if dt == dtypes.float64 else 'f'}({a}, {b})" if dt.is_float
                           else f"({a}%{b})",
-                 Ops.POW: lambda dt, a, b: f"__builtin_pow({a}, {b})" if dt == dtypes.float64 else
+                 Ops.POW: lambda dt, a, b: _no_hip_f64("pow") if dt == dtypes.float64 else
                           f"(({dt.cname})__builtin_powf({a}, {b}))"}
 
 def _metal_fn(name: str):
@@ -265,7 +281,7 @@ class MetalRenderer(GPURenderer):
                  Ops.MOD: lambda dt, a, b: f"metal::precise::fmod({a}, {b})" if dt.is_float else f"({a}%{b})",
                  Ops.POW: lambda dt, a, b: f"(({dt.cname})metal::precise::pow({a}, {b}))"}
 
-  # C's type names as Metal spells them (Metal has no <stdint.h> names or _Float16)
+  # Metal has no <stdint.h> names or _Float16
   type_names = {"int8_t": "char", "uint8_t": "uchar", "int16_t": "short", "uint16_t": "ushort", "int32_t": "int",
                 "uint32_t": "uint", "int64_t": "long", "uint64_t": "ulong", "_Float16": "half"}
 
@@ -273,7 +289,10 @@ class MetalRenderer(GPURenderer):
     return f"{'' if slot == 0 else 'const '}device {dt.cname} *d{slot} [[buffer({slot})]]"
 
   def render_kernel(self, name: str, ast: UOp) -> str:
-    return re.sub(r"\b(u?int(8|16|32|64)_t|_Float16)\b", lambda m: self.type_names[m.group(0)], super().render_kernel(name, ast))
+    if any(u.dtype == dtypes.float64 for u in ast.toposort()):
+      raise CompileError("target metal: Metal has no float64 (double); cast the model to float32 or use target c/llvm")
+    return super().render_kernel(name, ast)
+
 
   def literal(self, dt: DType, v) -> str:
     # decimal, not C's hex floats (MSL is C++14): the shortest repr of a float32 value reads back as that value

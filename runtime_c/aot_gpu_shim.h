@@ -7,6 +7,8 @@
 struct aot_dim3 { unsigned x, y, z; };
 /* the block being run, per host thread: blocks of one kernel may run on the runtime's thread pool */
 static thread_local aot_dim3 blockIdx;
+/* CUDA's half type: the compiler's own on the CPU (clang knows _Float16 in C++) */
+typedef _Float16 __half;
 #define __global__
 #define __shared__
 #define AOT_PHASE_BEGIN(threads) for (aot_dim3 threadIdx = {0, 0, 0}; threadIdx.x < (threads); threadIdx.x++) {
