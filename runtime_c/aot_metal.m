@@ -4,6 +4,7 @@
    Buffers use shared storage (one memory on Apple silicon), so uploads and downloads are memcpy. */
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
+#include <stdlib.h>
 #include <string.h>
 #include "aot_gpu.h"
 
@@ -18,8 +19,8 @@ struct aot_gpu {
   void *commands;                     /* id<MTLCommandBuffer> being encoded, or NULL */
   void *encoder;                      /* id<MTLComputeCommandEncoder> being encoded, or NULL */
   void *buffers[AOT_METAL_MAX_BUFFERS];
-  void *pipelines[256];
-  int npipelines;
+  void **pipelines;                   /* id<MTLComputePipelineState>, one per kernel function */
+  int npipelines, capacity;
 };
 
 static id<MTLBuffer> buffer_of(aot_gpu *g, aot_devptr p, size_t *offset) {
@@ -56,6 +57,7 @@ void aot_gpu_close(aot_gpu *g) {
   if (!g) return;
   for (int i = 0; i < AOT_METAL_MAX_BUFFERS; i++) if (g->buffers[i]) CFRelease(g->buffers[i]);
   for (int i = 0; i < g->npipelines; i++) CFRelease(g->pipelines[i]);
+  free(g->pipelines);
   if (g->encoder) CFRelease(g->encoder);
   if (g->commands) CFRelease(g->commands);
   if (g->queue) CFRelease(g->queue);
@@ -66,8 +68,12 @@ void aot_gpu_close(aot_gpu *g) {
 
 int aot_gpu_function(aot_gpu *g, const char *name, void **fn, char *error) {
   @autoreleasepool {
-    if (g->npipelines == (int)(sizeof g->pipelines / sizeof *g->pipelines))
-      return aot_fail(error, AOT_ERR_DEVICE, "Metal: too many kernels");
+    if (g->npipelines == g->capacity) {
+      int n = g->capacity ? 2 * g->capacity : 64;
+      void **p = realloc(g->pipelines, (size_t)n * sizeof *p);
+      if (!p) return aot_fail(error, AOT_ERR_OUT_OF_MEMORY, "out of memory");
+      g->pipelines = p; g->capacity = n;
+    }
     id<MTLLibrary> library = (__bridge id<MTLLibrary>)g->library;
     id<MTLFunction> f = [library newFunctionWithName:[NSString stringWithUTF8String:name]];
     if (!f) return aot_fail(error, AOT_ERR_DEVICE, "Metal: no kernel %s in the library", name);
