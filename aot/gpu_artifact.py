@@ -287,7 +287,7 @@ def _run(cmd: list[str], cwd: Path):
   p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
   if p.returncode != 0: raise BuildError(f"{' '.join(cmd)} failed:\n{p.stderr[-4000:]}")
 
-def build_steps(target: str, src: Path, sources: list[str], out: Path, emulate: bool, offload_arch, cpu: str):
+def build_steps(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str):
   """The commands that build libNAME.so from src/ (each run in src/), in order."""
   c_flags = ["-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=gnu11", f"-Wa,-I{src}"]
   if cpu not in ("generic",): c_flags.append(f"-march={cpu}")
@@ -320,18 +320,29 @@ def build_steps(target: str, src: Path, sources: list[str], out: Path, emulate: 
   return steps + [[cc(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]], tmp
 
 def build_gpu_library(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str, cache: bool) -> bool:
-  """Build src/ into out (cached by the hash of every source and command). Returns True when it came from the cache."""
-  steps, tmp = build_steps(target, src, [], out, emulate, offload_arch, cpu)
+  """Build src/ into out, and the device image into src/ (both cached by the hash of every source and command, with
+  the build's own paths left out). Returns True when they came from the cache."""
+  steps, tmp = build_steps(target, src, out, emulate, offload_arch, cpu)
   try:
-    h = hashlib.sha256(json.dumps([[a for a in s if not a.startswith(str(tmp)) and a != str(out)] for s in steps]).encode())
+    paths = {str(src): "SRC", str(tmp): "TMP", str(out): "OUT"}
+    def portable(arg: str) -> str:
+      for p, name in paths.items(): arg = arg.replace(p, name)
+      return arg
+    # "native" means this machine's CPU, which the command line does not say
+    from aot.codegen.llvm import host_target
+    h = hashlib.sha256(json.dumps([host_target()] + [[portable(a) for a in s] for s in steps]).encode())
     for f in sorted(src.iterdir()):
       if f.is_file(): h.update(f.name.encode()); h.update(f.read_bytes())
-    cached = _cache_dir() / f"gpu-{h.hexdigest()[:32]}" / "lib.so"
-    if cache and cached.exists():
-      shutil.copyfile(cached, out)
+    cached = _cache_dir() / f"gpu-{h.hexdigest()[:32]}"
+    image = None if emulate else DEVICE_IMAGE[target]
+    if cache and (cached / "lib.so").exists() and (image is None or (cached / image).exists()):
+      shutil.copyfile(cached / "lib.so", out)
+      if image: shutil.copyfile(cached / image, src / image)
       return True
     for s in steps: _run(s, src)
-    if cache: _store(out, cached)
+    if cache:
+      if image: _store(src / image, cached / image)
+      _store(out, cached / "lib.so")
     return False
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
