@@ -296,8 +296,9 @@ class MetalRenderer(GPURenderer):
 
   def literal(self, dt: DType, v) -> str:
     # decimal, not C's hex floats (MSL is C++14): the shortest repr of a float32 value reads back as that value
-    if dt == dtypes.float32 and not (math.isnan(v) or math.isinf(v)):
+    if dt in (dtypes.float32, dtypes.float16) and not (math.isnan(v) or math.isinf(v)):
       s = f"{float(v)!r}f"
+      if dt == dtypes.float16: return f"((_Float16){s})"
       return f"({s})" if s.startswith("-") else s
     return super().literal(dt, v)
 
