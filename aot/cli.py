@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "(mlp, mnist, resnet18, transformer)")
   p.add_argument("-o", "--out", required=True, help="output folder for the artifact")
   p.add_argument("--name", help="C prefix of the artifact's API (default: the model's name)")
-  p.add_argument("--target", default="c", choices=["c", "llvm", "cuda", "hip", "metal"],
+  p.add_argument("--target", default="c", metavar="{c,llvm,cuda,hip,metal}",
                  help="code generator: c (C kernels, system compiler) or llvm (LLVM IR through llvmlite); GPU: cuda (nvcc), "
                       "hip (clang-19, AMD), metal (sources + build_macos.sh); default c")
   p.add_argument("--offload-arch", help="hip: comma-separated AMD GPU architectures (default gfx90a,gfx1100)")
@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
   import aot
-  from aot.compiler import resolve, render_sources
+  from aot.compiler import resolve, render_sources, TARGETS
+  # checked here rather than by argparse: an unknown target is one line and exit 1, like a missing toolchain
+  if args.target not in TARGETS: raise ValueError(f"unknown target {args.target!r}; available: {', '.join(TARGETS)}")
   from aot.schedule import schedule
   if not args.model.startswith("models:") and not args.model.endswith(".onnx"):
     raise ValueError(f"{args.model!r}: expected an .onnx file or models:NAME (one of mlp, mnist, resnet18, transformer)")

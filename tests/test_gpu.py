@@ -183,6 +183,9 @@ def test_missing_gpu_toolchain_is_one_line(monkeypatch, capsys, tmp_path):
   assert cli.main(["models:mlp", "-o", str(tmp_path / "mlp"), "--target", "cuda", "--no-cache"]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "nvcc" in err[0]
+  assert cli.main(["models:mlp", "-o", str(tmp_path / "v"), "--target", "vulkan"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "unknown target 'vulkan'" in err[0] and "cuda, hip, metal" in err[0]
   with pytest.raises(ValueError, match="unknown target 'vulkan'"):
     aot.compile_model("models:mlp", target="vulkan")
 
