@@ -6,7 +6,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define CUDA_LIBRARY "libcuda.so.1"
+#ifndef CUDA_LIBRARY
+#define CUDA_LIBRARY "libcuda.so.1"  /* the driver's soname (a build may name another: the tests name a missing one) */
+#endif
 
 /* the driver entry points used, with the versioned names cuda.h maps them to */
 #define CUDA_FUNCTIONS(X) \

@@ -7,6 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import aot
+import aot.gpu_artifact
 from aot import Tensor
 from aot.build import BuildError
 from aot.codegen import gpu
@@ -261,3 +262,25 @@ def test_float64_math_the_gpu_target_lacks_is_a_clear_error(tmp_path):
     aot.compile_model(lambda x: x.exp(), [x], target="hip", out_dir=tmp_path / "hip")
   with pytest.raises(aot.CompileError, match="Metal has no float64"):
     aot.compile_model(lambda x: x + 1, [x], target="metal", out_dir=tmp_path / "metal")
+
+@pytest.mark.parametrize("target,define,library", [("cuda", "-DCUDA_LIBRARY=\"libcuda.so.404\"", "libcuda.so.404"),
+                                                   ("hip", "-DAOT_HIP_LIBRARIES=\"libamdhip64.so.404\"", "libamdhip64.so.404")])
+def test_gpu_glue_without_its_runtime_library_fails_with_its_name(gpu_model, tmp_path, target, define, library):
+  """The missing-library path of the host glue, whatever this machine has installed: the glue built to look for a
+  library that does not exist."""
+  src = gpu_model("mlp", target).dir / "src"
+  (tmp_path / "main.c").write_text("""#include <stdio.h>
+#include "aot_gpu.h"
+int main(void) {
+  char error[AOT_ERROR_CAPACITY] = "";
+  aot_gpu *g = (aot_gpu *)1;
+  int st = aot_gpu_open(&g, "", 0, error);
+  printf("%d %d %s\\n", st, g == NULL, error);
+  return 0;
+}
+""")
+  include = {"cuda": f"-I{aot.gpu_artifact.cuda_include()}", "hip": f"-I{aot.gpu_artifact.hip_include()}"}[target]
+  subprocess.run(["cc", define, include, f"-I{src}", "main.c", str(src / f"aot_{target}.c"), str(src / "aot_runtime.c"),
+                  "-ldl", "-o", "main"], cwd=tmp_path, check=True)
+  out = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, check=True).stdout
+  assert out.startswith("4 1 cannot load the ") and library in out, out
