@@ -257,7 +257,7 @@ using namespace metal;
 #define AOT_PHASE_END }
 #define AOT_BARRIER threadgroup_barrier(mem_flags::mem_threadgroup)
 /* erf: Metal has none; Abramowitz & Stegun 7.1.28 (absolute error below 3e-7) */
-static inline float aot_erf(float x) {
+inline float aot_erf(float x) {
   float a = metal::precise::fabs(x);
   float t = 1.0f + a * (0.0705230784f + a * (0.0422820123f + a * (0.0092705272f + a * (0.0001520143f + a * (0.0002765672f
             + a * 0.0000430638f)))));
