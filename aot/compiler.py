@@ -140,7 +140,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   traced = resolve(what, example_inputs, name, shapes, bind)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   say(f"scheduled {len(sched.kernels)} kernels")
-  if target in GPU_TARGETS:
+  if target in GPU_TARGETS or emulate:
     if triple: raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
     from aot.gpu_artifact import compile_gpu_model
     return compile_gpu_model(traced.name, sched, target, out_dir, cpu, cache, say, offload_arch, emulate, t0)

@@ -225,8 +225,8 @@ def _function_names(name: str, sched: Schedule) -> dict:
 
 def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = False):
   """Source files of a GPU artifact, its kernel list, arena size, weights blob and launches (grid, block)."""
-  if target not in GPU_TARGETS: raise ValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
   if emulate and target != "cuda": raise ValueError("emulate=True runs the CUDA kernel source on the CPU: target must be cuda")
+  if target not in GPU_TARGETS: raise ValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
   arena = memory_plan(sched.kernels, sched.scratch)
   blob = _weights_blob(sched)
   functions = _function_names(name, sched)
