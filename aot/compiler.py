@@ -133,7 +133,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   cpu: the CPU to compile for ("native" = this machine); triple: cross-compile for another target triple
   (e.g. "aarch64-linux-gnu"; needs that triple's gcc for the runtime and the link).
   GPU targets "cuda", "hip", "metal" (aot/gpu_artifact.py): offload_arch lists the AMD GPUs of a hip build (default
-  gfx90a, gfx1100); emulate=True (cuda) builds the CUDA kernels for the CPU instead, to check their numbers."""
+  gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers."""
   if target not in TARGETS: raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
   t0 = time.perf_counter()
   say = progress or (lambda s: None)

@@ -2,7 +2,7 @@
 with the target's compiler and embedded in libNAME.so, and a generated model.c that launches the kernels in order over
 a device arena through runtime_c/aot_gpu.h (one implementation per GPU runtime, loaded at create time).
 
-Also the emulated variant (`emulate=True`, CUDA source only): the same kernel source compiled for the CPU with
+Also the emulated variant (`emulate=True`, cuda or hip): the same kernel source compiled for the CPU with
 runtime_c/aot_gpu_shim.h, which runs each kernel's grid as loops, behind the ordinary CPU model.c. It is a normal CPU
 library with the usual C API, so the loader and the model tests check the GPU kernels' numbers without a GPU."""
 from __future__ import annotations
@@ -225,7 +225,8 @@ def _function_names(name: str, sched: Schedule) -> dict:
 
 def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = False):
   """Source files of a GPU artifact, its kernel list, arena size, weights blob and launches (grid, block)."""
-  if emulate and target != "cuda": raise ValueError("emulate=True runs the CUDA kernel source on the CPU: target must be cuda")
+  if emulate and target not in ("cuda", "hip"):
+    raise ValueError("emulate=True runs the CUDA or HIP kernel source on the CPU: target must be cuda or hip")
   if target not in GPU_TARGETS: raise ValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
   arena = memory_plan(sched.kernels, sched.scratch)
   blob = _weights_blob(sched)
@@ -252,7 +253,7 @@ def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = 
     calls = [(f"{fn}_blocks", bufs, l.grid, l.grid > 1) for fn, bufs, l in launches]
     model = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
     files["model.c"] = "#define _GNU_SOURCE\n" + model + ("" if external else render_weights_asm(name))
-    files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), "cuda, emulated on the CPU")
+    files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), f"{target}, emulated on the CPU")
   elif target == "metal":
     # Mach-O assembly (macOS): the weights and the Metal source linked in as bytes
     files["model.c"] = render_gpu_model_c(name, sched, launches, list(functions.values()), target, external)
@@ -299,7 +300,7 @@ def build_steps(target: str, src: Path, out: Path, emulate: bool, offload_arch, 
   if emulate:
     o = str(tmp / "emulate.o"); objs.append(o)
     # C++17, not gnu++17: no contraction of a*b+c into fma, so results match the CPU targets' rounding
-    steps.append([emulator_cxx(), "-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=c++17",
+    steps.append([emulator_cxx(), "-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=c++17", "-w",
                   *([f"-march={cpu}"] if cpu != "generic" else []), "-c", "emulate.cpp", "-o", o])
     compile_c("model.c"); compile_c("aot_runtime.c")
     link = [emulator_cxx(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]
@@ -373,8 +374,8 @@ def compile_gpu_model(name: str, sched: Schedule, target: str, out_dir, cpu: str
     external = len(blob) > WEIGHTS_INLINE_MAX
     (stage / f"{name}.weights" if external else src / "weights.bin").write_bytes(blob)
     runtime = importlib.resources.files("aot.runtime_c")
-    shipped = ["aot_runtime.c", "aot_runtime.h"] + (["aot_gpu_shim.h"] if emulate else
-              ["aot_gpu.h", HOST_GLUE[target]] + (["aot_hip_math.h"] if target == "hip" else []))
+    shipped = ["aot_runtime.c", "aot_runtime.h"] + (["aot_hip_math.h"] if target == "hip" else []) + \
+              (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
     for f in shipped: (src / f).write_text(runtime.joinpath(f).read_text())
     if target == "metal":
       check_metal_syntax(src)

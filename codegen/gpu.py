@@ -219,19 +219,20 @@ _LIBM = {Ops.EXP: "exp", Ops.LOG: "log", Ops.SQRT: "sqrt", Ops.SIN: "sin", Ops.C
          Ops.ASIN: "asin", Ops.ACOS: "acos", Ops.ATAN: "atan", Ops.SINH: "sinh", Ops.COSH: "cosh", Ops.ASINH: "asinh",
          Ops.ACOSH: "acosh", Ops.ATANH: "atanh"}
 
-_HIP_PRELUDE = """/* HIP device code built without ROCm headers: the few keywords they would define, as clang's attributes */
-#include <stdint.h>
-#define __global__ __attribute__((global))
-#define __device__ __attribute__((device))
-#define __shared__ __attribute__((shared))
+_HIP_PRELUDE = """#include <stdint.h>
 #define INFINITY __builtin_inff()
 #define NAN __builtin_nanf("")
-#include "aot_hip_math.h"
+#ifndef AOT_GPU_SHIM_H
+/* HIP device code built without ROCm headers: the few keywords they would define, as clang's attributes */
+#define __global__ __attribute__((global))
+#define __shared__ __attribute__((shared))
 #define AOT_PHASE_BEGIN(threads) {
 #define AOT_PHASE_END }
 /* __syncthreads(): workgroup barrier with the fences that make shared-memory writes visible across it */
 #define AOT_BARRIER do { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); __builtin_amdgcn_s_barrier(); \\
                          __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup"); } while (0)
+#endif
+#include "aot_hip_math.h"
 """
 
 class HIPRenderer(GPURenderer):

@@ -1,4 +1,4 @@
-/* Runs CUDA kernel source on the CPU, for checking a GPU target's numbers without a GPU.
+/* Runs CUDA (or HIP) kernel source on the CPU, for checking a GPU target's numbers without a GPU.
    The kernels are written as phases separated by barriers (codegen/gpu.py): here a phase is a loop over the block's
    threads, so every thread finishes a phase before any starts the next, which is what a barrier guarantees. The
    launcher (emulate.cpp) sets blockIdx and calls a kernel once per block. Compile as C++ with -include this file. */
@@ -14,4 +14,8 @@ typedef _Float16 __half;
 #define AOT_PHASE_BEGIN(threads) for (aot_dim3 threadIdx = {0, 0, 0}; threadIdx.x < (threads); threadIdx.x++) {
 #define AOT_PHASE_END }
 #define AOT_BARRIER ((void)0)
+/* the HIP source's spellings (clang builtins there) and its device functions (aot_hip_math.h) */
+#define __builtin_amdgcn_workgroup_id_x() (blockIdx.x)
+#define __builtin_amdgcn_workitem_id_x() (threadIdx.x)
+#define AOT_DEVICE static inline
 #endif

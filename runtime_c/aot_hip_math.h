@@ -3,7 +3,9 @@
    a few 1e-7 (erf's absolute error below 3e-7), checked against numpy on the CPU by tests/test_gpu.py. */
 #ifndef AOT_HIP_MATH_H
 #define AOT_HIP_MATH_H
+#ifndef AOT_DEVICE
 #define AOT_DEVICE static __attribute__((device)) inline
+#endif
 /* exp(x) - 1 and log(1 + x) lose digits to cancellation for small x: Kahan's corrections (u - 1 is exact here, and
    the ratio cancels exp's and log's own rounding) */
 AOT_DEVICE float aot_expm1f(float x) {
