@@ -1,5 +1,5 @@
 """On a machine with an NVIDIA GPU: compile the reference models for target cuda, run them on the GPU, compare with
-the c target and the models' numpy references, and print latencies.
+the c target, the models' numpy references and onnxruntime (on each model's ONNX form), and print latencies.
 
   python scripts/gpu_check.py [--models mlp,mnist,resnet18,transformer] [--runs 20] [--out build/gpu_check]
 
@@ -41,7 +41,11 @@ def main(argv=None) -> int:
   import aot
   from aot.models import get
   ok = True
-  print(f"{'model':<12} {'kernels':>7} {'rel_err_vs_ref':>14} {'rel_err_vs_c':>12} {'cuda_ms':>8} {'c_ms':>8} {'compile_s':>9}")
+  from aot.models.onnx_forms import onnx_model
+  try: import onnxruntime as ort
+  except ImportError: ort = None
+  print(f"{'model':<12} {'kernels':>7} {'rel_err_vs_ref':>14} {'rel_err_vs_c':>12} {'rel_err_vs_ort':>14} {'cuda_ms':>8} "
+        f"{'c_ms':>8} {'ort_ms':>8} {'compile_s':>9}")
   for name in args.models.split(","):
     model = get(name)
     t = time.perf_counter()
@@ -53,9 +57,18 @@ def main(argv=None) -> int:
     got, ref, c_out = gpu(*xs), model.reference(*xs), cpu(*xs)
     rel_ref = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
     rel_c = float(np.max(np.abs(got - c_out)) / np.max(np.abs(c_out)))
+    rel_ort, ort_ms = float("nan"), float("nan")
+    if ort is not None:
+      sess = ort.InferenceSession(onnx_model(name).SerializeToString(), providers=["CPUExecutionProvider"])
+      feed = {i.name: x for i, x in zip(sess.get_inputs(), xs)}
+      want = sess.run(None, feed)[0]
+      rel_ort = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+      ort_ms = _median_ms(lambda: sess.run(None, feed), max(3, args.runs // 5))
+      ok &= rel_ort <= MAX_REL_ERR
     ok &= rel_ref <= MAX_REL_ERR
-    print(f"{name:<12} {gpu_art.num_kernels:>7} {rel_ref:>14.2e} {rel_c:>12.2e} {_median_ms(lambda: gpu(*xs), args.runs):>8.3f} "
-          f"{_median_ms(lambda: cpu(*xs), max(3, args.runs // 5)):>8.3f} {compile_s:>9.1f}")
+    print(f"{name:<12} {gpu_art.num_kernels:>7} {rel_ref:>14.2e} {rel_c:>12.2e} {rel_ort:>14.2e} "
+          f"{_median_ms(lambda: gpu(*xs), args.runs):>8.3f} {_median_ms(lambda: cpu(*xs), max(3, args.runs // 5)):>8.3f} "
+          f"{ort_ms:>8.3f} {compile_s:>9.1f}")
     gpu.close(); cpu.close()
   print("PASS" if ok else f"FAIL: relative error above {MAX_REL_ERR}")
   return 0 if ok else 1

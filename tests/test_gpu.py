@@ -221,6 +221,20 @@ def test_gpu_check_script_fails_cleanly_without_a_gpu():
                        timeout=60)
   assert out.returncode == 1 and out.stderr.startswith("gpu_check: no ") and len(out.stderr.strip().splitlines()) == 1
 
+def test_gpu_check_script_reports_with_the_emulated_kernels(monkeypatch, capsys, tmp_path):
+  """The script's comparisons and report, run here with the emulated CUDA build standing in for the GPU."""
+  sys.path.insert(0, os.path.join(ROOT, "scripts"))
+  try: import gpu_check
+  finally: sys.path.pop(0)
+  compile_model = aot.compile_model
+  monkeypatch.setattr(gpu_check, "cuda_device", lambda: None)
+  monkeypatch.setattr(aot, "compile_model", lambda what, target="c", **kw:
+                      compile_model(what, target=target, emulate=target == "cuda", **kw))
+  assert gpu_check.main(["--models", "mlp,mnist", "--runs", "2", "--out", str(tmp_path)]) == 0
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines[0].split()[:5] == ["model", "kernels", "rel_err_vs_ref", "rel_err_vs_c", "rel_err_vs_ort"]
+  assert [l.split()[0] for l in lines[1:]] == ["mlp", "mnist", "PASS"]
+
 def test_hip_device_math_matches_numpy(tmp_path):
   """HIP kernels are built without ROCm's device libraries: the math the AMDGPU backend lacks comes from
   aot_hip_math.h, built from the functions it has. Its accuracy, checked on the CPU (the same header, compiled for
