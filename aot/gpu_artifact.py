@@ -291,7 +291,9 @@ def _run(cmd: list[str], cwd: Path):
 def build_steps(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str):
   """The commands that build libNAME.so from src/ (each run in src/), in order."""
   c_flags = ["-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=gnu11", f"-Wa,-I{src}"]
-  if cpu not in ("generic",): c_flags.append(f"-march={cpu}")
+  # the host code of a GPU library only launches kernels: built for any x86-64 (or the cpu asked for); an emulated
+  # build runs its kernels on this CPU, so it is built for it, like the CPU targets
+  if cpu != "generic" and (emulate or cpu != "native"): c_flags.append(f"-march={cpu}")
   tmp = Path(tempfile.mkdtemp(prefix="aot_gpu_build_"))
   steps, objs = [], []
   def compile_c(s: str, extra=()):
