@@ -46,7 +46,7 @@ extern "C" {{
 #ifndef AOT_STATUS_DEFINED
 #define AOT_STATUS_DEFINED
 /* every entry point returns one of these (0 = ok); {name}_last_error says more */
-enum {{ AOT_OK = 0, AOT_ERR_NULL_ARGUMENT = 1, AOT_ERR_OUT_OF_MEMORY = 2, AOT_ERR_INVALID_ARGUMENT = 3 }};
+enum {{ AOT_OK = 0, AOT_ERR_NULL_ARGUMENT = 1, AOT_ERR_OUT_OF_MEMORY = 2, AOT_ERR_INVALID_ARGUMENT = 3, AOT_ERR_DEVICE = 4 }};
 #endif
 
 typedef struct {name}_model {name}_model;

@@ -30,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "(mlp, mnist, resnet18, transformer)")
   p.add_argument("-o", "--out", required=True, help="output folder for the artifact")
   p.add_argument("--name", help="C prefix of the artifact's API (default: the model's name)")
-  p.add_argument("--target", default="c", choices=["c", "llvm"],
-                 help="code generator: c (C kernels, system compiler) or llvm (LLVM IR through llvmlite); default c")
+  p.add_argument("--target", default="c", metavar="{c,llvm,cuda,hip,metal}",
+                 help="code generator: c (C kernels, system compiler) or llvm (LLVM IR through llvmlite); GPU: cuda (nvcc), "
+                      "hip (clang-19, AMD), metal (sources + build_macos.sh); default c")
+  p.add_argument("--offload-arch", help="hip: comma-separated AMD GPU architectures (default gfx90a,gfx1100)")
   p.add_argument("--cpu", default="native",
                  help="CPU to compile for (default: native, this machine; e.g. x86-64-v3 for a portable build)")
   p.add_argument("--triple", help="cross-compile for a target triple, e.g. aarch64-linux-gnu (needs TRIPLE-gcc)")
@@ -54,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
   import aot
-  from aot.compiler import resolve, render_sources
+  from aot.compiler import resolve, render_sources, TARGETS
+  # checked here rather than by argparse: an unknown target is one line and exit 1, like a missing toolchain
+  if args.target not in TARGETS: raise ValueError(f"unknown target {args.target!r}; available: {', '.join(TARGETS)}")
   from aot.schedule import schedule
   if not args.model.startswith("models:") and not args.model.endswith(".onnx"):
     raise ValueError(f"{args.model!r}: expected an .onnx file or models:NAME (one of mlp, mnist, resnet18, transformer)")
@@ -65,7 +69,10 @@ def _run(args) -> int:
     traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
     if args.emit == "graph": print(_graph_text(traced.outputs)); return 0
     sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-    files, infos, (arena, _), _ = render_sources(traced.name, sched, args.target, args.cpu, args.triple)
+    if args.target in ("cuda", "hip", "metal"):
+      from aot.gpu_artifact import render_gpu_sources
+      files, infos, arena, _, _ = render_gpu_sources(traced.name, sched, args.target)
+    else: files, infos, (arena, _), _ = render_sources(traced.name, sched, args.target, args.cpu, args.triple)
     if args.emit == "kernels":
       print(f"{traced.name}: {len(infos)} kernels, arena {arena} bytes")
       print("\n".join(_kernel_lines(infos)))
@@ -82,11 +89,13 @@ def _run(args) -> int:
       last[0] = time.perf_counter()
       print(f"  .. {s}", file=sys.stderr)
   art = aot.compile_model(args.model, target=args.target, out_dir=out, name=args.name, cpu=args.cpu,
-                          cache=not args.no_cache, progress=progress, shapes=shapes, bind=bind, triple=args.triple)
+                          cache=not args.no_cache, progress=progress, shapes=shapes, bind=bind, triple=args.triple,
+                          offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None)
   print(f"{art.name}: {art.num_kernels} kernels (target {art.target}), compiled in {time.perf_counter() - t0:.1f} s")
   print("\n".join(_kernel_lines(art.kernels)))
   print(f"arena: {art.arena_bytes} bytes ({art.arena_bytes / 2**20:.2f} MiB); weights: {art.weights_bytes} bytes")
-  print(f"wrote {art.library_path}, {art.header_path}, {art.dir / (art.name + '.json')}, {art.dir / 'src'}/")
+  print(f"wrote {art.library_path if art.library_path.exists() else '(no library here; ' + art.manifest.get('gpu', {}).get('built', '') + ')'}, "
+        f"{art.header_path}, {art.dir / (art.name + '.json')}, {art.dir / 'src'}/")
   if args.check:
     if args.triple: raise ValueError("--check runs the artifact here: it cannot check a cross-compiled one")
     return _check(art, args.model, bind)

@@ -19,7 +19,9 @@ from aot.codegen.contract import lower_contractions, gemm_tile
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
 
-TARGETS = ("c", "llvm")
+TARGETS = ("c", "llvm", "cuda", "hip", "metal")
+# rendered by codegen/gpu.py and built by aot/gpu_artifact.py
+GPU_TARGETS = ("cuda", "hip", "metal")
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
 PARALLEL_MIN_WORK = 1 << 20
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
@@ -154,19 +156,26 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
 
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
                   cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,
-                  shapes: dict | None = None, bind: dict | None = None, triple: str | None = None) -> Artifact:
+                  shapes: dict | None = None, bind: dict | None = None, triple: str | None = None,
+                  offload_arch: tuple[str, ...] | None = None, emulate: bool = False) -> Artifact:
   """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs), "models:NAME", or an ONNX
   model (a .onnx path or an onnx.ModelProto; `shapes` pins symbolic dims by input or dim name, `bind` pins scalar
   inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact.
   target: "c" (kernels in C, built with the system compiler) or "llvm" (kernels as LLVM IR through llvmlite).
   cpu: the CPU to compile for ("native" = this machine); triple: cross-compile for another target triple
-  (e.g. "aarch64-linux-gnu"; needs that triple's gcc for the runtime and the link)."""
+  (e.g. "aarch64-linux-gnu"; needs that triple's gcc for the runtime and the link).
+  GPU targets "cuda", "hip", "metal" (aot/gpu_artifact.py): offload_arch lists the AMD GPUs of a hip build (default
+  gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers."""
   if target not in TARGETS: raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
   t0 = time.perf_counter()
   say = progress or (lambda s: None)
   traced = resolve(what, example_inputs, name, shapes, bind)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   say(f"scheduled {len(sched.kernels)} kernels")
+  if target in GPU_TARGETS or emulate:
+    if triple: raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
+    from aot.gpu_artifact import compile_gpu_model
+    return compile_gpu_model(traced.name, sched, target, out_dir, cpu, cache, say, offload_arch, emulate, t0)
   files, infos, (arena, holds), blob = render_sources(traced.name, sched, target, cpu, triple)
   out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{traced.name}_"))
   # build in a staging folder and move into place only when everything worked: a failure leaves nothing behind

@@ -26,6 +26,8 @@ class LoadedModel:
     if (status := getattr(self.lib, f"{n}_create")(out)) != 0:
       wf = a.manifest.get("weights_file")
       hint = f" (its weights are read from {a.dir / wf}: is the file there?)" if wf else ""
+      if "gpu" in a.manifest:  # GPU targets say why create failed through last_error(NULL)
+        hint = ": " + ffi.string(self._last_error(ffi.NULL)).decode()
       raise RuntimeError(f"{n}_create failed with status {status}{hint}")
     self._model = out[0]
     self._ptr_types = args

@@ -19,6 +19,7 @@ const char *aot_status_message(int status) {
     case AOT_ERR_NULL_ARGUMENT: return "a required pointer argument was NULL";
     case AOT_ERR_OUT_OF_MEMORY: return "out of memory";
     case AOT_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case AOT_ERR_DEVICE: return "the GPU runtime, driver or device is missing or failed";
     default: return "unknown status";
   }
 }
