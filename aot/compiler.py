@@ -23,7 +23,10 @@ TARGETS = ("c", "llvm", "cuda", "hip", "metal")
 # rendered by codegen/gpu.py and built by aot/gpu_artifact.py
 GPU_TARGETS = ("cuda", "hip", "metal")
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
-PARALLEL_MIN_WORK = 1 << 20
+PARALLEL_MIN_WORK = 1 << 16
+# a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
+# the first wake-up of a run costs more than splitting gains (the 3-layer mlp: 2 threads were 0.74x as fast as 1)
+MODEL_PARALLEL_MIN_WORK = 1 << 25
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
@@ -134,15 +137,17 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   infos = [KernelInfo(k.name, functions[optimized[last]], k.shape) for k, (last, _) in zip(sched.kernels, plans)]
   external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
   calls: list = []
+  threads = sum(flop_count(k.ast) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
   for k, (last, gemms) in zip(kernels, plans):
     def call(ast: UOp, out: Buffer):
       # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
       ast, extent = optimized[ast], parallel_extent(optimized[ast])
       args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
-      return (functions[ast], args, extent, extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
+      return (functions[ast], args, extent, threads and extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
     for g in gemms:
       calls += [call(o.dense, k.bufs[o.slot]) for o in (g.a, g.b) if o.dense is not None]
-      calls.append(GemmCall(g, k.bufs, g.tasks > 1 and g.c.B * g.c.a.size * g.c.b.size * g.c.K >= PARALLEL_MIN_WORK))
+      work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
+      calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK))
     calls.append(call(last, k.bufs[0]))
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
   if not external: files["model.c"] += render_weights_asm(name)
