@@ -4,7 +4,8 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
   python -m aot.bench                         # the bundled reference models
   python -m aot.bench model.onnx ... --json out.json --threads 1
   python -m aot.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
-  OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro   # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread)
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro
+      # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread; unset a forced OpenBLAS core type, which slows numpy)
 """
 from __future__ import annotations
 import argparse, json, os, statistics, sys, tempfile, time
@@ -130,9 +131,11 @@ def main(argv=None) -> int:
   if args.micro:
     rows = [r for n in args.threads.split(",") for r in micro(targets, int(n), args.budget)]
     cols = list(rows[0])
-    print("\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
-                     ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]))
+    text = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
+                     ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
+    print(text)
     if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.readme: _replace_between(Path(args.readme), "micro", f"`python -m aot.bench --micro` (OpenBLAS {_openblas()}):\n\n{text}")
     return 0
   rows = []
   for threads in [int(t) for t in args.threads.split(",")]:
@@ -151,11 +154,19 @@ def main(argv=None) -> int:
   print(table(rows, targets))
   if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
   if args.readme:
-    import re
-    readme = Path(args.readme)
-    text = f"`python -m aot.bench --threads {args.threads}` on {os.cpu_count()} cores:\n\n" + table(rows, targets)
-    readme.write_text(re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", lambda m: m.group(1) + text + "\n" + m.group(2),
-                             readme.read_text(), flags=re.S))
+    _replace_between(Path(args.readme), "bench", f"`python -m aot.bench --threads {args.threads}` on {os.cpu_count()} cores:\n\n" +
+                     table(rows, targets))
   return 0
+
+def _replace_between(readme: Path, marker: str, text: str):
+  """The README's text between <!-- marker:start --> and <!-- marker:end --> becomes text."""
+  import re
+  readme.write_text(re.sub(rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)", lambda m: m.group(1) + text + "\n" + m.group(2),
+                           readme.read_text(), flags=re.S))
+
+def _openblas() -> str:
+  # OPENBLAS_CORETYPE pins numpy's BLAS to an older kernel on some machines (and slows it): say which one ran
+  core = os.environ.get("OPENBLAS_CORETYPE")
+  return f"core type forced to {core}: numpy is slower than it can be" if core else "core type auto-detected"
 
 if __name__ == "__main__": sys.exit(main())
