@@ -9,9 +9,15 @@ class BuildError(Exception):
   """The C compiler or linker failed on generated code (a compiler bug, not the user's)."""
 
 def cc(triple: str | None = None) -> str:
-  """The C compiler: $CC, or cc; for a cross build, the triple's gcc (Debian's gcc-aarch64-linux-gnu, say)."""
+  """The C compiler: $CC; else clang where installed, whose loop vectoriser we can leave on (gcc 12's miscompiles a
+  reduction, so with gcc it is off wherever a kernel reduces: ResNet-18 builds 1.45x slower); else cc. For a cross
+  build, the triple's gcc (Debian's gcc-aarch64-linux-gnu, say)."""
   if triple: return os.environ.get("CROSS_CC", f"{triple}-gcc")
-  return os.environ.get("CC", "cc")
+  return os.environ.get("CC") or _clang() or "cc"
+
+@functools.lru_cache(maxsize=None)
+def _clang() -> str | None:
+  return next((c for c in ("clang", "clang-19") if shutil.which(c)), None)
 
 def cflags(cpu: str, triple: str | None = None) -> list[str]:
   arch = ([] if cpu in ("native", "generic") else [f"-mcpu={cpu}"]) if triple else [f"-march={cpu}"]

@@ -48,7 +48,7 @@ class CRenderer:
     # gcc's loop vectoriser is off (build.py: it miscompiles a reduction); kernels without one get it back, which is
     # what makes an elementwise kernel or an operand copy vectorised
     if any(u.op is Ops.ACCUMULATE for u in ast.toposort()): return self.kernel_prefix
-    return '__attribute__((optimize("tree-loop-vectorize"))) ' + self.kernel_prefix
+    return "AOT_LOOP_VECTORIZE " + self.kernel_prefix
 
   def literal(self, dt: DType, v) -> str:
     if dt == dtypes.bool: return "1" if v else "0"
@@ -119,4 +119,9 @@ class CRenderer:
 KERNEL_PRELUDE = """#include <math.h>
 #include <stdint.h>
 #include <stdbool.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#define AOT_LOOP_VECTORIZE __attribute__((optimize("tree-loop-vectorize")))
+#else
+#define AOT_LOOP_VECTORIZE
+#endif
 """
