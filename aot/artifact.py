@@ -263,6 +263,16 @@ class Artifact:
   def __repr__(self) -> str:
     return f"<Artifact {self.name} {self.target} {len(self.kernels)} kernels, arena {self.arena_bytes} B at {self.dir}>"
 
+def install(stage: Path, out: Path):
+  """Move a built artifact from its staging folder into out, replacing the artifact there: a failed build never
+  leaves a mix of old and new files."""
+  import shutil
+  out.mkdir(parents=True, exist_ok=True)
+  for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):
+    old.unlink()
+  if (out / "src").exists(): shutil.rmtree(out / "src")
+  for p in stage.iterdir(): shutil.move(str(p), str(out / p.name))
+
 def write_manifest(path: Path, name: str, target: str, cpu: str, triple: str | None, sched: Schedule,
                    kernels: list[KernelInfo], arena: int, arena_holds: int, weights: int, seconds: float):
   from aot import __version__

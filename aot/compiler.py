@@ -10,7 +10,7 @@ from aot.ir import UOp, Ops, prod
 from aot.schedule import schedule, Schedule, CompileError, Kernel, Buffer
 from aot.dtype import dtypes
 from aot.memory import memory_plan, weights_layout, align_up
-from aot.artifact import (Artifact, KernelInfo, GemmCall, c_name, render_header, render_model_c, render_weights_asm,
+from aot.artifact import (Artifact, KernelInfo, GemmCall, install, c_name, render_header, render_model_c, render_weights_asm,
                           write_manifest, WEIGHTS_INLINE_MAX)
 from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
@@ -199,11 +199,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
     write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, holds, len(blob),
                    time.perf_counter() - t0)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):
-      old.unlink()
-    if (out / "src").exists(): shutil.rmtree(out / "src")
-    for p in stage.iterdir(): shutil.move(str(p), str(out / p.name))
+    install(stage, out)
   finally:
     shutil.rmtree(stage, ignore_errors=True)
   return Artifact(out)

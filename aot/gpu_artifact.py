@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 import numpy as np
 from aot.artifact import (Artifact, KernelInfo, api_type, param_names, render_header, render_model_c, render_weights_asm,
-                          write_manifest, WEIGHTS_INLINE_MAX, _external_weights_c)
+                          write_manifest, install, WEIGHTS_INLINE_MAX, _external_weights_c)
 from aot.build import BuildError, _cache_dir, _store, cc
 from aot.codegen.c import CRenderer
 from aot.codegen.gpu import RENDERERS, Launch, plan_launch
@@ -397,11 +397,7 @@ def compile_gpu_model(name: str, sched: Schedule, target: str, out_dir, cpu: str
     if target == "cuda" and not emulate: m["gpu"]["cuda_arch"] = [f"sm_{CUDA_ARCH}", f"compute_{CUDA_ARCH}"]
     if target == "metal": m["gpu"]["built"] = "on macOS: sh src/build_macos.sh"
     manifest.write_text(json.dumps(m, indent=1))
-    out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):
-      old.unlink()
-    if (out / "src").exists(): shutil.rmtree(out / "src")
-    for p in stage.iterdir(): shutil.move(str(p), str(out / p.name))
+    install(stage, out)
   finally:
     shutil.rmtree(stage, ignore_errors=True)
   return Artifact(out)
