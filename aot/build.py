@@ -23,14 +23,21 @@ def cflags(cpu: str, triple: str | None = None) -> list[str]:
   arch = ([] if cpu in ("native", "generic") else [f"-mcpu={cpu}"]) if triple else [f"-march={cpu}"]
   # -fno-math-errno lets libm calls vectorise; no -ffast-math: results must stay within the tests' tolerances
   flags = ["-O2", *arch, "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
-  # gcc 12's loop vectoriser miscompiles reductions over reversed reads (tests/test_ops.py, flip + sum): off for gcc
-  return flags + (["-fno-tree-loop-vectorize"] if _is_gcc(cc(triple)) else [])
+  kind = _kind(cc(triple))
+  # gcc 12's loop vectoriser miscompiles reductions over reversed reads (tests/test_gcc.py, flip + sum): off for gcc
+  if kind == "gcc": flags.append("-fno-tree-loop-vectorize")
+  # clang vectorises strided reads (a pool's stride-2 window) with AVX-512 gathers, slower than scalar loads here
+  # (mnist's c build was 2x slower); the llvm target says the same with +prefer-no-gather
+  if kind == "clang" and (triple or "x86_64").startswith("x86_64"): flags += ["-mno-gather", "-mno-scatter"]
+  return flags
 
 @functools.lru_cache(maxsize=None)
-def _is_gcc(compiler: str) -> bool:
+def _kind(compiler: str) -> str | None:
+  """gcc or clang (by what --version says), or None."""
   try: out = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-  except OSError: return False
-  return "clang" not in out and ("gcc" in out.lower() or "free software foundation" in out.lower())
+  except OSError: return None
+  if "clang" in out: return "clang"
+  return "gcc" if "gcc" in out.lower() or "free software foundation" in out.lower() else None
 
 def _cache_dir() -> Path:
   return Path(os.environ.get("AOT_CACHE_DIR", Path.home() / ".cache" / "aot-compiler"))
