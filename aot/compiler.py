@@ -16,6 +16,7 @@ from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
 from aot.codegen.contract import lower_contractions, gemm_tile
+from aot.symbolic import linear
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
 
@@ -148,7 +149,8 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
       calls += [call(o.dense, k.bufs[o.slot]) for o in (g.a, g.b) if o.dense is not None]
       work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
       calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK))
-    calls.append(call(last, k.bufs[0]))
+    # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv) is not run
+    if not (gemms and _copies_in_place(last)): calls.append(call(last, k.bufs[0]))
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
   if not external: files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target)
@@ -158,6 +160,13 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   # dladdr (external weights) needs _GNU_SOURCE before the first system header
   files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
   return files, infos, (arena, sum(align_up(b.nbytes) for b in scratch)), bytes(blob)
+
+def _copies_in_place(ast: UOp) -> bool:
+  """Is the kernel out[i] = out[i]?"""
+  if ast.op is not Ops.STORE: return False
+  buf, idx, value = ast.src
+  return (value.op is Ops.LOAD and value.src[0] is buf and value.src[2].op is Ops.CONST and value.src[2].arg is True
+          and linear(value.src[1]) == linear(idx))
 
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
                   cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,

@@ -77,3 +77,17 @@ def test_avx2_tiles(target, tmp_path):
   out, gemms, _ = compiled(fn, xs, tmp_path, target, cpu="x86-64-v3")
   close(out, ref(*xs))
   assert "6, 16" in (tmp_path / target / "src" / "model.c").read_text()
+
+def test_bare_product_runs_no_epilogue(tmp_path):
+  # the microkernel writes a bare matmul's result in place: reading it back and storing it again would be a wasted pass
+  a, b = f32(64, 96), f32(96, 80)
+  def run_body(fn, d):
+    art = aot.compile_model(fn, [a], out_dir=tmp_path / d, target="c", name="m")
+    src = (art.dir / "src" / "model.c").read_text()
+    return art, src[src.index("API int m_run"):src.index("API int m_set_threads")]
+  art, body = run_body(lambda p: p @ Tensor(b), "bare")
+  assert "m_f0(" not in body and "aot_gemm_run" in body
+  close(aot.load(art)(a), a.astype(np.float64) @ b)
+  art, body = run_body(lambda p: (p @ Tensor(b)).relu(), "relu")
+  assert "m_f0(" in body
+  close(aot.load(art)(a), np.maximum(a.astype(np.float64) @ b, 0))
