@@ -263,6 +263,18 @@ class Artifact:
   def __repr__(self) -> str:
     return f"<Artifact {self.name} {self.target} {len(self.kernels)} kernels, arena {self.arena_bytes} B at {self.dir}>"
 
+def stage_sources(name: str, files: dict[str, str], blob: bytes, out_dir) -> tuple[Path, Path]:
+  """(out, stage): the artifact's folder, and a staging folder beside it whose src/ holds the sources and the weights
+  (src/weights.bin, linked in; or NAME.weights beside the library when bigger than WEIGHTS_INLINE_MAX). The build
+  happens there, and install() moves it into place only when everything worked: a failure leaves nothing behind."""
+  import tempfile
+  out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{name}_"))
+  stage = Path(tempfile.mkdtemp(prefix=".aot_stage_", dir=out.parent if out.parent.exists() else None))
+  (stage / "src").mkdir()
+  for fname, text in files.items(): (stage / "src" / fname).write_text(text)
+  (stage / "src" / "weights.bin" if len(blob) <= WEIGHTS_INLINE_MAX else stage / f"{name}.weights").write_bytes(blob)
+  return out, stage
+
 def install(stage: Path, out: Path):
   """Move a built artifact from its staging folder into out, replacing the artifact there: a failed build never
   leaves a mix of old and new files."""

@@ -1,6 +1,6 @@
 """The driver: trace -> schedule -> memory plan -> render -> build -> artifact."""
 from __future__ import annotations
-import importlib.resources, inspect, shutil, tempfile, time
+import importlib.resources, inspect, shutil, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -10,7 +10,7 @@ from aot.ir import UOp, Ops, prod
 from aot.schedule import schedule, Schedule, CompileError, Kernel, Buffer
 from aot.dtype import dtypes
 from aot.memory import memory_plan, weights_layout, align_up
-from aot.artifact import (Artifact, KernelInfo, GemmCall, install, c_name, render_header, render_model_c, render_weights_asm,
+from aot.artifact import (Artifact, KernelInfo, GemmCall, install, stage_sources, c_name, render_header, render_model_c, render_weights_asm,
                           write_manifest, WEIGHTS_INLINE_MAX)
 from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
@@ -191,15 +191,9 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     from aot.gpu_artifact import compile_gpu_model
     return compile_gpu_model(traced.name, sched, target, out_dir, cpu, cache, say, offload_arch, emulate, t0)
   files, infos, (arena, holds), blob = render_sources(traced.name, sched, target, cpu, triple)
-  out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{traced.name}_"))
-  # build in a staging folder and move into place only when everything worked: a failure leaves nothing behind
-  stage = Path(tempfile.mkdtemp(prefix=".aot_stage_", dir=out.parent if out.parent.exists() else None))
+  out, stage = stage_sources(traced.name, files, blob, out_dir)
   try:
     src = stage / "src"
-    src.mkdir()
-    for fname, text in files.items(): (src / fname).write_text(text)
-    # weights linked into the library come from src/weights.bin; big ones are a file beside it (see WEIGHTS_INLINE_MAX)
-    (src / "weights.bin" if len(blob) <= WEIGHTS_INLINE_MAX else stage / f"{traced.name}.weights").write_bytes(blob)
     runtime = importlib.resources.files("aot.runtime_c")
     for f in ("aot_runtime.c", "aot_gemm.c", "aot_runtime.h"): (src / f).write_text(runtime.joinpath(f).read_text())
     sources = [f for f in files if f.endswith((".c", ".S", ".ll"))] + ["aot_runtime.c", "aot_gemm.c"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 import numpy as np
 from aot.artifact import (Artifact, KernelInfo, api_type, param_names, render_header, render_model_c, render_weights_asm,
-                          write_manifest, install, WEIGHTS_INLINE_MAX, _external_weights_c)
+                          write_manifest, install, stage_sources, WEIGHTS_INLINE_MAX, _external_weights_c)
 from aot.build import BuildError, _cache_dir, _store, cc
 from aot.codegen.c import CRenderer
 from aot.codegen.gpu import RENDERERS, Launch, plan_launch
@@ -367,14 +367,10 @@ def compile_gpu_model(name: str, sched: Schedule, target: str, out_dir, cpu: str
   t0 = started or time.perf_counter()
   say = progress or (lambda s: None)
   files, infos, arena, blob, launches = render_gpu_sources(name, sched, target, emulate)
-  out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{name}_"))
-  stage = Path(tempfile.mkdtemp(prefix=".aot_stage_", dir=out.parent if out.parent.exists() else None))
+  out, stage = stage_sources(name, files, blob, out_dir)
   try:
     src = stage / "src"
-    src.mkdir()
-    for fname, text in files.items(): (src / fname).write_text(text)
     external = len(blob) > WEIGHTS_INLINE_MAX
-    (stage / f"{name}.weights" if external else src / "weights.bin").write_bytes(blob)
     runtime = importlib.resources.files("aot.runtime_c")
     shipped = ["aot_runtime.c", "aot_runtime.h"] + (["aot_hip_math.h"] if target == "hip" else []) + \
               (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
