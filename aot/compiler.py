@@ -5,10 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 import numpy as np
-from aot.dtype import to_dtype
-from aot.ir import UOp, Ops, prod
+from aot.dtype import to_dtype, dtypes
+from aot.ir import UOp, Ops
 from aot.schedule import schedule, Schedule, CompileError, Kernel, Buffer
-from aot.dtype import dtypes
 from aot.memory import memory_plan, weights_layout, align_up
 from aot.artifact import (Artifact, KernelInfo, GemmCall, install, stage_sources, c_name, render_header, render_model_c, render_weights_asm,
                           write_manifest, WEIGHTS_INLINE_MAX)
@@ -102,16 +101,19 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   """Source files of the artifact, the kernel list, the arena's size and what it holds (bytes of every buffer placed in
   it: the size it would have without reuse), and the weights blob."""
   tile = gemm_tile(cpu, triple)
+  made: list[Buffer] = []
   def make_buffer(kind: str, x) -> Buffer:
-    if kind == "const": return Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x)
-    return Buffer("scratch", dtypes.float32, x, "contraction")
+    b = (Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x) if kind == "const" else
+         Buffer("scratch", dtypes.float32, x, "contraction"))
+    made.append(b)
+    return b
   # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
   kernels, plans = [], []
   for k in sched.kernels:
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer)
     kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
     plans.append((last, gemms))
-  scratch = sched.scratch + [b for k in kernels for b in k.bufs if b.kind == "scratch" and b.name == "contraction"]
+  scratch = sched.scratch + [b for b in made if b.kind == "scratch"]
   arena = memory_plan(kernels, scratch)
   # constants only a prepacked copy reads are left out of the weights
   used = {id(k.bufs[u.arg]) for k, (last, gemms) in zip(kernels, plans)

@@ -3,8 +3,6 @@ kernel source, run on the CPU through the grid-as-loops shim (emulate=True), mat
 onnxruntime; the host glue builds, links into a C program, and fails cleanly where there is no GPU runtime."""
 import ctypes, functools, os, subprocess, sys
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 import aot
 import aot.gpu_artifact
@@ -15,8 +13,8 @@ from aot.compiler import resolve
 from aot.gpu_artifact import check_metal_syntax, render_gpu_sources, GPU_TARGETS, DEFAULT_OFFLOAD_ARCH, KERNEL_SOURCE
 from aot.schedule import schedule
 from aot.models import NAMES, get
-from aot.testing import assert_kernel_count, randomize_constant_weights, kernel_count
-from test_onnx_light import LIGHT, KERNELS as LIGHT_KERNELS
+from aot.testing import assert_kernel_count, kernel_count
+from test_onnx_light import KERNELS as LIGHT_KERNELS, light_model, assert_matches_onnxruntime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,16 +89,10 @@ LIGHT_BUILT = ("squeezenet",)
 def test_light_model_on_gpu_targets(name, tmp_path):
   """Emulated CUDA kernels match onnxruntime; every GPU target renders the c target's kernel list (and builds: hip
   and cuda libraries, metal's syntax check)."""
-  ort.set_default_logger_severity(3)
-  model = randomize_constant_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), seed=0)
+  model = light_model(name)
   art = aot.compile_model(model, out_dir=tmp_path / "emulated", name=name, target="cuda", emulate=True)
   assert_kernel_count(art, LIGHT_KERNELS[name])
-  x = np.random.default_rng(1).standard_normal(art.inputs[0].shape).astype(np.float32)
-  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-    None, {art.inputs[0].name: x})[0]
-  got = aot.load(art)(x)
-  assert got.shape == want.shape
-  assert rel_err(got, want) <= 1e-4, f"{name}: max relative error {rel_err(got, want):.2e}"
+  assert_matches_onnxruntime(art, model, name)
   if name in LIGHT_BUILT:
     for target in GPU_TARGETS:
       built = aot.compile_model(model, out_dir=tmp_path / target, name=name, target=target)
