@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                  help="pin a scalar input to a value at compile time (sr=16000), so control flow on it folds; repeatable")
   p.add_argument("--emit", choices=["graph", "kernels", "source"], help="stop after this stage and show it")
   p.add_argument("--check", action="store_true", help="run the artifact on a seeded input and compare with the reference")
+  p.add_argument("--profile", action="store_true",
+                 help="build a timed variant, run it on a seeded input and show each kernel call's time (OUT/profile.json)")
   p.add_argument("--no-cache", action="store_true", help="always run the C compiler (ignore the build cache)")
   p.add_argument("-v", "--verbose", action="store_true", help="show progress and full tracebacks")
   args = p.parse_args(argv)
@@ -90,12 +92,17 @@ def _run(args) -> int:
       print(f"  .. {s}", file=sys.stderr)
   art = aot.compile_model(args.model, target=args.target, out_dir=out, name=args.name, cpu=args.cpu,
                           cache=not args.no_cache, progress=progress, shapes=shapes, bind=bind, triple=args.triple,
-                          offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None)
+                          offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None,
+                          profile=args.profile)
   print(f"{art.name}: {art.num_kernels} kernels (target {art.target}), compiled in {time.perf_counter() - t0:.1f} s")
   print("\n".join(_kernel_lines(art.kernels)))
   print(f"arena: {art.arena_bytes} bytes ({art.arena_bytes / 2**20:.2f} MiB); weights: {art.weights_bytes} bytes")
   print(f"wrote {art.library_path if art.library_path.exists() else '(no library here; ' + art.manifest.get('gpu', {}).get('built', '') + ')'}, "
         f"{art.header_path}, {art.dir / (art.name + '.json')}, {art.dir / 'src'}/")
+  if args.profile:
+    if args.triple: raise ValueError("--profile runs the artifact here: it cannot profile a cross-compiled one")
+    from aot.profile import profile_and_report
+    profile_and_report(art, out / "profile.json")
   if args.check:
     if args.triple: raise ValueError("--check runs the artifact here: it cannot check a cross-compiled one")
     return _check(art, args.model, bind)

@@ -18,6 +18,7 @@ from aot.codegen.contract import lower_contractions, gemm_tile
 from aot.symbolic import linear
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
+from aot.profile import CALLS_FILE, calls_json, describe_calls
 
 TARGETS = ("c", "llvm", "cuda", "hip", "metal")
 # rendered by codegen/gpu.py and built by aot/gpu_artifact.py
@@ -96,10 +97,10 @@ def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
             renderer.render_kernel(fn, ast) for ast, fn in items[i:i + KERNELS_PER_FILE]) + "\n"
           for i in range(0, len(items), KERNELS_PER_FILE)}
 
-def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "native",
-                   triple: str | None = None) -> tuple[dict[str, str], list[KernelInfo], tuple[int, int], bytes]:
+def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "native", triple: str | None = None,
+                   profile: bool = False) -> tuple[dict[str, str], list[KernelInfo], tuple[int, int], bytes]:
   """Source files of the artifact, the kernel list, the arena's size and what it holds (bytes of every buffer placed in
-  it: the size it would have without reuse), and the weights blob."""
+  it: the size it would have without reuse), and the weights blob. profile: time each call (aot/profile.py)."""
   tile = gemm_tile(cpu, triple)
   made: list[Buffer] = []
   def make_buffer(kind: str, x) -> Buffer:
@@ -140,6 +141,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   infos = [KernelInfo(k.name, functions[optimized[last]], k.shape) for k, (last, _) in zip(sched.kernels, plans)]
   external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
   calls: list = []
+  notes: list = []   # (kernel, role, AST) of each call, for a profile build
   threads = sum(flop_count(k.ast) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
   for k, (last, gemms) in zip(kernels, plans):
     def call(ast: UOp, out: Buffer):
@@ -148,14 +150,22 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
       args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
       return (functions[ast], args, extent, threads and extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
     for g in gemms:
-      calls += [call(o.dense, k.bufs[o.slot]) for o in (g.a, g.b) if o.dense is not None]
+      for o in (g.a, g.b):
+        if o.dense is not None:
+          calls.append(call(o.dense, k.bufs[o.slot]))
+          notes.append((k.name, "operand", optimized[o.dense]))
       work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
       calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK))
+      notes.append((k.name, "contraction", None))
     # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv) is not run
-    if not (gemms and _copies_in_place(last)): calls.append(call(last, k.bufs[0]))
-  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
+    if not (gemms and _copies_in_place(last)):
+      calls.append(call(last, k.bufs[0]))
+      notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
+  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external,
+                                                                                     profile)
   if not external: files["model.c"] += render_weights_asm(name)
-  files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target)
+  files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target, len(calls) if profile else 0)
+  if profile: files[CALLS_FILE] = calls_json(describe_calls(calls, notes))
   if list(files) == ["kernels0.c", "model.c", f"{name}.h"]:
     # a small model is one C file: a compiler run per artifact is most of the build time
     files["model.c"] = files.pop("kernels0.c") + "\n" + files["model.c"]
@@ -173,7 +183,7 @@ def _copies_in_place(ast: UOp) -> bool:
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
                   cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,
                   shapes: dict | None = None, bind: dict | None = None, triple: str | None = None,
-                  offload_arch: tuple[str, ...] | None = None, emulate: bool = False) -> Artifact:
+                  offload_arch: tuple[str, ...] | None = None, emulate: bool = False, profile: bool = False) -> Artifact:
   """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs), "models:NAME", or an ONNX
   model (a .onnx path or an onnx.ModelProto; `shapes` pins symbolic dims by input or dim name, `bind` pins scalar
   inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact.
@@ -181,8 +191,11 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   cpu: the CPU to compile for ("native" = this machine); triple: cross-compile for another target triple
   (e.g. "aarch64-linux-gnu"; needs that triple's gcc for the runtime and the link).
   GPU targets "cuda", "hip", "metal" (aot/gpu_artifact.py): offload_arch lists the AMD GPUs of a hip build (default
-  gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers."""
+  gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers.
+  profile=True (CPU targets) builds the timed variant aot/profile.py reads."""
   if target not in TARGETS: raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+  if profile and (target in GPU_TARGETS or emulate):
+    raise ValueError(f"profile is for the CPU targets (c, llvm), not {target}{' emulation' if emulate else ''}")
   t0 = time.perf_counter()
   say = progress or (lambda s: None)
   traced = resolve(what, example_inputs, name, shapes, bind)
@@ -192,7 +205,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     if triple: raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
     from aot.gpu_artifact import compile_gpu_model
     return compile_gpu_model(traced.name, sched, target, out_dir, cpu, cache, say, offload_arch, emulate, t0)
-  files, infos, (arena, holds), blob = render_sources(traced.name, sched, target, cpu, triple)
+  files, infos, (arena, holds), blob = render_sources(traced.name, sched, target, cpu, triple, profile)
   out, stage = stage_sources(traced.name, files, blob, out_dir)
   try:
     src = stage / "src"

@@ -1,0 +1,115 @@
+"""The profiler: where a model's run goes, call by call.
+
+A profile build (compile_model(..., profile=True), `compile-model --profile`, `python -m aot.bench --profile`) times
+every call of model.c's kernel list with clock_gettime into its instance and exports NAME_profile to read the sums;
+a normal build renders none of that (its model.c, and so its cache entry, differ). Each call is one of:
+- the runtime's microkernel over a contraction ("microkernel"),
+- a generated kernel: a dense operand's copy (im2col), an epilogue, or a whole kernel; "copy" when it does no
+  floating-point arithmetic (data movement only), else "loop" (generated loops).
+The table gives each call's share of the run, its time, GFLOP/s and the bytes of the buffers it reads and writes, by
+the schedule kernel it belongs to."""
+from __future__ import annotations
+import ctypes, json, time
+from dataclasses import dataclass, asdict
+from pathlib import Path
+import numpy as np
+
+# the name of the call list a profile build keeps in its src/ (what each timed call is, in model.c's order)
+CALLS_FILE = "profile_calls.json"
+# runs after warm-up: at least MIN_RUNS, more while they fit in the budget, at most MAX_RUNS
+WARMUP_RUNS, MIN_RUNS, MAX_RUNS = 2, 3, 50
+
+@dataclass
+class CallInfo:
+  kernel: str          # the schedule kernel the call belongs to
+  function: str        # the C function it runs (aot_gemm_run for the microkernel)
+  role: str            # contraction, operand (a dense copy of one), epilogue (after a contraction), kernel (whole)
+  path: str            # microkernel, copy, loop
+  flops: int
+  bytes: int           # of the distinct buffers it reads and writes
+
+def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[CallInfo]:
+  """What each call of render_model_c's list is. notes: (kernel name, role, the call's kernel AST or None) per call."""
+  from aot.artifact import GemmCall
+  from aot.codegen.linearize import flop_count
+  infos = []
+  for call, (kernel, role, ast) in zip(calls, notes, strict=True):
+    if isinstance(call, GemmCall):
+      g, c = call.gemm, call.gemm.c
+      used = {id(call.bufs[s]): call.bufs[s] for s in (g.a.slot, g.b.slot, g.result)}
+      infos.append(CallInfo(kernel, "aot_gemm_run", role, "microkernel", 2 * c.B * c.a.size * c.b.size * c.K,
+                            sum(b.nbytes for b in used.values())))
+      continue
+    fn, fargs, _, _ = call
+    flops = flop_count(ast)
+    used = {id(b): b for _, b in fargs}
+    infos.append(CallInfo(kernel, fn, role, "loop" if flops else "copy", flops,
+                          sum(b.nbytes for b in used.values())))
+  return infos
+
+def calls_json(infos: list[CallInfo]) -> str:
+  return json.dumps([asdict(i) for i in infos], indent=1)
+
+def load_calls(art) -> list[CallInfo]:
+  path = art.dir / "src" / CALLS_FILE
+  if not path.exists():
+    raise ValueError(f"{art.dir} is not a profile build (no src/{CALLS_FILE}): compile it with profile=True / --profile")
+  return [CallInfo(**d) for d in json.loads(path.read_text())]
+
+def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int = 1, budget_s: float = 5.0) -> dict:
+  """Run a profile build on seeded inputs (warm-up, then MIN_RUNS..MAX_RUNS runs within budget_s) and return the
+  profile: per call its mean time and share of the run, GFLOP/s and bytes, sorted by time, and the run's total."""
+  import aot
+  from aot.cli import random_inputs
+  infos = load_calls(art)
+  model = aot.load(art, threads=threads)
+  try:
+    xs = inputs if inputs is not None else random_inputs(art.inputs)
+    lib = ctypes.CDLL(str(art.library_path))
+    read = getattr(lib, f"{art.name}_profile")
+    read.argtypes, read.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_int], ctypes.c_int
+    handle = int(model.ffi.cast("uintptr_t", model._model))
+    sums = (ctypes.c_double * (len(infos) + 1))()
+    for _ in range(WARMUP_RUNS): model(*xs)
+    if read(handle, None, 0) != 0: raise RuntimeError(f"{art.name}_profile failed")
+    runs, t_end = 0, time.perf_counter() + budget_s
+    while runs < MIN_RUNS or (runs < MAX_RUNS and time.perf_counter() < t_end):
+      model(*xs)
+      runs += 1
+    if read(handle, sums, len(sums)) != 0: raise RuntimeError(f"{art.name}_profile failed")
+  finally:
+    model.close()
+  total = sums[len(infos)] / runs
+  rows = []
+  for i, info in enumerate(infos):
+    s = sums[i] / runs
+    rows.append({**asdict(info), "call": i, "ms": s * 1e3, "share": s / total if total else 0.0,
+                 "gflops": info.flops / s / 1e9 if s else 0.0, "gb_per_s": info.bytes / s / 1e9 if s else 0.0})
+  rows.sort(key=lambda r: -r["ms"])
+  flops = sum(i.flops for i in infos)
+  return {"model": art.name, "target": art.target, "threads": threads, "runs": runs, "total_ms": total * 1e3,
+          "calls_ms": sum(r["ms"] for r in rows), "gflop": flops / 1e9, "gflops": flops / total / 1e9 if total else 0.0,
+          "calls": rows}
+
+def format_profile(p: dict, top: int | None = None) -> str:
+  """The profile as a table, slowest call first, and a total line."""
+  head = f"{'share':>6} {'ms':>9} {'GFLOP/s':>8} {'MB':>8} {'GB/s':>6}  {'path':<11} {'role':<11} kernel (function)"
+  lines = [f"{p['model']} (target {p['target']}, {p['threads']} thread{'s' if p['threads'] > 1 else ''}, "
+           f"mean of {p['runs']} runs)", head]
+  for r in p["calls"][:top]:
+    lines.append(f"{100 * r['share']:5.1f}% {r['ms']:9.3f} {r['gflops']:8.2f} {r['bytes'] / 1e6:8.2f} "
+                 f"{r['gb_per_s']:6.1f}  {r['path']:<11} {r['role']:<11} {r['kernel']} ({r['function']})")
+  if top is not None and len(p["calls"]) > top: lines.append(f"  ... {len(p['calls']) - top} more calls")
+  lines.append(f"total {p['total_ms']:.3f} ms per run ({p['calls_ms']:.3f} ms in {len(p['calls'])} calls), "
+               f"{p['gflop']:.3f} GFLOP, {p['gflops']:.2f} GFLOP/s")
+  return "\n".join(lines)
+
+def write_profile(p: dict, path: Path) -> None:
+  Path(path).write_text(json.dumps(p, indent=1))
+
+def profile_and_report(art, json_path: Path, threads: int = 1, budget_s: float = 5.0, top: int | None = None) -> dict:
+  """Profile a profile build, print the table, write the profile as JSON to json_path (compile-model and the bench)."""
+  p = profile_artifact(art, threads=threads, budget_s=budget_s)
+  print(format_profile(p, top))
+  write_profile(p, json_path)
+  return p
