@@ -4,6 +4,7 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
   python -m aot.bench                         # the bundled reference models
   python -m aot.bench model.onnx ... --json out.json --threads 1
   python -m aot.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
+  python -m aot.bench --profile light:squeezenet models:resnet18 --targets c   # where each model's run goes
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro
       # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread; unset a forced OpenBLAS core type, which slows numpy)
 """
@@ -122,6 +123,9 @@ def main(argv=None) -> int:
   ap.add_argument("--budget", type=float, default=20.0, help="seconds of timing per model at most (after 3 rounds)")
   ap.add_argument("--json", help="write the rows here as JSON")
   ap.add_argument("--readme", help="replace the table between the bench markers of this README")
+  ap.add_argument("--profile", action="store_true", help="profile the models given (models:NAME, a file or light:NAME) "
+                  "instead: each kernel call's time, GFLOP/s, bytes and path (aot/profile.py); --json writes them")
+  ap.add_argument("--top", type=int, default=20, help="--profile: show this many of the slowest calls")
   ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul and 3x3 conv kernels against numpy instead")
   args = ap.parse_args(argv)
   from aot.models import get
@@ -137,6 +141,7 @@ def main(argv=None) -> int:
     if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.readme: _replace_between(Path(args.readme), "micro", f"`python -m aot.bench --micro` (OpenBLAS {_openblas()}):\n\n{text}")
     return 0
+  if args.profile: return _profile(args.onnx, targets, [int(t) for t in args.threads.split(",")], args)
   rows = []
   for threads in [int(t) for t in args.threads.split(",")]:
     for name in [m for m in args.models.split(",") if m]:
@@ -156,6 +161,24 @@ def main(argv=None) -> int:
   if args.readme:
     _replace_between(Path(args.readme), "bench", f"`python -m aot.bench --threads {args.threads}` on {os.cpu_count()} cores:\n\n" +
                      table(rows, targets))
+  return 0
+
+def _profile(models: list[str], targets, threads: list[int], args) -> int:
+  """Profile builds of each model for each target and thread count: the tables, and with --json all of them."""
+  import aot
+  from aot.profile import profile_and_report
+  if not models: raise SystemExit("python -m aot.bench --profile: name the models to profile (models:NAME, a file, light:NAME)")
+  profiles = []
+  for what in models:
+    model = what if what.startswith("models:") else _onnx_arg(what)[1]
+    for t in targets:
+      out = Path(tempfile.mkdtemp(prefix=f"profile_{t}_"))
+      art = aot.compile_model(model, target=t, out_dir=out, profile=True)
+      for n in threads:
+        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top)
+        profiles.append({"what": what, **p})
+        print()
+  if args.json: Path(args.json).write_text(json.dumps(profiles, indent=1))
   return 0
 
 def _replace_between(readme: Path, marker: str, text: str):

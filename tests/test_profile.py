@@ -1,0 +1,87 @@
+"""The profiler (aot/profile.py): a timed build that computes what the normal one does, and a normal one with no timing."""
+import ctypes, json, re, subprocess, sys
+import numpy as np
+import pytest
+import aot
+from aot.models import get
+from aot.profile import load_calls, profile_artifact, format_profile
+
+@pytest.fixture(scope="module")
+def mnist_builds(tmp_path_factory):
+  """(normal, profile) builds of mnist (convolutions with im2col copies, matmuls, epilogues), c target, cached: the
+  profile build first, so a shared cache entry would hand its library to the normal build."""
+  base = tmp_path_factory.mktemp("profile")
+  timed = aot.compile_model("models:mnist", out_dir=base / "timed", profile=True)
+  return aot.compile_model("models:mnist", out_dir=base / "normal"), timed
+
+def _timed_calls(model_c: str) -> list[str]:
+  """The function each timed block of a profile build's model.c calls, in order (the microkernel as aot_gemm_run)."""
+  blocks = re.findall(r"double t_ = aot_profile_now\(\);\n(.*?)\n\s*m->profile\[(\d+)\]", model_c, re.S)
+  assert [int(i) for _, i in blocks] == list(range(len(blocks)))
+  def function(line: str) -> str:
+    if "aot_gemm_run" in line: return "aot_gemm_run"
+    on_pool = re.search(r"aot_parallel\(m->pool, run_(\w+),", line)
+    return on_pool.group(1) if on_pool else re.match(r"\s*(\w+)\(", line).group(1)
+  return [function(line) for line, _ in blocks]
+
+def test_normal_build_has_no_profile_symbol(mnist_builds):
+  normal, timed = mnist_builds
+  assert not hasattr(ctypes.CDLL(str(normal.library_path)), "mnist_profile")
+  assert hasattr(ctypes.CDLL(str(timed.library_path)), "mnist_profile")
+  assert "clock_gettime" not in (normal.dir / "src" / "model.c").read_text()
+  assert "MNIST_PROFILE_CALLS" not in normal.header_path.read_text()
+  with pytest.raises(ValueError, match="not a profile build"): profile_artifact(normal)
+
+def test_profile_build_computes_bitwise_what_the_normal_one_does(mnist_builds):
+  normal, timed = mnist_builds
+  ref = get("mnist")
+  x = ref.example_inputs(seed=3)
+  a, b = aot.load(normal)(*x), aot.load(timed)(*x)
+  np.testing.assert_allclose(a, ref.reference(*x), rtol=1e-4, atol=1e-4)
+  assert a.tobytes() == b.tobytes()
+
+def test_calls_match_the_kernel_list_and_model_c(mnist_builds):
+  _, timed = mnist_builds
+  calls = load_calls(timed)
+  model_c = (timed.dir / "src" / "model.c").read_text()
+  assert [c.function for c in calls] == _timed_calls(model_c)
+  assert f"#define MNIST_PROFILE_CALLS {len(calls)}" in timed.header_path.read_text()
+  kernels = {k.name: k.function for k in timed.kernels}
+  # every kernel's calls, in kernel order: its operands' copies and contractions, then its epilogue or itself
+  assert list(dict.fromkeys(c.kernel for c in calls)) == list(kernels)
+  for c in calls:
+    if c.role == "contraction": assert (c.path, c.function) == ("microkernel", "aot_gemm_run")
+    elif c.role == "operand": assert c.function.startswith(kernels[c.kernel] + "_dense") and c.path == "copy"
+    else: assert c.function == kernels[c.kernel] and c.path == "loop"
+  # mnist's convolutions and its dense layer contract; its last kernel (the small 10-wide one) is a loop
+  assert sum(c.path == "microkernel" for c in calls) == model_c.count("aot_gemm_run(&g") == 4
+  # a contraction's flops are 2 M N K: the first convolution is 32 channels x 24x24 positions x 5x5 window
+  assert calls[[c.path for c in calls].index("microkernel")].flops == 2 * 32 * 24 * 24 * 25
+
+def test_call_times_add_up_to_the_run(mnist_builds):
+  _, timed = mnist_builds
+  p = profile_artifact(timed, budget_s=0.5)
+  assert p["runs"] >= 3 and len(p["calls"]) == len(load_calls(timed))
+  # the calls are all of the run but its checks and the pool's rest; the run is all of a call from Python but cffi's
+  assert 0.8 * p["total_ms"] <= p["calls_ms"] <= p["total_ms"] <= p["wall_ms"]
+  assert all(r["ms"] > 0 for r in p["calls"]) and [r["ms"] for r in p["calls"]] == sorted((r["ms"] for r in p["calls"]),
+                                                                                        reverse=True)
+  assert abs(sum(r["share"] for r in p["calls"]) - p["calls_ms"] / p["total_ms"]) < 1e-9
+  text = format_profile(p)
+  assert text.splitlines()[-1].startswith("total ") and "microkernel" in text and "k4_r_1_10" in text
+
+def test_profile_is_for_cpu_targets():
+  with pytest.raises(ValueError, match="profile is for the CPU targets"):
+    aot.compile_model("models:mlp", target="cuda", profile=True)
+
+def test_cli_profile_writes_the_table_and_json(tmp_path):
+  p = subprocess.run([sys.executable, "-m", "aot.cli", "models:mlp", "-o", str(tmp_path), "--profile"],
+                     capture_output=True, text=True)
+  assert p.returncode == 0, p.stderr
+  assert re.search(r"^total [\d.]+ ms per run \([\d.]+ ms in 5 calls\)", p.stdout, re.M)
+  prof = json.loads((tmp_path / "profile.json").read_text())
+  assert {r["kernel"] for r in prof["calls"]} == {"k0_r_8_256", "k1_r_8_128", "k2_r_8_10"}
+  # the folder stays an artifact: profile.json is not taken for its manifest
+  x = np.random.default_rng(0).standard_normal((8, 784)).astype(np.float32)
+  ref = get("mlp")
+  np.testing.assert_allclose(aot.load(tmp_path)(x), ref.reference(x), rtol=1e-4, atol=1e-5)
