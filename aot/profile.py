@@ -27,6 +27,7 @@ class CallInfo:
   path: str            # microkernel, copy, loop
   flops: int
   bytes: int           # of the distinct buffers it reads and writes
+  gemm: list[int] | None = None  # a contraction's batch, M, N, K
 
 def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[CallInfo]:
   """What each call of render_model_c's list is. notes: (kernel name, role, the call's kernel AST or None) per call."""
@@ -38,7 +39,7 @@ def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[Ca
       g, c = call.gemm, call.gemm.c
       used = {id(call.bufs[s]): call.bufs[s] for s in (g.a.slot, g.b.slot, g.result)}
       infos.append(CallInfo(kernel, "aot_gemm_run", role, "microkernel", 2 * c.B * c.a.size * c.b.size * c.K,
-                            sum(b.nbytes for b in used.values())))
+                            sum(b.nbytes for b in used.values()), [c.B, c.a.size, c.b.size, c.K]))
       continue
     fn, fargs, _, _ = call
     flops = flop_count(ast)
@@ -88,11 +89,13 @@ def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int =
     rows.append({**asdict(info), "call": i, "ms": s * 1e3, "share": s / total if total else 0.0,
                  "gflops": info.flops / s / 1e9 if s else 0.0, "gb_per_s": info.bytes / s / 1e9 if s else 0.0})
   rows.sort(key=lambda r: -r["ms"])
+  by_path = {}
+  for r in rows: by_path[r["path"]] = by_path.get(r["path"], 0.0) + r["ms"]
   flops = sum(i.flops for i in infos)
   return {"model": art.name, "target": art.target, "threads": threads, "runs": runs, "total_ms": total * 1e3,
           "wall_ms": wall * 1e3,
           "calls_ms": sum(r["ms"] for r in rows), "gflop": flops / 1e9, "gflops": flops / total / 1e9 if total else 0.0,
-          "calls": rows}
+          "by_path_ms": by_path, "calls": rows}
 
 def format_profile(p: dict, top: int | None = None) -> str:
   """The profile as a table, slowest call first, and a total line."""
@@ -100,11 +103,13 @@ def format_profile(p: dict, top: int | None = None) -> str:
   lines = [f"{p['model']} (target {p['target']}, {p['threads']} thread{'s' if p['threads'] > 1 else ''}, "
            f"mean of {p['runs']} runs)", head]
   for r in p["calls"][:top]:
+    gemm = f" {r['gemm'][0]}x{r['gemm'][1]}x{r['gemm'][2]}x{r['gemm'][3]} (BxMxNxK)" if r.get("gemm") else ""
     lines.append(f"{100 * r['share']:5.1f}% {r['ms']:9.3f} {r['gflops']:8.2f} {r['bytes'] / 1e6:8.2f} "
-                 f"{r['gb_per_s']:6.1f}  {r['path']:<11} {r['role']:<11} {r['kernel']} ({r['function']})")
+                 f"{r['gb_per_s']:6.1f}  {r['path']:<11} {r['role']:<11} {r['kernel']} ({r['function']}){gemm}")
   if top is not None and len(p["calls"]) > top: lines.append(f"  ... {len(p['calls']) - top} more calls")
   lines.append(f"total {p['total_ms']:.3f} ms per run ({p['calls_ms']:.3f} ms in {len(p['calls'])} calls), "
-               f"{p['gflop']:.3f} GFLOP, {p['gflops']:.2f} GFLOP/s")
+               f"{p['gflop']:.3f} GFLOP, {p['gflops']:.2f} GFLOP/s; by path: " +
+               ", ".join(f"{k} {100 * v / p['total_ms']:.1f}%" for k, v in p["by_path_ms"].items()))
   return "\n".join(lines)
 
 def write_profile(p: dict, path: Path) -> None:
