@@ -4,6 +4,7 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
   python -m aot.bench                         # the bundled reference models
   python -m aot.bench model.onnx ... --json out.json --threads 1
   python -m aot.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
+  python -m aot.bench --zoo --threads 1,2      # the reference models and all nine light models (long)
   python -m aot.bench --profile light:squeezenet models:resnet18 --targets c   # where each model's run goes
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro
       # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread; unset a forced OpenBLAS core type, which slows numpy)
@@ -12,6 +13,10 @@ from __future__ import annotations
 import argparse, json, os, statistics, sys, tempfile, time
 from pathlib import Path
 import numpy as np
+
+# onnx's light models (backend/test/data/light), the architectures --zoo times beside the reference models
+LIGHT_MODELS = ("squeezenet", "shufflenet", "inception_v1", "inception_v2", "densenet121", "bvlc_alexnet", "resnet50",
+                "zfnet512", "vgg19")
 
 def _ort_session(model, threads: int):
   import onnxruntime as ort
@@ -34,7 +39,9 @@ def _time(fns: dict, repeats: int, budget_s: float) -> dict[str, float]:
     if i >= 2 and time.perf_counter() > t_end: break
   return {k: statistics.median(v) for k, v in times.items()}
 
-def bench_model(label: str, what, onnx_model, inputs_for, threads: int, targets, repeats: int, budget_s: float) -> dict:
+def bench_model(label: str, what, onnx_model, inputs_for, thread_counts: list[int], targets, repeats: int,
+                budget_s: float) -> list[dict]:
+  """One row per thread count; the model is compiled once for each target."""
   import aot
   from aot.codegen.linearize import flop_count
   from aot.compiler import resolve
@@ -42,31 +49,55 @@ def bench_model(label: str, what, onnx_model, inputs_for, threads: int, targets,
   traced = resolve(what)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   gflop = sum(flop_count(k.ast) for k in sched.kernels) / 1e9
+  # the arena against the largest tensor a kernel writes, the weights blob against the model's own weights
+  largest = max(b.nbytes for k in sched.kernels for b in k.bufs[:1] + sched.inputs + sched.outputs)
+  own_weights = _onnx_weight_bytes(onnx_model) if onnx_model is not None else 0
   arts, compile_s = {}, {}
   for t in targets:
     t0 = time.perf_counter()
     arts[t] = aot.compile_model(what, target=t, out_dir=tempfile.mkdtemp(prefix=f"bench_{t}_"), cache=False)
     compile_s[t] = time.perf_counter() - t0
-  xs = inputs_for(arts[targets[0]])
-  runners = {t: (lambda m=aot.load(arts[t], threads=threads): m(*xs)) for t in targets}
-  sess = _ort_session(onnx_model, threads) if onnx_model is not None else None
-  feed = {i.name: x for i, x in zip(sess.get_inputs(), xs)} if sess else None
-  if sess: runners["onnxruntime"] = lambda: sess.run(None, feed)
-  med = _time(runners, repeats, budget_s)
-  ref = sess.run(None, feed)[0] if sess else None
-  row = {"model": label, "gflop": round(gflop, 4), "threads": threads, "kernels": arts[targets[0]].num_kernels}
-  for t in targets:
-    out = runners[t]()
-    out = out[0] if isinstance(out, tuple) else out
-    row[f"{t}_ms"] = round(med[t] * 1e3, 3)
-    row[f"{t}_gflops"] = round(gflop / med[t], 2) if med[t] else None
-    row[f"{t}_compile_s"] = round(compile_s[t], 2)
-    if ref is not None:
-      row[f"{t}_rel_err"] = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-30))
-      row[f"{t}_vs_ort"] = round(med[t] / med["onnxruntime"], 2)
-  if sess: row["ort_ms"] = round(med["onnxruntime"] * 1e3, 3)
-  if "c" in targets and "llvm" in targets: row["llvm_over_c"] = round(med["llvm"] / med["c"], 2)
-  return row
+  art = arts[targets[0]]
+  xs = inputs_for(art)
+  models = {t: aot.load(arts[t]) for t in targets}
+  rows = []
+  for threads in thread_counts:
+    for m in models.values(): m.set_threads(threads)
+    runners = {t: (lambda m=m: m(*xs)) for t, m in models.items()}
+    sess = _ort_session(onnx_model, threads) if onnx_model is not None else None
+    feed = {i.name: x for i, x in zip(sess.get_inputs(), xs)} if sess else None
+    if sess: runners["onnxruntime"] = lambda: sess.run(None, feed)
+    med = _time(runners, repeats, budget_s)
+    ref = sess.run(None, feed)[0] if sess else None
+    row = {"model": label, "gflop": round(gflop, 4), "threads": threads, "kernels": art.num_kernels,
+           "weights_mb": round(art.weights_bytes / 1e6, 2), "arena_mb": round(art.arena_bytes / 1e6, 2),
+           "arena_x": round(art.arena_bytes / largest, 1)}
+    if own_weights: row["weights_x"] = round(art.weights_bytes / own_weights, 2)
+    for t in targets:
+      out = runners[t]()
+      out = out[0] if isinstance(out, tuple) else out
+      row[f"{t}_ms"] = round(med[t] * 1e3, 3)
+      row[f"{t}_gflops"] = round(gflop / med[t], 2) if med[t] else None
+      row[f"{t}_compile_s"] = round(compile_s[t], 2)
+      if ref is not None:
+        row[f"{t}_rel_err"] = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        row[f"{t}_vs_ort"] = round(med[t] / med["onnxruntime"], 2)
+    if sess: row["ort_ms"] = round(med["onnxruntime"] * 1e3, 3)
+    if "c" in targets and "llvm" in targets: row["llvm_over_c"] = round(med["llvm"] / med["c"], 2)
+    rows.append(row)
+    print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
+  for m in models.values(): m.close()
+  return rows
+
+def _onnx_weight_bytes(model) -> int:
+  """Bytes of an ONNX model's initializers and Constant tensors: the weights it ships."""
+  import onnx
+  from onnx import helper
+  if isinstance(model, (str, Path)): model = onnx.load(str(model))
+  tensors = list(model.graph.initializer) + [a.t for n in model.graph.node if n.op_type == "Constant"
+                                             for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+  return sum(int(np.prod(t.dims, dtype=np.int64)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+             for t in tensors)
 
 def _onnx_arg(path: str):
   """(label, ModelProto) of a command-line model: a file, or light:NAME, one of the architectures that ship with onnx
@@ -103,7 +134,8 @@ def micro(targets, threads: int, budget_s: float) -> list[dict]:
   return rows
 
 def table(rows: list[dict], targets) -> str:
-  cols = ["model", "gflop", "threads", "kernels"] + [f"{t}_ms" for t in targets] + ["ort_ms"] + \
+  cols = ["model", "gflop", "threads", "kernels", "weights_mb", "weights_x", "arena_mb", "arena_x"] + \
+         [f"{t}_ms" for t in targets] + ["ort_ms"] + \
          [f"{t}_vs_ort" for t in targets] + [f"{t}_gflops" for t in targets] + ["llvm_over_c"] + \
          [f"{t}_compile_s" for t in targets] + [f"{t}_rel_err" for t in targets]
   cols = [c for c in cols if any(c in r for r in rows)]
@@ -112,11 +144,24 @@ def table(rows: list[dict], targets) -> str:
   lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
   return "\n".join(lines)
 
+# slower than onnxruntime by more than this is named under the table (run-to-run noise on a shared machine is ~5%)
+SLOWER_NOTE_RATIO = 1.05
+
+def slower_note(rows: list[dict], targets) -> str:
+  """One line naming the rows where we are slower than onnxruntime, slowest first."""
+  slow = [(max(r.get(f"{t}_vs_ort", 0) for t in targets), r) for r in rows]
+  slow = sorted(((x, r) for x, r in slow if x > SLOWER_NOTE_RATIO), key=lambda xr: -xr[0])
+  if not slow: return "Nowhere slower than onnxruntime (by more than 5%)."
+  return "Slower than onnxruntime: " + ", ".join(
+    f"{r['model']} ({r['threads']}t: " + ", ".join(f"{t} {r[f'{t}_vs_ort']}x" for t in targets if f"{t}_vs_ort" in r) + ")"
+    for _, r in slow) + "."
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m aot.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("onnx", nargs="*", help="ONNX models to time besides the bundled reference models (a file, or "
                   "light:NAME for onnx's light models with seeded random weights)")
   ap.add_argument("--models", default="mlp,mnist,resnet18,transformer", help="bundled models to time ('' for none)")
+  ap.add_argument("--zoo", action="store_true", help="also time all nine of onnx's light models (light:NAME)")
   ap.add_argument("--targets", default="c,llvm")
   ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
   ap.add_argument("--repeats", type=int, default=20)
@@ -141,26 +186,29 @@ def main(argv=None) -> int:
     if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.readme: _replace_between(Path(args.readme), "micro", f"`python -m aot.bench --micro` (OpenBLAS {_openblas()}):\n\n{text}")
     return 0
+  if args.zoo: args.onnx += [f"light:{n}" for n in LIGHT_MODELS if f"light:{n}" not in args.onnx]
   if args.profile: return _profile(args.onnx, targets, [int(t) for t in args.threads.split(",")], args)
+  thread_counts = [int(t) for t in args.threads.split(",")]
   rows = []
-  for threads in [int(t) for t in args.threads.split(",")]:
-    for name in [m for m in args.models.split(",") if m]:
-      ref = get(name)
-      # the ONNX form, compiled and given to onnxruntime alike (its kernels are the Tensor form's)
-      form = onnx_model(name)
-      rows.append(bench_model(name, form, form, lambda art, r=ref: r.example_inputs(0),
-                              threads, targets, args.repeats, args.budget))
-      print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
-    for path in args.onnx:
-      label, model = _onnx_arg(path)
-      rows.append(bench_model(label, model, model, lambda art: random_inputs(art.inputs),
-                              threads, targets, args.repeats, args.budget))
-      print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
+  for name in [m for m in args.models.split(",") if m]:
+    ref = get(name)
+    # the ONNX form, compiled and given to onnxruntime alike (its kernels are the Tensor form's)
+    form = onnx_model(name)
+    rows += bench_model(name, form, form, lambda art, r=ref: r.example_inputs(0), thread_counts, targets, args.repeats,
+                        args.budget)
+  for path in args.onnx:
+    label, model = _onnx_arg(path)
+    rows += bench_model(label, model, model, lambda art: random_inputs(art.inputs), thread_counts, targets,
+                        args.repeats, args.budget)
+  # the table by thread count, then in the order the models were given
+  rows = sorted(rows, key=lambda r: r["threads"])
   print(table(rows, targets))
+  print(slower_note(rows, targets))
   if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
   if args.readme:
-    _replace_between(Path(args.readme), "bench", f"`python -m aot.bench --threads {args.threads}` on {os.cpu_count()} cores:\n\n" +
-                     table(rows, targets))
+    command = f"python -m aot.bench --threads {args.threads}{' --zoo' if args.zoo else ''}"
+    _replace_between(Path(args.readme), "bench", f"`{command}` on {os.cpu_count()} cores:\n\n" +
+                     table(rows, targets) + "\n\n" + slower_note(rows, targets))
   return 0
 
 def _profile(models: list[str], targets, threads: list[int], args) -> int:
