@@ -49,7 +49,8 @@ def bench_model(label: str, what, onnx_model, inputs_for, thread_counts: list[in
   traced = resolve(what)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   gflop = sum(flop_count(k.ast) for k in sched.kernels) / 1e9
-  # the arena against the largest tensor a kernel writes, the weights blob against the model's own weights
+  # the arena against the largest tensor a kernel writes or the model takes or gives, the weights blob against the
+  # model's own weights
   largest = max(b.nbytes for k in sched.kernels for b in k.bufs[:1] + sched.inputs + sched.outputs)
   own_weights = _onnx_weight_bytes(onnx_model) if onnx_model is not None else 0
   arts, compile_s = {}, {}

@@ -85,3 +85,18 @@ def test_cli_profile_writes_the_table_and_json(tmp_path):
   x = np.random.default_rng(0).standard_normal((8, 784)).astype(np.float32)
   ref = get("mlp")
   np.testing.assert_allclose(aot.load(tmp_path)(x), ref.reference(x), rtol=1e-4, atol=1e-5)
+
+def test_bench_rows_give_weights_and_arena_against_the_model(tmp_path):
+  from onnx import numpy_helper
+  from aot.bench import bench_model, slower_note
+  from aot.models.onnx_forms import onnx_model
+  form, ref = onnx_model("mlp"), get("mlp")
+  rows = bench_model("mlp", form, form, lambda art: ref.example_inputs(0), [1, 2], ["c"], 3, 0.1)
+  assert [r["threads"] for r in rows] == [1, 2] and all(r["c_rel_err"] < 1e-4 for r in rows)
+  own = sum(numpy_helper.to_array(t).nbytes for t in form.graph.initializer)
+  # the blob holds mlp's three weight matrices packed in tiles and its biases: about the model's own bytes
+  assert 1.0 <= rows[0]["weights_x"] <= 1.2 and rows[0]["weights_x"] == round(rows[0]["weights_mb"] * 1e6 / own, 2)
+  # the largest tensor is the (8, 784) input
+  assert rows[0]["arena_x"] == round(aot.compile_model(form, out_dir=tmp_path).arena_bytes / (8 * 784 * 4), 1)
+  fast, slow = {"model": "a", "threads": 1, "c_vs_ort": 0.9}, {"model": "b", "threads": 2, "c_vs_ort": 3.0}
+  assert slower_note([fast, slow], ["c"]) == "Slower than onnxruntime: b (2t: c 3.0x)."
