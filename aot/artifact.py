@@ -71,8 +71,9 @@ const char *{name}_last_error(const {name}_model *m);
 """
 
 def _profile_decl(name: str, calls: int) -> str:
-  return f"""/* profile build only: the seconds each of the {calls} calls of the kernel list took, summed over the runs since
-   the last read, then the runs' own seconds; copies the first n of these {calls + 1} sums to out and zeroes them */
+  return f"""/* profile build only: the seconds each of the {calls} calls of the kernel list took, summed over the runs
+   since the last read, then the runs' own seconds; copies the first n of these {calls + 1} sums to out and zeroes
+   them */
 #define {name.upper()}_PROFILE_CALLS {calls}
 int {name}_profile({name}_model *m, double *out, int n);
 """

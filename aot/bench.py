@@ -153,9 +153,8 @@ def slower_note(rows: list[dict], targets) -> str:
   slow = [(max(r.get(f"{t}_vs_ort", 0) for t in targets), r) for r in rows]
   slow = sorted(((x, r) for x, r in slow if x > SLOWER_NOTE_RATIO), key=lambda xr: -xr[0])
   if not slow: return "Nowhere slower than onnxruntime (by more than 5%)."
-  return "Slower than onnxruntime: " + ", ".join(
-    f"{r['model']} ({r['threads']}t: " + ", ".join(f"{t} {r[f'{t}_vs_ort']}x" for t in targets if f"{t}_vs_ort" in r) + ")"
-    for _, r in slow) + "."
+  ratios = lambda r: ", ".join(f"{t} {r[f'{t}_vs_ort']}x" for t in targets if f"{t}_vs_ort" in r)
+  return "Slower than onnxruntime: " + ", ".join(f"{r['model']} ({r['threads']}t: {ratios(r)})" for _, r in slow) + "."
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m aot.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,7 +215,8 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
   """Profile builds of each model for each target and thread count: the tables, and with --json all of them."""
   import aot
   from aot.profile import profile_and_report
-  if not models: raise SystemExit("python -m aot.bench --profile: name the models to profile (models:NAME, a file, light:NAME)")
+  if not models:
+    raise SystemExit("python -m aot.bench --profile: name the models to profile (models:NAME, a file, light:NAME)")
   profiles = []
   for what in models:
     model = what if what.startswith("models:") else _onnx_arg(what)[1]

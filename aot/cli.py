@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--emit", choices=["graph", "kernels", "source"], help="stop after this stage and show it")
   p.add_argument("--check", action="store_true", help="run the artifact on a seeded input and compare with the reference")
   p.add_argument("--profile", action="store_true",
-                 help="build a timed variant, run it on a seeded input and show each kernel call's time (OUT/profile.json)")
+                 help="build a timed variant, run it on a seeded input and show each kernel call's time "
+                      "(also OUT/profile.json)")
   p.add_argument("--no-cache", action="store_true", help="always run the C compiler (ignore the build cache)")
   p.add_argument("-v", "--verbose", action="store_true", help="show progress and full tracebacks")
   args = p.parse_args(argv)

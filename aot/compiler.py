@@ -161,8 +161,8 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     if not (gemms and _copies_in_place(last)):
       calls.append(call(last, k.bufs[0]))
       notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
-  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external,
-                                                                                     profile)
+  model_c = render_model_c(name, sched, calls, protos, external, profile)
+  files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c
   if not external: files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target, len(calls) if profile else 0)
   if profile: files[CALLS_FILE] = calls_json(describe_calls(calls, notes))
@@ -183,7 +183,8 @@ def _copies_in_place(ast: UOp) -> bool:
 def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
                   cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,
                   shapes: dict | None = None, bind: dict | None = None, triple: str | None = None,
-                  offload_arch: tuple[str, ...] | None = None, emulate: bool = False, profile: bool = False) -> Artifact:
+                  offload_arch: tuple[str, ...] | None = None, emulate: bool = False,
+                  profile: bool = False) -> Artifact:
   """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs), "models:NAME", or an ONNX
   model (a .onnx path or an onnx.ModelProto; `shapes` pins symbolic dims by input or dim name, `bind` pins scalar
   inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact.

@@ -7,7 +7,8 @@ a normal build renders none of that (its model.c, and so its cache entry, differ
 - a generated kernel: a dense operand's copy (im2col), an epilogue, or a whole kernel; "copy" when it does no
   floating-point arithmetic (data movement only), else "loop" (generated loops).
 The table gives each call's share of the run, its time, GFLOP/s and the bytes of the buffers it reads and writes, by
-the schedule kernel it belongs to."""
+the schedule kernel it belongs to. Flops are those the call executes (a contraction's 2 B M N K, a loop's
+flop_count), which is more than the model needs where a kernel computes values it then drops."""
 from __future__ import annotations
 import ctypes, json, time
 from dataclasses import dataclass, asdict
@@ -54,7 +55,8 @@ def calls_json(infos: list[CallInfo]) -> str:
 def load_calls(art) -> list[CallInfo]:
   path = art.dir / "src" / CALLS_FILE
   if not path.exists():
-    raise ValueError(f"{art.dir} is not a profile build (no src/{CALLS_FILE}): compile it with profile=True / --profile")
+    raise ValueError(f"{art.dir} is not a profile build (no src/{CALLS_FILE}): compile it with profile=True or "
+                     "--profile")
   return [CallInfo(**d) for d in json.loads(path.read_text())]
 
 def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int = 1, budget_s: float = 5.0) -> dict:

@@ -1,4 +1,5 @@
-"""The profiler (aot/profile.py): a timed build that computes what the normal one does, and a normal one with no timing."""
+"""The profiler (aot/profile.py): a timed build that computes what the normal one does, a normal one with no timing;
+and the bench's memory columns."""
 import ctypes, json, re, subprocess, sys
 import numpy as np
 import pytest
