@@ -63,7 +63,8 @@ def _accepts(identity: tuple[str, str], flag: str) -> bool:
   only a warning ("argument unused during compilation"): either way it is dropped. Probed once per compiler."""
   with tempfile.TemporaryDirectory(prefix="aot_probe_") as d:
     (Path(d) / "probe.c").write_text("int aot_probe;\n")
-    try: p = subprocess.run([identity[0], flag, "-c", "probe.c", "-o", "probe.o"], cwd=d, capture_output=True, text=True)
+    cmd = [identity[0], flag, "-c", "probe.c", "-o", "probe.o"]
+    try: p = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
     except OSError: return False
   return p.returncode == 0 and not (p.stderr.strip() or p.stdout.strip())
 
@@ -81,7 +82,8 @@ def run_build_command(cmd: list[str], cwd: Path) -> None:
   lines (from stderr or stdout: some compilers and wrappers write errors to stdout)."""
   try: p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
   except OSError as e: raise BuildError(f"{' '.join(cmd)} failed: cannot run {cmd[0]}: {e.strerror}") from None
-  if p.returncode != 0: raise BuildError(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{_first_errors(p.stderr + p.stdout)}")
+  if p.returncode != 0:
+    raise BuildError(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{_first_errors(p.stderr + p.stdout)}")
 
 def _first_errors(output: str) -> str:
   lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]

@@ -17,7 +17,8 @@ COMPILERS = ("gcc", "clang-14", "clang-19")
 def need(compiler: str) -> str:
   """The compiler's path; a skip where it is not installed, a failure in CI (.ci/run installs all of them)."""
   if path := shutil.which(compiler): return path
-  if os.environ.get("CI", "") not in ("", "0", "false"): pytest.fail(f"{compiler} is not installed (.ci/run installs it)")
+  if os.environ.get("CI", "") not in ("", "0", "false"):
+    pytest.fail(f"{compiler} is not installed (.ci/run installs it)")
   pytest.skip(f"{compiler} is not installed")
 
 @pytest.fixture(params=COMPILERS)
@@ -63,7 +64,8 @@ def test_onnx_op_chain_with_a_reduction(compiler, tmp_path):
   model = op_chain()
   rng = np.random.default_rng(0)
   x, y = rng.standard_normal((6, 7, 9), dtype=np.float32), rng.standard_normal((1, 6, 1), dtype=np.float32)
-  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x, "y": y})[0]
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  want = session.run(None, {"x": x, "y": y})[0]
   got = aot.load(aot.compile_model(model, out_dir=tmp_path, target="c"))(x, y)
   assert got.shape == want.shape == (1, 6, 1)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -127,18 +129,22 @@ def test_the_build_cache_tells_compilers_of_one_name_apart(plain_clang, tmp_path
   plain_clang.symlink_to(need("clang-19"))
   assert build.build_library(src, ["a.c"], out) is False
 
-REFUSE_MODEL_C = 'for a in "$@"; do [ "$a" = model.c ] && {{ echo "model.c:1:1: error: {message}" {to}; exit 1; }}; done\n'
+# a compiler that fails on model.c with a known message (on stderr or stdout), and is gcc otherwise
+REFUSE_MODEL_C = ('for a in "$@"; do\n'
+                  '  [ "$a" = model.c ] && {{ echo "model.c:1:1: error: {message}" {to}; exit 1; }}\n'
+                  'done\nexec {gcc} "$@"\n')
 
 @pytest.mark.parametrize("to", ["stderr", "stdout"])
 def test_a_failed_build_shows_the_compilers_message(to, tmp_path, monkeypatch):
   gcc = need("gcc")
-  script = REFUSE_MODEL_C.format(message=f"the test compiler refuses model.c on {to}", to=">&2" if to == "stderr" else "")
-  monkeypatch.setenv("CC", fake_compiler(tmp_path / "refusing-cc", script + f'exec {gcc} "$@"\n'))
-  with pytest.raises(BuildError, match=rf"-c model\.c .* failed \(exit 1\):\nmodel.c:1:1: error: the test compiler refuses model.c on {to}"):
+  message = f"the test compiler refuses model.c on {to}"
+  script = REFUSE_MODEL_C.format(message=message, to=">&2" if to == "stderr" else "", gcc=gcc)
+  monkeypatch.setenv("CC", fake_compiler(tmp_path / "refusing-cc", script))
+  with pytest.raises(BuildError, match=rf"-c model\.c .* failed \(exit 1\):\nmodel.c:1:1: error: {message}"):
     aot.compile_model("models:mlp", out_dir=tmp_path / "out", cache=False)
   assert not (tmp_path / "out").exists()
   # and compile-model prints it, not just the command
   p = subprocess.run([sys.executable, "-m", "aot.cli", "models:mlp", "-o", str(tmp_path / "out"), "--no-cache"],
                      capture_output=True, text=True)
   assert p.returncode == 1 and "Traceback" not in p.stderr
-  assert f"error: the test compiler refuses model.c on {to}" in p.stderr, p.stderr
+  assert f"error: {message}" in p.stderr, p.stderr
