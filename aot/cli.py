@@ -1,8 +1,44 @@
 """compile-model: the command line."""
 from __future__ import annotations
-import argparse, signal, sys, time, traceback
+import argparse, re, signal, sys, time, traceback
 from pathlib import Path
+from typing import TextIO
 import numpy as np
+
+# a compile shorter than this shows no progress bar: a bar that flashes up and is erased at once is only noise
+PROGRESS_DELAY_S = 2.0
+PROGRESS_BAR_WIDTH = 24
+
+class Progress:
+  """What compile-model says on stderr while it works: with -v every step on its own line; on a terminal, once the
+  compile has taken PROGRESS_DELAY_S, one line (the step, and a bar of the sources compiled) rewritten in place and
+  erased at the end; otherwise (a pipe, a log, -q) nothing."""
+  def __init__(self, stream: TextIO, verbose: bool = False, quiet: bool = False, clock=time.perf_counter):
+    self.stream, self.verbose, self.clock, self.t0 = stream, verbose and not quiet, clock, clock()
+    self.bar = not quiet and not verbose and stream.isatty()
+    self.shown = False
+
+  def __call__(self, step: str) -> None:
+    if self.verbose:
+      print(f"  .. {step}", file=self.stream, flush=True)
+      return
+    elapsed = self.clock() - self.t0
+    if not self.bar or elapsed < PROGRESS_DELAY_S: return
+    line = f"{step}  {elapsed:.0f} s"
+    if m := re.fullmatch(r"compiled (\d+)/(\d+) sources", step):
+      filled = PROGRESS_BAR_WIDTH * int(m.group(1)) // max(int(m.group(2)), 1)
+      line = f"[{'#' * filled}{'.' * (PROGRESS_BAR_WIDTH - filled)}] {line}"
+    # \r and erase-to-end-of-line: the line replaces the last one, whatever its length
+    self.stream.write(f"\r\x1b[K{line}")
+    self.stream.flush()
+    self.shown = True
+
+  def close(self) -> None:
+    """Erase the bar, so what follows starts on a clean line."""
+    if self.shown:
+      self.stream.write("\r\x1b[K")
+      self.stream.flush()
+      self.shown = False
 
 def _graph_text(outputs) -> str:
   from aot.ir import UOp, Ops
@@ -47,13 +83,18 @@ def main(argv: list[str] | None = None) -> int:
                  help="build a timed variant, run it on a seeded input and show each kernel call's time "
                       "(also OUT/profile.json)")
   p.add_argument("--no-cache", action="store_true", help="always run the C compiler (ignore the build cache)")
-  p.add_argument("-v", "--verbose", action="store_true", help="show progress and full tracebacks")
+  talk = p.add_mutually_exclusive_group()
+  talk.add_argument("-v", "--verbose", action="store_true", help="show every step and full tracebacks")
+  talk.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors (and what --emit asks for)")
   args = p.parse_args(argv)
   try: return _run(args)
   except KeyboardInterrupt: return 130
   except Exception as e:
     if args.verbose: traceback.print_exc()
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    from aot.build import BuildError
+    lines = str(e).strip().splitlines() or [type(e).__name__]
+    # one line, except a compiler's failure: its command and the compiler's own first error lines (bounded by build.py)
+    msg = "\n".join(lines) if isinstance(e, BuildError) else lines[0]
     print(f"compile-model: error: {msg}", file=sys.stderr)
     return 1
 
@@ -66,7 +107,6 @@ def _run(args) -> int:
   if not args.model.startswith("models:") and not args.model.endswith(".onnx"):
     raise ValueError(f"{args.model!r}: expected an .onnx file or models:NAME (one of mlp, mnist, resnet18, transformer)")
   shapes, bind = _pins(args.shape, "--shape", _dims), _pins(args.bind, "--bind", _number)
-  say = (lambda s: print(f"  .. {s}", file=sys.stderr)) if args.verbose else (lambda s: None)
   out = Path(args.out)
   if args.emit in ("graph", "kernels", "source"):
     traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
@@ -84,30 +124,29 @@ def _run(args) -> int:
     for f, text in files.items(): (out / "src" / f).write_text(text)
     print(f"{traced.name}: wrote {len(files)} sources to {out / 'src'}")
     return 0
+  if args.check and args.triple: raise ValueError("--check runs the artifact here: it cannot check a cross-compiled one")
   t0 = time.perf_counter()
-  last = [0.0]
-  def progress(s: str):
-    # C compilation of big models takes a while: say how far it got, at most a few times a second
-    if args.verbose or (s.startswith("compiled") and time.perf_counter() - last[0] > 0.5):
-      last[0] = time.perf_counter()
-      print(f"  .. {s}", file=sys.stderr)
-  art = aot.compile_model(args.model, target=args.target, out_dir=out, name=args.name, cpu=args.cpu,
-                          cache=not args.no_cache, progress=progress, shapes=shapes, bind=bind, triple=args.triple,
-                          offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None,
-                          profile=args.profile)
-  print(f"{art.name}: {art.num_kernels} kernels (target {art.target}), compiled in {time.perf_counter() - t0:.1f} s")
-  print("\n".join(_kernel_lines(art.kernels)))
-  print(f"arena: {art.arena_bytes} bytes ({art.arena_bytes / 2**20:.2f} MiB); weights: {art.weights_bytes} bytes")
-  print(f"wrote {art.library_path if art.library_path.exists() else '(no library here; ' + art.manifest.get('gpu', {}).get('built', '') + ')'}, "
-        f"{art.header_path}, {art.dir / (art.name + '.json')}, {art.dir / 'src'}/")
+  progress = Progress(sys.stderr, args.verbose, args.quiet)
+  try:
+    art = aot.compile_model(args.model, target=args.target, out_dir=out, name=args.name, cpu=args.cpu,
+                            cache=not args.no_cache, progress=progress, shapes=shapes, bind=bind, triple=args.triple,
+                            offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None,
+                            profile=args.profile)
+  finally:
+    progress.close()
+  if not args.quiet: _summary(art, time.perf_counter() - t0)
   if args.profile:
     if args.triple: raise ValueError("--profile runs the artifact here: it cannot profile a cross-compiled one")
     from aot.profile import profile_and_report
     profile_and_report(art, out / "profile.json")
-  if args.check:
-    if args.triple: raise ValueError("--check runs the artifact here: it cannot check a cross-compiled one")
-    return _check(art, args.model, bind)
-  return 0
+  return _check(art, args.model, bind, args.quiet) if args.check else 0
+
+def _summary(art, seconds: float) -> None:
+  print(f"{art.name}: {art.num_kernels} kernels (target {art.target}), compiled in {seconds:.1f} s")
+  print("\n".join(_kernel_lines(art.kernels)))
+  print(f"arena: {art.arena_bytes} bytes ({art.arena_bytes / 2**20:.2f} MiB); weights: {art.weights_bytes} bytes")
+  print(f"wrote {art.library_path if art.library_path.exists() else '(no library here; ' + art.manifest.get('gpu', {}).get('built', '') + ')'}, "
+        f"{art.header_path}, {art.dir / (art.name + '.json')}, {art.dir / 'src'}/")
 
 def _pins(items: list[str], flag: str, parse) -> dict:
   out = {}
@@ -139,7 +178,7 @@ def random_inputs(inputs, seed: int = 0) -> list[np.ndarray]:
     else: out.append(rng.integers(0, 4, t.shape).astype(dt))
   return out
 
-def _check(art, model: str, bind: dict) -> int:
+def _check(art, model: str, bind: dict, quiet: bool = False) -> int:
   import aot
   run = aot.load(art)
   if model.startswith("models:"):
@@ -164,8 +203,11 @@ def _check(art, model: str, bind: dict) -> int:
   scale = max(max(float(np.max(np.abs(w), initial=0)) for w in want), 1e-30)
   rel = err / scale
   ok = rel <= 1e-4 and all(g.shape == np.shape(w) for g, w in zip(got, want))
-  print(f"check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e} -> {'PASS' if ok else 'FAIL'}; "
-        f"latency {np.median(times) * 1e3:.2f} ms (median of 5)")
+  line = (f"check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e} -> {'PASS' if ok else 'FAIL'}; "
+          f"latency {np.median(times) * 1e3:.2f} ms (median of 5)")
+  # -q: a failed check is an error, a passed one is not
+  if not quiet: print(line)
+  elif not ok: print(f"compile-model: error: {line}", file=sys.stderr)
   return 0 if ok else 1
 
 def _ort_inputs(sess):

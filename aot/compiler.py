@@ -1,6 +1,6 @@
 """The driver: trace -> schedule -> memory plan -> render -> build -> artifact."""
 from __future__ import annotations
-import importlib.resources, inspect, shutil, time
+import importlib.resources, inspect, os, shutil, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -184,7 +184,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
                   cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,
                   shapes: dict | None = None, bind: dict | None = None, triple: str | None = None,
                   offload_arch: tuple[str, ...] | None = None, emulate: bool = False,
-                  profile: bool = False) -> Artifact:
+                  profile: bool = False, sanitize: bool | None = None) -> Artifact:
   """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs), "models:NAME", or an ONNX
   model (a .onnx path or an onnx.ModelProto; `shapes` pins symbolic dims by input or dim name, `bind` pins scalar
   inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact.
@@ -193,10 +193,13 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   (e.g. "aarch64-linux-gnu"; needs that triple's gcc for the runtime and the link).
   GPU targets "cuda", "hip", "metal" (aot/gpu_artifact.py): offload_arch lists the AMD GPUs of a hip build (default
   gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers.
-  profile=True (CPU targets) builds the timed variant aot/profile.py reads."""
+  profile=True (CPU targets) builds the timed variant aot/profile.py reads.
+  sanitize (default: AOT_SANITIZE=1 in the environment) builds the C with AddressSanitizer and UBSan, for a program
+  that is itself built with -fsanitize=address,undefined (or runs with the ASan runtime preloaded)."""
   if target not in TARGETS: raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
   if profile and (target in GPU_TARGETS or emulate):
     raise ValueError(f"profile is for the CPU targets (c, llvm), not {target}{' emulation' if emulate else ''}")
+  if sanitize is None: sanitize = os.environ.get("AOT_SANITIZE", "") not in ("", "0")
   t0 = time.perf_counter()
   say = progress or (lambda s: None)
   traced = resolve(what, example_inputs, name, shapes, bind)
@@ -204,9 +207,11 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   say(f"scheduled {len(sched.kernels)} kernels")
   if target in GPU_TARGETS or emulate:
     if triple: raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
+    if sanitize: raise ValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
     from aot.gpu_artifact import compile_gpu_model
     return compile_gpu_model(traced.name, sched, target, out_dir, cpu, cache, say, offload_arch, emulate, t0)
   files, infos, (arena, holds), blob = render_sources(traced.name, sched, target, cpu, triple, profile)
+  say(f"rendered {len(infos)} kernels")
   out, stage = stage_sources(traced.name, files, blob, out_dir)
   try:
     src = stage / "src"
@@ -214,7 +219,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     for f in ("aot_runtime.c", "aot_gemm.c", "aot_runtime.h"): (src / f).write_text(runtime.joinpath(f).read_text())
     sources = [f for f in files if f.endswith((".c", ".S", ".ll"))] + ["aot_runtime.c", "aot_gemm.c"]
     build_library(src, sources, stage / f"lib{traced.name}.so", cpu, cache,
-                  progress=lambda d, n: say(f"compiled {d}/{n} sources"), triple=triple)
+                  progress=lambda d, n: say(f"compiled {d}/{n} sources"), triple=triple, sanitize=sanitize)
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
     write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, holds, len(blob),
                    time.perf_counter() - t0)

@@ -6,13 +6,13 @@ Also the emulated variant (`emulate=True`, cuda or hip): the same kernel source 
 runtime_c/aot_gpu_shim.h, which runs each kernel's grid as loops, behind the ordinary CPU model.c. It is a normal CPU
 library with the usual C API, so the loader and the model tests check the GPU kernels' numbers without a GPU."""
 from __future__ import annotations
-import hashlib, importlib.resources, json, os, shutil, subprocess, tempfile, time
+import hashlib, importlib.resources, json, os, shutil, tempfile, time
 from pathlib import Path
 from typing import Callable
 import numpy as np
 from aot.artifact import (Artifact, KernelInfo, api_type, param_names, render_header, render_model_c, render_weights_asm,
                           write_manifest, install, stage_sources, WEIGHTS_INLINE_MAX, _external_weights_c)
-from aot.build import BuildError, _cache_dir, _store, cc
+from aot.build import _cache_dir, _store, cc, run_build_command as _run
 from aot.codegen.c import CRenderer
 from aot.codegen.gpu import RENDERERS, Launch, plan_launch
 from aot.memory import memory_plan, weights_layout, align_up
@@ -283,10 +283,6 @@ xcrun clang -O2 -fPIC -fvisibility=hidden -fobjc-arc -dynamiclib -std=gnu11 \\
   -framework Metal -framework Foundation
 echo "built $(cd .. && pwd)/lib{name}.dylib"
 """
-
-def _run(cmd: list[str], cwd: Path):
-  p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-  if p.returncode != 0: raise BuildError(f"{' '.join(cmd)} failed:\n{p.stderr[-4000:]}")
 
 def build_steps(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str):
   """The commands that build libNAME.so from src/ (each run in src/), in order."""

@@ -1,5 +1,5 @@
 """compile-model end to end, in a subprocess, as a user runs it."""
-import json, re, subprocess, sys
+import io, json, re, subprocess, sys
 import pytest
 
 def cli(*args, cwd=None):
@@ -56,3 +56,48 @@ def test_llvm_target_and_its_source(tmp_path):
 def test_unknown_triple_is_one_line(tmp_path):
   p = cli("models:mlp", "-o", str(tmp_path / "x"), "--target", "llvm", "--triple", "nonsense-triple", "--cpu", "generic")
   assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "nonsense-triple" in p.stderr
+
+def test_no_progress_lines_without_verbose(tmp_path):
+  # --no-cache: the C compiler runs, and with it the progress callback
+  p = cli("models:mlp", "-o", str(tmp_path / "out"), "--no-cache")
+  assert p.returncode == 0 and "mlp: 3 kernels" in p.stdout
+  assert p.stderr == ""
+  p = cli("models:mlp", "-o", str(tmp_path / "out"), "--no-cache", "-v")
+  assert p.returncode == 0 and "  .. compiled 1/" in p.stderr and "  .. scheduled 3 kernels" in p.stderr
+
+def test_quiet_prints_nothing_but_errors(tmp_path):
+  p = cli("models:mlp", "-o", str(tmp_path / "out"), "--no-cache", "--check", "-q")
+  assert p.returncode == 0 and (p.stdout, p.stderr) == ("", "")
+  assert (tmp_path / "out" / "libmlp.so").exists()
+  p = cli("models:nope", "-o", str(tmp_path / "out"), "-q")
+  assert p.returncode == 1 and p.stdout == "" and p.stderr.startswith("compile-model: error: unknown reference model")
+  assert cli("models:mlp", "-o", str(tmp_path / "out"), "-q", "-v").returncode == 2
+
+class FakeTerminal(io.StringIO):
+  def isatty(self): return True
+
+def test_progress_bar_on_a_terminal_after_a_delay():
+  from aot.cli import Progress, PROGRESS_DELAY_S
+  now = [0.0]
+  term = FakeTerminal()
+  progress = Progress(term, clock=lambda: now[0])
+  progress("scheduled 40 kernels")
+  assert term.getvalue() == ""   # a short compile shows nothing
+  now[0] = PROGRESS_DELAY_S + 1
+  progress("compiled 1/4 sources")
+  progress("compiled 2/4 sources")
+  # one line, each update replacing the last: a carriage return and an erase, never a newline
+  shown = term.getvalue()
+  assert "\n" not in shown and shown.count("\r\x1b[K") == 2
+  assert shown.endswith("\r\x1b[K[" + "#" * 12 + "." * 12 + "] compiled 2/4 sources  3 s")
+  progress.close()
+  assert term.getvalue().endswith("\r\x1b[K") and "\n" not in term.getvalue()
+
+@pytest.mark.parametrize("stream, flags", [(io.StringIO(), {}), (FakeTerminal(), {"quiet": True})])
+def test_no_progress_bar_in_a_pipe_or_with_quiet(stream, flags):
+  from aot.cli import Progress, PROGRESS_DELAY_S
+  progress = Progress(stream, clock=iter([0.0, PROGRESS_DELAY_S + 1, PROGRESS_DELAY_S + 2]).__next__, **flags)
+  progress("compiled 1/2 sources")
+  progress("compiled 2/2 sources")
+  progress.close()
+  assert stream.getvalue() == ""
