@@ -1,0 +1,74 @@
+"""Shapes and the checks around them: unknown dims an exporter leaves in a model, impossible dims, and tensors past
+2**31 elements (whose index arithmetic must not wrap in 32 bits). Results checked against onnxruntime or an
+independent numpy computation."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper as oh, numpy_helper, TensorProto as TP
+import aot
+from aot.schedule import CompileError
+from aot.frontends.onnx import check_inferred_shapes
+from aot.frontends.tensor import Tensor
+
+def make(nodes, inputs, outputs, inits=(), opset=18):
+  m = oh.make_model(oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)),
+                    opset_imports=[oh.make_opsetid("", opset)])
+  m.ir_version = 9
+  return m
+
+def ort_run(model, feed):
+  return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+
+W = np.arange(6, dtype=np.float32).reshape(3, 2) / 4
+
+def classifier(batch_in, batch_out):
+  """A MatMul + Softmax classifier whose exporter wrote its batch dim as batch_in / batch_out."""
+  return make([oh.make_node("MatMul", ["x", "w"], ["l"]), oh.make_node("Softmax", ["l"], ["y"], axis=-1)],
+              [oh.make_tensor_value_info("x", TP.FLOAT, [batch_in, 3])],
+              [oh.make_tensor_value_info("y", TP.FLOAT, [batch_out, 2])],
+              [numpy_helper.from_array(W, "w")])
+
+@pytest.mark.parametrize("batch_out", [-1, 0, "batch", 7])
+def test_unknown_output_dims_are_not_a_mismatch(batch_out):
+  # a Paddle export declares its output (-1, 2); a 0 or a dim_param is the same unknown, and a wrong size is the
+  # exporter's claim (onnxruntime overrides it with what the graph computes, and so does the frontend)
+  m = classifier(1, batch_out)
+  x = np.random.default_rng(0).standard_normal((1, 3)).astype(np.float32)
+  art = aot.compile_model(m)
+  np.testing.assert_allclose(aot.load(art)(x), ort_run(m, {"x": x})[0], rtol=1e-6)
+
+def test_unknown_input_batch_is_pinned_and_checked_from_the_pinned_shape():
+  m = classifier(-1, -1)
+  with pytest.raises(CompileError, match=r"x\[0\] \(declared -1\)"): aot.compile_model(m)
+  x = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
+  art = aot.compile_model(m, shapes={"x": (4, 3)})
+  np.testing.assert_allclose(aot.load(art)(x), ort_run(m, {"x": x})[0], rtol=1e-6)
+
+def test_shape_inference_still_catches_a_traced_shape_onnx_disagrees_with():
+  m = classifier(1, -1)
+  wrong = Tensor.input("x", (3, 2))
+  with pytest.raises(CompileError, match=r"output 'y': ONNX shape inference gives \(1, 2\), the traced graph \(3, 2\)"):
+    check_inferred_shapes(m, {"x": (1, 3)}, [wrong])
+  check_inferred_shapes(m, {"x": (1, 3)}, [Tensor.input("x", (1, 2))])
+
+def test_negative_input_dim_is_rejected_naming_input_and_dim():
+  m = make([oh.make_node("Relu", ["x"], ["y"])], [oh.make_tensor_value_info("x", TP.FLOAT, [1, -3])],
+           [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+  with pytest.raises(CompileError, match=r"x\[1\] \(declared -3\)"): aot.compile_model(m)
+  with pytest.raises(CompileError, match=r"input 'x' of shape \(1, -3\): dim 1 is -3"):
+    aot.compile_model(m, shapes={"x": (1, -3)})
+  with pytest.raises(CompileError, match=r"input 'a' of shape \(2, -1\): dim 1 is -1"):
+    aot.compile_model(lambda a: a.relu(), [((2, -1), np.float32)])
+
+def test_zero_size_dims_keep_working():
+  m = make([oh.make_node("Relu", ["x"], ["r"]), oh.make_node("ReduceSum", ["r"], ["y"], keepdims=0)],
+           [oh.make_tensor_value_info("x", TP.FLOAT, [0, 3])], [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+  x = np.zeros((0, 3), np.float32)
+  got = aot.load(aot.compile_model(m))(x)
+  want = ort_run(m, {"x": x})[0]
+  assert got.shape == want.shape == ()
+  np.testing.assert_array_equal(got, want)
+  art = aot.compile_model(lambda a, b: (a.relu(), b.sum(axis=0)), [((0, 3), np.float32), ((0, 2), np.float32)])
+  outs = aot.load(art)(np.zeros((0, 3), np.float32), np.zeros((0, 2), np.float32))
+  assert outs[0].shape == (0, 3)
+  np.testing.assert_array_equal(outs[1], np.zeros(2, np.float32))
