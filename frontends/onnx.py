@@ -248,11 +248,13 @@ def model_problems(model: onnx.ModelProto) -> list[str]:
   onnx's checker (which names only the first problem it meets, and would hide the others)."""
   problems = []
   if bad := unsupported_ops(model): problems.append(f"unsupported ONNX operators: {', '.join(bad)}")
-  cycles = [f"graph '{g.name}' has a cycle: {' -> '.join(c)}" for g in _all_graphs(model.graph) if (c := graph_cycle(g))]
+  cycles = [f"graph '{g.name}' has a cycle: {' -> '.join(c)}"
+            for g in _all_graphs(model.graph) if (c := graph_cycle(g))]
   problems += cycles
   complaint = checker_complaint(model)
   # the checker's objection to a cycle is that the nodes are not in order, which the cycle already says
-  if complaint and not (cycles and "topologically sorted" in complaint): problems.append(f"invalid ONNX model: {complaint}")
+  if complaint and not (cycles and "topologically sorted" in complaint):
+    problems.append(f"invalid ONNX model: {complaint}")
   return problems
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
@@ -339,7 +341,8 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
         continue
       inputs.append(t)
   if unpinned:
-    problems.append(f"unknown input dims must be pinned: {', '.join(unpinned)} (use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
+    problems.append(f"unknown input dims must be pinned: {', '.join(unpinned)} "
+                    "(use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
   if problems: raise CompileError("; ".join(problems))
   tracer = Tracer(model)
   outs = tracer.run_graph(g, env, tracer.opset_of("", 1))
