@@ -72,3 +72,58 @@ def test_zero_size_dims_keep_working():
   outs = aot.load(art)(np.zeros((0, 3), np.float32), np.zeros((0, 2), np.float32))
   assert outs[0].shape == (0, 3)
   np.testing.assert_array_equal(outs[1], np.zeros(2, np.float32))
+
+# *** past 2**31 elements: 64-bit index arithmetic where 32 bits would wrap, 32 bits elsewhere ***
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_sum_of_a_lazily_expanded_scalar_past_2_31_elements(target):
+  # the reduction loop runs 2**32 (ONNX) and 2**40 (Tensor API) times: its counter must not wrap (it did: the sum
+  # came out 0, or the run failed). Integer sums, so the expected values are exact
+  m = make([oh.make_node("Expand", ["x", "shape"], ["e"]), oh.make_node("ReduceSum", ["e"], ["y"], keepdims=0)],
+           [oh.make_tensor_value_info("x", TP.INT64, [])], [oh.make_tensor_value_info("y", TP.INT64, None)],
+           [numpy_helper.from_array(np.array([2**32], np.int64), "shape")])
+  assert int(aot.load(aot.compile_model(m, target=target))(np.int64(3))) == 3 * 2**32
+  art = aot.compile_model(lambda x: x.reshape(1).expand(2**40).sum(), [((), np.int64)], target=target)
+  assert int(aot.load(art)(np.int64(-5))) == -5 * 2**40
+
+N, STEP = 5 << 28, 575_000_001  # 3 * N > 2**31 elements, read every STEP-th
+
+def strided(x):
+  """Every STEP-th element of x broadcast to (3, N) and flattened: 7 elements, at flat indices up to 6 * STEP."""
+  return x.reshape(3, 1).expand(3, N).reshape(3 * N)[:7 * STEP].reshape(7, STEP)[:, 0]
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_an_index_past_2_31_is_computed_in_64_bits(target):
+  # r * STEP passes 2**31: in 32 bits it wrapped and read outside x (a wrong answer, silently)
+  x = np.array([10, 20, 30], np.int64)
+  got = aot.load(aot.compile_model(strided, [((3,), np.int64)], target=target))(x)
+  np.testing.assert_array_equal(got, x[np.arange(7) * STEP // N])
+
+def kernel_sources(fn, example_inputs, target):
+  from aot.compiler import trace, render_sources
+  from aot.schedule import schedule
+  traced = trace(fn, example_inputs)
+  files = render_sources(traced.name, schedule(traced.outputs, traced.inputs), target)[0]
+  return "\n".join(v for k, v in files.items() if k.endswith((".c", ".ll")))
+
+def test_a_buffer_past_2_31_elements_is_indexed_in_64_bits_and_small_ones_in_32():
+  # (built, not run: the output would take 2 GiB; run by hand, 2**31 + 1 int8 elements came out right on c and llvm)
+  big = lambda x: x.reshape(1, 3).expand(715827883, 3) + 1    # 2**31 + 1 elements
+  src = kernel_sources(big, [((3,), np.int8)], "c")
+  assert "for (int64_t r0 = start; r0 < end; r0++)" in src and "for (int64_t r1 = 0; r1 < 3LL; r1++)" in src
+  assert "add nsw i64" in kernel_sources(big, [((3,), np.int8)], "llvm")
+  # one axis past 2**31 is one loop the runtime cannot split in int: it runs whole
+  src = kernel_sources(lambda x: x.expand(2**31 + 1) + 1, [((1,), np.int8)], "c")
+  assert "for (int64_t r0 = 0; r0 < 2147483649LL; r0++)" in src and ", 0, 1);" in src
+  small = lambda x: x.reshape(1, 3).expand(1000, 3) + 1
+  src = kernel_sources(small, [((3,), np.int8)], "c")
+  assert "for (int r0 = start; r0 < end; r0++)" in src and "int64_t r" not in src
+  assert " i64 " not in kernel_sources(small, [((3,), np.int8)], "llvm").split("define", 1)[1]
+
+def test_a_gpu_target_refuses_what_it_would_index_in_32_bits():
+  from aot.compiler import trace
+  from aot.schedule import schedule
+  from aot.gpu_artifact import render_gpu_sources
+  traced = trace(strided, [((3,), np.int64)])
+  with pytest.raises(CompileError, match=r"indexes past 2\*\*31-1 elements, which this target computes in 32 bits"):
+    render_gpu_sources(traced.name, schedule(traced.outputs, traced.inputs), "cuda")
