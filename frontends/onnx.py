@@ -267,8 +267,9 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
       bad.append(f"{n.op_type}{' (domain ' + n.domain + ')' if n.domain else ''} (node '{n.name or n.output[0]}')")
   return bad
 
-# ONNX shape inference copies the whole model; past this size the cross-check costs more than it tells
-SHAPE_INFERENCE_MAX_BYTES = 256 << 20
+# shape inference reads the values of initializers that are shapes, axes, pads (a few elements each); a bigger one
+# is given to it as a typed input, so that the cross-check costs what the graph does, not what its weights do
+SHAPE_INFERENCE_CONST_MAX = 1 << 10
 
 def _unknown_dim(d, traced: int) -> bool:
   """A dim ONNX leaves open: a dim_param or nothing, or what exporters write for "unknown": a negative value, or 0
@@ -277,18 +278,24 @@ def _unknown_dim(d, traced: int) -> bool:
 
 def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple], outs: list) -> None:
   """ONNX's own shape inference, as a cross-check of ours: run from the input shapes the graph was traced with, and
-  without the shapes the model declares (an exporter's claim, which onnxruntime too overrides with what it
-  computes), a dim it infers must be the traced one."""
-  if model.ByteSize() > SHAPE_INFERENCE_MAX_BYTES: return
-  m = onnx.ModelProto()
-  m.CopyFrom(model)
+  without the shapes the model declares (its outputs' and value_info: an exporter's claim, which onnxruntime too
+  overrides with what it computes), a dim it infers must be the traced one."""
+  m = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+  m.graph.name = model.graph.name
+  m.graph.node.extend(model.graph.node)
+  m.graph.input.extend(model.graph.input)
+  m.graph.output.extend(model.graph.output)
+  m.graph.sparse_initializer.extend(model.graph.sparse_initializer)
+  declared = {vi.name for vi in model.graph.input}
+  for init in model.graph.initializer:
+    if math.prod(init.dims) <= SHAPE_INFERENCE_CONST_MAX: m.graph.initializer.append(init)
+    elif init.name not in declared: m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
   for vi in m.graph.input:
     if vi.name in input_shapes and vi.type.HasField("tensor_type"):
       vi.type.tensor_type.shape.Clear()
       for s in input_shapes[vi.name]: vi.type.tensor_type.shape.dim.add().dim_value = s
   for vi in m.graph.output:
     if vi.type.HasField("tensor_type"): vi.type.tensor_type.ClearField("shape")
-  del m.graph.value_info[:]
   try: inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
   except Exception: return  # inference gives up on some valid models; ours is the one that must work
   for vi, o in zip(inferred.graph.output, outs):
