@@ -289,7 +289,8 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
   declared = {vi.name for vi in model.graph.input}
   for init in model.graph.initializer:
     if math.prod(init.dims) <= SHAPE_INFERENCE_CONST_MAX: m.graph.initializer.append(init)
-    elif init.name not in declared: m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+    elif init.name not in declared:
+      m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
   for vi in m.graph.input:
     if vi.name in input_shapes and vi.type.HasField("tensor_type"):
       vi.type.tensor_type.shape.Clear()
