@@ -60,6 +60,18 @@ def test_negative_input_dim_is_rejected_naming_input_and_dim():
   with pytest.raises(CompileError, match=r"input 'a' of shape \(2, -1\): dim 1 is -1"):
     aot.compile_model(lambda a: a.relu(), [((2, -1), np.float32)])
 
+def test_a_negative_dim_from_an_op_is_rejected_naming_the_node():
+  # a Reshape to (-2, -3) has the right element count, and compiled into a kernel named k0_e_-2_-3
+  for op, shape, what in (("Reshape", [-2, -3], "reshape"), ("ConstantOfShape", [2, -3], "expand")):
+    nodes = [oh.make_node("Reshape", ["x", "s"], ["y"], name="r")] if op == "Reshape" else \
+            [oh.make_node("ConstantOfShape", ["s"], ["c"], name="c"), oh.make_node("Add", ["c", "x"], ["y"])]
+    m = make(nodes, [oh.make_tensor_value_info("x", TP.FLOAT, [6] if op == "Reshape" else [1])],
+             [oh.make_tensor_value_info("y", TP.FLOAT, None)], [numpy_helper.from_array(np.array(shape, np.int64), "s")])
+    with pytest.raises(CompileError, match=rf"{op} node '.': {what} to shape \({shape[0]}, -3\): a dim is a size"):
+      aot.compile_model(m)
+  with pytest.raises(ValueError, match=r"reshape to shape \(-2, -3\): a dim is a size"):
+    aot.compile_model(lambda a: a.reshape(-2, -3), [((6,), np.float32)])
+
 def test_zero_size_dims_keep_working():
   m = make([oh.make_node("Relu", ["x"], ["r"]), oh.make_node("ReduceSum", ["r"], ["y"], keepdims=0)],
            [oh.make_tensor_value_info("x", TP.FLOAT, [0, 3])], [oh.make_tensor_value_info("y", TP.FLOAT, None)])
