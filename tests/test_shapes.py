@@ -22,11 +22,13 @@ def ort_run(model, feed):
 W = np.arange(6, dtype=np.float32).reshape(3, 2) / 4
 
 def classifier(batch_in, batch_out):
-  """A MatMul + Softmax classifier whose exporter wrote its batch dim as batch_in / batch_out."""
-  return make([oh.make_node("MatMul", ["x", "w"], ["l"]), oh.make_node("Softmax", ["l"], ["y"], axis=-1)],
-              [oh.make_tensor_value_info("x", TP.FLOAT, [batch_in, 3])],
-              [oh.make_tensor_value_info("y", TP.FLOAT, [batch_out, 2])],
-              [numpy_helper.from_array(W, "w")])
+  """A MatMul + Softmax classifier whose exporter wrote its batch dim as batch_in / batch_out (also in value_info)."""
+  m = make([oh.make_node("MatMul", ["x", "w"], ["l"]), oh.make_node("Softmax", ["l"], ["y"], axis=-1)],
+           [oh.make_tensor_value_info("x", TP.FLOAT, [batch_in, 3])],
+           [oh.make_tensor_value_info("y", TP.FLOAT, [batch_out, 2])],
+           [numpy_helper.from_array(W, "w")])
+  m.graph.value_info.append(oh.make_tensor_value_info("l", TP.FLOAT, [batch_out, 2]))
+  return m
 
 @pytest.mark.parametrize("batch_out", [-1, 0, "batch", 7])
 def test_unknown_output_dims_are_not_a_mismatch(batch_out):
