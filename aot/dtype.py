@@ -33,11 +33,13 @@ class dtypes:
   float64 = DType("float64", 8, 'f', "double")
   # index arithmetic inside kernels; 32 bits keeps loops vectorisable and covers 2**31 elements
   index = DType("index", 4, 'i', "int")
+  # the same in a kernel where a loop or an index can pass 2**31-1 (codegen/linearize.py: widen_index)
+  index64 = DType("index64", 8, 'i', "int64_t")
   void = DType("void", 0, 'v', "void")
   default_float = float32
   default_int = int32
 
-ALL = tuple(v for v in vars(dtypes).values() if isinstance(v, DType) and v.name not in ("index", "void"))
+ALL = tuple(v for v in vars(dtypes).values() if isinstance(v, DType) and v.name not in ("index", "index64", "void"))
 _BY_NAME = {d.name: d for d in ALL}
 
 def to_dtype(x) -> DType:
@@ -55,9 +57,13 @@ def promote(a: DType, b: DType) -> DType:
 def min_value(d: DType):
   if d.is_float: return -float("inf")
   if d.kind == 'b': return False
-  return int(np.iinfo(d.np if d != dtypes.index else np.int32).min)
+  return int(np.iinfo(_int_np(d)).min)
 
 def max_value(d: DType):
   if d.is_float: return float("inf")
   if d.kind == 'b': return True
-  return int(np.iinfo(d.np if d != dtypes.index else np.int32).max)
+  return int(np.iinfo(_int_np(d)).max)
+
+def _int_np(d: DType):
+  # the kernel index types have no numpy type of their own
+  return {dtypes.index: np.int32, dtypes.index64: np.int64}.get(d) or d.np

@@ -107,19 +107,21 @@ class UOp:
     return UOp(op, dtype or (dtypes.bool if op in GroupOp.Compare else self.dtype), (self, *src))
   def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
   def reshape(self, shape) -> UOp:
-    shape = tuple(shape)
+    shape = _sizes(tuple(shape), "reshape")
     return self if shape == self.shape else UOp(Ops.RESHAPE, self.dtype, (self,), shape)
   def permute(self, order) -> UOp:
     order = tuple(order)
     return self if order == tuple(range(len(order))) else UOp(Ops.PERMUTE, self.dtype, (self,), order)
   def expand(self, shape) -> UOp:
-    shape = tuple(shape)
+    shape = _sizes(tuple(shape), "expand")
     return self if shape == self.shape else UOp(Ops.EXPAND, self.dtype, (self,), shape)
   def pad(self, pads, value=0.0) -> UOp:
     pads = tuple((int(a), int(b)) for a, b in pads)
+    _sizes(tuple(s + a + b for s, (a, b) in zip(self.shape, pads)), "pad")
     return self if all(p == (0, 0) for p in pads) else UOp(Ops.PAD, self.dtype, (self,), (pads, value))
   def shrink(self, bounds) -> UOp:
     bounds = tuple((int(a), int(b)) for a, b in bounds)
+    _sizes(tuple(b - a for a, b in bounds), "shrink")
     return self if bounds == tuple((0, s) for s in self.shape) else UOp(Ops.SHRINK, self.dtype, (self,), bounds)
   def flip(self, axes) -> UOp:
     axes = tuple(sorted(set(axes)))
@@ -151,6 +153,12 @@ class UOp:
       from aot.symbolic import value_range
       self._vrange = value_range(self)
     return self._vrange
+
+def _sizes(shape: tuple, what: str) -> tuple:
+  """shape, if every dim is a size (a negative one would compile into loops that never run, and a kernel named
+  k0_e_2_-3)."""
+  if any(s < 0 for s in shape): raise ValueError(f"{what} to shape {shape}: a dim is a size, 0 or more")
+  return shape
 
 def _binop(op: Ops, a, b) -> UOp:
   if not isinstance(a, UOp): a = UOp.const(b.dtype, a)

@@ -224,10 +224,12 @@ def _index_compute(ctx: Lowering, i: UOp, x: UOp):
   if x.op is Ops.GATHER:
     data, index, axis = x.src[0], x.src[1], x.arg
     n = data.shape[axis]
-    v = make_index(index, gate, idxs).cast(dtypes.index) if index.dtype != dtypes.index else make_index(index, gate, idxs)
-    # negative indices count from the end; anything still outside is clamped so a bad index never reads out of bounds
-    v = UOp(Ops.WHERE, dtypes.index, (v.lt(0), v + n, v))
-    v = UOp(Ops.MAX, dtypes.index, (UOp(Ops.MIN, dtypes.index, (v, UOp.const(dtypes.index, n - 1))), UOp.const(dtypes.index, 0)))
+    # an index outside [-n, n) is clamped so a bad one never reads out of bounds, in 64 bits so that nothing
+    # overflows and the kernel index it becomes has known bounds; negative ones count from the end
+    v = make_index(index, gate, idxs).cast(dtypes.int64)
+    v = UOp(Ops.MAX, dtypes.int64, (UOp(Ops.MIN, dtypes.int64, (v, UOp.const(dtypes.int64, n - 1))),
+                                    UOp.const(dtypes.int64, -n))).cast(dtypes.index)
+    v = UOp(Ops.MOD, dtypes.index, (v + n, UOp.const(dtypes.index, n)))
     return make_index(data, gate, [v if k == axis else ix for k, ix in enumerate(idxs)])
   return x.replace(src=tuple(make_index(s, gate, idxs) for s in x.src))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from aot.dtype import DType, dtypes, min_value, max_value
 from aot.ir import UOp, Ops, ReduceOp
-from aot.codegen.linearize import linearize, is_outer, kernel_params
+from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index
 
 def _fn(name: str):
   # libm spelling per float type; half computes in float
@@ -77,6 +77,7 @@ class CRenderer:
            ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
+    ast = widen_index(ast)
     names: dict[UOp, str] = {}
     def r(u: UOp) -> str:
       if u.op is Ops.CONST: return self.literal(u.dtype, u.arg)
@@ -86,8 +87,8 @@ class CRenderer:
       ind = "  " * depth
       if kind == "loop":
         names[u] = f"r{u.arg[0]}"
-        lo, hi = ("start", "end") if is_outer(u) else ("0", str(u.arg[1]))
-        lines.append(f"{ind}for (int {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{"); depth += 1
+        lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.arg[1]))
+        lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{"); depth += 1
       elif kind == "end":
         depth -= 1; lines.append("  " * depth + "}")
       elif kind == "acc_init":

@@ -6,13 +6,35 @@ The result is a flat instruction list shared by every renderer: ("loop", RANGE) 
 "global"/"parallel"/"vector") is what optimisation passes and GPU renderers change; the placement is decided here once.
 """
 from __future__ import annotations
+from aot.dtype import dtypes
 from aot.ir import UOp, Ops
+from aot.schedule import CompileError
 
 ROOT = "root"  # the block outside every loop
+# kernels index in 32 bits (as fast as it gets, and enough for most tensors); a kernel whose loop counter or index
+# arithmetic can pass this does all of its index arithmetic in 64 bits instead (widen_index)
+INDEX32_MAX = 2**31 - 1
 
 def is_outer(r: UOp) -> bool:
-  """The outermost output loop: the one split across threads (kernels take its [start, end) as arguments)."""
-  return r.arg[0] == 0 and r.arg[2] != "reduce"
+  """The outermost output loop: the one split across threads (kernels take its [start, end) as arguments). The
+  runtime splits in int, so a loop longer than INDEX32_MAX is not split: it runs whole on one thread."""
+  return r.arg[0] == 0 and r.arg[2] != "reduce" and r.arg[1] <= INDEX32_MAX
+
+def needs_wide_index(ast: UOp) -> bool:
+  """Can an index value, or a loop counter (which reaches the loop's size), leave the int32 range?"""
+  for u in ast.toposort():
+    if u.dtype != dtypes.index: continue
+    if u.op is Ops.RANGE and u.arg[1] > INDEX32_MAX: return True
+    if u.vmin < -INDEX32_MAX - 1 or u.vmax > INDEX32_MAX: return True
+  return False
+
+def widen_index(ast: UOp) -> UOp:
+  """The kernel with its index arithmetic in 64 bits where 32 could overflow; unchanged (and as fast) otherwise."""
+  if not needs_wide_index(ast): return ast
+  new: dict[UOp, UOp] = {}
+  for u in ast.toposort():
+    new[u] = UOp(u.op, dtypes.index64 if u.dtype == dtypes.index else u.dtype, tuple(new[s] for s in u.src), u.arg)
+  return new[ast]
 
 def parallel_extent(ast: UOp) -> int:
   """How many iterations of the outermost output loop a kernel has (1 when it has none: it runs whole, once)."""
@@ -23,6 +45,10 @@ def kernel_params(ast: UOp) -> list[UOp]:
   return sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
 
 def linearize(ast: UOp) -> list[tuple[str, UOp]]:
+  # the C and LLVM renderers widen such a kernel first; a target that cannot must not wrap around silently
+  if needs_wide_index(ast):
+    raise CompileError("a kernel indexes past 2**31-1 elements, which this target computes in 32 bits "
+                       "(the c and llvm targets compute such indices in 64)")
   topo = ast.toposort()
   deps: dict[UOp, frozenset] = {}
   for u in topo:
@@ -98,7 +124,7 @@ def flop_count(ast: UOp) -> int:
   """Floating-point operations one run of the kernel performs (loads, stores and index arithmetic excluded)."""
   from aot.ir import GroupOp
   trips, total = [1], 0
-  for kind, u in linearize(ast):
+  for kind, u in linearize(widen_index(ast)):
     if kind == "loop": trips.append(trips[-1] * u.arg[1])
     elif kind == "end": trips.pop()
     # arithmetic only: selects and comparisons (padding masks) are not floating-point work

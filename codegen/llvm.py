@@ -11,7 +11,7 @@ from llvmlite import ir
 import llvmlite.binding as llvm
 from aot.dtype import DType, dtypes, min_value, max_value
 from aot.ir import UOp, Ops, ReduceOp
-from aot.codegen.linearize import linearize, is_outer, kernel_params
+from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index
 
 def ltype(dt: DType) -> ir.Type:
   """The type of a value in registers (bool is i1; in memory it is i8)."""
@@ -53,6 +53,7 @@ class LLVMRenderer:
     return self.const(dt, {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: min_value(dt), ReduceOp.MIN: max_value(dt)}[op])
 
   def render_kernel(self, name: str, ast: UOp) -> ir.Function:
+    ast = widen_index(ast)
     params = kernel_params(ast)
     i32 = ir.IntType(32)
     fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name)
@@ -75,20 +76,24 @@ class LLVMRenderer:
 
     for kind, u in linearize(ast):
       if kind == "loop":
-        counter = alloca_b.alloca(ir.IntType(32), name=f"r{u.arg[0]}")
+        it = ltype(u.dtype)
+        counter = alloca_b.alloca(it, name=f"r{u.arg[0]}")
         outer = is_outer(u)
-        b.store(start if outer else ir.Constant(i32, 0), counter)
+        # a 64-bit counter (widen_index) still starts and ends where the int arguments say
+        lo, hi = ((b.sext(x, it) if it != i32 else x for x in (start, end)) if outer else
+                  (ir.Constant(it, 0), ir.Constant(it, u.arg[1])))
+        b.store(lo, counter)
         head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.arg[0]}") for s in ("head", "loop", "exit"))
         b.branch(head)
         b.position_at_end(head)
         i = b.load(counter)
-        b.cbranch(b.icmp_signed("<", i, end if outer else ir.Constant(i32, u.arg[1])), loop_body, exit_)
+        b.cbranch(b.icmp_signed("<", i, hi), loop_body, exit_)
         b.position_at_end(loop_body)
         vals[u] = i
-        loops.append((counter, head, exit_))
+        loops.append((counter, it, head, exit_))
       elif kind == "end":
-        counter, head, exit_ = loops.pop()
-        b.store(b.add(b.load(counter), ir.Constant(ir.IntType(32), 1), flags=["nsw"]), counter)
+        counter, it, head, exit_ = loops.pop()
+        b.store(b.add(b.load(counter), ir.Constant(it, 1), flags=["nsw"]), counter)
         b.branch(head)
         b.position_at_end(exit_)
       elif kind == "acc_init":
@@ -139,7 +144,7 @@ class LLVMRenderer:
       i = r(idx)
       gated = not (gate.op is Ops.CONST and gate.arg)
       # a gated load reads element 0 (always there) when the gate is off, then selects the pad value: no branch
-      if gated: i = b.select(r(gate), i, ir.Constant(ir.IntType(32), 0))
+      if gated: i = b.select(r(gate), i, ir.Constant(i.type, 0))
       v = b.load(b.gep(ptr[buf.arg], [i], inbounds=True))
       if dt == dtypes.bool: v = b.trunc(v, ir.IntType(1))
       return b.select(r(gate), v, self.const(dt, 0)) if gated else v
@@ -168,8 +173,9 @@ class LLVMRenderer:
       if op is Ops.IDIV: return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
       return self._math(b, op, dt, *xs)
     unsigned = dt.kind in "ub"
-    # index arithmetic never wraps (buffers have < 2**31 elements): saying so lets LLVM see consecutive addresses
-    nsw = ["nsw"] if dt == dtypes.index else []
+    # index arithmetic never wraps (a kernel where it could in 32 bits indexes in 64: linearize.widen_index): saying
+    # so lets LLVM see consecutive addresses
+    nsw = ["nsw"] if dt in (dtypes.index, dtypes.index64) else []
     if op is Ops.ADD: return b.add(*xs, flags=nsw)
     if op is Ops.SUB: return b.sub(*xs, flags=nsw)
     if op is Ops.MUL: return b.mul(*xs, flags=nsw)

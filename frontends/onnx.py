@@ -191,54 +191,121 @@ def _bind_attrs(n: onnx.NodeProto, attrs: dict) -> onnx.NodeProto:
 # *** loading ***
 
 def load_model(src) -> onnx.ModelProto:
-  if isinstance(src, onnx.ModelProto): model = src
-  else:
-    path = Path(src)
-    if not path.exists(): raise FileNotFoundError(f"{path}: no such file")
-    try: model = onnx.load(str(path), load_external_data=False)
-    except Exception as e: raise CompileError(f"{path}: not a readable ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'truncated or corrupt'})")
-    try: onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-    except Exception as e: raise CompileError(f"{path}: cannot load external weights: {e}")
+  if isinstance(src, onnx.ModelProto): return src
+  path = Path(src)
+  if not path.exists(): raise FileNotFoundError(f"{path}: no such file")
+  try: model = onnx.load(str(path), load_external_data=False)
+  except Exception as e: raise CompileError(f"{path}: not a readable ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'truncated or corrupt'})")
+  try: onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+  except Exception as e: raise CompileError(f"{path}: cannot load external weights: {e}")
+  return model
+
+def checker_complaint(model: onnx.ModelProto) -> str | None:
+  """The first line of what onnx's checker finds wrong with the model (it stops at the first problem), if anything."""
   try: onnx.checker.check_model(model)
   except onnx.checker.ValidationError as e:
     # a graph output without a declared shape is common in hand-built models and harmless: shapes are inferred here
-    if "Field 'shape' of 'type' is required" not in str(e):
-      raise CompileError(f"invalid ONNX model: {str(e).splitlines()[0]}")
-  return model
+    if "Field 'shape' of 'type' is required" not in str(e): return str(e).splitlines()[0]
+  return None
 
-def _all_nodes(g: onnx.GraphProto):
+def _node_label(n: onnx.NodeProto) -> str: return f"{n.op_type} '{n.name or n.output[0]}'"
+
+def graph_cycle(g: onnx.GraphProto) -> list[str] | None:
+  """The nodes of one cycle in g's dataflow (a node reading what a later node computes from its own output), in
+  order, the first repeated at the end; None when g has no cycle."""
+  producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+  readers: list[list[int]] = [[] for _ in g.node]
+  for i, n in enumerate(g.node):
+    for x in n.input:
+      if x in producer: readers[producer[x]].append(i)
+  state = [0] * len(g.node)  # 0 not seen, 1 on the current path, 2 finished
+  for root in range(len(g.node)):
+    if state[root]: continue
+    state[root] = 1
+    path, stack = [root], [iter(readers[root])]
+    while stack:
+      j = next(stack[-1], None)
+      if j is None:
+        state[path.pop()] = 2
+        stack.pop()
+      elif state[j] == 1: return [_node_label(g.node[k]) for k in path[path.index(j):] + [j]]
+      elif state[j] == 0:
+        state[j] = 1
+        path.append(j)
+        stack.append(iter(readers[j]))
+  return None
+
+def _all_graphs(g: onnx.GraphProto):
+  yield g
   for n in g.node:
-    yield n
     for a in n.attribute:
-      if a.type == onnx.AttributeProto.GRAPH: yield from _all_nodes(a.g)
+      if a.type == onnx.AttributeProto.GRAPH: yield from _all_graphs(a.g)
       if a.type == onnx.AttributeProto.GRAPHS:
-        for sg in a.graphs: yield from _all_nodes(sg)
+        for sg in a.graphs: yield from _all_graphs(sg)
+
+def model_problems(model: onnx.ModelProto) -> list[str]:
+  """Everything found wrong with the model before tracing it, all at once: every unsupported op, every cycle, then
+  onnx's checker (which names only the first problem it meets, and would hide the others)."""
+  problems = []
+  if bad := unsupported_ops(model): problems.append(f"unsupported ONNX operators: {', '.join(bad)}")
+  cycles = [f"graph '{g.name}' has a cycle: {' -> '.join(c)}"
+            for g in _all_graphs(model.graph) if (c := graph_cycle(g))]
+  problems += cycles
+  complaint = checker_complaint(model)
+  # the checker's objection to a cycle is that the nodes are not in order, which the cycle already says
+  if complaint and not (cycles and "topologically sorted" in complaint):
+    problems.append(f"invalid ONNX model: {complaint}")
+  return problems
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
   tracer = Tracer(model)
   local = {(f.domain, f.name) for f in model.functions}
   bad = []
-  for n in list(_all_nodes(model.graph)) + [n for f in model.functions for n in f.node]:
+  for n in [n for g in _all_graphs(model.graph) for n in g.node] + [n for f in model.functions for n in f.node]:
     if (n.domain, n.op_type) in local: continue
     if lookup(n.op_type, n.domain, tracer.opset_of(n.domain, 1)) is None:
       bad.append(f"{n.op_type}{' (domain ' + n.domain + ')' if n.domain else ''} (node '{n.name or n.output[0]}')")
   return bad
 
-# ONNX shape inference copies the whole model; past this size the cross-check costs more than it tells
-SHAPE_INFERENCE_MAX_BYTES = 256 << 20
+# shape inference reads the values of initializers that are shapes, axes, pads (a few elements each); a bigger one
+# is given to it as a typed input, so that the cross-check costs what the graph does, not what its weights do
+SHAPE_INFERENCE_CONST_MAX = 1 << 10
 
-def check_inferred_shapes(model: onnx.ModelProto, outs: list) -> None:
-  """ONNX's own shape inference, as a cross-check of ours: a static output shape it infers must be the traced one."""
-  if model.ByteSize() > SHAPE_INFERENCE_MAX_BYTES: return
-  try: inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+def _unknown_dim(d, traced: int) -> bool:
+  """A dim ONNX leaves open: a dim_param or nothing, or what exporters write for "unknown": a negative value, or 0
+  (a real zero-size dim in ONNX, so only where the traced dim is not 0: the two cannot be told apart)."""
+  return not d.HasField("dim_value") or d.dim_value < 0 or (d.dim_value == 0 and traced != 0)
+
+def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple], outs: list) -> None:
+  """ONNX's own shape inference, as a cross-check of ours: run from the input shapes the graph was traced with, and
+  without the shapes the model declares (its outputs' and value_info: an exporter's claim, which onnxruntime too
+  overrides with what it computes), a dim it infers must be the traced one."""
+  m = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+  m.graph.name = model.graph.name
+  m.graph.node.extend(model.graph.node)
+  m.graph.input.extend(model.graph.input)
+  m.graph.output.extend(model.graph.output)
+  m.graph.sparse_initializer.extend(model.graph.sparse_initializer)
+  declared = {vi.name for vi in model.graph.input}
+  for init in model.graph.initializer:
+    if math.prod(init.dims) <= SHAPE_INFERENCE_CONST_MAX: m.graph.initializer.append(init)
+    elif init.name not in declared:
+      m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+  for vi in m.graph.input:
+    if vi.name in input_shapes and vi.type.HasField("tensor_type"):
+      vi.type.tensor_type.shape.Clear()
+      for s in input_shapes[vi.name]: vi.type.tensor_type.shape.dim.add().dim_value = s
+  for vi in m.graph.output:
+    if vi.type.HasField("tensor_type"): vi.type.tensor_type.ClearField("shape")
+  try: inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
   except Exception: return  # inference gives up on some valid models; ours is the one that must work
   for vi, o in zip(inferred.graph.output, outs):
+    if not (vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")): continue
     dims = vi.type.tensor_type.shape.dim
-    if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
-      want = tuple(d.dim_value for d in dims)
-      if want != o.shape:
-        raise CompileError(f"output '{vi.name}': ONNX shape inference gives {want}, the traced graph {o.shape} "
-                           f"(a frontend bug: please report it)")
+    if len(dims) != len(o.shape) or any(not _unknown_dim(d, t) and d.dim_value != t for d, t in zip(dims, o.shape)):
+      want = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims)
+      raise CompileError(f"output '{vi.name}': ONNX shape inference gives {want}, the traced graph {o.shape} "
+                         f"(a frontend bug: please report it)")
 
 def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None):
   """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler."""
@@ -246,8 +313,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   from aot.artifact import c_name
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
   model = load_model(src)
-  if bad := unsupported_ops(model):
-    raise CompileError(f"unsupported ONNX operators: {', '.join(bad)}")
+  if problems := model_problems(model): raise CompileError("; ".join(problems))
   shapes, bind = dict(shapes or {}), dict(bind or {})
   g = model.graph
   inits = {i.name for i in g.initializer}
@@ -268,15 +334,23 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     else:
       shape = []
       for i, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value"): shape.append(d.dim_value)
+        if d.HasField("dim_value") and d.dim_value >= 0: shape.append(d.dim_value)
         elif d.dim_param and d.dim_param in shapes: shape.append(int(shapes[d.dim_param]))
-        else: unpinned.append(f"{vi.name}[{i}]" + (f" ('{d.dim_param}')" if d.dim_param else "")); shape.append(-1)
+        else:
+          # a negative size is how some exporters write an unknown one: it needs pinning like a dim_param
+          why = f"'{d.dim_param}'" if d.dim_param else f"declared {d.dim_value}" if d.HasField("dim_value") else ""
+          unpinned.append(f"{vi.name}[{i}]" + (f" ({why})" if why else ""))
+          shape.append(None)
       shape = tuple(shape)
-    if -1 not in shape:
-      env[vi.name] = t = Tensor.input(vi.name, shape, dt)
+    if None not in shape:
+      try: env[vi.name] = t = Tensor.input(vi.name, shape, dt)
+      except CompileError as e:
+        problems.append(str(e))
+        continue
       inputs.append(t)
   if unpinned:
-    problems.append(f"symbolic dims must be pinned: {', '.join(unpinned)} (use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
+    problems.append(f"unknown input dims must be pinned: {', '.join(unpinned)} "
+                    "(use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
   if problems: raise CompileError("; ".join(problems))
   tracer = Tracer(model)
   outs = tracer.run_graph(g, env, tracer.opset_of("", 1))
@@ -286,6 +360,6 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     raise err
   for o, vi in zip(outs, g.output):
     if not isinstance(o, Tensor): raise CompileError(f"output '{vi.name}' is not a tensor")
-  check_inferred_shapes(model, outs)
+  check_inferred_shapes(model, {t.uop.arg.name: t.shape for t in inputs}, outs)
   name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
   return Traced(c_name(name), [o.uop for o in outs], [t.uop for t in inputs], [vi.name for vi in g.output])

@@ -5,6 +5,7 @@ from typing import Sequence
 import numpy as np
 from aot.dtype import DType, dtypes, to_dtype, promote, min_value, max_value
 from aot.ir import UOp, Ops, ReduceOp, BufferArg, ConstData, prod
+from aot.schedule import CompileError
 
 def _axes(axis, ndim: int) -> tuple[int, ...]:
   if axis is None: return tuple(range(ndim))
@@ -35,7 +36,10 @@ class Tensor:
   @staticmethod
   def input(name: str, shape: Sequence[int], dtype=dtypes.float32) -> Tensor:
     """A model input: a named buffer the caller passes at run time."""
-    return Tensor(UOp(Ops.BUFFER, to_dtype(dtype), (), BufferArg(name, tuple(int(s) for s in shape), "input")))
+    shape = tuple(int(s) for s in shape)
+    if bad := [f"dim {i} is {s}" for i, s in enumerate(shape) if s < 0]:
+      raise CompileError(f"input '{name}' of shape {shape}: {', '.join(bad)} (a dim is a size: 0 or more)")
+    return Tensor(UOp(Ops.BUFFER, to_dtype(dtype), (), BufferArg(name, shape, "input")))
 
   @property
   def shape(self) -> tuple[int, ...]: return self.uop.shape

@@ -28,6 +28,25 @@ def test_unsupported_ops_are_all_listed_at_once():
   msg = str(e.value)
   assert "Unique (node 'u1')" in msg and "NonMaxSuppression (node 'nms')" in msg and "\n" not in msg
 
+def test_unknown_ops_are_all_named_before_the_checker_complaint():
+  # onnx's checker stops at the first op it does not know; every unsupported op is named before what it says
+  m = make([oh.make_node("Foo", ["x"], ["a"], name="f1"), oh.make_node("Relu", ["a"], ["b"]),
+            oh.make_node("Bar", ["b"], ["y"], name="b1", domain="com.example")],
+           [oh.make_tensor_value_info("x", TP.FLOAT, [4])], [oh.make_tensor_value_info("y", TP.FLOAT, [4])])
+  with pytest.raises(CompileError, match=r"unsupported ONNX operators: Foo \(node 'f1'\), Bar \(domain com.example\) "
+                                         r"\(node 'b1'\); invalid ONNX model: No Op registered for Foo"):
+    aot.compile_model(m)
+
+@pytest.mark.parametrize("declared", [None, [4]])
+def test_a_cycle_names_its_nodes(declared):
+  # (a declared output shape lets onnx's checker run, which says only that the nodes are out of order)
+  m = make([oh.make_node("Neg", ["x"], ["n"], name="first"), oh.make_node("Relu", ["n"], ["a"], name="r"),
+            oh.make_node("Add", ["a", "c"], ["b"], name="add"), oh.make_node("Abs", ["b"], ["c"], name="abs"),
+            oh.make_node("Neg", ["b"], ["y"], name="last")],
+           [oh.make_tensor_value_info("x", TP.FLOAT, [4])], [oh.make_tensor_value_info("y", TP.FLOAT, declared)])
+  with pytest.raises(CompileError, match=r"^graph 'g' has a cycle: Add 'add' -> Abs 'abs' -> Add 'add'$"):
+    aot.compile_model(m)
+
 def test_symbolic_dims_must_be_pinned_and_can_be(tmp_path):
   m = make([oh.make_node("Relu", ["x"], ["a"]), oh.make_node("Add", ["a", "y"], ["b"])],
            [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", 8]), oh.make_tensor_value_info("y", TP.FLOAT, ["batch", "n"])],
