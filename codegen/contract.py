@@ -19,7 +19,7 @@ Each operand reaches the microkernel in one of three forms (strides in the runti
 n is the side that holds the kernel's innermost output loop, so the microkernel's vector lanes run along the axis the
 epilogue writes contiguously."""
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import numpy as np
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod
@@ -320,10 +320,20 @@ def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer)
   if not found: return ast, bufs, []
   bufs, gemms, results = list(bufs), [], {}
   def new_slot(b) -> int: bufs.append(b); return len(bufs) - 1
+  # concat branches often read one input the same way (the same window of it): its dense copy is written once
+  copies: dict[tuple, Operand] = {}
+  def operand(c: Contraction, side: Side, is_b: bool, R: int) -> Operand:
+    # each reduce has its own ranges: the operand is compared over positional ones
+    axes = [*c.batch, *side.rows, *c.k]
+    canon = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(axes)}
+    key = (substitute(side.expr, canon), len(c.batch), len(side.rows), is_b)
+    if key in copies: return copies[key]
+    o = _operand(c, side, is_b, R, bufs, new_slot, make_buffer)
+    if o.dense is not None: copies[key] = replace(o, dense=None)
+    return o
   for c in found:
     mr, nr = tile
-    a = _operand(c, c.a, False, mr, bufs, new_slot, make_buffer)
-    b = _operand(c, c.b, True, nr, bufs, new_slot, make_buffer)
+    a, b = operand(c, c.a, False, mr), operand(c, c.b, True, nr)
     # the output itself holds C when the kernel writes each element where C has it: the epilogue then reads and writes
     # in place, and no scratch matrix is needed
     offset = _in_place_offset(ast, bufs[0], c, [p for p, slot, _ in results.values() if slot == 0])

@@ -181,3 +181,14 @@ def test_grouped_conv_is_a_batch_over_groups(groups, target, tmp_path):
   manifest = check_against_onnxruntime(model, {"x": f32(1, cin, 16, 16)}, tmp_path, target)
   # no dense expansion of the weights over the groups
   assert manifest["weights_bytes"] <= 1.2 * sum(a.nbytes for a in w.values())
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_concat_branches_share_one_window_copy(target, tmp_path):
+  # two 3x3 convolutions of one input, concatenated: the input's windows (im2col) are written once for both branches
+  w1, w2, x = f32(24, 16, 3, 3), f32(48, 16, 3, 3), f32(1, 16, 12, 12)
+  fn = lambda x: Tensor.cat([x.conv2d(Tensor(w1), padding=1).relu(), x.conv2d(Tensor(w2), padding=1)], 1)
+  out, gemms, kernels = compiled(fn, [x], tmp_path, target, name="m")
+  close(out, np.concatenate([np.maximum(conv_ref(x, w1, padding=1), 0), conv_ref(x, w2, padding=1)], 1))
+  src = (tmp_path / target / "src" / "model.c").read_text()
+  body = src[src.index("API int m_run"):]
+  assert gemms == 2 and body.count("_dense") == 1
