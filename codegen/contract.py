@@ -234,7 +234,8 @@ def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -
   (terms, const), (out_terms, out_const) = linear(_result_in_kernel(c)), linear(ast.src[1])
   if terms != out_terms or out_const < const: return None
   # contractions in place at once are branches of a concat: slices of one range that do not overlap
-  disjoint = lambda p: any(r is q and (end <= qs or qe <= start) for r, start, end in c.bounds for q, qs, qe in p.bounds)
+  def disjoint(p: Contraction) -> bool:
+    return any(r is q and (end <= qs or qe <= start) for r, start, end in c.bounds for q, qs, qe in p.bounds)
   return out_const - const if all(disjoint(p) for p in placed) else None
 
 def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.ndarray]) -> np.ndarray:

@@ -103,7 +103,8 @@ def planned(model) -> tuple[list[tuple[int, int, int, int]], int]:
   from aot.codegen.contract import lower_contractions
   traced = resolve(model)
   shapes, left = [], 0
-  make = lambda kind, x: Buffer(kind, dtypes.float32, x.size if kind == "const" else x, data=x if kind == "const" else None)
+  def make(kind, x):
+    return Buffer(kind, dtypes.float32, x.size, data=x) if kind == "const" else Buffer(kind, dtypes.float32, x)
   for k in schedule(traced.outputs, traced.inputs).kernels:
     last, _, gemms = lower_contractions(k.ast, k.bufs, (8, 32), make)
     shapes += [(g.c.B, g.c.a.size, g.c.b.size, g.c.K) for g in gemms]
