@@ -126,7 +126,7 @@ class GemmCall:
     def operand(o) -> str:
       return f"{{{arg(self.bufs[o.slot], o.slot)} + {o.offset}, {', '.join(map(str, o.strides))}, {int(o.padded)}}}"
     desc = (f"{c.B}, {c.a.size}, {c.b.size}, {c.K}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
-            f"{operand(g.a)}, {operand(g.b)}, (float *){arg(self.bufs[g.result], g.result)}, 0")
+            f"{operand(g.a)}, {operand(g.b)}, (float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0")
     run = "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))" if self.parallel else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
     return f"  {{ aot_gemm g = {{{desc}}}; {run}; }}"
 

@@ -240,6 +240,11 @@ def _index_stage(ctx: Lowering, i: UOp, buf: Buffer) -> UOp:
 def _unlowerable(x: UOp):
   raise CompileError(f"cannot lower {x.op.name} (was it inlined?)")
 
+# loads that can never happen read nothing
+pm_gated_off = PatternMatcher([
+  (UPat(Ops.LOAD, src=(UPat(), UPat(), UPat(Ops.CONST, arg=False)), name="l"), lambda l: l.const_like(0)),
+])
+
 pm_lower = PatternMatcher([
   # a stage is read from its buffer (except inside its own kernel)
   (UPat(Ops.INDEX, name="i"), lambda ctx, i: _index_stage(ctx, i, ctx.stages[i.src[0]])
@@ -253,9 +258,7 @@ pm_lower = PatternMatcher([
    lambda i, x: make_index(x.src[0], i.src[1], i.src[2:])),
   (UPat(Ops.INDEX, src=(UPat(GroupOp.Compute, name="x"),), allow_any_len=True, name="i"), _index_compute),
   (UPat(Ops.INDEX, src=(UPat((Ops.PARAM, Ops.CALL, Ops.FUNCTION), name="x"),), allow_any_len=True), _unlowerable),
-  # loads that can never happen read nothing; loads that always happen need no gate
-  (UPat(Ops.LOAD, src=(UPat(), UPat(), UPat(Ops.CONST, arg=False)), name="l"), lambda l: l.const_like(0)),
-])
+]) + pm_gated_off
 
 # a value computed in a kernel may still simplify once its loads are known (a gated load of a constant, say)
 pm_finish = pm_simplify

@@ -19,13 +19,14 @@ Each operand reaches the microkernel in one of three forms (strides in the runti
 n is the side that holds the kernel's innermost output loop, so the microkernel's vector lanes run along the axis the
 epilogue writes contiguously."""
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import numpy as np
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod
 from aot.interpret import NP_ALU
 from aot.rewrite import substitute, graph_rewrite
 from aot.symbolic import pm_simplify, linear
+from aot.schedule import pm_gated_off
 
 # a contraction smaller than this (multiply-adds) is not worth a call into the microkernel and its packing
 MIN_WORK = 1 << 15
@@ -66,6 +67,11 @@ class Contraction:
   k: tuple[UOp, ...]
   a: Side
   b: Side
+  # the contraction's own ranges where they are a slice or a split of the kernel's output ranges, as expressions of
+  # the kernel's ranges (the epilogue reads the result through them)
+  back: tuple[tuple[UOp, UOp], ...] = ()
+  # (kernel range, start, end): outside this slice of an output range the accumulator is zero (a concat's branch)
+  bounds: tuple[tuple[UOp, int, int], ...] = ()
   @property
   def B(self) -> int: return prod(r.arg[1] for r in self.batch)
   @property
@@ -76,6 +82,53 @@ def _ranges(u: UOp) -> set[UOp]: return {r for r in u.toposort() if r.op is Ops.
 def _tile_use(m: int, n: int, tile: tuple[int, int]) -> float:
   """The fraction of the microkernel's tiles that holds real rows and columns (the rest is padding)."""
   return m / (-(-m // tile[0]) * tile[0]) * n / (-(-n // tile[1]) * tile[1])
+
+# index arithmetic, and loads that a known gate turns off read nothing
+pm_operand = pm_simplify + pm_gated_off
+
+def _zero_when(x: UOp, y: UOp, cmp: UOp, value: bool) -> bool:
+  """Is the product x * y zero wherever the comparison cmp has this value (one operand reads only gated-off loads)?"""
+  sub = {cmp: UOp.const(dtypes.bool, value)}
+  return any((z := graph_rewrite(substitute(s, sub), pm_operand)).op is Ops.CONST and z.arg == 0 for s in (x, y))
+
+def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict[UOp, UOp], list]:
+  """The operands over the contraction's own ranges, those ranges as expressions of the kernel's, and the slices.
+  - A gate that confines the product to a slice [start, end) of an output range (a concat's `c < 64 ? a : b` pushed
+    into the operands, so each branch only reads under it) slices that range: the branch is computed for its own
+    channels only, and the gate no longer makes the other operand vary with the channel (which made it a batch axis
+    of M = 1, copied per channel).
+  - A range both operands read, one of them only through r // d (a grouped convolution's group), splits into
+    (r // d, r % d): the group is the batch, and r % d is M or N."""
+  kset = set(k)
+  outs = (_ranges(x) | _ranges(y)) - kset
+  start, end = {r: 0 for r in outs}, {r: r.arg[1] for r in outs}
+  cmps = {u for s in (x, y) for u in s.toposort()
+          if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST}
+  for cmp in sorted(cmps, key=lambda u: (u.src[0].arg[0], u.src[1].arg)):
+    r, c = cmp.src[0], cmp.src[1].arg
+    if _zero_when(x, y, cmp, False): end[r] = min(end[r], c)
+    elif _zero_when(x, y, cmp, True): start[r] = max(start[r], c)
+  # an empty slice is a product that is zero everywhere: left to the generic loops
+  sliced = [r for r in sorted(outs, key=lambda r: r.arg[0]) if 0 < end[r] - start[r] < r.arg[1]]
+  # the slice keeps its range's number (it replaces it) with its own size, so it is a new node
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], end[r] - start[r], r.arg[2])) for r in sliced}
+  back = {fresh[r]: r - start[r] for r in sliced}
+  sub = {r: fresh[r] + start[r] for r in sliced}
+  x, y = (graph_rewrite(substitute(s, sub), pm_operand) for s in (x, y))
+  for r in sorted((_ranges(x) & _ranges(y)) - kset, key=lambda r: r.arg[0]):
+    divisors = {u.src[1].arg for s in (x, y) for u in s.toposort()
+                if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is r and u.src[1].op is Ops.CONST}
+    for d in sorted(d for d in divisors if 1 < d < r.arg[1] and r.arg[1] % d == 0):
+      # the inner range numbers between r and the next range, so the loop order is kept
+      outer = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], r.arg[1] // d, r.arg[2]))
+      inner = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0] + 0.5, d, r.arg[2]))
+      nx, ny = (graph_rewrite(substitute(s, {r: outer * d + inner}), pm_operand) for s in (x, y))
+      if inner in _ranges(nx) and inner in _ranges(ny): continue
+      x, y = nx, ny
+      e = back.pop(r, r)
+      back[outer], back[inner] = e // d, e % d
+      break
+  return x, y, back, [(r, start[r], end[r]) for r in sliced]
 
 def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
   """The float32 sum-of-products accumulators of a kernel whose operands separate into (batch, m, k) x (batch, n, k)."""
@@ -88,6 +141,7 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     # an operand that sums itself, or reads the kernel's own output, stays in the generic loops
     if any(u.op is Ops.ACCUMULATE or (u.op is Ops.DEFINE_GLOBAL and u.arg == 0) for s in (x, y) for u in s.toposort()): continue
     k = tuple(acc.src[1:])
+    x, y, back, bounds = _slice_and_split(x, y, k)
     dx, dy = _ranges(x) - set(k), _ranges(y) - set(k)
     batch = tuple(sorted(dx & dy, key=lambda r: r.arg[0]))
     mx, ny = dx - set(batch), dy - set(batch)
@@ -101,7 +155,7 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     if gain * prod(r.arg[1] for r in k) > SWAP_GAIN:
       (x, mx), (y, ny) = (y, ny), (x, mx)
     c = Contraction(acc, batch, k, Side(x, tuple(sorted(mx, key=lambda r: r.arg[0]))),
-                    Side(y, tuple(sorted(ny, key=lambda r: r.arg[0]))))
+                    Side(y, tuple(sorted(ny, key=lambda r: r.arg[0]))), tuple(back.items()), tuple(bounds))
     if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK: found.append(c)
   return found
 
@@ -155,12 +209,34 @@ def result_index(c: Contraction) -> UOp:
   """Where acc[batch, m, n] lies in the result matrix C[batch][m][n]."""
   return (_flat(c.batch) * c.a.size + _flat(c.a.rows)) * c.b.size + _flat(c.b.rows)
 
-def epilogue_kernel(ast: UOp, results: dict[UOp, tuple[Contraction, int]]) -> UOp:
-  """The kernel with each contraction's accumulator read from its result matrix (a new slot, or the output)."""
-  true = UOp.const(dtypes.bool, True)
-  loads = {c.acc: UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), slot), result_index(c), true))
-           for c, slot in results.values()}
+def _inside(c: Contraction) -> UOp:
+  """Where the accumulator can be nonzero: inside its slices of the kernel's output ranges."""
+  cond = UOp.const(dtypes.bool, True)
+  for r, start, end in c.bounds: cond = cond & r.ge(start) & r.lt(end)
+  return cond
+
+def _result_in_kernel(c: Contraction) -> UOp:
+  """result_index in the kernel's own ranges."""
+  return graph_rewrite(substitute(result_index(c), dict(c.back)), pm_simplify)
+
+def epilogue_kernel(ast: UOp, results: dict[UOp, tuple[Contraction, int, int]]) -> UOp:
+  """The kernel with each contraction's accumulator read from its result matrix (a new slot, or the output at an
+  offset), gated to its slice: outside it the accumulator is zero."""
+  loads = {c.acc: UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), slot),
+                                                 _result_in_kernel(c) + offset, _inside(c)))
+           for c, slot, offset in results.values()}
   return graph_rewrite(substitute(ast, loads), pm_simplify)
+
+def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -> int | None:
+  """Where the result matrix starts in the kernel's output, when the kernel writes each element where C has it (a
+  slice's C at the slice's start) and no contraction already placed there writes the same elements; else None."""
+  if ast.op is not Ops.STORE or out.dtype != dtypes.float32: return None
+  (terms, const), (out_terms, out_const) = linear(_result_in_kernel(c)), linear(ast.src[1])
+  if terms != out_terms or out_const < const: return None
+  # contractions in place at once are branches of a concat: slices of one range that do not overlap
+  def disjoint(p: Contraction) -> bool:
+    return any(r is q and (end <= qs or qe <= start) for r, start, end in c.bounds for q, qs, qe in p.bounds)
+  return out_const - const if all(disjoint(p) for p in placed) else None
 
 def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.ndarray]) -> np.ndarray:
   """A constant operand evaluated over its whole (batch, rows, k) grid with numpy and packed as
@@ -216,6 +292,7 @@ class Gemm:
   a: Operand
   b: Operand
   result: int                             # slot of the matrix C[batch][m][n]: a scratch buffer, or the output
+  result_offset: int = 0                  # elements into that buffer (a concat's branch writes its slice)
   @property
   def tasks(self) -> int:
     c, (mc, nc) = self.c, self.block
@@ -244,14 +321,24 @@ def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer)
   if not found: return ast, bufs, []
   bufs, gemms, results = list(bufs), [], {}
   def new_slot(b) -> int: bufs.append(b); return len(bufs) - 1
+  # concat branches often read one input the same way (the same window of it): its dense copy is written once
+  copies: dict[tuple, Operand] = {}
+  def operand(c: Contraction, side: Side, is_b: bool, R: int) -> Operand:
+    # each reduce has its own ranges: the operand is compared over positional ones
+    axes = [*c.batch, *side.rows, *c.k]
+    canon = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(axes)}
+    key = (substitute(side.expr, canon), len(c.batch), len(side.rows), is_b)
+    if key in copies: return copies[key]
+    o = _operand(c, side, is_b, R, bufs, new_slot, make_buffer)
+    if o.dense is not None: copies[key] = replace(o, dense=None)
+    return o
   for c in found:
     mr, nr = tile
-    a = _operand(c, c.a, False, mr, bufs, new_slot, make_buffer)
-    b = _operand(c, c.b, True, nr, bufs, new_slot, make_buffer)
+    a, b = operand(c, c.a, False, mr), operand(c, c.b, True, nr)
     # the output itself holds C when the kernel writes each element where C has it: the epilogue then reads and writes
     # in place, and no scratch matrix is needed
-    in_place = (ast.op is Ops.STORE and bufs[0].dtype == dtypes.float32 and not results and
-                linear(graph_rewrite(result_index(c), pm_simplify)) == linear(ast.src[1]))
-    results[c.acc] = (c, 0 if in_place else new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)))
-    gemms.append(Gemm(c, tile, blocks(c, mr, nr), a, b, results[c.acc][1]))
+    offset = _in_place_offset(ast, bufs[0], c, [p for p, slot, _ in results.values() if slot == 0])
+    results[c.acc] = (c, 0, offset) if offset is not None else \
+      (c, new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)), 0)
+    gemms.append(Gemm(c, tile, blocks(c, mr, nr), a, b, *results[c.acc][1:]))
   return epilogue_kernel(ast, results), bufs, gemms

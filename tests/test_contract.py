@@ -91,3 +91,105 @@ def test_bare_product_runs_no_epilogue(tmp_path):
   art, body = run_body(lambda p: (p @ Tensor(b)).relu(), "relu")
   assert "m_f0(" in body
   close(aot.load(art)(a), np.maximum(a.astype(np.float64) @ b, 0))
+
+# *** concatenated and grouped contractions: each branch and each group is its own contraction, no work on zeros ***
+
+def planned(model) -> tuple[list[tuple[int, int, int, int]], int]:
+  """((batch, M, N, K) of each microkernel call the compiler plans, accumulators left to the generated loops)."""
+  from aot.compiler import resolve
+  from aot.schedule import schedule, Buffer
+  from aot.ir import Ops
+  from aot.dtype import dtypes
+  from aot.codegen.contract import lower_contractions
+  traced = resolve(model)
+  shapes, left = [], 0
+  def make(kind, x):
+    return Buffer(kind, dtypes.float32, x.size, data=x) if kind == "const" else Buffer(kind, dtypes.float32, x)
+  for k in schedule(traced.outputs, traced.inputs).kernels:
+    last, _, gemms = lower_contractions(k.ast, k.bufs, (8, 32), make)
+    shapes += [(g.c.B, g.c.a.size, g.c.b.size, g.c.K) for g in gemms]
+    left += sum(u.op is Ops.ACCUMULATE for u in last.toposort())
+  return shapes, left
+
+def onnx_graph(nodes, inputs: dict[str, tuple], weights: dict[str, np.ndarray]):
+  from onnx import helper, numpy_helper, TensorProto
+  g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                        [numpy_helper.from_array(w, n) for n, w in weights.items()])
+  return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+def check_against_onnxruntime(model, xs: dict[str, np.ndarray], tmp_path, target: str) -> dict:
+  """Compile, run at 1 and 2 threads (bitwise equal), compare with onnxruntime; the artifact's manifest."""
+  import json
+  import onnxruntime as ort
+  art = aot.compile_model(model, out_dir=tmp_path / target, target=target, name="m")
+  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, xs)[0]
+  outs = []
+  for threads in (1, 2):
+    m = aot.load(art, threads=threads)
+    try: outs.append(m(*xs.values()))
+    finally: m.close()
+  close(outs[0], want)
+  assert np.array_equal(outs[0], outs[1])
+  return json.loads((art.dir / "m.json").read_text())
+
+def conv_macs(cout, cin_per_group, kernel, out_hw) -> int: return cout * cin_per_group * kernel * kernel * out_hw
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_concat_of_convs_runs_each_branch_on_its_slice(target, tmp_path):
+  # a fire module's expand layer: Concat(Relu(1x1 conv), Relu(3x3 conv)) then an epilogue after the concat; the
+  # concat's gate used to make the channel a batch axis of M = 1, computing each branch for all channels
+  from onnx import helper
+  w = {"w1": f32(24, 16, 1, 1), "b1": f32(24), "w2": f32(48, 16, 3, 3), "b2": f32(48)}
+  nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+           helper.make_node("Conv", ["x", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+           helper.make_node("Concat", ["r1", "c2"], ["cat"], axis=1), helper.make_node("Relu", ["cat"], ["y"])]
+  model = onnx_graph(nodes, {"x": (1, 16, 16, 16)}, w)
+  shapes, left = planned(model)
+  # each branch is one call with M = its own channels, and the multiply-adds are the model's
+  assert sorted(shapes) == sorted([(1, 24, 256, 16), (1, 48, 256, 144)]) and left == 0
+  assert sum(b * m * n * k for b, m, n, k in shapes) == conv_macs(24, 16, 1, 256) + conv_macs(48, 16, 3, 256)
+  manifest = check_against_onnxruntime(model, {"x": f32(1, 16, 16, 16)}, tmp_path, target)
+  # the weights packed once (M = 24 and 48 fill whole tiles), no per-channel copies of the im2col matrix
+  assert manifest["weights_bytes"] <= 1.2 * sum(a.nbytes for a in w.values())
+  assert manifest["arena_bytes"] <= 2 * 144 * 256 * 4
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_concat_of_matmuls_runs_each_branch_on_its_slice(target, tmp_path):
+  from onnx import helper
+  w = {"m1": f32(64, 64), "m2": f32(64, 96)}
+  nodes = [helper.make_node("MatMul", ["a", "m1"], ["p1"]), helper.make_node("MatMul", ["a", "m2"], ["p2"]),
+           helper.make_node("Relu", ["p2"], ["r2"]), helper.make_node("Concat", ["p1", "r2"], ["y"], axis=1)]
+  model = onnx_graph(nodes, {"a": (48, 64)}, w)
+  shapes, left = planned(model)
+  assert sorted(shapes) == [(1, 48, 64, 64), (1, 48, 96, 64)] and left == 0
+  manifest = check_against_onnxruntime(model, {"a": f32(48, 64)}, tmp_path, target)
+  assert manifest["weights_bytes"] <= 1.2 * sum(a.nbytes for a in w.values())
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("groups", [2, 4])
+def test_grouped_conv_is_a_batch_over_groups(groups, target, tmp_path):
+  # AlexNet's and ShuffleNet's grouped convolutions: the group is the batch, each group's channels are M (they were
+  # a batch of M = 1 with the input's window copied per output channel)
+  from onnx import helper
+  cin, cout = 8 * groups, 24 * groups
+  w = {"w": f32(cout, cin // groups, 3, 3), "b": f32(cout)}
+  nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=groups),
+           helper.make_node("Relu", ["c"], ["y"])]
+  model = onnx_graph(nodes, {"x": (1, cin, 16, 16)}, w)
+  shapes, left = planned(model)
+  assert shapes == [(groups, 24, 256, 72)] and left == 0
+  manifest = check_against_onnxruntime(model, {"x": f32(1, cin, 16, 16)}, tmp_path, target)
+  # no dense expansion of the weights over the groups
+  assert manifest["weights_bytes"] <= 1.2 * sum(a.nbytes for a in w.values())
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_concat_branches_share_one_window_copy(target, tmp_path):
+  # two 3x3 convolutions of one input, concatenated: the input's windows (im2col) are written once for both branches
+  w1, w2, x = f32(24, 16, 3, 3), f32(48, 16, 3, 3), f32(1, 16, 12, 12)
+  fn = lambda x: Tensor.cat([x.conv2d(Tensor(w1), padding=1).relu(), x.conv2d(Tensor(w2), padding=1)], 1)
+  out, gemms, kernels = compiled(fn, [x], tmp_path, target, name="m")
+  close(out, np.concatenate([np.maximum(conv_ref(x, w1, padding=1), 0), conv_ref(x, w2, padding=1)], 1))
+  src = (tmp_path / target / "src" / "model.c").read_text()
+  body = src[src.index("API int m_run"):]
+  assert gemms == 2 and body.count("_dense") == 1
