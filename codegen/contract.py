@@ -198,7 +198,8 @@ def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.n
       elif u.op is Ops.LOAD:
         # gathered over the index's own ranges (clamped: out of bounds only where the gate is false), then gated
         flat, idx, gate = data[u.src[0].arg].reshape(-1), vals[u.src[1]], vals[u.src[2]]
-        vals[u] = np.where(gate, flat[np.clip(idx, 0, flat.size - 1)], np.zeros((), flat.dtype))
+        vals[u] = np.take(flat, idx, mode="clip")
+        if not (gate.ndim == 0 and gate): vals[u] = np.where(gate, vals[u], np.zeros((), flat.dtype))
       elif u.op is Ops.CAST: vals[u] = vals[u.src[0]].astype(u.dtype.np)
       elif u.op in NP_ALU:
         dt = np.int64 if u.dtype == dtypes.index else u.dtype.np
