@@ -181,7 +181,8 @@ def _packs(c: Contraction, side: Side, tile: int, consts: list[np.ndarray]) -> b
 def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.ndarray]) -> np.ndarray:
   """A constant operand evaluated with numpy and packed as [batch][tiles][K][tile], zero-padded: what the microkernel
   reads in place of a pack kernel's output. Each node is evaluated over the ranges it depends on only (size-1 axes
-  elsewhere) and dropped after its last use, so the work and memory are those of the packed result."""
+  elsewhere) and dropped after its last use: the work and memory are a small multiple of the packed result's (4x
+  for a conv's weights: the int64 index over (rows, k) is twice the packed floats)."""
   axes = list(c.batch) + list(side.rows) + list(c.k)
   shape = tuple(r.arg[1] for r in axes)
   nodes = side.expr.toposort()
@@ -254,7 +255,7 @@ def _constants(side: Side, bufs: list) -> dict[int, np.ndarray] | None:
   slots = {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD}
   return {s: bufs[s].data for s in slots} if all(bufs[s].kind == "const" for s in slots) else None
 
-def _readable(c: Contraction, side: Side, is_b: bool):
+def _readable(c: Contraction, side: Side, is_b: bool) -> tuple[int, int, tuple[int, int, int]] | None:
   """The operand's view (_view) when the microkernel can read it there: B's lanes must be contiguous (row stride 1)."""
   view = _view(side, c)
   return view if view is not None and (not is_b or view[2][1] == 1) else None
