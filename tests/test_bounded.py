@@ -18,10 +18,10 @@ from test_onnx_light import assert_matches_onnxruntime, light_model
 PEAK_PER_SIZE = 4
 # the weights blob may be at most this many times the model's weights (packed copies, tile padding)
 BLOB_PER_WEIGHTS = 4
-# a compile that takes longer than this is doing work out of proportion to a model this small (it takes ~5 s)
+# a compile that takes longer than this is doing work out of proportion to a model this small (it takes 1-4 s here)
 COMPILE_SECONDS = 60
 # the compiling subprocess's address space: on a compiler that packs a huge constant it fails with a MemoryError
-# here instead of taking the machine's memory (the unbounded compile asked for 76 GB)
+# here instead of taking the machine's memory (the unbounded compile asked for a 142 GiB index grid)
 ADDRESS_SPACE = 6 << 30
 
 def detection_head(size: int = 640) -> onnx.ModelProto:
