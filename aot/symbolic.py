@@ -23,8 +23,10 @@ def value_range(u: UOp) -> tuple:
   if op is Ops.MUL:
     c = [a * b for a in s[0].vrange for b in s[1].vrange]
     return (min(c), max(c))
-  if op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg > 0 and s[0].vmin >= 0:
-    return (s[0].vmin // s[1].arg, s[0].vmax // s[1].arg)
+  # truncating division by a positive constant is monotone, whatever the dividend's sign
+  if op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg > 0:
+    trunc = lambda a, c: -(-a // c) if a < 0 else a // c
+    return (trunc(s[0].vmin, s[1].arg), trunc(s[0].vmax, s[1].arg))
   if op is Ops.MOD and s[1].op is Ops.CONST and s[1].arg > 0:
     c = s[1].arg
     if s[0].vmin >= 0: return (s[0].vmin, s[0].vmax) if s[0].vmax < c else (0, c - 1)

@@ -9,7 +9,7 @@ residual add, activation, pooling) becomes an epilogue kernel that reads that ma
 Each operand reaches the microkernel in one of three forms (strides in the runtime's aot_operand):
 - a constant (weights, possibly through index arithmetic and padding) is evaluated and packed at compile time in
   tiles ([tiles][K][R], R the tile's rows), which the inner loop reads contiguously: constants cost nothing to
-  reorder ahead of time;
+  reorder ahead of time, as long as the packed copy does not repeat them many times over (PACK_GROWTH);
 - a runtime operand that is a plain strided view of a buffer (a matmul's input, a 1x1 convolution's input) is read
   where it lies;
 - any other runtime operand (a convolution's window with its padding gates, a transposed view B would read across
@@ -43,6 +43,14 @@ SWAP_GAIN = 100
 MIN_SPLIT = 16
 # block sizes in tiles: a B block (KC x nc floats per K slice) and the A tiles passing over it stay in L2
 NC_TILES, MC_TILES = 4, 32
+# a packed constant holds each element the operand reads once, plus tile padding (under 2x once the rows fill a tile);
+# one bigger than this many times the constants it is computed from repeats them, and is read at run time instead:
+# a weight gated by the output position, packed once per position (a text-detection model asked for 1 TB), or a
+# concat's branch weights gated by the output channel, packed once per channel into a tile of 8 rows with 1 used
+# (DenseNet-121: a 1.2 GB blob for 31 MB of weights; in loops it runs 2.6x as fast, SqueezeNet 3x)
+PACK_GROWTH = 4
+# ... unless it is smaller than this (elements): a small matrix's tile padding alone can pass PACK_GROWTH
+PACK_SMALL = 1 << 16
 
 def gemm_tile(cpu: str, triple: str | None) -> tuple[int, int]:
   """(MR, NR) of the microkernel to use: 8x32 where 16-float vectors exist (AVX-512), else 6x16."""
@@ -238,31 +246,52 @@ def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -
     return any(r is q and (end <= qs or qe <= start) for r, start, end in c.bounds for q, qs, qe in p.bounds)
   return out_const - const if all(disjoint(p) for p in placed) else None
 
+def _packed_size(c: Contraction, side: Side, tile: int) -> int:
+  """Elements of an operand packed as [batch][tiles][K][tile]."""
+  return c.B * -(-side.size // tile) * tile * c.K
+
+def _packs(c: Contraction, side: Side, tile: int, consts: list[np.ndarray]) -> bool:
+  """Is the packed copy of a constant operand not much bigger than the constants it is computed from?"""
+  return _packed_size(c, side, tile) <= max(PACK_SMALL, PACK_GROWTH * sum(x.size for x in consts))
+
 def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.ndarray]) -> np.ndarray:
-  """A constant operand evaluated over its whole (batch, rows, k) grid with numpy and packed as
-  [batch][tiles][K][tile], zero-padded: what the microkernel reads in place of a pack kernel's output."""
+  """A constant operand evaluated with numpy and packed as [batch][tiles][K][tile], zero-padded: what the microkernel
+  reads in place of a pack kernel's output. Each node is evaluated over the ranges it depends on only (size-1 axes
+  elsewhere) and dropped after its last use: the work and memory are a small multiple of the packed result's (4x
+  for a conv's weights: the int64 index over (rows, k) is twice the packed floats)."""
   axes = list(c.batch) + list(side.rows) + list(c.k)
   shape = tuple(r.arg[1] for r in axes)
+  nodes = side.expr.toposort()
+  uses = {u: 0 for u in nodes}
+  for u in nodes:
+    for s in u.src: uses[s] += 1
   vals: dict[UOp, np.ndarray] = {}
   with np.errstate(all="ignore"):
-    for u in side.expr.toposort():
+    for u in nodes:
       if u.op is Ops.RANGE:
         vals[u] = np.arange(u.arg[1], dtype=np.int64).reshape([-1 if a is u else 1 for a in axes])
       elif u.op is Ops.CONST: vals[u] = np.array(u.arg, dtype=np.int64 if u.dtype == dtypes.index else u.dtype.np)
       elif u.op is Ops.DEFINE_GLOBAL: continue
       elif u.op is Ops.LOAD:
+        # gathered over the index's own ranges (clamped: out of bounds only where the gate is false), then gated
         flat, idx, gate = data[u.src[0].arg].reshape(-1), vals[u.src[1]], vals[u.src[2]]
-        vals[u] = np.where(gate, flat[np.where(gate, idx, 0)], np.zeros((), flat.dtype))
+        vals[u] = np.take(flat, idx, mode="clip")
+        if not (gate.ndim == 0 and gate): vals[u] = np.where(gate, vals[u], np.zeros((), flat.dtype))
       elif u.op is Ops.CAST: vals[u] = vals[u.src[0]].astype(u.dtype.np)
       elif u.op in NP_ALU:
         dt = np.int64 if u.dtype == dtypes.index else u.dtype.np
         vals[u] = np.asarray(NP_ALU[u.op](*[vals[s] for s in u.src])).astype(dt, copy=False)
       else: raise NotImplementedError(f"cannot evaluate {u.op.name} in a constant operand")
-  grid = np.broadcast_to(vals[side.expr], shape).reshape(c.B, side.size, c.K).astype(np.float32)
-  tiles = -(-side.size // tile)
-  padded = np.zeros((c.B, tiles * tile, c.K), np.float32)
-  padded[:, :side.size] = grid
-  return np.ascontiguousarray(padded.reshape(c.B, tiles, tile, c.K).transpose(0, 1, 3, 2))
+      for s in u.src:
+        uses[s] -= 1
+        if uses[s] == 0: vals.pop(s, None)
+  grid = np.broadcast_to(vals.pop(side.expr).astype(np.float32, copy=False), shape).reshape(c.B, side.size, c.K)
+  tiles, whole = -(-side.size // tile), side.size // tile
+  packed = np.zeros((c.B, tiles, c.K, tile), np.float32)
+  rows = packed.transpose(0, 1, 3, 2)
+  rows[:, :whole] = grid[:, :whole * tile].reshape(c.B, whole, tile, c.K)
+  if whole < tiles: rows[:, whole, :side.size - whole * tile] = grid[:, whole * tile:]
+  return packed
 
 def blocks(c: Contraction, mr: int, nr: int) -> tuple[int, int]:
   """(mc, nc): rows of A and columns of B one task computes, shrunk until there are MIN_TASKS tasks when possible."""
@@ -298,14 +327,29 @@ class Gemm:
     c, (mc, nc) = self.c, self.block
     return c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
 
+def _constants(side: Side, bufs: list) -> dict[int, np.ndarray] | None:
+  """The arrays a constant operand is computed from, by slot; None when it reads a runtime buffer."""
+  slots = {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD}
+  return {s: bufs[s].data for s in slots} if all(bufs[s].kind == "const" for s in slots) else None
+
+def _readable(c: Contraction, side: Side, is_b: bool) -> tuple[int, int, tuple[int, int, int]] | None:
+  """The operand's view (_view) when the microkernel can read it there: B's lanes must be contiguous (row stride 1)."""
+  view = _view(side, c)
+  return view if view is not None and (not is_b or view[2][1] == 1) else None
+
+def _bounded(c: Contraction, side: Side, is_b: bool, R: int, bufs: list) -> bool:
+  """Can the operand be formed without copying a constant many times over? A constant too big to pack that is no
+  plain view would be as big in a dense copy: the contraction stays in the kernel's loops."""
+  consts = _constants(side, bufs)
+  return consts is None or _packs(c, side, R, list(consts.values())) or _readable(c, side, is_b) is not None
+
 def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slot, make_buffer) -> Operand:
   """The cheapest form of one operand (module docstring): packed constant, view, or dense copy."""
-  slots = {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD}
-  if all(bufs[s].kind == "const" for s in slots):
-    packed = evaluate_operand(c, side, R, {s: bufs[s].data for s in slots})
+  consts = _constants(side, bufs)
+  if consts is not None and _packs(c, side, R, list(consts.values())):
+    packed = evaluate_operand(c, side, R, consts)
     return Operand(new_slot(make_buffer("const", packed)), 0, (packed[0].size, c.K * R, 1, R), True)
-  # B's lanes must be contiguous: a view of B needs row stride 1
-  if (view := _view(side, c)) is not None and (not is_b or view[2][1] == 1):
+  if (view := _readable(c, side, is_b)) is not None:
     slot, offset, (sb, sr, sk) = view
     return Operand(slot, offset, (sb, R * sr, sr, sk), False)
   # rows padded to whole tiles, so the microkernel reads edge tiles in place
@@ -317,7 +361,8 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
 def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer) -> tuple[UOp, list, list[Gemm]]:
   """(the kernel that runs last, the kernel's buffers with new slots appended, its gemms). make_buffer(kind, array or
   size) makes a constant buffer holding an array, or a float32 scratch buffer of a size."""
-  found = find_contractions(ast, tile)
+  found = [c for c in find_contractions(ast, tile)
+           if _bounded(c, c.a, False, tile[0], bufs) and _bounded(c, c.b, True, tile[1], bufs)]
   if not found: return ast, bufs, []
   bufs, gemms, results = list(bufs), [], {}
   def new_slot(b) -> int: bufs.append(b); return len(bufs) - 1
