@@ -158,7 +158,11 @@ def result_index(c: Contraction) -> UOp:
 def epilogue_kernel(ast: UOp, results: dict[UOp, tuple[Contraction, int]]) -> UOp:
   """The kernel with each contraction's accumulator read from its result matrix (a new slot, or the output)."""
   true = UOp.const(dtypes.bool, True)
-  loads = {c.acc: UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), slot), result_index(c), true))
+  # in place, the read is at the store's own index node: the same address in the same form, which the C and LLVM
+  # vectorisers need to see (an equal index built differently got a runtime overlap check that always failed, and
+  # ran the scalar loop: 3x slower on a 128x112x112 batch norm + ReLU6)
+  index = lambda c, slot: ast.src[1] if slot == 0 and ast.op is Ops.STORE else result_index(c)
+  loads = {c.acc: UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), slot), index(c, slot), true))
            for c, slot in results.values()}
   return graph_rewrite(substitute(ast, loads), pm_simplify)
 
