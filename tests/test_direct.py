@@ -1,0 +1,149 @@
+"""Depthwise convolutions on the runtime's direct kernel (codegen/direct.py, runtime_c/aot_direct.c): window sizes,
+strides, symmetric and asymmetric padding, each fused epilogue, batches, against onnxruntime on fresh inputs; the plan
+(no im2col, no M = 1 microkernel call); bitwise the same results on 1 and 2 threads; and the shapes it leaves to the
+microkernel still right."""
+import numpy as np
+import onnx
+import pytest
+from onnx import helper as oh, numpy_helper as nh, TensorProto as TP
+import aot
+from conftest import TARGETS
+
+ort = pytest.importorskip("onnxruntime")
+rng = np.random.default_rng(0)
+
+class Graph:
+  """A small ONNX graph under construction: seeded initializers, nodes, named outputs."""
+  def __init__(self):
+    self.inits, self.nodes, self.outputs, self.n = [], [], [], 0
+  def name(self, base: str) -> str:
+    self.n += 1
+    return f"{base}{self.n}"
+  def const(self, value) -> str:
+    self.inits.append(nh.from_array(np.asarray(value, np.float32), self.name("c")))
+    return self.inits[-1].name
+  def node(self, op: str, *inputs: str, **attrs) -> str:
+    out = self.name(op.lower())
+    self.nodes.append(oh.make_node(op, list(inputs), [out], **attrs))
+    return out
+  def bn(self, x: str, c: int) -> str:
+    pos = lambda: rng.uniform(0.5, 1.5, c)
+    return self.node("BatchNormalization", x, self.const(pos()), self.const(rng.normal(0, 0.1, c)),
+                     self.const(rng.normal(0, 0.1, c)), self.const(pos()))
+  def act(self, x: str, kind: str) -> str:
+    if kind == "relu6": return self.node("Clip", x, self.const(0.0), self.const(6.0))
+    if kind == "clip": return self.node("Clip", x, self.const(-1.0), self.const(1.0))
+    if kind == "hardswish": return self.node("HardSwish", x)
+    if kind == "silu": return self.node("Mul", x, self.node("Sigmoid", x))
+    return x
+  def depthwise(self, x: str, c: int, k: int, stride: int, pads, bias: bool = False, **attrs) -> str:
+    w = self.const(rng.normal(0, 0.3, (c, 1, k, k)))
+    ins = [x, w, self.const(rng.normal(0, 0.1, c))] if bias else [x, w]
+    return self.node("Conv", *ins, group=c, strides=[stride, stride], pads=list(pads), kernel_shape=[k, k], **attrs)
+  def output(self, x: str):
+    self.outputs.append(x)
+  def model(self, inputs: dict[str, tuple]) -> onnx.ModelProto:
+    g = oh.make_graph(self.nodes, "g", [oh.make_tensor_value_info(n, TP.FLOAT, s) for n, s in inputs.items()],
+                      [oh.make_tensor_value_info(o, TP.FLOAT, None) for o in self.outputs], self.inits)
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+X, X2 = (1, 16, 21, 70), (2, 8, 31, 33)
+# (window, stride, pads [top, left, bottom, right], conv bias, epilogue): 70 columns make a full 64-wide segment and
+# a partial vector at stride 1, 35 make single vectors and a partial one at stride 2
+BRANCHES = [(3, 1, (1, 1, 1, 1), False, "relu6"), (5, 2, (2, 2, 2, 2), False, "hardswish"),
+            (3, 2, (0, 0, 1, 1), True, "silu"), (5, 1, (0, 0, 0, 0), False, "clip"),
+            (3, 1, (1, 2, 1, 0), True, "none")]
+
+def direct_model() -> onnx.ModelProto:
+  g = Graph()
+  for k, s, pads, bias, act in BRANCHES:
+    g.output(g.act(g.bn(g.depthwise("x", X[1], k, s, pads, bias), X[1]), act))
+  return g.model({"x": X})
+
+def fallback_model() -> onnx.ModelProto:
+  """Depthwise-like convolutions the direct kernel does not take: dilated, two filters per channel, a batch of two
+  images (the filter does not vary with the image, which the contraction then counts as a row, not a plane)."""
+  g = Graph()
+  g.output(g.act(g.depthwise("x2", X2[1], 3, 2, (1, 1, 1, 1), True), "relu6"))
+  g.output(g.act(g.bn(g.depthwise("x", X[1], 3, 1, (2, 2, 2, 2), dilations=[2, 2]), X[1]), "relu6"))
+  w = g.const(rng.normal(0, 0.3, (2 * X[1], 1, 3, 3)))
+  g.output(g.node("Conv", "x", w, group=X[1], pads=[1, 1, 1, 1], kernel_shape=[3, 3]))
+  return g.model({"x": X, "x2": X2})
+
+def block_model(c: int = 16, expand: int = 4, hw: int = 96) -> onnx.ModelProto:
+  """A MobileNetV2 block (1x1 expand, BN, ReLU6, 3x3 depthwise, BN, ReLU6, 1x1 project, residual): big enough
+  (48 MFLOP) for the model to run on the pool."""
+  g = Graph()
+  e = c * expand
+  h = g.act(g.bn(g.node("Conv", "x", g.const(rng.normal(0, 0.2, (e, c, 1, 1)))), e), "relu6")
+  h = g.act(g.bn(g.depthwise(h, e, 3, 1, (1, 1, 1, 1)), e), "relu6")
+  h = g.node("Conv", h, g.const(rng.normal(0, 0.2, (c, e, 1, 1))), g.const(rng.normal(0, 0.1, c)))
+  g.output(g.node("Add", h, "x"))
+  return g.model({"x": (1, c, hw, hw)})
+
+def reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+  so = ort.SessionOptions()
+  so.intra_op_num_threads = 1
+  return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+def close(out, ref):
+  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+  """(model, artifact) per (name, target), compiled once for the module."""
+  base, made = tmp_path_factory.mktemp("direct"), {}
+  def get(name: str, target: str):
+    if (name, target) not in made:
+      model = {"direct": direct_model, "fallback": fallback_model, "block": block_model}[name]()
+      made[name, target] = model, aot.compile_model(model, out_dir=base / f"{name}_{target}", target=target)
+    return made[name, target]
+  return get
+
+def model_c(art) -> str: return (art.dir / "src" / "model.c").read_text()
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_depthwise_matches_onnxruntime(artifacts, target):
+  model, art = artifacts("direct", target)
+  loaded = aot.load(art)
+  try:
+    for seed in (1, 2):
+      r = np.random.default_rng(seed)
+      x = r.standard_normal(X, dtype=np.float32)
+      for out, ref in zip(loaded(x), reference(model, {"x": x}), strict=True): close(out, ref)
+  finally: loaded.close()
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_depthwise_takes_the_direct_kernel(artifacts, target):
+  src = model_c(artifacts("direct", target)[1])
+  # one direct call per convolution, its epilogue run on each task's planes; no im2col copy, no microkernel call
+  assert src.count("aot_depthwise d =") == len(BRANCHES)
+  assert src.count("aot_depthwise d =") == src.count(", a}; aot_depthwise_run(&d, 0, d.tasks)")
+  assert "aot_gemm g =" not in src and "_dense" not in src
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_shapes_left_to_the_microkernel(artifacts, target):
+  model, art = artifacts("fallback", target)
+  assert "aot_depthwise d =" not in model_c(art)
+  r = np.random.default_rng(3)
+  xs = [r.standard_normal(X, dtype=np.float32), r.standard_normal(X2, dtype=np.float32)]
+  loaded = aot.load(art)
+  try:
+    for out, ref in zip(loaded(*xs), reference(model, {"x": xs[0], "x2": xs[1]}), strict=True): close(out, ref)
+  finally: loaded.close()
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_depthwise_bitwise_same_on_1_and_2_threads(artifacts, target):
+  model, art = artifacts("block", target)
+  # the direct kernel (and its fused epilogue) runs on the pool
+  assert "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" in model_c(art)
+  x = np.random.default_rng(4).standard_normal((1, 16, 96, 96), dtype=np.float32)
+  outs = []
+  for threads in (1, 2):
+    loaded = aot.load(art, threads=threads)
+    try: outs.append(loaded(x))
+    finally: loaded.close()
+  np.testing.assert_array_equal(outs[0], outs[1])
+  close(outs[0], reference(model, {"x": x})[0])
