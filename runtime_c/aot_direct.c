@@ -20,9 +20,10 @@ typedef float vf __attribute__((vector_size(64), aligned(4)));
 typedef float vf __attribute__((vector_size(32), aligned(4)));
 #endif
 enum { VW = (int)(sizeof(vf) / sizeof(float)) };
-/* vectors of outputs computed at once: 4 accumulators leave registers for the loads (1 and 2 were slower on
-   MobileNet-like 112x112 planes, more spill on AVX2) */
+/* outputs computed at once: ROW_BLOCK rows x SEG_VECTORS vectors, 8 independent accumulators, enough to hide the
+   multiply-add's latency (one row of 4 vectors: stride 2 on 56-wide rows ran at a third of stride 1's rate) */
 #define SEG_VECTORS 4
+#define ROW_BLOCK 2
 
 /* the even lanes of two vectors (a stride-2 row split by phase); gcc has __builtin_shufflevector since 12 */
 #if defined(__clang__) || __GNUC__ >= 12
@@ -46,57 +47,101 @@ static int phase_width(const aot_depthwise *d) { return (d->OW + VW - 1) / VW * 
 /* Copy input rows [ih0, ih0 + rows) (rows outside the plane are zeros) into buf as [rows][SW][Wq]. */
 AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x, int ih0, int rows, float *buf) {
   const int SW = d->SW, Wq = phase_width(d);
+  /* padded column q * SW + p is input column q * SW + p - PW: valid for q in [lo[p], hi[p]) (the same for every row:
+     worked out once, integer divisions cost more than a row's copy) */
+  int lo[AOT_DEPTHWISE_MAX_STRIDE], hi[AOT_DEPTHWISE_MAX_STRIDE];
+  for (int p = 0; p < SW; p++) {
+    const int first = p - d->PW;
+    int q0 = first >= 0 ? 0 : (-first + SW - 1) / SW, q1 = d->W - first > 0 ? (d->W - first + SW - 1) / SW : 0;
+    q0 = q0 < Wq ? q0 : Wq;
+    q1 = q1 < Wq ? q1 : Wq;
+    lo[p] = q0;
+    hi[p] = q1 > q0 ? q1 : q0;
+  }
   for (int r = 0; r < rows; r++) {
     const int ih = ih0 + r;
     for (int p = 0; p < SW; p++) {
       float *out = buf + ((long)r * SW + p) * Wq;
-      if (ih < 0 || ih >= d->H) { memset(out, 0, (size_t)Wq * sizeof(float)); continue; }
-      const float *row = x + (long)ih * d->x_row;
-      /* padded column q * SW + p is input column q * SW + p - PW: valid for q in [q0, q1) */
-      const int first = p - d->PW;
-      int q0 = first >= 0 ? 0 : (-first + SW - 1) / SW;
-      int q1 = d->W - first > 0 ? (d->W - first + SW - 1) / SW : 0;
-      if (q0 > Wq) q0 = Wq;
-      if (q1 > Wq) q1 = Wq;
-      if (q1 < q0) q1 = q0;
-      for (int q = 0; q < q0; q++) out[q] = 0;
-      if (SW == 1) memcpy(out + q0, row + q0 + first, (size_t)(q1 - q0) * sizeof(float));
-      else {
-        int q = q0;
-#ifdef HAVE_EVEN
-        if (SW == 2)
-          for (; 2L * (q + VW) + first <= d->W; q += VW)
-            *(vf *)(out + q) = EVEN(*(const vf *)(row + 2L * q + first), *(const vf *)(row + 2L * q + first + VW));
-#endif
-        for (; q < q1; q++) out[q] = row[(long)q * SW + first];
+      if (ih < 0 || ih >= d->H) {
+        for (int q = 0; q < Wq; q++) out[q] = 0;
+        continue;
       }
-      for (int q = q1; q < Wq; q++) out[q] = 0;
+      const float *row = x + (long)ih * d->x_row + p - d->PW;
+      const int q0 = lo[p], q1 = hi[p];
+      for (int q = 0; q < q0; q++) out[q] = 0;
+      int q = q0;
+      if (SW == 1) {
+        memcpy(out + q0, row + q0, (size_t)(q1 - q0) * sizeof(float));
+        q = q1;
+      }
+#ifdef HAVE_EVEN
+      else if (SW == 2) {
+        for (; 2L * (q + VW) + p - d->PW <= d->W; q += VW)
+          *(vf *)(out + q) = EVEN(*(const vf *)(row + 2L * q), *(const vf *)(row + 2L * q + VW));
+        /* the row's last columns through a zero-padded copy (what lies past them is padding) */
+        if (q < q1 && q + VW <= Wq) {
+          float tail[2 * VW] __attribute__((aligned(64))) = {0};
+          memcpy(tail, row + 2L * q, (size_t)(d->W - (2 * q + p - d->PW)) * sizeof(float));
+          *(vf *)(out + q) = EVEN(*(const vf *)tail, *(const vf *)(tail + VW));
+          q = q1;
+        }
+      }
+#endif
+      for (; q < q1; q++) out[q] = row[(long)q * SW];
+      for (q = q1; q < Wq; q++) out[q] = 0;
     }
   }
 }
 
-/* NV vectors of outputs at src (the band's first tap) from the taps at offsets off[t] with weights w[t], in registers */
+/* R rows x NV vectors of outputs, in registers across the taps (at offsets off[t] from src, weights w[t]); the rows'
+   band rows are src_row apart, their outputs y_row */
 static inline __attribute__((always_inline)) void segment(int taps, const long *off, const float *w, const float *src,
-                                                          float *y, const int NV) {
-  vf acc[SEG_VECTORS] = {{0}};
+                                                          long src_row, float *y, long y_row, const int R, const int NV) {
+  vf acc[ROW_BLOCK][SEG_VECTORS] = {{{0}}};
   for (int t = 0; t < taps; t++) {
     const float wv = w[t], *p = src + off[t];
-    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[v] += *(const vf *)(p + v * VW) * wv;
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] += *(const vf *)(p + r * src_row + v * VW) * wv;
   }
-  _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) *(vf *)(y + v * VW) = acc[v];
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
 }
 
-/* one output row from the band rows starting at src, the taps at offsets off */
-static void conv_row(const aot_depthwise *d, const float *src, const long *off, const float *w, float *y) {
+#define SEGMENT(R, NV) segment(taps, off, w, src, src_row, out, out_row, R, NV)
+/* R (1 or ROW_BLOCK) output rows from the band rows starting at src, the taps at offsets off */
+static void conv_rows(const aot_depthwise *d, const float *src, long src_row, const long *off, const float *w, float *y,
+                      const int R) {
   const int taps = d->KH * d->KW, OW = d->OW;
   int ow = 0;
-  for (; ow + SEG_VECTORS * VW <= OW; ow += SEG_VECTORS * VW) segment(taps, off, w, src + ow, y + ow, SEG_VECTORS);
-  for (; ow + VW <= OW; ow += VW) segment(taps, off, w, src + ow, y + ow, 1);
-  if (ow < OW) {
-    float last[VW] __attribute__((aligned(64)));
-    segment(taps, off, w, src + ow, last, 1);
-    memcpy(y + ow, last, (size_t)(OW - ow) * sizeof(float));
+  for (; ow + SEG_VECTORS * VW <= OW; ow += SEG_VECTORS * VW) {
+    const float *s = src + ow;
+    float *o = y + ow;
+    if (R == ROW_BLOCK) segment(taps, off, w, s, src_row, o, OW, ROW_BLOCK, SEG_VECTORS);
+    else segment(taps, off, w, s, src_row, o, OW, 1, SEG_VECTORS);
   }
+  if (ow == OW) return;
+  /* the last vectors through a buffer: the rest of the row is not a whole vector */
+  float last[ROW_BLOCK][SEG_VECTORS * VW] __attribute__((aligned(64)));
+  const int rest = OW - ow, nv = (rest + VW - 1) / VW;
+  src += ow;
+  float *out = last[0];
+  const long out_row = SEG_VECTORS * VW;
+  if (R == ROW_BLOCK) {
+    switch (nv) {
+      case 1: SEGMENT(ROW_BLOCK, 1); break;
+      case 2: SEGMENT(ROW_BLOCK, 2); break;
+      case 3: SEGMENT(ROW_BLOCK, 3); break;
+      default: SEGMENT(ROW_BLOCK, 4); break;
+    }
+  } else {
+    switch (nv) {
+      case 1: SEGMENT(1, 1); break;
+      case 2: SEGMENT(1, 2); break;
+      case 3: SEGMENT(1, 3); break;
+      default: SEGMENT(1, 4); break;
+    }
+  }
+  for (int r = 0; r < R; r++) memcpy(y + (long)r * OW + ow, last[r], (size_t)rest * sizeof(float));
 }
 
 int aot_depthwise_band_rows(const aot_depthwise *d) {
@@ -123,7 +168,11 @@ void aot_depthwise_run(void *ctx, int start, int end) {
         const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
         const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
         fill_band(d, x, ih0, rows, buf);
-        for (int oh = oh0; oh < oh1; oh++) conv_row(d, buf + (oh - oh0) * d->SH * rowlen, off, w, y + (long)oh * d->OW);
+        const long src_row = d->SH * rowlen;
+        int oh = oh0;
+        for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
+          conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK);
+        for (; oh < oh1; oh++) conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, 1);
       }
     }
     if (d->epilogue) d->epilogue(d->epilogue_ctx, t, t + 1);

@@ -68,6 +68,8 @@ __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int 
 #define AOT_DEPTHWISE_BUFFER 8192
 /* the largest window (KH * KW) it takes: 7 x 7 */
 #define AOT_DEPTHWISE_MAX_TAPS 49
+/* and the largest stride */
+#define AOT_DEPTHWISE_MAX_STRIDE 4
 typedef struct {
   const float *x;
   long x_plane, x_row;
