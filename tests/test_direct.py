@@ -147,3 +147,25 @@ def test_depthwise_bitwise_same_on_1_and_2_threads(artifacts, target):
     finally: loaded.close()
   np.testing.assert_array_equal(outs[0], outs[1])
   close(outs[0], reference(model, {"x": x})[0])
+
+def fc_model(k: int = 1023, n: int = 1000) -> onnx.ModelProto:
+  """A batch-1 fully connected layer (the GEMV: M = 1), sizes that fill no whole tile and no whole k split."""
+  g = Graph()
+  w = g.const(rng.normal(0, 1 / np.sqrt(k), (n, k)))
+  g.output(g.node("Relu", g.node("Gemm", "x", w, g.const(rng.normal(0, 0.1, n)), transB=1)))
+  return g.model({"x": (1, k)})
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gemv_matches_onnxruntime(tmp_path, target):
+  model = fc_model()
+  art = aot.compile_model(model, out_dir=tmp_path / target, target=target)
+  # one microkernel call with M = 1: aot_gemm_run's GEMV path
+  assert model_c(art).count("aot_gemm g = {1, 1, 1000, 1023,") == 1
+  x = np.random.default_rng(5).standard_normal((1, 1023), dtype=np.float32)
+  outs = []
+  for threads in (1, 2):
+    loaded = aot.load(art, threads=threads)
+    try: outs.append(loaded(x))
+    finally: loaded.close()
+  np.testing.assert_array_equal(outs[0], outs[1])
+  close(outs[0], reference(model, {"x": x})[0])
