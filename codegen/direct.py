@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops
+from aot.ir import UOp, Ops, prod
 from aot.interpret import NP_ALU
 from aot.rewrite import graph_rewrite
 from aot.symbolic import pm_simplify, linear
@@ -36,7 +36,9 @@ class Depthwise:
   c: Contraction
   x_slot: int
   x_offset: int
-  x_plane: int
+  x_plane: int                 # the stride of the filter's plane index (channels)
+  x_image: int                 # and of the image index within a filter's planes (batch images, which it does not vary with)
+  images: int
   x_row: int
   H: int
   W: int
@@ -52,10 +54,10 @@ class Depthwise:
   result: int                  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
   tasks: int                   # planes are split into this many tasks, one epilogue call each
   @property
-  def planes(self) -> int: return self.c.B
+  def planes(self) -> int: return self.c.B * self.images
   fused: bool                  # the epilogue runs after each task (its outermost loop is the tasks')
   @property
-  def work(self) -> int: return self.c.B * self.OH * self.OW * self.KH * self.KW
+  def work(self) -> int: return self.planes * self.OH * self.OW * self.KH * self.KW
 
 def _grid(u: UOp, axes: list[UOp]) -> np.ndarray:
   """An index or boolean expression of ranges evaluated over the grid of axes (numpy broadcasting)."""
@@ -98,7 +100,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   if not c.batch or len(sides) != 1 or len(c.k) != 2: return None
   filt = sides[0]
   image = c.b if filt is c.a else c.a
-  if len(image.rows) != 2: return None
+  if len(image.rows) < 2: return None
   if any(bufs[u.src[0].arg].kind != "const" for u in filt.expr.toposort() if u.op is Ops.LOAD): return None
   found = _runtime_load(image.expr)
   if found is None: return None
@@ -106,14 +108,19 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   if bufs[load.src[0].arg].kind == "const": return None
   terms, offset = linear(load.src[1])
   if any(t.op is not Ops.RANGE for t in terms): return None
-  (oh, ow), (ka, kb) = image.rows, c.k
+  # rows before (oh, ow) are images (a batch the filter does not vary with)
+  *extra, oh, ow = image.rows
+  ka, kb = c.k
   # kw is the window range with unit stride (the row's columns), kh the other
   kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
   if kh is None: return None
   x_row = terms.get(kh, 0)
-  if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw, *c.batch}: return None
+  if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw, *c.batch, *extra}:
+    return None
   SH, SW = terms.get(oh, 0) // x_row, terms[ow]
   x_plane = _plane_stride(terms, c.batch)
+  x_image = _plane_stride(terms, tuple(extra)) if extra else 0
+  if x_image is None: return None
   KH, KW, OH, OW = kh.arg[1], kw.arg[1], oh.arg[1], ow.arg[1]
   if x_plane is None or max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE: return None
   # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
@@ -140,7 +147,8 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   # one band of the plane's rows must fit the runtime's buffer
   phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) // SW
   if KH * SW * phase > BAND_BUFFER: return None
-  return dict(filt=filt, kh=kh, kw=kw, x_slot=load.src[0].arg, x_offset=x_offset, x_plane=x_plane, x_row=x_row,
+  return dict(filt=filt, kh=kh, kw=kw, x_slot=load.src[0].arg, x_offset=x_offset, x_plane=x_plane, x_image=x_image,
+              images=prod(r.arg[1] for r in extra), extra=extra, x_row=x_row,
               H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, OH=OH, OW=OW)
 
 def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[Depthwise]] | None:
@@ -152,6 +160,7 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   c = found[0]
   if (g := match_depthwise(c, bufs)) is None: return None
   filt = g.pop("filt")
+  extra = g.pop("extra")
   # the filter side evaluated as [planes][KH][KW]: k ordered (kh, kw)
   c = Contraction(c.acc, c.batch, (g.pop("kh"), g.pop("kw")), filt, c.b if filt is c.a else c.a)
   bufs = list(bufs)
@@ -168,7 +177,7 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   # a task is one iteration of the kernel's outermost loop when that is the first batch range: the epilogue then runs
   # on the task's planes after it; else each plane is a task and the epilogue runs after all
   fused = c.batch[0].arg[0] == 0
-  tasks = c.batch[0].arg[1] if fused else c.B
+  tasks = c.batch[0].arg[1] if fused else c.B * prod(r.arg[1] for r in extra)
   last = epilogue_kernel(ast, {c.acc: (c, result)})
   return last, bufs, [Depthwise(c, w_slot=w_slot, result=result, tasks=tasks, fused=fused, **g)]
 
@@ -189,7 +198,7 @@ class DepthwiseCall:
       fn, fargs = self.epilogue
       pointers = f"void *a[] = {{{', '.join(f'(void *){arg(buf, s)}' for s, buf in fargs)}}}; "
       epilogue = f"{trampoline(fn, fargs)}, a"
-    desc = (f"{arg(b[d.x_slot], d.x_slot)} + {d.x_offset}, {d.x_plane}, {d.x_row}, {d.H}, {d.W}, "
+    desc = (f"{arg(b[d.x_slot], d.x_slot)} + {d.x_offset}, {d.x_plane}, {d.x_image}, {d.images}, {d.x_row}, {d.H}, {d.W}, "
             f"{arg(b[d.w_slot], d.w_slot)}, {d.KH}, {d.KW}, {d.SH}, {d.SW}, {d.PH}, {d.PW}, "
             f"(float *){arg(b[d.result], d.result)}, {d.OH}, {d.OW}, {d.planes}, {d.tasks}, {epilogue}")
     run = "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else "aot_depthwise_run(&d, 0, d.tasks)"
