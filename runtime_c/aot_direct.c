@@ -44,7 +44,8 @@ enum { VW = (int)(sizeof(vf) / sizeof(float)) };
 /* padded columns per phase: whole vectors of outputs plus the window's reach past them */
 static int phase_width(const aot_depthwise *d) { return (d->OW + VW - 1) / VW * VW + (d->KW - 1) / d->SW; }
 
-/* Copy input rows [ih0, ih0 + rows) (rows outside the plane are zeros) into buf as [rows][SW][Wq]. */
+/* Copy input rows [ih0, ih0 + rows) (rows outside the plane are zeros) into buf as [rows][SW][Wq]. Columns outside
+   the plane are never written: buf starts zeroed, and they are the same columns in every row. */
 AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x, int ih0, int rows, float *buf) {
   const int SW = d->SW, Wq = phase_width(d);
   /* padded column q * SW + p is input column q * SW + p - PW: valid for q in [lo[p], hi[p]) (the same for every row:
@@ -63,12 +64,11 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x,
     for (int p = 0; p < SW; p++) {
       float *out = buf + ((long)r * SW + p) * Wq;
       if (ih < 0 || ih >= d->H) {
-        for (int q = 0; q < Wq; q++) out[q] = 0;
+        memset(out, 0, (size_t)Wq * sizeof(float));
         continue;
       }
       const float *row = x + (long)ih * d->x_row + p - d->PW;
       const int q0 = lo[p], q1 = hi[p];
-      for (int q = 0; q < q0; q++) out[q] = 0;
       int q = q0;
       if (SW == 1) {
         memcpy(out + q0, row + q0, (size_t)(q1 - q0) * sizeof(float));
@@ -78,17 +78,18 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x,
       else if (SW == 2) {
         for (; 2L * (q + VW) + p - d->PW <= d->W; q += VW)
           *(vf *)(out + q) = EVEN(*(const vf *)(row + 2L * q), *(const vf *)(row + 2L * q + VW));
-        /* the row's last columns through a zero-padded copy (what lies past them is padding) */
+        /* the row's last columns through a zero-padded copy (what lies past them is padding; a select, not a call
+           to memcpy) */
         if (q < q1 && q + VW <= Wq) {
-          float tail[2 * VW] __attribute__((aligned(64))) = {0};
-          memcpy(tail, row + 2L * q, (size_t)(d->W - (2 * q + p - d->PW)) * sizeof(float));
+          float tail[2 * VW] __attribute__((aligned(64)));
+          const int m = d->W - (2 * q + p - d->PW);
+          for (int i = 0; i < 2 * VW; i++) tail[i] = i < m ? row[2L * q + i] : 0;
           *(vf *)(out + q) = EVEN(*(const vf *)tail, *(const vf *)(tail + VW));
           q = q1;
         }
       }
 #endif
       for (; q < q1; q++) out[q] = row[(long)q * SW];
-      for (q = q1; q < Wq; q++) out[q] = 0;
     }
   }
 }
@@ -154,6 +155,7 @@ int aot_depthwise_band_rows(const aot_depthwise *d) {
 void aot_depthwise_run(void *ctx, int start, int end) {
   const aot_depthwise *d = ctx;
   float buf[AOT_DEPTHWISE_BUFFER] __attribute__((aligned(64)));
+  memset(buf, 0, sizeof buf);
   const int per_task = d->planes / d->tasks, band = aot_depthwise_band_rows(d), Wq = phase_width(d);
   const long rowlen = (long)d->SW * Wq;
   /* where tap (kh, kw) of output column 0 lies in the band: row kh, phase kw % SW, column kw / SW */
