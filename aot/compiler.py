@@ -127,7 +127,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
           for ast in [last, *(o.dense for g in gemms for o in (g.a, g.b) if o.dense is not None)]
           for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
   used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)}
-  used |= {id(k.bufs[d.w_slot]) for k, ds in zip(kernels, directs) for d in ds}
+  used |= {id(k.bufs[s]) for k, ds in zip(kernels, directs) for d in ds for s in (d.w_slot, d.planes_slot)}
   consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used]
   consts = list({id(b): b for b in consts}.values())
   blob_size = weights_layout(consts)

@@ -46,7 +46,7 @@ def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[Ca
     if not isinstance(call, tuple):
       # the direct depthwise kernel (codegen/direct.py), with its epilogue when fused (ast is then the epilogue's)
       d = call.d
-      used = {id(call.bufs[s]): call.bufs[s] for s in (d.x_slot, d.w_slot, d.result)}
+      used = {id(call.bufs[s]): call.bufs[s] for s in (d.x_slot, d.w_slot, d.planes_slot, d.result)}
       used |= {id(b): b for _, b in (call.epilogue[1] if call.epilogue else [])}
       infos.append(CallInfo(kernel, "aot_depthwise_run", role, "direct", 2 * d.work + (flop_count(ast) if ast else 0),
                             sum(b.nbytes for b in used.values())))

@@ -35,14 +35,12 @@ class Depthwise:
   """One depthwise convolution as the runtime computes it (the fields of aot_depthwise)."""
   c: Contraction
   x_slot: int
-  x_offset: int
-  x_plane: int                 # the stride of the filter's plane index (channels)
-  x_image: int                 # and of the image index within a filter's planes (batch images, which it does not vary with)
-  images: int
+  images: int                  # planes per filter (batch images, which the filter does not vary with)
   x_row: int
   H: int
   W: int
   w_slot: int                  # the filters, [planes][KH][KW]
+  planes_slot: int             # x_planes, the table of where each plane starts (int32 bits in a constant)
   KH: int
   KW: int
   SH: int
@@ -85,14 +83,7 @@ def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
   if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True): gates.append(expr.src[2])
   return expr, gates
 
-def _plane_stride(terms: dict[UOp, int], batch: tuple[UOp, ...]) -> int | None:
-  """The stride of the flattened plane index when the index is linear in it (outer batch ranges = inner x size)."""
-  inner = terms.get(batch[-1], 0)
-  size = 1
-  for r in reversed(batch):
-    if terms.get(r, 0) != inner * size: return None
-    size *= r.arg[1]
-  return inner
+def _ranges_of(u: UOp) -> set[UOp]: return {r for r in u.toposort() if r.op is Ops.RANGE}
 
 def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   """The direct kernel's geometry for a contraction that is a depthwise convolution, else None."""
@@ -107,22 +98,22 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   load, gates = found
   if bufs[load.src[0].arg].kind == "const": return None
   terms, offset = linear(load.src[1])
-  if any(t.op is not Ops.RANGE for t in terms): return None
   # rows before (oh, ow) are images (a batch the filter does not vary with)
   *extra, oh, ow = image.rows
+  planes_of = (*c.batch, *extra)
+  # terms in the plane's ranges only may be anything (a channel shuffle's divisions): the plane's offset is a table
+  plane_terms = {t: k for t, k in terms.items() if _ranges_of(t) <= set(planes_of)}
+  terms = {t: k for t, k in terms.items() if t not in plane_terms}
+  if any(t.op is not Ops.RANGE for t in terms): return None
   ka, kb = c.k
   # kw is the window range with unit stride (the row's columns), kh the other
   kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
   if kh is None: return None
   x_row = terms.get(kh, 0)
-  if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw, *c.batch, *extra}:
-    return None
+  if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw}: return None
   SH, SW = terms.get(oh, 0) // x_row, terms[ow]
-  x_plane = _plane_stride(terms, c.batch)
-  x_image = _plane_stride(terms, tuple(extra)) if extra else 0
-  if x_image is None: return None
   KH, KW, OH, OW = kh.arg[1], kw.arg[1], oh.arg[1], ow.arg[1]
-  if x_plane is None or max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE: return None
+  if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE: return None
   # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
   axes = [oh, kh, ow, kw]
   rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
@@ -141,13 +132,14 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   expected = row_ok[(np.arange(OH)[:, None] * SH + np.arange(KH))][:, :, None, None] & \
              col_ok[(np.arange(OW)[:, None] * SW + np.arange(KW))][None, None, :, :]
   if not np.array_equal(mask, expected): return None
-  # the input's first element: the index at padded position (PH, PW) of plane 0
-  x_offset = offset + PH * x_row + PW
-  if x_offset < 0: return None
+  # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
+  shift = np.zeros([r.arg[1] for r in planes_of], np.int64) + offset + PH * x_row + PW
+  for t, k in plane_terms.items(): shift = shift + k * _grid(t, list(planes_of)).astype(np.int64)
+  if shift.min() < 0 or shift.max() >= 1 << 31: return None
   # one band of the plane's rows must fit the runtime's buffer
   phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) // SW
   if KH * SW * phase > BAND_BUFFER: return None
-  return dict(filt=filt, kh=kh, kw=kw, x_slot=load.src[0].arg, x_offset=x_offset, x_plane=x_plane, x_image=x_image,
+  return dict(filt=filt, kh=kh, kw=kw, x_slot=load.src[0].arg, x_planes=shift.reshape(-1).astype(np.int32),
               images=prod(r.arg[1] for r in extra), extra=extra, x_row=x_row,
               H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, OH=OH, OW=OW)
 
@@ -168,6 +160,8 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
                                     for u in filt.expr.toposort() if u.op is Ops.LOAD})
   bufs.append(make_buffer("const", w.reshape(c.B, c.K)))
   w_slot = len(bufs) - 1
+  bufs.append(make_buffer("const", g.pop("x_planes").view(np.float32)))
+  planes_slot = len(bufs) - 1
   in_place = (ast.op is Ops.STORE and bufs[0].dtype == dtypes.float32 and
               linear(graph_rewrite(result_index(c), pm_simplify)) == linear(ast.src[1]))
   if in_place: result = 0
@@ -179,7 +173,7 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   fused = c.batch[0].arg[0] == 0
   tasks = c.batch[0].arg[1] if fused else c.B * prod(r.arg[1] for r in extra)
   last = epilogue_kernel(ast, {c.acc: (c, result)})
-  return last, bufs, [Depthwise(c, w_slot=w_slot, result=result, tasks=tasks, fused=fused, **g)]
+  return last, bufs, [Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)]
 
 @dataclass
 class DepthwiseCall:
@@ -198,7 +192,8 @@ class DepthwiseCall:
       fn, fargs = self.epilogue
       pointers = f"void *a[] = {{{', '.join(f'(void *){arg(buf, s)}' for s, buf in fargs)}}}; "
       epilogue = f"{trampoline(fn, fargs)}, a"
-    desc = (f"{arg(b[d.x_slot], d.x_slot)} + {d.x_offset}, {d.x_plane}, {d.x_image}, {d.images}, {d.x_row}, {d.H}, {d.W}, "
+    desc = (f"{arg(b[d.x_slot], d.x_slot)}, (const int *){arg(b[d.planes_slot], d.planes_slot)}, {d.images}, "
+            f"{d.x_row}, {d.H}, {d.W}, "
             f"{arg(b[d.w_slot], d.w_slot)}, {d.KH}, {d.KW}, {d.SH}, {d.SW}, {d.PH}, {d.PW}, "
             f"(float *){arg(b[d.result], d.result)}, {d.OH}, {d.OW}, {d.planes}, {d.tasks}, {epilogue}")
     run = "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else "aot_depthwise_run(&d, 0, d.tasks)"

@@ -165,7 +165,7 @@ void aot_depthwise_run(void *ctx, int start, int end) {
   for (int t = start; t < end; t++) {
     for (int p = t * per_task; p < (t + 1) * per_task; p++) {
       const int f = p / d->images;
-      const float *x = d->x + (long)f * d->x_plane + (long)(p % d->images) * d->x_image, *w = d->w + (long)f * d->KH * d->KW;
+      const float *x = d->x + d->x_planes[p], *w = d->w + (long)f * d->KH * d->KW;
       float *y = d->y + (long)p * d->OH * d->OW;
       for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
         const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
