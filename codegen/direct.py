@@ -7,8 +7,9 @@ MobileNetV2-like blocks it was ~15x slower than onnxruntime). The direct kernel 
 band of rows at a time, and keeps output segments in vector registers across the window's taps.
 
 The shape is recognised from the contraction, not from the ONNX op: the runtime side must be one gated load at an
-index linear in (plane, oh, ow, kh, kw) with unit column stride, and its gate must be exactly "inside an H x W plane"
-(checked by evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/contract.py.
+index linear in (oh, ow, kh, kw) with unit column stride plus any function of the plane (a table of plane starts:
+a channel shuffle, a channel multiplier), and its gate must be exactly "inside an H x W plane" (checked by
+evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/contract.py.
 The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel, which the runtime
 calls on each task's planes right after computing them (they are still in cache)."""
 from __future__ import annotations
@@ -51,9 +52,9 @@ class Depthwise:
   OW: int
   result: int                  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
   tasks: int                   # planes are split into this many tasks, one epilogue call each
+  fused: bool                  # the epilogue runs after each task (its outermost loop is the tasks')
   @property
   def planes(self) -> int: return self.c.B * self.images
-  fused: bool                  # the epilogue runs after each task (its outermost loop is the tasks')
   @property
   def work(self) -> int: return self.planes * self.OH * self.OW * self.KH * self.KW
 
@@ -173,7 +174,8 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   fused = c.batch[0].arg[0] == 0
   tasks = c.batch[0].arg[1] if fused else c.B * prod(r.arg[1] for r in extra)
   last = epilogue_kernel(ast, {c.acc: (c, result)})
-  return last, bufs, [Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)]
+  d = Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)
+  return last, bufs, [d]
 
 @dataclass
 class DepthwiseCall:
@@ -196,5 +198,6 @@ class DepthwiseCall:
             f"{d.x_row}, {d.H}, {d.W}, "
             f"{arg(b[d.w_slot], d.w_slot)}, {d.KH}, {d.KW}, {d.SH}, {d.SW}, {d.PH}, {d.PW}, "
             f"(float *){arg(b[d.result], d.result)}, {d.OH}, {d.OW}, {d.planes}, {d.tasks}, {epilogue}")
-    run = "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else "aot_depthwise_run(&d, 0, d.tasks)"
+    run = ("aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else
+           "aot_depthwise_run(&d, 0, d.tasks)")
     return f"  {{ {pointers}aot_depthwise d = {{{desc}}}; {run}; }}"

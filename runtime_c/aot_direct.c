@@ -96,8 +96,9 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x,
 
 /* R rows x NV vectors of outputs, in registers across the taps (at offsets off[t] from src, weights w[t]); the rows'
    band rows are src_row apart, their outputs y_row */
-static inline __attribute__((always_inline)) void segment(int taps, const long *off, const float *w, const float *src,
-                                                          long src_row, float *y, long y_row, const int R, const int NV) {
+static inline __attribute__((always_inline)) void segment(int taps, const long *off, const float *w,
+                                                          const float *src, long src_row, float *y, long y_row,
+                                                          const int R, const int NV) {
   vf acc[ROW_BLOCK][SEG_VECTORS] = {{{0}}};
   for (int t = 0; t < taps; t++) {
     const float wv = w[t], *p = src + off[t];

@@ -70,7 +70,8 @@ typedef void (*microkernel_fn)(int, const float *, long, long, const float *, lo
     for (; k + GEMV_SPLIT <= K; k += GEMV_SPLIT)                                                            \
       _Pragma("GCC unroll 4") for (int u = 0; u < GEMV_SPLIT; u++) {                                        \
         const float av = a[(k + u) * ak];                                                                   \
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[u][j] += *(const V *)(b + (k + u) * bk + j * VW) * av; \
+        const float *bu = b + (k + u) * bk;                                                                 \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[u][j] += *(const V *)(bu + j * VW) * av;     \
       }                                                                                                     \
     for (; k < K; k++)                                                                                      \
       _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[0][j] += *(const V *)(b + k * bk + j * VW) * a[k * ak]; \
