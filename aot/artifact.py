@@ -150,19 +150,25 @@ def render_model_c(name: str, sched: Schedule, calls: list, protos: list[str], e
             for i, (b, n) in enumerate(zip(bufs, names))]
   # a kernel on the pool is called through a trampoline that unpacks its pointers from an array
   tramps, body = {}, []
+  def trampoline(fn: str, fargs) -> str:
+    if fn not in tramps:
+      unpack = ", ".join(f"({ctype(b, s)})a[{i}]" for i, (s, b) in enumerate(fargs))
+      tramps[fn] = f"static void run_{fn}(void *c, int s, int e) {{ void **a = c; {fn}({unpack}, s, e); }}"
+    return f"run_{fn}"
   for call in calls:
     if isinstance(call, GemmCall):
       body.append(call.render(arg))
+      continue
+    # a direct kernel (codegen/direct.py) may call its epilogue through a trampoline
+    if not isinstance(call, tuple):
+      body.append(call.render(arg, trampoline))
       continue
     fn, fargs, extent, parallel = call
     if not parallel:
       body.append(f"  {fn}({', '.join(arg(b, s) for s, b in fargs)}, 0, {extent});")
       continue
-    if fn not in tramps:
-      unpack = ", ".join(f"({ctype(b, s)})a[{i}]" for i, (s, b) in enumerate(fargs))
-      tramps[fn] = f"static void run_{fn}(void *c, int s, int e) {{ void **a = c; {fn}({unpack}, s, e); }}"
     ptrs = ", ".join(f"(void *){arg(b, s)}" for s, b in fargs)
-    body.append(f"  {{ void *a[] = {{{ptrs}}}; aot_parallel(m->pool, run_{fn}, a, {extent}); }}")
+    body.append(f"  {{ void *a[] = {{{ptrs}}}; aot_parallel(m->pool, {trampoline(fn, fargs)}, a, {extent}); }}")
   if profile:
     body = [f"  {{ double t_ = aot_profile_now();\n  {line.strip()}\n  m->profile[{i}] += aot_profile_now() - t_; }}"
             for i, line in enumerate(body)]

@@ -15,6 +15,7 @@ from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
 from aot.codegen.contract import lower_contractions, gemm_tile
+from aot.codegen.direct import lower_depthwise, DepthwiseCall
 from aot.symbolic import linear
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
@@ -28,6 +29,8 @@ PARALLEL_MIN_WORK = 1 << 16
 # a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
 # the first wake-up of a run costs more than splitting gains (the 3-layer mlp: 2 threads were 0.74x as fast as 1)
 MODEL_PARALLEL_MIN_WORK = 1 << 25
+# the runtime's C files every CPU artifact links (the microkernel, the depthwise kernel)
+RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c")
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
@@ -109,11 +112,14 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     made.append(b)
     return b
   # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
-  kernels, plans = [], []
+  # depthwise convolutions go to the runtime's direct kernel instead (codegen/direct.py); directs[i] are kernel i's
+  kernels, plans, directs = [], [], []
   for k in sched.kernels:
-    last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer)
+    direct = lower_depthwise(k.ast, k.bufs, make_buffer)
+    last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
     kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
     plans.append((last, gemms))
+    directs.append(direct[2] if direct is not None else [])
   scratch = sched.scratch + [b for b in made if b.kind == "scratch"]
   arena = memory_plan(kernels, scratch)
   # constants only a prepacked copy reads are left out of the weights
@@ -121,6 +127,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
           for ast in [last, *(o.dense for g in gemms for o in (g.a, g.b) if o.dense is not None)]
           for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
   used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)}
+  used |= {id(k.bufs[s]) for k, ds in zip(kernels, directs) for d in ds for s in (d.w_slot, d.planes_slot)}
   consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used]
   consts = list({id(b): b for b in consts}.values())
   blob_size = weights_layout(consts)
@@ -143,7 +150,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   calls: list = []
   notes: list = []   # (kernel, role, AST) of each call, for a profile build
   threads = sum(flop_count(k.ast) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
-  for k, (last, gemms) in zip(kernels, plans):
+  for k, (last, gemms), ds in zip(kernels, plans, directs):
     def call(ast: UOp, out: Buffer):
       # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
       ast, extent = optimized[ast], parallel_extent(optimized[ast])
@@ -157,8 +164,18 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
       work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
       calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK))
       notes.append((k.name, "contraction", None))
+    # the direct kernel runs its epilogue after each task's planes when their loops agree
+    epilogue = None if _copies_in_place(last) else call(last, k.bufs[0])
+    for d in ds:
+      fused = epilogue is not None and d.fused and epilogue[2] == d.tasks
+      calls.append(DepthwiseCall(d, k.bufs, threads and d.tasks > 1 and d.work >= PARALLEL_MIN_WORK,
+                                 epilogue[:2] if fused else None))
+      notes.append((k.name, "depthwise", optimized[last] if fused else None))
+      if fused or epilogue is None: continue
+      calls.append(epilogue)
+      notes.append((k.name, "epilogue", optimized[last]))
     # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv) is not run
-    if not (gemms and _copies_in_place(last)):
+    if not ds and not (gemms and _copies_in_place(last)):
       calls.append(call(last, k.bufs[0]))
       notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
   model_c = render_model_c(name, sched, calls, protos, external, profile)
@@ -216,8 +233,8 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   try:
     src = stage / "src"
     runtime = importlib.resources.files("aot.runtime_c")
-    for f in ("aot_runtime.c", "aot_gemm.c", "aot_runtime.h"): (src / f).write_text(runtime.joinpath(f).read_text())
-    sources = [f for f in files if f.endswith((".c", ".S", ".ll"))] + ["aot_runtime.c", "aot_gemm.c"]
+    for f in RUNTIME_SOURCES + ("aot_runtime.h",): (src / f).write_text(runtime.joinpath(f).read_text())
+    sources = [f for f in files if f.endswith((".c", ".S", ".ll"))] + list(RUNTIME_SOURCES)
     build_library(src, sources, stage / f"lib{traced.name}.so", cpu, cache,
                   progress=lambda d, n: say(f"compiled {d}/{n} sources"), triple=triple, sanitize=sanitize)
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")

@@ -4,6 +4,7 @@ A profile build (compile_model(..., profile=True), `compile-model --profile`, `p
 every call of model.c's kernel list with clock_gettime into its instance and exports NAME_profile to read the sums;
 a normal build renders none of that (its model.c, and so its cache entry, differ). Each call is one of:
 - the runtime's microkernel over a contraction ("microkernel"),
+- the runtime's depthwise convolution, with its epilogue after each task's planes when fused ("direct"),
 - a generated kernel: a dense operand's copy (im2col), an epilogue, or a whole kernel; "copy" when it does no
   floating-point arithmetic (data movement only), else "loop" (generated loops).
 The table gives each call's share of the run, its time, GFLOP/s and the bytes of the buffers it reads and writes, by
@@ -41,6 +42,14 @@ def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[Ca
       used = {id(call.bufs[s]): call.bufs[s] for s in (g.a.slot, g.b.slot, g.result)}
       infos.append(CallInfo(kernel, "aot_gemm_run", role, "microkernel", 2 * c.B * c.a.size * c.b.size * c.K,
                             sum(b.nbytes for b in used.values()), [c.B, c.a.size, c.b.size, c.K]))
+      continue
+    if not isinstance(call, tuple):
+      # the direct depthwise kernel (codegen/direct.py), with its epilogue when fused (ast is then the epilogue's)
+      d = call.d
+      used = {id(call.bufs[s]): call.bufs[s] for s in (d.x_slot, d.w_slot, d.planes_slot, d.result)}
+      used |= {id(b): b for _, b in (call.epilogue[1] if call.epilogue else [])}
+      infos.append(CallInfo(kernel, "aot_depthwise_run", role, "direct", 2 * d.work + (flop_count(ast) if ast else 0),
+                            sum(b.nbytes for b in used.values())))
       continue
     fn, fargs, _, _ = call
     flops = flop_count(ast)

@@ -55,6 +55,32 @@ MICROKERNEL(microkernel_6x16, 6, 16, v8)
 
 typedef void (*microkernel_fn)(int, const float *, long, long, const float *, long, float *, long, int);
 
+/* M = 1 (a batch-1 fully connected layer): c[0, NR) = sum over k of a[k * ak] * b[k * bk + (0, NR)], reading each
+   element of B once (the microkernel would fill 1 of its MR rows, compute-bound at MR x the work). The sum runs in
+   GEMV_SPLIT interleaved partial sums over k (k mod GEMV_SPLIT), added in a fixed order at the end: independent
+   multiply-add chains, so the loads, not the latency, set the pace. */
+#define GEMV_SPLIT 4
+#define GEMV_KERNEL(NAME, NR, V)                                                                           \
+  static void NAME(int K, const float *restrict a, long ak, const float *restrict b, long bk, float *restrict c) { \
+    enum { VW = (int)(sizeof(V) / sizeof(float)), NV = NR / VW };                                           \
+    V acc[GEMV_SPLIT][NV];                                                                                  \
+    _Pragma("GCC unroll 4") for (int u = 0; u < GEMV_SPLIT; u++)                                            \
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[u][j] = (V){0};                              \
+    int k = 0;                                                                                              \
+    for (; k + GEMV_SPLIT <= K; k += GEMV_SPLIT)                                                            \
+      _Pragma("GCC unroll 4") for (int u = 0; u < GEMV_SPLIT; u++) {                                        \
+        const float av = a[(k + u) * ak];                                                                   \
+        const float *bu = b + (k + u) * bk;                                                                 \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[u][j] += *(const V *)(bu + j * VW) * av;     \
+      }                                                                                                     \
+    for (; k < K; k++)                                                                                      \
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[0][j] += *(const V *)(b + k * bk + j * VW) * a[k * ak]; \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)                                                    \
+      *(V *)(c + j * VW) = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);                               \
+  }
+GEMV_KERNEL(gemv_32, 32, v16)
+GEMV_KERNEL(gemv_16, 16, v8)
+
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 static int min(int a, int b) { return a < b ? a : b; }
 
@@ -83,6 +109,16 @@ void aot_gemm_run(void *ctx, int start, int end) {
     const int b = t / (mblocks * nblocks), nb = t / mblocks % nblocks, mb = t % mblocks;
     const int m0 = mb * g->mc, m1 = min(m0 + g->mc, g->M), n0 = nb * g->nc, n1 = min(n0 + g->nc, g->N);
     float *c = g->c + (long)b * g->M * g->N;
+    /* one row of A and B's lanes contiguous (whole tiles where they are packed): the GEMV, over all of K at once */
+    if (g->M == 1 && g->b.row == 1 && g->b.padded) {
+      for (int n = n0; n < n1; n += NR) {
+        const int nr = min(n1 - n, NR);
+        float *ct = nr == NR ? c + n : ec;
+        (NR == 32 ? gemv_32 : gemv_16)(K, at(&g->a, b, 0, MR), g->a.k, at(&g->b, b, n, NR), g->b.k, ct);
+        if (nr < NR) memcpy(c + n, ec, (size_t)nr * sizeof(float));
+      }
+      continue;
+    }
     for (int k0 = 0; k0 < K; k0 += KC) {
       const int kc = min(K - k0, KC);
       for (int n = n0; n < n1; n += NR) {

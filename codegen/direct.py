@@ -1,0 +1,203 @@
+"""Depthwise convolutions to the runtime's direct kernel (runtime_c/aot_direct.c), not to the microkernel.
+
+A depthwise convolution (groups = channels) is a contraction whose batch is the plane (image x channel), whose
+constant side has one row (M = 1: the plane's own filter) and whose K is the window (kh, kw): as a GEMM it fills one
+of the microkernel's MR rows, spends its time on K = 9 packing and needs an im2col copy of its input first (in
+MobileNetV2-like blocks it was ~15x slower than onnxruntime). The direct kernel reads the input where it lies, a
+band of rows at a time, and keeps output segments in vector registers across the window's taps.
+
+The shape is recognised from the contraction, not from the ONNX op: the runtime side must be one gated load at an
+index linear in (oh, ow, kh, kw) with unit column stride plus any function of the plane (a table of plane starts:
+a channel shuffle, a channel multiplier), and its gate must be exactly "inside an H x W plane" (checked by
+evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/contract.py.
+The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel, which the runtime
+calls on each task's planes right after computing them (they are still in cache)."""
+from __future__ import annotations
+from dataclasses import dataclass
+import numpy as np
+from aot.dtype import dtypes
+from aot.ir import UOp, Ops, prod
+from aot.interpret import NP_ALU
+from aot.rewrite import graph_rewrite
+from aot.symbolic import pm_simplify, linear
+from aot.codegen.contract import Contraction, find_contractions, evaluate_operand, epilogue_kernel, result_index
+
+# the window sizes the direct kernel takes (taps per side): past 7x7 a window is a real reduction, left to the GEMM
+MAX_WINDOW = 7
+# strides it takes (each is a phase of the padded band)
+MAX_STRIDE = 4
+# floats of the runtime's stack band buffer (AOT_DEPTHWISE_BUFFER in runtime_c/aot_runtime.h)
+BAND_BUFFER = 8192
+# the vector width the band's rows are padded to (16 floats with AVX-512; a multiple of AVX2's 8)
+BAND_VECTOR = 16
+
+@dataclass(frozen=True)
+class Depthwise:
+  """One depthwise convolution as the runtime computes it (the fields of aot_depthwise)."""
+  c: Contraction
+  x_slot: int
+  images: int                  # planes per filter (batch images, which the filter does not vary with)
+  x_row: int
+  H: int
+  W: int
+  w_slot: int                  # the filters, [planes][KH][KW]
+  planes_slot: int             # x_planes, the table of where each plane starts (int32 bits in a constant)
+  KH: int
+  KW: int
+  SH: int
+  SW: int
+  PH: int
+  PW: int
+  OH: int
+  OW: int
+  result: int                  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
+  tasks: int                   # planes are split into this many tasks, one epilogue call each
+  fused: bool                  # the epilogue runs after each task (its outermost loop is the tasks')
+  @property
+  def planes(self) -> int: return self.c.B * self.images
+  @property
+  def work(self) -> int: return self.planes * self.OH * self.OW * self.KH * self.KW
+
+def _grid(u: UOp, axes: list[UOp]) -> np.ndarray:
+  """An index or boolean expression of ranges evaluated over the grid of axes (numpy broadcasting)."""
+  vals: dict[UOp, np.ndarray] = {}
+  for n in u.toposort():
+    if n.op is Ops.RANGE: vals[n] = np.arange(n.arg[1]).reshape([-1 if a is n else 1 for a in axes])
+    elif n.op is Ops.CONST: vals[n] = np.array(n.arg)
+    elif n.op in NP_ALU: vals[n] = np.asarray(NP_ALU[n.op](*[vals[s] for s in n.src]))
+    else: raise ValueError(f"{n.op.name} in a gate")
+  return np.broadcast_to(vals[u], [a.arg[1] for a in axes])
+
+def _valid_span(valid: np.ndarray) -> tuple[int, int] | None:
+  """(first, count) of the valid padded positions when they are one run, else None."""
+  idx = np.flatnonzero(valid)
+  if idx.size == 0 or idx[-1] - idx[0] + 1 != idx.size: return None
+  return int(idx[0]), int(idx.size)
+
+def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
+  """The load under WHERE(gate, ., 0) wrappers, and every gate on the way (the value is 0 where one is false)."""
+  gates = []
+  while expr.op is Ops.WHERE and expr.src[2].op is Ops.CONST and expr.src[2].arg == 0:
+    gates.append(expr.src[0])
+    expr = expr.src[1]
+  if expr.op is not Ops.LOAD: return None
+  if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True): gates.append(expr.src[2])
+  return expr, gates
+
+def _ranges_of(u: UOp) -> set[UOp]: return {r for r in u.toposort() if r.op is Ops.RANGE}
+
+def match_depthwise(c: Contraction, bufs: list) -> dict | None:
+  """The direct kernel's geometry for a contraction that is a depthwise convolution, else None."""
+  sides = [s for s in (c.a, c.b) if not s.rows]
+  if not c.batch or len(sides) != 1 or len(c.k) != 2: return None
+  filt = sides[0]
+  image = c.b if filt is c.a else c.a
+  if len(image.rows) < 2: return None
+  if any(bufs[u.src[0].arg].kind != "const" for u in filt.expr.toposort() if u.op is Ops.LOAD): return None
+  found = _runtime_load(image.expr)
+  if found is None: return None
+  load, gates = found
+  if bufs[load.src[0].arg].kind == "const": return None
+  terms, offset = linear(load.src[1])
+  # rows before (oh, ow) are images (a batch the filter does not vary with)
+  *extra, oh, ow = image.rows
+  planes_of = (*c.batch, *extra)
+  # terms in the plane's ranges only may be anything (a channel shuffle's divisions): the plane's offset is a table
+  plane_terms = {t: k for t, k in terms.items() if _ranges_of(t) <= set(planes_of)}
+  terms = {t: k for t, k in terms.items() if t not in plane_terms}
+  if any(t.op is not Ops.RANGE for t in terms): return None
+  ka, kb = c.k
+  # kw is the window range with unit stride (the row's columns), kh the other
+  kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
+  if kh is None: return None
+  x_row = terms.get(kh, 0)
+  if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw}: return None
+  SH, SW = terms.get(oh, 0) // x_row, terms[ow]
+  KH, KW, OH, OW = kh.arg[1], kw.arg[1], oh.arg[1], ow.arg[1]
+  if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE: return None
+  # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
+  axes = [oh, kh, ow, kw]
+  rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
+  mask = np.ones((OH, KH, OW, KW), bool)
+  for g in gates:
+    if {r for r in g.toposort() if r.op is Ops.RANGE} - set(axes): return None
+    mask &= _grid(g, axes).astype(bool)
+  ih = (np.arange(OH)[:, None] * SH + np.arange(KH)[None, :]).reshape(-1)
+  iw = (np.arange(OW)[:, None] * SW + np.arange(KW)[None, :]).reshape(-1)
+  row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
+  row_ok[ih] = mask.any(axis=(2, 3)).reshape(-1)
+  col_ok[iw] = mask.any(axis=(0, 1)).reshape(-1)
+  rs, cs = _valid_span(row_ok), _valid_span(col_ok)
+  if rs is None or cs is None: return None
+  (PH, H), (PW, W) = rs, cs
+  expected = row_ok[(np.arange(OH)[:, None] * SH + np.arange(KH))][:, :, None, None] & \
+             col_ok[(np.arange(OW)[:, None] * SW + np.arange(KW))][None, None, :, :]
+  if not np.array_equal(mask, expected): return None
+  # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
+  shift = np.zeros([r.arg[1] for r in planes_of], np.int64) + offset + PH * x_row + PW
+  for t, k in plane_terms.items(): shift = shift + k * _grid(t, list(planes_of)).astype(np.int64)
+  if shift.min() < 0 or shift.max() >= 1 << 31: return None
+  # one band of the plane's rows must fit the runtime's buffer
+  phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) // SW
+  if KH * SW * phase > BAND_BUFFER: return None
+  return dict(filt=filt, kh=kh, kw=kw, x_slot=load.src[0].arg, x_planes=shift.reshape(-1).astype(np.int32),
+              images=prod(r.arg[1] for r in extra), extra=extra, x_row=x_row,
+              H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, OH=OH, OW=OW)
+
+def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[Depthwise]] | None:
+  """(the epilogue kernel, the kernel's buffers with new slots appended, its depthwise convolution) when the kernel's
+  one contraction is a depthwise convolution, else None (codegen/contract.py then takes it). make_buffer as in
+  lower_contractions."""
+  found = find_contractions(ast, (1, 1))
+  if len(found) != 1 or any(u.op is Ops.ACCUMULATE and u is not found[0].acc for u in ast.toposort()): return None
+  c = found[0]
+  if (g := match_depthwise(c, bufs)) is None: return None
+  filt = g.pop("filt")
+  extra = g.pop("extra")
+  # the filter side evaluated as [planes][KH][KW]: k ordered (kh, kw)
+  c = Contraction(c.acc, c.batch, (g.pop("kh"), g.pop("kw")), filt, c.b if filt is c.a else c.a)
+  bufs = list(bufs)
+  w = evaluate_operand(c, filt, 1, {u.src[0].arg: bufs[u.src[0].arg].data
+                                    for u in filt.expr.toposort() if u.op is Ops.LOAD})
+  bufs.append(make_buffer("const", w.reshape(c.B, c.K)))
+  w_slot = len(bufs) - 1
+  bufs.append(make_buffer("const", g.pop("x_planes").view(np.float32)))
+  planes_slot = len(bufs) - 1
+  in_place = (ast.op is Ops.STORE and bufs[0].dtype == dtypes.float32 and
+              linear(graph_rewrite(result_index(c), pm_simplify)) == linear(ast.src[1]))
+  if in_place: result = 0
+  else:
+    bufs.append(make_buffer("scratch", c.B * c.b.size))
+    result = len(bufs) - 1
+  # a task is one iteration of the kernel's outermost loop when that is the first batch range: the epilogue then runs
+  # on the task's planes after it; else each plane is a task and the epilogue runs after all
+  fused = c.batch[0].arg[0] == 0
+  tasks = c.batch[0].arg[1] if fused else c.B * prod(r.arg[1] for r in extra)
+  last = epilogue_kernel(ast, {c.acc: (c, result)})
+  d = Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)
+  return last, bufs, [d]
+
+@dataclass
+class DepthwiseCall:
+  """A depthwise convolution run by the runtime's direct kernel over the kernel's buffers; epilogue: the function and
+  (slot, buffer) arguments of the epilogue kernel it runs after each task, when fused."""
+  d: Depthwise
+  bufs: list
+  parallel: bool
+  epilogue: tuple[str, list] | None
+  def render(self, arg, trampoline) -> str:
+    """model.c's statement; arg(buffer, slot) is a buffer's pointer, trampoline(fn, args) the name of the function
+    that calls fn with its pointers unpacked from an array."""
+    d, b = self.d, self.bufs
+    epilogue, pointers = "NULL, NULL", ""
+    if self.epilogue is not None:
+      fn, fargs = self.epilogue
+      pointers = f"void *a[] = {{{', '.join(f'(void *){arg(buf, s)}' for s, buf in fargs)}}}; "
+      epilogue = f"{trampoline(fn, fargs)}, a"
+    desc = (f"{arg(b[d.x_slot], d.x_slot)}, (const int *){arg(b[d.planes_slot], d.planes_slot)}, {d.images}, "
+            f"{d.x_row}, {d.H}, {d.W}, "
+            f"{arg(b[d.w_slot], d.w_slot)}, {d.KH}, {d.KW}, {d.SH}, {d.SW}, {d.PH}, {d.PW}, "
+            f"(float *){arg(b[d.result], d.result)}, {d.OH}, {d.OW}, {d.planes}, {d.tasks}, {epilogue}")
+    run = ("aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else
+           "aot_depthwise_run(&d, 0, d.tasks)")
+    return f"  {{ {pointers}aot_depthwise d = {{{desc}}}; {run}; }}"

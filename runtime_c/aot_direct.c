@@ -1,0 +1,184 @@
+/* Depthwise convolution computed directly (see codegen/direct.py): every plane (one channel of one image) is
+   convolved with its own KH x KW filter, no im2col and no microkernel (a GEMM with M = 1 and K = 9 fills one row of
+   its tile and spends its time packing).
+
+   A band of a plane's input rows is first copied into a zero-padded buffer on the stack, its columns split by phase
+   (column q of phase p holds padded input column q * SW + p): the taps of a strided window then read contiguous
+   columns, and no load needs a bounds check. Each output row is computed in segments of SEG_VECTORS vectors held
+   in registers across all KH x KW taps, so an output is written once and every tap is one vector load and one
+   multiply-add per VW outputs.
+
+   Work is split into tasks of whole planes; after a task's planes the generated epilogue kernel (batch norm,
+   activation, residual add) runs on them while they are still in cache. Every output is summed in the same order
+   (kh, then kw, ascending) whoever computes it, so results are bitwise the same for any thread count. */
+#include <string.h>
+#include "aot_runtime.h"
+
+#if defined(__AVX512F__)
+typedef float vf __attribute__((vector_size(64), aligned(4)));
+#else
+typedef float vf __attribute__((vector_size(32), aligned(4)));
+#endif
+enum { VW = (int)(sizeof(vf) / sizeof(float)) };
+/* outputs computed at once: ROW_BLOCK rows x SEG_VECTORS vectors, 8 independent accumulators, enough to hide the
+   multiply-add's latency (one row of 4 vectors: stride 2 on 56-wide rows ran at a third of stride 1's rate) */
+#define SEG_VECTORS 4
+#define ROW_BLOCK 2
+
+/* the even lanes of two vectors (a stride-2 row split by phase); gcc has __builtin_shufflevector since 12 */
+#if defined(__clang__) || __GNUC__ >= 12
+#define HAVE_EVEN 1
+#if defined(__AVX512F__)
+#define EVEN(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#else
+#define EVEN(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#endif
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define AOT_LOOP_VECTORIZE __attribute__((optimize("tree-loop-vectorize")))
+#else
+#define AOT_LOOP_VECTORIZE
+#endif
+
+/* padded columns per phase: whole vectors of outputs plus the window's reach past them */
+static int phase_width(const aot_depthwise *d) { return (d->OW + VW - 1) / VW * VW + (d->KW - 1) / d->SW; }
+
+/* Copy input rows [ih0, ih0 + rows) (rows outside the plane are zeros) into buf as [rows][SW][Wq]. Columns outside
+   the plane are never written: buf starts zeroed, and they are the same columns in every row. */
+AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x, int ih0, int rows, float *buf) {
+  const int SW = d->SW, Wq = phase_width(d);
+  /* padded column q * SW + p is input column q * SW + p - PW: valid for q in [lo[p], hi[p]) (the same for every row:
+     worked out once, integer divisions cost more than a row's copy) */
+  int lo[AOT_DEPTHWISE_MAX_STRIDE], hi[AOT_DEPTHWISE_MAX_STRIDE];
+  for (int p = 0; p < SW; p++) {
+    const int first = p - d->PW;
+    int q0 = first >= 0 ? 0 : (-first + SW - 1) / SW, q1 = d->W - first > 0 ? (d->W - first + SW - 1) / SW : 0;
+    q0 = q0 < Wq ? q0 : Wq;
+    q1 = q1 < Wq ? q1 : Wq;
+    lo[p] = q0;
+    hi[p] = q1 > q0 ? q1 : q0;
+  }
+  for (int r = 0; r < rows; r++) {
+    const int ih = ih0 + r;
+    for (int p = 0; p < SW; p++) {
+      float *out = buf + ((long)r * SW + p) * Wq;
+      if (ih < 0 || ih >= d->H) {
+        memset(out, 0, (size_t)Wq * sizeof(float));
+        continue;
+      }
+      const float *row = x + (long)ih * d->x_row + p - d->PW;
+      const int q0 = lo[p], q1 = hi[p];
+      int q = q0;
+      if (SW == 1) {
+        memcpy(out + q0, row + q0, (size_t)(q1 - q0) * sizeof(float));
+        q = q1;
+      }
+#ifdef HAVE_EVEN
+      else if (SW == 2) {
+        for (; 2L * (q + VW) + p - d->PW <= d->W; q += VW)
+          *(vf *)(out + q) = EVEN(*(const vf *)(row + 2L * q), *(const vf *)(row + 2L * q + VW));
+        /* the row's last columns through a zero-padded copy (what lies past them is padding; a select, not a call
+           to memcpy) */
+        if (q < q1 && q + VW <= Wq) {
+          float tail[2 * VW] __attribute__((aligned(64)));
+          const int m = d->W - (2 * q + p - d->PW);
+          for (int i = 0; i < 2 * VW; i++) tail[i] = i < m ? row[2L * q + i] : 0;
+          *(vf *)(out + q) = EVEN(*(const vf *)tail, *(const vf *)(tail + VW));
+          q = q1;
+        }
+      }
+#endif
+      for (; q < q1; q++) out[q] = row[(long)q * SW];
+    }
+  }
+}
+
+/* R rows x NV vectors of outputs, in registers across the taps (at offsets off[t] from src, weights w[t]); the rows'
+   band rows are src_row apart, their outputs y_row */
+static inline __attribute__((always_inline)) void segment(int taps, const long *off, const float *w,
+                                                          const float *src, long src_row, float *y, long y_row,
+                                                          const int R, const int NV) {
+  vf acc[ROW_BLOCK][SEG_VECTORS] = {{{0}}};
+  for (int t = 0; t < taps; t++) {
+    const float wv = w[t], *p = src + off[t];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] += *(const vf *)(p + r * src_row + v * VW) * wv;
+  }
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
+}
+
+#define SEGMENT(R, NV) segment(taps, off, w, src, src_row, out, out_row, R, NV)
+/* R (1 or ROW_BLOCK) output rows from the band rows starting at src, the taps at offsets off */
+static void conv_rows(const aot_depthwise *d, const float *src, long src_row, const long *off, const float *w, float *y,
+                      const int R) {
+  const int taps = d->KH * d->KW, OW = d->OW;
+  int ow = 0;
+  for (; ow + SEG_VECTORS * VW <= OW; ow += SEG_VECTORS * VW) {
+    const float *s = src + ow;
+    float *o = y + ow;
+    if (R == ROW_BLOCK) segment(taps, off, w, s, src_row, o, OW, ROW_BLOCK, SEG_VECTORS);
+    else segment(taps, off, w, s, src_row, o, OW, 1, SEG_VECTORS);
+  }
+  if (ow == OW) return;
+  /* the last vectors through a buffer: the rest of the row is not a whole vector */
+  float last[ROW_BLOCK][SEG_VECTORS * VW] __attribute__((aligned(64)));
+  const int rest = OW - ow, nv = (rest + VW - 1) / VW;
+  src += ow;
+  float *out = last[0];
+  const long out_row = SEG_VECTORS * VW;
+  if (R == ROW_BLOCK) {
+    switch (nv) {
+      case 1: SEGMENT(ROW_BLOCK, 1); break;
+      case 2: SEGMENT(ROW_BLOCK, 2); break;
+      case 3: SEGMENT(ROW_BLOCK, 3); break;
+      default: SEGMENT(ROW_BLOCK, 4); break;
+    }
+  } else {
+    switch (nv) {
+      case 1: SEGMENT(1, 1); break;
+      case 2: SEGMENT(1, 2); break;
+      case 3: SEGMENT(1, 3); break;
+      default: SEGMENT(1, 4); break;
+    }
+  }
+  for (int r = 0; r < R; r++) memcpy(y + (long)r * OW + ow, last[r], (size_t)rest * sizeof(float));
+}
+
+int aot_depthwise_band_rows(const aot_depthwise *d) {
+  /* output rows per band: as many as the buffer holds (codegen/direct.py checks that one fits) */
+  const long row = (long)d->SW * phase_width(d);
+  const long in_rows = AOT_DEPTHWISE_BUFFER / row;
+  return in_rows < d->KH ? 0 : (int)((in_rows - d->KH) / d->SH + 1);
+}
+
+void aot_depthwise_run(void *ctx, int start, int end) {
+  const aot_depthwise *d = ctx;
+  float buf[AOT_DEPTHWISE_BUFFER] __attribute__((aligned(64)));
+  memset(buf, 0, sizeof buf);
+  const int per_task = d->planes / d->tasks, band = aot_depthwise_band_rows(d), Wq = phase_width(d);
+  const long rowlen = (long)d->SW * Wq;
+  /* where tap (kh, kw) of output column 0 lies in the band: row kh, phase kw % SW, column kw / SW */
+  long off[AOT_DEPTHWISE_MAX_TAPS];
+  for (int kh = 0; kh < d->KH; kh++)
+    for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = kh * rowlen + (kw % d->SW) * Wq + kw / d->SW;
+  for (int t = start; t < end; t++) {
+    for (int p = t * per_task; p < (t + 1) * per_task; p++) {
+      const int f = p / d->images;
+      const float *x = d->x + d->x_planes[p], *w = d->w + (long)f * d->KH * d->KW;
+      float *y = d->y + (long)p * d->OH * d->OW;
+      for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
+        const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
+        const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
+        fill_band(d, x, ih0, rows, buf);
+        const long src_row = d->SH * rowlen;
+        int oh = oh0;
+        for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
+          conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK);
+        for (; oh < oh1; oh++) conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, 1);
+      }
+    }
+    if (d->epilogue) d->epilogue(d->epilogue_ctx, t, t + 1);
+  }
+}
