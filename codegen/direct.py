@@ -151,6 +151,9 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   found = find_contractions(ast, (1, 1))
   if len(found) != 1 or any(u.op is Ops.ACCUMULATE and u is not found[0].acc for u in ast.toposort()): return None
   c = found[0]
+  # the direct kernel's planes and tasks are the kernel's own loops: a contraction over a slice or a split of them
+  # (a concat's branch, a grouped range) stays on the microkernel
+  if c.back or c.bounds: return None
   if (g := match_depthwise(c, bufs)) is None: return None
   filt = g.pop("filt")
   extra = g.pop("extra")
@@ -173,7 +176,7 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   # on the task's planes after it; else each plane is a task and the epilogue runs after all
   fused = c.batch[0].arg[0] == 0
   tasks = c.batch[0].arg[1] if fused else c.B * prod(r.arg[1] for r in extra)
-  last = epilogue_kernel(ast, {c.acc: (c, result)})
+  last = epilogue_kernel(ast, {c.acc: (c, result, 0)})
   d = Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)
   return last, bufs, [d]
 
