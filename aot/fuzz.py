@@ -23,6 +23,9 @@ IR_VERSION = 8
 BATCH = 24
 # elements per tensor, and rank: small enough that a case compiles and runs in milliseconds
 MAX_NUMEL = 512
+# ... except in a share of big cases, whose matmuls and convs are big enough for the runtime's microkernel
+# (codegen/contract.py: MIN_WORK multiply-adds, MIN_K long)
+BIG_NUMEL, BIG_SHARE = 8192, 0.2
 MAX_RANK = 5
 # graph inputs per case (further operands are initializers, so constant folding is fuzzed too)
 MAX_INPUTS = 3
@@ -120,6 +123,8 @@ class Builder:
     self.case = Case(seed, index)
     self.prefix = f"c{index}_"
     self.count = 0
+    self.big = False
+    self.max_numel = MAX_NUMEL
 
   def fresh(self, hint: str) -> str:
     self.count += 1
@@ -189,10 +194,11 @@ class Builder:
     dtype = dtype or x.dtype
     if kind is None and self.chance(0.35):
       fits = [v for v in self.case.values if v.dtype == dtype and v is not x
-              and _broadcasts(v.shape, x.shape, same_shape) and math.prod(broadcast(v.shape, x.shape)) <= MAX_NUMEL]
+              and _broadcasts(v.shape, x.shape, same_shape)
+              and math.prod(broadcast(v.shape, x.shape)) <= self.max_numel]
       if fits: return self.pick(fits)
     shape = x.shape if same_shape else self.partner_shape(x.shape)
-    if math.prod(broadcast(shape, x.shape)) > MAX_NUMEL: shape = x.shape
+    if math.prod(broadcast(shape, x.shape)) > self.max_numel: shape = x.shape
     return self.leaf(shape, dtype, kind)
 
 def _broadcasts(a: tuple, b: tuple, same: bool) -> bool:
@@ -300,8 +306,8 @@ def gen_where(b: Builder, x: Value) -> bool:
   if x.dtype not in ("float32", *INTS): return False
   cond = b.partner(x, dtype="bool")
   y = b.partner(x)
-  if not _broadcasts(cond.shape, y.shape, False) or math.prod(broadcast(cond.shape, x.shape, y.shape)) > MAX_NUMEL:
-    return False
+  if not _broadcasts(cond.shape, y.shape, False): return False
+  if math.prod(broadcast(cond.shape, x.shape, y.shape)) > b.max_numel: return False
   if b.chance(0.5): x, y = y, x
   mag = max(x.mag, y.mag)
   b.node("Where", [cond, x, y], [{"shape": broadcast(cond.shape, x.shape, y.shape), "dtype": x.dtype, "mag": mag,
@@ -369,7 +375,7 @@ def gen_expand(b: Builder, x: Value) -> bool:
   target = [b.pick([1, 2, 3]) if d == 1 else b.pick([d, d, 1]) for d in x.shape]
   while len(target) < MAX_RANK and b.chance(0.3): target.insert(0, b.pick([1, 2, 3]))
   shape = broadcast(x.shape, tuple(target))
-  if math.prod(shape) > MAX_NUMEL: return False
+  if math.prod(shape) > b.max_numel: return False
   b.node("Expand", [x, b.ints(target, "shape")], [_same(x, shape)])
   return True
 
@@ -417,7 +423,7 @@ def gen_pad(b: Builder, x: Value) -> bool:
     hi.append(int(b.rng.integers(-1 if mode == "constant" and d + lo[-1] > 1 else 0, top + 1)))
   shape = list(x.shape)
   for a, l, h in zip(axes, lo, hi): shape[a % x.rank] += l + h
-  if math.prod(shape) > MAX_NUMEL or min(shape) < 1: return False
+  if math.prod(shape) > b.max_numel or min(shape) < 1: return False
   if mode == "edge" and x.numel == 0: return False
   ins: list = [x, b.ints(lo + hi, "pads")]
   mag, grain = x.mag, x.grain
@@ -467,13 +473,13 @@ def _contraction(x: Value, w: Value, k: int, shape, lowp: bool = False) -> dict:
 
 def gen_matmul(b: Builder, x: Value) -> bool:
   if x.dtype != "float32" or x.rank == 0 or x.rank > 4: return False
-  n = b.pick([1, 2, 3, 5, 8])
+  n = b.pick([8, 16, 32, 64] if b.big else [1, 2, 3, 5, 8])
   if x.rank >= 2 and b.chance(0.25):
     # x on the right: (m, K) @ x with K = x.shape[-2]
-    k, m = x.shape[-2], b.pick([1, 2, 4])
+    k, m = x.shape[-2], b.pick([8, 16, 32] if b.big else [1, 2, 4])
     w = _weight(b, (m, k), x)
     shape = x.shape[:-2] + (m, x.shape[-1])
-    if math.prod(shape) > MAX_NUMEL: return False
+    if math.prod(shape) > b.max_numel: return False
     out = _contraction(x, w, k, shape)
     if not _mag_ok(out["mag"]): return False
     b.node("MatMul", [w, x], [out])
@@ -486,7 +492,7 @@ def gen_matmul(b: Builder, x: Value) -> bool:
     wshape, shape = batch + (k, n), x.shape[:-1] + (n,)
   elif x.rank == 1 and b.chance(0.3): wshape, shape = (2, k, n), (2, n)
   else: wshape, shape = (k, n), x.shape[:-1] + (n,)
-  if math.prod(shape) > MAX_NUMEL: return False
+  if math.prod(shape) > b.max_numel: return False
   w = _weight(b, wshape, x)
   out = _contraction(x, w, k, shape)
   if not _mag_ok(out["mag"]): return False
@@ -497,7 +503,7 @@ def gen_gemm(b: Builder, x: Value) -> bool:
   if x.dtype != "float32" or x.rank != 2: return False
   trans_a, trans_b = int(b.chance(0.3)), int(b.chance(0.4))
   m, k = x.shape[::-1] if trans_a else x.shape
-  n = b.pick([1, 3, 4, 7])
+  n = b.pick([8, 16, 33] if b.big else [1, 3, 4, 7])
   w = _weight(b, (n, k) if trans_b else (k, n), x)
   alpha, beta = b.pick([1.0, 1.0, 0.5, 2.0, -1.0]), b.pick([1.0, 1.0, 0.5, -2.0])
   out = _contraction(x, w, k, (m, n))
@@ -518,10 +524,10 @@ def gen_gemm(b: Builder, x: Value) -> bool:
   b.node("Gemm", ins, [out], alpha=alpha, beta=beta, transA=trans_a, transB=trans_b)
   return True
 
-def _image(x: Value) -> bool:
+def _image(b: Builder, x: Value) -> bool:
   """Does x suit a conv or a pool: (N, C, L) or (N, C, H, W), small?"""
-  return x.dtype == "float32" and x.rank in (3, 4) and x.shape[0] <= 2 and x.shape[1] <= 8 and min(x.shape[2:]) >= 1 \
-    and max(x.shape[2:]) <= 12
+  return x.dtype == "float32" and x.rank in (3, 4) and x.shape[0] <= 2 and x.shape[1] <= (16 if b.big else 8) \
+    and min(x.shape[2:]) >= 1 and max(x.shape[2:]) <= (16 if b.big else 12)
 
 def _window(b: Builder, spatial, pool: bool, dilate: bool = True):
   """Kernel, strides, dilations, pads and auto_pad for a window over these spatial dims, or None."""
@@ -559,14 +565,14 @@ def _window_attrs(kernel, strides, dil, pads, auto, dilations: bool = True) -> d
   return attrs
 
 def gen_conv(b: Builder, x: Value) -> bool:
-  if not _image(x): return False
+  if not _image(b, x): return False
   n, c, *spatial = x.shape
-  groups = b.pick([g for g in range(1, c + 1) if c % g == 0])
-  m = groups * b.pick([1, 1, 2])
+  groups = b.pick([g for g in range(1, c + 1) if c % g == 0] + ([1, 1] if b.big else []))
+  m = groups * b.pick([1, 1, 2]) * (b.pick([4, 8]) if b.big and groups < 4 else 1)
   kernel, strides, dil, pads, auto, eff = _window(b, spatial, pool=False)
   nd = len(spatial)
   out = [_out_size(d, e, s, pads[i], pads[i + nd], auto) for i, (d, e, s) in enumerate(zip(spatial, eff, strides))]
-  if min(out) < 1 or n * m * math.prod(out) > MAX_NUMEL: return False
+  if min(out) < 1 or n * m * math.prod(out) > b.max_numel: return False
   w = _weight(b, (m, c // groups, *kernel), x, const_p=0.85)
   desc = _contraction(x, w, (c // groups) * math.prod(kernel), (n, m, *out))
   ins = [x, w]
@@ -583,7 +589,7 @@ def gen_conv(b: Builder, x: Value) -> bool:
   return True
 
 def gen_pool(b: Builder, x: Value) -> bool:
-  if not _image(x): return False
+  if not _image(b, x): return False
   n, c, *spatial = x.shape
   op = b.pick(["MaxPool", "MaxPool", "AveragePool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"])
   if op.startswith("Global"):
@@ -613,7 +619,7 @@ def gen_concat(b: Builder, x: Value) -> bool:
     if fits and b.chance(0.5): parts.append(b.pick(fits))
     else: parts.append(b.leaf(x.shape[:a] + (b.pick([1, 2, 3]),) + x.shape[a + 1:], x.dtype))
   shape = x.shape[:a] + (sum(p.shape[a] for p in parts),) + x.shape[a + 1:]
-  if math.prod(shape) > MAX_NUMEL: return False
+  if math.prod(shape) > b.max_numel: return False
   b.rng.shuffle(parts)
   mag = max(p.mag for p in parts)
   b.node("Concat", parts, [{"shape": shape, "dtype": x.dtype, "mag": mag, "lowp": any(p.lowp for p in parts),
@@ -646,7 +652,7 @@ def gen_gather(b: Builder, x: Value) -> bool:
   ishape = b.pick([(), (1,), (2,), (3,), (2, 2)])
   idx = b.rng.integers(-d, d, ishape)
   shape = x.shape[:a] + tuple(ishape) + x.shape[a + 1:]
-  if math.prod(shape) > MAX_NUMEL or len(shape) > MAX_RANK: return False
+  if math.prod(shape) > b.max_numel or len(shape) > MAX_RANK: return False
   if b.chance(0.3) and len(b.case.inputs) < MAX_INPUTS:
     # indices given at run time
     name = b.fresh("idx")
@@ -689,7 +695,11 @@ def generate(seed: int, index: int) -> Case:
   """Case `index` of `seed`: a small random graph with its inputs, and which of its values are outputs."""
   b = Builder(seed, index)
   rng = b.rng
-  if b.chance(0.35):
+  if b.chance(BIG_SHARE):
+    b.big, b.max_numel = True, BIG_NUMEL
+    shape = b.pick([(b.pick([16, 24, 32, 48]), b.pick([8, 16, 32, 64])),
+                    (1, b.pick([4, 8, 16])) + tuple(int(rng.integers(8, 17)) for _ in range(2))])
+  elif b.chance(0.35):
     n, c = b.pick([1, 1, 2]), b.pick([1, 2, 3, 4, 6])
     shape = (n, c) + tuple(int(rng.integers(3, 9)) for _ in range(b.pick([1, 2, 2])))
   else: shape = tuple(b.pick([1, 2, 3, 4, 5, 6]) for _ in range(int(rng.integers(0, 4))))

@@ -1,0 +1,63 @@
+"""The differential fuzzer (aot/fuzz.py) on a fixed set of seeds: every random graph compiles and matches onnxruntime.
+Any number more by hand: python -m aot.fuzz --seed S --n N [--target llvm]."""
+from __future__ import annotations
+import numpy as np
+import onnx
+import pytest
+from aot import fuzz
+
+# (target, seed, cases): 288 graphs on c, 96 on llvm; each entry is a few batches, so pytest -n 2 shares them out
+SUITE = [("c", seed, 72) for seed in (1, 2, 3, 4)] + [("llvm", seed, 48) for seed in (5, 6)]
+
+@pytest.mark.parametrize("target,seed,n", SUITE, ids=[f"{t}-seed{s}" for t, s, _ in SUITE])
+def test_random_graphs_match_onnxruntime(target, seed, n):
+  failures = fuzz.fuzz(seed, n, target)
+  assert not failures, "\n\n".join(f.report() for f in failures)
+
+def test_cases_are_deterministic():
+  for i in range(20):
+    a, b = fuzz.generate(9, i), fuzz.generate(9, i)
+    assert a.model().SerializeToString() == b.model().SerializeToString()
+    assert a.feeds.keys() == b.feeds.keys() and all(np.array_equal(a.feeds[k], b.feeds[k]) for k in a.feeds)
+  assert fuzz.generate(9, 0).model().SerializeToString() != fuzz.generate(10, 0).model().SerializeToString()
+
+def test_generator_shapes_are_onnx_shapes():
+  """The shapes the generator works with are the ones ONNX infers (except ceil_mode pools, where onnx's inference
+  keeps a last window that starts in the padding and onnxruntime, whose shape the generator follows, drops it)."""
+  checked = 0
+  for i in range(150):
+    case = fuzz.generate(21, i)
+    model = case.model()
+    onnx.checker.check_model(model)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    shapes = {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+              for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    if any(a.name == "ceil_mode" and a.i for n in model.graph.node for a in n.attribute): continue
+    for v in case.values:
+      if v.name in shapes:
+        assert shapes[v.name] == v.shape, f"case {i} value {v.name}: onnx infers {shapes[v.name]}, generator {v.shape}"
+        checked += 1
+  assert checked > 500
+
+def test_compare_is_exact_or_scaled_and_nan_aware():
+  x = np.array([1.0, -2.5, np.nan, np.inf], np.float32)
+  assert fuzz.compare(x.copy(), x, exact=True, rtol=0, scale=0) is None
+  one_ulp = x.copy()
+  one_ulp[0] = np.nextafter(np.float32(1), np.float32(2))
+  assert "1 of 4 elements differ" in fuzz.compare(one_ulp, x, exact=True, rtol=0, scale=0)
+  assert fuzz.compare(one_ulp, x, exact=False, rtol=1e-4, scale=1) is None
+  for bad in ([1.0, -2.5, 0.0, np.inf], [1.0, -2.5, np.nan, -np.inf], [1.0, -2.4, np.nan, np.inf]):
+    assert "1 of 4 elements differ" in fuzz.compare(np.array(bad, np.float32), x, exact=False, rtol=1e-4, scale=1)
+  assert "dtype" in fuzz.compare(x.astype(np.float64), x, exact=False, rtol=1e-4, scale=1)
+  assert "differ" in fuzz.compare(np.array([True, False]), np.array([True, True]), exact=True, rtol=0, scale=0)
+
+def test_a_failure_is_reported_and_saved(tmp_path):
+  case = fuzz.generate(3, 5)
+  f = fuzz.Failure(case, "c", "mismatch", "output x: 1 of 4 elements differ")
+  text = f.report()
+  assert "seed 3 case 5" in text and "python -m aot.fuzz --seed 3 --case 5 --target c" in text
+  assert case.nodes[0].op_type in text
+  path = f.save(tmp_path)
+  assert onnx.load(str(path)).SerializeToString() == case.model().SerializeToString()
+  saved = np.load(str(path).replace(".onnx", "_inputs.npz"))
+  assert sorted(saved.files) == sorted(case.feeds)
