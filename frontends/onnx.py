@@ -230,6 +230,9 @@ SHAPE_INFERENCE_MAX_BYTES = 256 << 20
 def check_inferred_shapes(model: onnx.ModelProto, outs: list) -> None:
   """ONNX's own shape inference, as a cross-check of ours: a static output shape it infers must be the traced one."""
   if model.ByteSize() > SHAPE_INFERENCE_MAX_BYTES: return
+  # onnx's inference (1.23) keeps a ceil_mode pool's last window where it would start in the right padding;
+  # onnxruntime and onnx's own reference evaluator drop it (found by aot/fuzz.py): there it is no check
+  if any(a.name == "ceil_mode" and a.i for n in _all_nodes(model.graph) for a in n.attribute): return
   try: inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
   except Exception: return  # inference gives up on some valid models; ours is the one that must work
   for vi, o in zip(inferred.graph.output, outs):

@@ -27,6 +27,7 @@ def test_generator_shapes_are_onnx_shapes():
   checked = 0
   for i in range(150):
     case = fuzz.generate(21, i)
+    case.shaped = True   # the checker wants declared output shapes (aot does not)
     model = case.model()
     onnx.checker.check_model(model)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
@@ -61,3 +62,38 @@ def test_a_failure_is_reported_and_saved(tmp_path):
   assert onnx.load(str(path)).SerializeToString() == case.model().SerializeToString()
   saved = np.load(str(path).replace(".onnx", "_inputs.npz"))
   assert sorted(saved.files) == sorted(case.feeds)
+
+# *** what the fuzzer found, kept as plain tests ***
+
+def _ort_and_aot(model: onnx.ModelProto, feeds: dict, tmp_path):
+  import onnxruntime as ort
+  import aot
+  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+  art = aot.compile_model(model, out_dir=tmp_path / "m")
+  return aot.load(art, threads=1)(*[feeds[t.name] for t in art.inputs]), want
+
+def _model(nodes, inputs, inits) -> onnx.ModelProto:
+  from onnx import helper, numpy_helper
+  g = helper.make_graph(nodes, "found", inputs, [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+  return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+def test_found_a_folded_scalar_keeps_its_shape(tmp_path):
+  """seed 2 case 233: Where(True, 0.5, ReduceMax(constant)) folds to a 0-d constant, which came out shape (1,)."""
+  from onnx import helper
+  w = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+  nodes = [helper.make_node("ReduceMax", ["w"], ["r"], keepdims=0), helper.make_node("Where", ["c", "a", "r"], ["y"])]
+  model = _model(nodes, [], {"w": w, "c": np.asarray(True), "a": np.asarray(0.5, np.float32)})
+  got, want = _ort_and_aot(model, {}, tmp_path)
+  assert got.shape == want.shape == () and got == want
+
+def test_found_a_ceil_mode_pool_whose_last_window_starts_in_the_padding(tmp_path):
+  """onnx's shape inference counts that window, onnxruntime (and onnx's reference evaluator) do not: with no output
+  shape declared, the model was rejected as a frontend bug."""
+  from onnx import helper
+  model = _model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1], strides=[2], ceil_mode=1)],
+                 [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, 8])], {})
+  x = np.arange(8, dtype=np.float32).reshape(1, 1, 8)
+  got, want = _ort_and_aot(model, {"x": x}, tmp_path)
+  assert want.shape == (1, 1, 4)
+  np.testing.assert_array_equal(got, want)
