@@ -26,6 +26,8 @@ MAX_NUMEL = 512
 # ... except in a share of big cases, whose matmuls and convs are big enough for the runtime's microkernel
 # (codegen/contract.py: MIN_WORK multiply-adds, MIN_K long)
 BIG_NUMEL, BIG_SHARE = 8192, 0.2
+# slices that come out empty, and cases whose every operand is a constant (the whole graph folds at compile time)
+EMPTY_SHARE, CONSTANT_SHARE = 0.04, 0.06
 MAX_RANK = 5
 # graph inputs per case (further operands are initializers, so constant folding is fuzzed too)
 MAX_INPUTS = 3
@@ -94,6 +96,8 @@ class Case:
   outputs: list[Value] = field(default_factory=list)
   values: list[Value] = field(default_factory=list)
   ops: list[str] = field(default_factory=list)
+  # are the graph's outputs declared with their shapes (else ONNX's shape inference has the last word)?
+  shaped: bool = True
 
   def model(self) -> onnx.ModelProto:
     return merged([self])
@@ -104,7 +108,8 @@ class Case:
 
 def merged(cases: list[Case], extra_outputs: bool = False) -> onnx.ModelProto:
   """One model holding every case; with extra_outputs, every node output is a graph output (for the error scales)."""
-  outs = [helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape)) for c in cases for v in c.outputs]
+  outs = [helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape) if c.shaped else None)
+          for c in cases for v in c.outputs]
   if extra_outputs:
     named = {v.name for c in cases for v in c.outputs}
     outs += [helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape))
@@ -125,6 +130,7 @@ class Builder:
     self.count = 0
     self.big = False
     self.max_numel = MAX_NUMEL
+    self.room = MAX_INPUTS
 
   def fresh(self, hint: str) -> str:
     self.count += 1
@@ -148,7 +154,7 @@ class Builder:
     elif kind == "bool": data = rng.random(shape) < 0.5
     else: data = rng.integers(-5, 6, shape)
     data = np.asarray(data).astype(dtype)
-    if const is None: const = len(self.case.inputs) >= MAX_INPUTS or self.chance(0.35)
+    if const is None: const = len(self.case.inputs) >= self.room or self.chance(0.35)
     name = self.fresh("w" if const else "x")
     if const: self.case.inits.append(numpy_helper.from_array(data, name))
     else:
@@ -214,7 +220,7 @@ def _mag_ok(mag: float) -> bool: return mag <= MAG_MAX
 # *** op generators: each takes the builder and an operand x, adds nodes and returns True, or returns False when x does
 # not suit it ***
 
-EXACT_UNARY = ["Neg", "Abs", "Relu"]
+EXACT_UNARY = ["Neg", "Abs", "Relu", "Identity"]
 # smooth unary ops, by how they treat the error scale of their operand: bounded ones with derivative <= ~1.2
 BOUNDED_UNARY = {"Tanh": 1.0, "Sigmoid": 1.0, "Sin": 1.0, "Cos": 1.0, "Erf": 1.0}
 ROUNDING_UNARY = ["Floor", "Ceil", "Round", "Sign"]
@@ -329,6 +335,7 @@ def gen_reduce(b: Builder, x: Value) -> bool:
   red = set(range(x.rank)) if axes is None else {a % x.rank for a in axes}
   count = math.prod(x.shape[a] for a in red)
   shape = tuple(1 if i in red else d for i, d in enumerate(x.shape) if keep or i not in red)
+  if count == 0 and op != "ReduceSum": return False   # max, min and mean of nothing are not numbers
   if op == "ReduceSum": mag, grain, err = x.mag * count, x.grain, (lambda env, e=x.err, n=count: e(env) * n)
   elif op == "ReduceMean": mag, grain, err = x.mag, None, x.err
   else: mag, grain, err = x.mag, x.grain, x.err
@@ -396,6 +403,10 @@ def gen_slice(b: Builder, x: Value) -> bool:
   for a in axes:
     d = x.shape[a]
     for _ in range(10):
+      if b.chance(EMPTY_SHARE):
+        # an empty slice: zero-size dims must work everywhere downstream too
+        start, end, step = (d // 2, d // 2, 1)
+        break
       step = b.pick([1, 1, 2, 3, -1, -2])
       start = int(b.rng.integers(-d - 1, d + 2))
       end = b.pick([int(b.rng.integers(-d - 2, d + 2)), 2 ** 62 if step > 0 else -2 ** 62])
@@ -653,7 +664,7 @@ def gen_gather(b: Builder, x: Value) -> bool:
   idx = b.rng.integers(-d, d, ishape)
   shape = x.shape[:a] + tuple(ishape) + x.shape[a + 1:]
   if math.prod(shape) > b.max_numel or len(shape) > MAX_RANK: return False
-  if b.chance(0.3) and len(b.case.inputs) < MAX_INPUTS:
+  if b.chance(0.3) and len(b.case.inputs) < b.room:
     # indices given at run time
     name = b.fresh("idx")
     dt = b.pick(["int64", "int32"])
@@ -691,6 +702,10 @@ GENERATORS: list[tuple[Callable[[Builder, Value], bool], float]] = [
   (gen_split, 0.7), (gen_gather, 1), (gen_cast, 1),
 ]
 
+# the generators that take a value with a zero-size dim
+EMPTY_OK = {gen_unary, gen_binary, gen_compare, gen_logic, gen_where, gen_reduce, gen_transpose, gen_expand, gen_slice,
+            gen_squeeze, gen_concat, gen_cast}
+
 def generate(seed: int, index: int) -> Case:
   """Case `index` of `seed`: a small random graph with its inputs, and which of its values are outputs."""
   b = Builder(seed, index)
@@ -703,7 +718,8 @@ def generate(seed: int, index: int) -> Case:
     n, c = b.pick([1, 1, 2]), b.pick([1, 2, 3, 4, 6])
     shape = (n, c) + tuple(int(rng.integers(3, 9)) for _ in range(b.pick([1, 2, 2])))
   else: shape = tuple(b.pick([1, 2, 3, 4, 5, 6]) for _ in range(int(rng.integers(0, 4))))
-  first = b.leaf(shape, b.pick(["float32"] * 8 + ["int32", "int64"]), const=False)
+  b.room = MAX_INPUTS if not b.chance(CONSTANT_SHARE) else 0
+  first = b.leaf(shape, b.pick(["float32"] * 8 + ["int32", "int64"]), const=not b.room)
   weights = np.array([w for _, w in GENERATORS])
   target = int(rng.integers(NODES[0], NODES[1] + 1))
   last = first
@@ -712,6 +728,7 @@ def generate(seed: int, index: int) -> Case:
     pool = [v for v in b.case.values if not v.leaf] or [first]
     x = last if b.chance(0.6) else b.pick(pool + [first])
     gen = GENERATORS[int(rng.choice(len(GENERATORS), p=weights / weights.sum()))][0]
+    if x.numel == 0 and gen not in EMPTY_OK: continue
     before = len(b.case.values)
     if gen(b, x) and len(b.case.values) > before:
       made = [v for v in b.case.values[before:] if not v.leaf]
@@ -723,6 +740,7 @@ def generate(seed: int, index: int) -> Case:
     last = computed[-1]
   outs = [last] + [v for v in computed if v is not last and b.chance(0.15)][:2]
   b.case.outputs = outs
+  b.case.shaped = b.chance(0.5)
   return b.case
 
 # *** running and comparing ***
