@@ -12,7 +12,7 @@ SUITE = [("c", seed, 72) for seed in (1, 2, 3, 4)] + [("llvm", seed, 48) for see
 @pytest.mark.parametrize("target,seed,n", SUITE, ids=[f"{t}-seed{s}" for t, s, _ in SUITE])
 def test_random_graphs_match_onnxruntime(target, seed, n):
   failures = fuzz.fuzz(seed, n, target)
-  assert not failures, "\n\n".join(f.report() for f in failures)
+  if failures: pytest.fail("\n\n".join(f.report() for f in failures), pytrace=False)
 
 def test_cases_are_deterministic():
   for i in range(20):
