@@ -33,8 +33,11 @@ MAX_RANK = 5
 # graph inputs per case (further operands are initializers, so constant folding is fuzzed too)
 MAX_INPUTS = 3
 NODES = (3, 10)
-# a bound on |values| beyond which an op is not drawn (keeps exp, products and float16 finite)
+# a bound on |values| beyond which an op is not drawn (keeps exp, products and float16 finite; integers from wrapping)
 MAG_MAX = 1e6
+INT_MAG_MAX = {"int32": 2 ** 30, "int64": 2 ** 62}
+# int64 leaves past int32's range, now and then (an index or accumulator of 32 bits would wrap)
+WIDE_INT64_SHARE = 0.3
 # relative tolerance of rounded values, by the lowest precision in their history
 RTOL = {"float32": 1e-4, "float16": 1e-2}
 ELEM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "int32": onnx.TensorProto.INT32,
@@ -42,7 +45,8 @@ ELEM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, 
 MANTISSA = {"float32": 24, "float16": 11}
 INTS = ("int32", "int64")
 
-# constructs the generator leaves out because of a known compiler bug: (what, why); empty when none is known
+# constructs the generator leaves out because of a known compiler bug: (what, why). None at present: the two it found
+# (a folded 0-d constant shaped (1,), ceil_mode pools rejected by the shape cross-check) were fixed, and are tests
 KNOWN_BUGS: list[tuple[str, str]] = []
 # constructs it leaves out because onnxruntime, the reference, cannot run them (not compiler bugs)
 REFERENCE_LIMITS = [
@@ -160,6 +164,7 @@ class Builder:
     elif kind == "grid": data, grain = rng.integers(-8, 9, shape) / 2, 1
     elif kind == "denominator": data, grain = rng.choice([-1, 1], shape) * rng.uniform(0.5, 2, shape), None
     elif kind == "bool": data = rng.random(shape) < 0.5
+    elif dtype == "int64" and self.chance(WIDE_INT64_SHARE): data = rng.integers(-2 ** 33, 2 ** 33, shape)
     else: data = rng.integers(-5, 6, shape)
     data = np.asarray(data).astype(dtype)
     if const is None: const = len(self.case.inputs) >= self.room or self.chance(0.35)
@@ -203,27 +208,23 @@ class Builder:
     if len(out) == len(shape) < MAX_RANK - 1 and self.chance(0.15): out.insert(0, self.pick([1, 2]))
     return tuple(out)
 
-  def partner(self, x: Value, dtype: str | None = None, kind: str | None = None, same_shape: bool = False) -> Value:
+  def partner(self, x: Value, dtype: str | None = None, kind: str | None = None) -> Value:
     """An operand to combine with x: an existing value that broadcasts with it, or a new leaf."""
     dtype = dtype or x.dtype
     if kind is None and self.chance(0.35):
-      fits = [v for v in self.case.values if v.dtype == dtype and v is not x
-              and _broadcasts(v.shape, x.shape, same_shape)
+      fits = [v for v in self.case.values if v.dtype == dtype and v is not x and _broadcasts(v.shape, x.shape)
               and math.prod(broadcast(v.shape, x.shape)) <= self.max_numel]
       if fits: return self.pick(fits)
-    shape = x.shape if same_shape else self.partner_shape(x.shape)
+    shape = self.partner_shape(x.shape)
     if math.prod(broadcast(shape, x.shape)) > self.max_numel: shape = x.shape
     return self.leaf(shape, dtype, kind)
 
-def _broadcasts(a: tuple, b: tuple, same: bool) -> bool:
-  if same: return a == b
+def _broadcasts(a: tuple, b: tuple) -> bool:
   try: broadcast(a, b)
   except ValueError: return False
-  # the compared shapes may be any two of three operands
-  if len(a) > MAX_RANK: return False
   return len(a) <= MAX_RANK
 
-def _mag_ok(mag: float) -> bool: return mag <= MAG_MAX
+def _mag_ok(mag: float, dtype: str = "float32") -> bool: return mag <= INT_MAG_MAX.get(dtype, MAG_MAX)
 
 # *** op generators: each takes the builder and an operand x, adds nodes and returns True, or returns False when x does
 # not suit it ***
@@ -291,7 +292,7 @@ def gen_binary(b: Builder, x: Value) -> bool:
   else:
     mag = x.mag + y.mag if op in ("Add", "Sub") else max(x.mag, y.mag)
     grain, err = exact_grain(x.dtype, mag, x.grain, y.grain), (lambda env, ex=x.err, ey=y.err: ex(env) + ey(env))
-  if not _mag_ok(mag) or (x.dtype == "int32" and mag > 2 ** 30): return False
+  if not _mag_ok(mag, x.dtype): return False
   b.node(op, [x, y], [{"shape": shape, "dtype": x.dtype, "mag": mag, "grain": grain, "err": err,
                        "lowp": x.lowp or y.lowp}])
   return True
@@ -320,7 +321,7 @@ def gen_where(b: Builder, x: Value) -> bool:
   if x.dtype not in ("float32", *INTS): return False
   cond = b.partner(x, dtype="bool")
   y = b.partner(x)
-  if not _broadcasts(cond.shape, y.shape, False): return False
+  if not _broadcasts(cond.shape, y.shape): return False
   if math.prod(broadcast(cond.shape, x.shape, y.shape)) > b.max_numel: return False
   if b.chance(0.5): x, y = y, x
   mag = max(x.mag, y.mag)
@@ -347,7 +348,7 @@ def gen_reduce(b: Builder, x: Value) -> bool:
   if op == "ReduceSum": mag, grain, err = x.mag * count, x.grain, (lambda env, e=x.err, n=count: e(env) * n)
   elif op == "ReduceMean": mag, grain, err = x.mag, None, x.err
   else: mag, grain, err = x.mag, x.grain, x.err
-  if not _mag_ok(mag): return False
+  if not _mag_ok(mag, x.dtype): return False
   inputs = [x] if axes is None else [x, b.ints(axes, "axes")]
   b.node(op, inputs, [{"shape": shape, "dtype": x.dtype, "mag": mag, "grain": exact_grain(x.dtype, mag, grain),
                        "err": err, "lowp": x.lowp}], keepdims=keep)
@@ -696,7 +697,7 @@ def gen_cast(b: Builder, x: Value) -> bool:
   elif x.dtype in INTS:
     to = b.pick(["float32", "int32" if x.dtype == "int64" else "int64", "bool"])
     if to == "float32": out.update(grain=exact_grain(to, x.mag, 0))
-    else: out.update(grain=0, mag=1 if to == "bool" else x.mag)
+    else: out.update(grain=0, mag=1 if to == "bool" else min(x.mag, 2.0 ** 31))
   else: to = b.pick(["float32", "int32", "int64"])
   out["dtype"] = to
   b.node("Cast", [x], [out], to=ELEM[to])
