@@ -97,3 +97,16 @@ def test_found_a_ceil_mode_pool_whose_last_window_starts_in_the_padding(tmp_path
   got, want = _ort_and_aot(model, {"x": x}, tmp_path)
   assert want.shape == (1, 1, 4)
   np.testing.assert_array_equal(got, want)
+
+def test_found_an_upcast_lane_that_reads_only_padding(tmp_path):
+  """seed 81 case 119: in this ConvTranspose's kernel one unrolled lane of the output loop reads only padding, so its
+  accumulator varies in no output loop; placed outside them, it opened the lanes' shared reduction loops there, around
+  the other lanes' reads of the output index (KeyError on a RANGE while rendering)."""
+  from onnx import helper
+  rng = np.random.default_rng(0)
+  node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], dilations=[2, 2], pads=[3, 0, 0, 1], strides=[1, 2])
+  model = _model([node], [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3, 8])],
+                 {"w": rng.standard_normal((2, 1, 3, 2)).astype(np.float32)})
+  x = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+  got, want = _ort_and_aot(model, {"x": x}, tmp_path)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
