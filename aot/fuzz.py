@@ -628,6 +628,52 @@ def gen_pool(b: Builder, x: Value) -> bool:
   b.node(op, [x], [{**_same(x, (n, c, *out)), "grain": x.grain if op == "MaxPool" else None}], **attrs)
   return True
 
+def gen_conv_transpose(b: Builder, x: Value) -> bool:
+  if not _image(b, x): return False
+  n, c, *spatial = x.shape
+  groups = b.pick([g for g in range(1, c + 1) if c % g == 0])
+  per_group = b.pick([1, 2, 3])
+  kernel = [int(b.rng.integers(1, 4)) for _ in spatial]
+  strides = [b.pick([1, 2, 2, 3]) for _ in spatial]
+  dil = [b.pick([1, 1, 2]) for _ in spatial]
+  eff = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
+  pads = [int(b.rng.integers(0, e)) for e in eff] + [int(b.rng.integers(0, e)) for e in eff]
+  # output_padding below the stride (the spec allows below the dilation too; onnxruntime does not)
+  extra = [int(b.rng.integers(0, s)) if b.chance(0.3) else 0 for s in strides]
+  nd = len(spatial)
+  out = [s * (i - 1) + o + e - pads[j] - pads[j + nd]
+         for j, (i, s, o, e) in enumerate(zip(spatial, strides, extra, eff))]
+  m = groups * per_group
+  if min(out) < 1 or n * m * math.prod(out) > b.max_numel: return False
+  w = _weight(b, (c, per_group, *kernel), x, const_p=0.85)
+  # each output sums at most C/g * prod(kernel) products
+  desc = _contraction(x, w, (c // groups) * math.prod(kernel), (n, m, *out))
+  if not _mag_ok(desc["mag"]): return False
+  attrs: dict = {"group": groups, "strides": strides, "pads": pads}
+  if any(d != 1 for d in dil): attrs["dilations"] = dil
+  if any(extra): attrs["output_padding"] = extra
+  if b.chance(0.5): attrs["kernel_shape"] = kernel
+  b.node("ConvTranspose", [x, w], [desc], **attrs)
+  return True
+
+def gen_resize(b: Builder, x: Value) -> bool:
+  """Nearest or linear upsampling by whole factors over the spatial dims (as detection and segmentation heads do)."""
+  if not _image(b, x): return False
+  n, c, *spatial = x.shape
+  factors = [b.pick([1, 2, 2, 3]) for _ in spatial]
+  shape = (n, c, *(d * f for d, f in zip(spatial, factors)))
+  if math.prod(shape) > b.max_numel: return False
+  mode = b.pick(["nearest", "nearest", "linear"])
+  attrs: dict = {"mode": mode}
+  if mode == "nearest":
+    attrs.update(b.pick([{"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+                         {"coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor"}]))
+  else: attrs["coordinate_transformation_mode"] = b.pick(["half_pixel", "asymmetric", "align_corners"])
+  if b.chance(0.5): ins = [x, "", b.scalar([1.0, 1.0, *map(float, factors)], "float32")]
+  else: ins = [x, "", "", b.ints(list(shape), "sizes")]
+  b.node("Resize", ins, [{**_same(x, shape), "grain": x.grain if mode == "nearest" else None}], **attrs)
+  return True
+
 def gen_concat(b: Builder, x: Value) -> bool:
   if x.rank == 0: return False
   axis = int(b.rng.integers(-x.rank, x.rank))
@@ -707,8 +753,8 @@ def gen_cast(b: Builder, x: Value) -> bool:
 GENERATORS: list[tuple[Callable[[Builder, Value], bool], float]] = [
   (gen_unary, 3), (gen_binary, 4), (gen_compare, 1), (gen_logic, 1), (gen_where, 1), (gen_reduce, 2),
   (gen_reshape, 1), (gen_transpose, 1), (gen_expand, 1), (gen_slice, 1.5), (gen_pad, 1), (gen_squeeze, 1),
-  (gen_flatten, 0.5), (gen_matmul, 1.5), (gen_gemm, 1), (gen_conv, 2), (gen_pool, 1.5), (gen_concat, 1),
-  (gen_split, 0.7), (gen_gather, 1), (gen_cast, 1),
+  (gen_flatten, 0.5), (gen_matmul, 1.5), (gen_gemm, 1), (gen_conv, 2), (gen_pool, 1.5), (gen_conv_transpose, 1),
+  (gen_resize, 0.7), (gen_concat, 1), (gen_split, 0.7), (gen_gather, 1), (gen_cast, 1),
 ]
 
 # the generators that take a value with a zero-size dim
