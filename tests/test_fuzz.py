@@ -63,6 +63,19 @@ def test_a_failure_is_reported_and_saved(tmp_path):
   saved = np.load(str(path).replace(".onnx", "_inputs.npz"))
   assert sorted(saved.files) == sorted(case.feeds)
 
+def test_the_command_line_reports_and_saves_a_wrong_answer(tmp_path, monkeypatch, capsys):
+  """A compiler whose every output is off by one (or negated, for booleans): each case fails, alone too, and --save
+  writes it."""
+  def off_by_one(cases, target, folder):
+    env = fuzz.reference(cases)
+    return {v.name: ~env[v.name] if env[v.name].dtype == bool else env[v.name] + np.ones((), env[v.name].dtype)
+            for c in cases for v in c.outputs}
+  monkeypatch.setattr(fuzz, "compiled", off_by_one)
+  assert fuzz.main(["--seed", "4", "--n", "3", "-q", "--save", str(tmp_path)]) == 1
+  out = capsys.readouterr().out
+  assert out.count("FAIL seed 4 case") == 3 and "0/3 cases match onnxruntime" in out
+  assert len(list(tmp_path.glob("fuzz_seed4_case*_c.onnx"))) == 3
+
 # *** what the fuzzer found, kept as plain tests ***
 
 def _ort_and_aot(model: onnx.ModelProto, feeds: dict, tmp_path):
