@@ -493,10 +493,10 @@ def _contraction(x: Value, w: Value, k: int, shape, lowp: bool = False) -> dict:
 
 def gen_matmul(b: Builder, x: Value) -> bool:
   if x.dtype != "float32" or x.rank == 0 or x.rank > 4: return False
-  n = b.pick([8, 16, 32, 64] if b.big else [1, 2, 3, 5, 8])
+  n = b.pick([32, 33, 64] if b.big else [1, 2, 3, 5, 8])
   if x.rank >= 2 and b.chance(0.25):
     # x on the right: (m, K) @ x with K = x.shape[-2]
-    k, m = x.shape[-2], b.pick([8, 16, 32] if b.big else [1, 2, 4])
+    k, m = x.shape[-2], b.pick([32, 48] if b.big else [1, 2, 4])
     w = _weight(b, (m, k), x)
     shape = x.shape[:-2] + (m, x.shape[-1])
     if math.prod(shape) > b.max_numel: return False
@@ -505,7 +505,7 @@ def gen_matmul(b: Builder, x: Value) -> bool:
     b.node("MatMul", [w, x], [out])
     return True
   k = x.shape[-1]
-  form = b.pick(["2d", "2d", "batched", "vector"])
+  form = "2d" if b.big else b.pick(["2d", "2d", "batched", "vector"])
   if form == "vector": wshape, shape = (k,), x.shape[:-1]
   elif form == "batched" and x.rank >= 2:
     batch = tuple(b.pick([d, 1]) for d in x.shape[:-2])
@@ -587,7 +587,7 @@ def _window_attrs(kernel, strides, dil, pads, auto, dilations: bool = True) -> d
 def gen_conv(b: Builder, x: Value) -> bool:
   if not _image(b, x): return False
   n, c, *spatial = x.shape
-  groups = b.pick([g for g in range(1, c + 1) if c % g == 0] + ([1, 1] if b.big else []))
+  groups = b.pick([g for g in range(1, c + 1) if c % g == 0] + ([1, 1, 1] if b.big else []))
   m = groups * b.pick([1, 1, 2]) * (b.pick([4, 8]) if b.big and groups < 4 else 1)
   kernel, strides, dil, pads, auto, eff = _window(b, spatial, pool=False)
   nd = len(spatial)
@@ -768,7 +768,8 @@ def generate(seed: int, index: int) -> Case:
   rng = b.rng
   if b.chance(BIG_SHARE):
     b.big, b.max_numel = True, BIG_NUMEL
-    shape = b.pick([(b.pick([16, 24, 32, 48]), b.pick([8, 16, 32, 64])),
+    # M x K x N >= 32**3 = MIN_WORK: odd sizes leave partial tiles
+    shape = b.pick([(b.pick([32, 48, 64]), b.pick([32, 40, 64])),
                     (1, b.pick([4, 8, 16])) + tuple(int(rng.integers(8, 17)) for _ in range(2))])
   elif b.chance(0.35):
     n, c = b.pick([1, 1, 2]), b.pick([1, 2, 3, 4, 6])
@@ -779,6 +780,11 @@ def generate(seed: int, index: int) -> Case:
   weights = np.array([w for _, w in GENERATORS])
   target = int(rng.integers(NODES[0], NODES[1] + 1))
   last = first
+  if b.big:
+    # a big case starts with its contraction, so that it does reach the microkernel
+    made = len(b.case.values)
+    big_ops = [gen_conv, gen_conv, gen_conv_transpose] if first.rank == 4 else [gen_matmul, gen_matmul, gen_gemm]
+    if b.pick(big_ops)(b, first): last = b.case.values[-1] if len(b.case.values) > made else first
   for _ in range(8 * target):
     if len(b.case.nodes) >= target: break
     pool = [v for v in b.case.values if not v.leaf] or [first]
