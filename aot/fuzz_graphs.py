@@ -744,7 +744,7 @@ def gen_cast(b: Builder, x: Value) -> bool:
 # (generator, weight): elementwise ops most, since they are what fuses around everything else. The window ops only
 # take (N, C, H, W)-like values, so their weights count only there
 GENERATORS: list[tuple[Callable[[Builder, Value], bool], float]] = [
-  (gen_unary, 3), (gen_binary, 4), (gen_compare, 1), (gen_logic, 1), (gen_where, 1), (gen_reduce, 2),
+  (gen_unary, 4), (gen_binary, 4), (gen_compare, 2), (gen_logic, 1), (gen_where, 1), (gen_reduce, 2),
   (gen_reshape, 1), (gen_transpose, 1), (gen_expand, 1), (gen_slice, 1.5), (gen_pad, 1), (gen_squeeze, 1),
   (gen_flatten, 0.5), (gen_matmul, 1.5), (gen_gemm, 1), (gen_conv, 3), (gen_pool, 2.5), (gen_conv_transpose, 2),
   (gen_resize, 1.5), (gen_concat, 1), (gen_split, 0.7), (gen_gather, 1), (gen_cast, 1),
