@@ -85,7 +85,8 @@ def fold_constant(x: UOp) -> UOp | None:
   return _const_buffer(evaluate(x), x.dtype)
 
 def _const_buffer(value: np.ndarray, dtype) -> UOp:
-  arr = np.ascontiguousarray(value)
+  # ascontiguousarray makes a 0-d value 1-d, which made a folded scalar output shape (1,) (found by aot/fuzz.py)
+  arr = np.ascontiguousarray(value).reshape(np.shape(value))
   arr.flags.writeable = False
   return UOp(Ops.BUFFER, dtype, (), BufferArg("folded", arr.shape, "const", ConstData(arr)))
 

@@ -67,16 +67,24 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   block: dict[UOp, object] = {}
   def place(u: UOp):
     return max(deps[u], key=lambda r: depth[r], default=ROOT)
+  # accumulators over the same reduction ranges (an upcast kernel's lanes) live in one block, the deepest any of them
+  # needs: the ranges are one loop nest at one depth. A lane that happens not to vary in an output loop (all its reads
+  # padding, say) placed alone outside it would open the shared nest there, around values of the other lanes that
+  # read that loop's index (found by aot/fuzz.py: a dilated, strided ConvTranspose)
+  lanes: dict[tuple, list[UOp]] = {}
+  for u in topo:
+    if u.op is Ops.ACCUMULATE: lanes.setdefault(u.src[1:], []).append(u)
+  home: dict[tuple, object] = {}
   for u in reversed(topo):
-    if u.op is Ops.ACCUMULATE:
-      b = place(u)
-      for r in u.src[1:]:
+    if u.op is Ops.ACCUMULATE and (ranges := u.src[1:]) not in home:
+      b = home[ranges] = max((place(a) for a in lanes[ranges]), key=lambda x: depth[x])
+      for r in ranges:
         depth[r] = depth[b] + 1
         b = r
   contents: dict = {}
   for u in topo:
     if u.op in (Ops.RANGE, Ops.CONST, Ops.DEFINE_GLOBAL, Ops.SINK): continue
-    block[u] = place(u)
+    block[u] = home[u.src[1:]] if u.op is Ops.ACCUMULATE else place(u)
     contents.setdefault(block[u], []).append(u)
 
   out: list[tuple[str, UOp]] = []

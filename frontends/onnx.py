@@ -280,6 +280,10 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
   """ONNX's own shape inference, as a cross-check of ours: run from the input shapes the graph was traced with, and
   without the shapes the model declares (its outputs' and value_info: an exporter's claim, which onnxruntime too
   overrides with what it computes), a dim it infers must be the traced one."""
+  # onnx's inference (1.23) keeps a ceil_mode pool's last window where it would start in the right padding;
+  # onnxruntime and onnx's own reference evaluator drop it (found by aot/fuzz.py): there it is no check
+  if any(a.name == "ceil_mode" and a.i for g in _all_graphs(model.graph) for n in g.node for a in n.attribute):
+    return
   m = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
   m.graph.name = model.graph.name
   m.graph.node.extend(model.graph.node)
