@@ -120,7 +120,7 @@ def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path):
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 @pytest.mark.parametrize("op", ["sum", "max", "mean"])
-def test_large_reduction_to_small_output_is_cooperative(op, tmp_path):
+def test_large_reduction_to_small_output_is_cooperative(op, tmp_path, monkeypatch):
   # 5 outputs, each over 3*2000 elements (two reduce loops, flattened and split across the block), and a scalar
   x = np.random.default_rng(0).standard_normal((5, 3, 2000)).astype(np.float32)
   fn = lambda x: (getattr(x, op)(axis=(1, 2)), getattr(x.exp(), op)())
@@ -131,10 +131,21 @@ def test_large_reduction_to_small_output_is_cooperative(op, tmp_path):
   assert [l["grid"] for l in launches] == [5, 1]
   source = (art.dir / "src" / "kernels.cu").read_text()
   assert "__shared__" in source and "AOT_BARRIER" in source and "#define AOT_BARRIER __syncthreads()" in source
-  got = aot.load(art)(x)
-  want = (getattr(np, op)(x, axis=(1, 2)), getattr(np, op)(np.exp(x)))
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+  run = aot.load(art)
+  fresh = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+  want = (getattr(np, op)(fresh, axis=(1, 2)), getattr(np, op)(np.exp(fresh)))
+  # the shim runs the block's threads as coroutines meeting at the barriers, in each order: a barrier the source
+  # lacks lets a thread read a partial result another has not written yet in at least one of them. A right kernel
+  # gives the same bits in every order
+  first = None
+  for order in ("forward", "reverse", "shuffle:1", "shuffle:2"):
+    monkeypatch.setenv("AOT_GPU_SHIM_ORDER", order)
+    got = run(fresh)
+    for g, w, x_ in zip(got, want, (fresh, np.exp(fresh))):
+      # float32 rounding of sums over 6000 terms: relative to the sum of the terms' magnitudes
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * float(np.abs(x_).sum()), err_msg=f"thread order {order}")
+    if first is None: first = got
+    for g, f in zip(got, first): np.testing.assert_array_equal(g, f, err_msg=f"thread order {order} against forward")
 
 @pytest.mark.parametrize("target,library", [("cuda", "libcuda.so.1"), ("hip", "libamdhip64")])
 def test_create_without_gpu_runtime_fails_with_status_and_message(gpu_model, target, library):
@@ -183,7 +194,7 @@ def test_metal_syntax_check_rejects_broken_source(gpu_model, tmp_path):
   check_metal_syntax(src)
   (tmp_path / "kernels.metal").write_text((src / "kernels.metal").read_text().replace("threadgroup_barrier", "threadgroup_barier", 1)
                                           .replace("const int gid", "const int gid = undefined_name; int gid2", 1))
-  with pytest.raises(BuildError):
+  with pytest.raises(BuildError, match="undefined_name|threadgroup_barier"):
     check_metal_syntax(tmp_path)
 
 def test_missing_gpu_toolchain_is_one_line(monkeypatch, capsys, tmp_path):
@@ -226,6 +237,23 @@ def test_gpu_check_script_reports_with_the_emulated_kernels(monkeypatch, capsys,
   lines = capsys.readouterr().out.strip().splitlines()
   assert lines[0].split()[:5] == ["model", "kernels", "rel_err_vs_ref", "rel_err_vs_c", "rel_err_vs_ort"]
   assert [l.split()[0] for l in lines[1:]] == ["mlp", "mnist", "PASS"]
+
+def test_gpu_check_script_fails_on_a_wrong_artifact(monkeypatch, capsys, tmp_path):
+  """The script's FAIL: the emulated CUDA build standing in for the GPU, its weights damaged after the build."""
+  from conftest import corrupt_weights
+  sys.path.insert(0, os.path.join(ROOT, "scripts"))
+  try: import gpu_check
+  finally: sys.path.pop(0)
+  compile_model = aot.compile_model
+  def damaged(what, target="c", **kw):
+    art = compile_model(what, target=target, emulate=target == "cuda", **kw)
+    if target == "cuda": corrupt_weights(art)
+    return art
+  monkeypatch.setattr(gpu_check, "cuda_device", lambda: None)
+  monkeypatch.setattr(aot, "compile_model", damaged)
+  assert gpu_check.main(["--models", "mlp", "--runs", "1", "--out", str(tmp_path)]) == 1
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines[1].split()[0] == "mlp" and lines[-1] == f"FAIL: relative error above {gpu_check.MAX_REL_ERR}"
 
 def test_hip_device_math_matches_numpy(tmp_path):
   """HIP kernels are built without ROCm's device libraries: the math the AMDGPU backend lacks comes from
