@@ -56,3 +56,18 @@ def test_llvm_target_and_its_source(tmp_path):
 def test_unknown_triple_is_one_line(tmp_path):
   p = cli("models:mlp", "-o", str(tmp_path / "x"), "--target", "llvm", "--triple", "nonsense-triple", "--cpu", "generic")
   assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "nonsense-triple" in p.stderr
+
+def test_check_reports_fail_on_a_wrong_artifact(monkeypatch, capsys, tmp_path):
+  """--check on an artifact whose weights were damaged after it was built: FAIL and exit 1."""
+  import aot
+  from aot import cli
+  from conftest import corrupt_weights
+  compile_model = aot.compile_model
+  def damaged(*a, **kw):
+    art = compile_model(*a, **kw)
+    corrupt_weights(art)
+    return art
+  monkeypatch.setattr(aot, "compile_model", damaged)
+  assert cli.main(["models:mlp", "-o", str(tmp_path / "out"), "--check"]) == 1
+  check = capsys.readouterr().out.strip().splitlines()[-1]
+  assert check.startswith("check vs numpy reference: ") and "-> FAIL" in check, check
