@@ -1,14 +1,14 @@
 /* Runs CUDA (or HIP) kernel source on the CPU, for checking a GPU target's numbers without a GPU.
    The kernels are written as phases separated by barriers (codegen/gpu.py). A kernel without barriers (one thread per
-   output) runs each phase as a loop over the block's threads. A cooperative kernel (emulate.cpp calls it through
-   aot_shim_block) runs each of its block's threads as a coroutine that yields at every AOT_BARRIER: the block's
-   threads run round by round, each round from one barrier to the next, so a barrier the source lacks lets a thread run
-   on into the next phase before the others finished this one, as it may on a GPU. Shared memory is one copy per host
-   thread (the block it is running), seen by all of the block's coroutines.
+   output) runs each phase as a loop over the block's threads. A cooperative kernel (aot_shim_blocks with barriers)
+   runs each of its block's threads as a coroutine that yields at every AOT_BARRIER: the block's threads run round by
+   round, each round from one barrier to the next, so a barrier the source lacks lets a thread run on into the next
+   phase before the others finished this one, as it may on a GPU. Shared memory is one copy per host thread (the block
+   it is running), seen by all of the block's coroutines.
    AOT_GPU_SHIM_ORDER picks the order the threads take in every phase and round: "forward" (the default), "reverse",
-   or "shuffle:SEED" (a new seeded permutation each round); a kernel that is right gives the same result in each, one
-   that lacks a barrier or races inside a phase does not (tests/test_gpu.py runs all three).
-   The launcher (emulate.cpp) sets blockIdx and calls a kernel once per block. Compile as C++ with -include this file. */
+   or "shuffle:SEED" (a new seeded permutation each round); a kernel that is right gives the same bits in each, one
+   that lacks a barrier or races inside a phase does not (tests/test_gpu.py runs them all).
+   emulate.cpp calls aot_shim_blocks for a range of blocks of each kernel; it is C++ built with this file included. */
 #ifndef AOT_GPU_SHIM_H
 #define AOT_GPU_SHIM_H
 #include <stdint.h>
@@ -94,7 +94,8 @@ __asm__(".text\n.p2align 4\n.hidden aot_shim_switch\n.type aot_shim_switch,@func
 struct aot_shim_ctx { void *sp; };
 static inline void aot_shim_swap(aot_shim_ctx *from, aot_shim_ctx *to) { aot_shim_switch(&from->sp, to->sp); }
 /* a new coroutine's stack as aot_shim_switch leaves one: six saved registers, then entry as the return address */
-static inline void aot_shim_make(aot_shim_ctx *c, unsigned char *stack, size_t bytes, void (*entry)(), aot_shim_ctx *) {
+static inline void aot_shim_make(aot_shim_ctx *c, unsigned char *stack, size_t bytes, void (*entry)(),
+                                 aot_shim_ctx *) {
   void **top = (void **)(((uintptr_t)(stack + bytes)) & ~(uintptr_t)15);
   top[-1] = NULL;           /* entry's own return address: it never returns */
   top[-2] = (void *)entry;
@@ -104,7 +105,8 @@ static inline void aot_shim_make(aot_shim_ctx *c, unsigned char *stack, size_t b
 #else
 struct aot_shim_ctx { ucontext_t uc; };
 static inline void aot_shim_swap(aot_shim_ctx *from, aot_shim_ctx *to) { swapcontext(&from->uc, &to->uc); }
-static inline void aot_shim_make(aot_shim_ctx *c, unsigned char *stack, size_t bytes, void (*entry)(), aot_shim_ctx *back) {
+static inline void aot_shim_make(aot_shim_ctx *c, unsigned char *stack, size_t bytes, void (*entry)(),
+                                 aot_shim_ctx *back) {
   getcontext(&c->uc);
   c->uc.uc_stack.ss_sp = stack;
   c->uc.uc_stack.ss_size = bytes;

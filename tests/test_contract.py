@@ -38,14 +38,16 @@ def close(out, ref):
 W_CONST, W1, W2 = f32(100, 77), f32(96, 64, 3, 3), f32(96, 32, 1, 1)
 CASES = {
   # name: (program, inputs, numpy reference, microkernel calls)
-  "runtime operands, odd sizes": (lambda a, b: a @ b, [f32(37, 71), f32(71, 45)], lambda a, b: a.astype(np.float64) @ b, 1),
+  "runtime operands, odd sizes": (lambda a, b: a @ b, [f32(37, 71), f32(71, 45)],
+                                  lambda a, b: a.astype(np.float64) @ b, 1),
   "constant B packed ahead": (lambda a: (a @ Tensor(W_CONST)).relu(), [f32(33, 100)],
                               lambda a: np.maximum(a.astype(np.float64) @ W_CONST, 0), 1),
   "constant transposed (linear)": (lambda a: a.linear(Tensor(W_CONST.T.copy())), [f32(21, 100)],
                                    lambda a: a.astype(np.float64) @ W_CONST, 1),
   "runtime B read across its lanes (dense copy)": (lambda a, b: a @ b.transpose(-2, -1), [f32(40, 64), f32(50, 64)],
                                                    lambda a, b: a.astype(np.float64) @ b.T, 1),
-  "batched, odd M, N, K": (lambda a, b: a @ b, [f32(3, 21, 63), f32(3, 63, 41)], lambda a, b: a.astype(np.float64) @ b, 1),
+  "batched, odd M, N, K": (lambda a, b: a @ b, [f32(3, 21, 63), f32(3, 63, 41)],
+                           lambda a, b: a.astype(np.float64) @ b, 1),
   "conv 3x3 padded (im2col), bias and relu in place": (
     lambda x: x.conv2d(Tensor(W1), Tensor(np.arange(96, dtype=np.float32)), padding=1).relu(), [f32(2, 64, 13, 11)],
     lambda x: np.maximum(conv_ref(x, W1, padding=1) + np.arange(96).reshape(1, -1, 1, 1), 0), 1),

@@ -1,6 +1,7 @@
 """GPU targets (cuda, hip, metal): every model compiles for each with the c target's kernel list; the CUDA and HIP
-kernel source, run on the CPU through the grid-as-loops shim (emulate=True), matches the numpy references and
-onnxruntime; the host glue builds, links into a C program, and fails cleanly where there is no GPU runtime."""
+kernel source, run on the CPU through the shim (emulate=True; a cooperative block's threads as coroutines meeting at
+its barriers), matches the numpy references and onnxruntime; the host glue builds, links into a C program, and fails
+cleanly where there is no GPU runtime."""
 import ctypes, functools, os, subprocess, sys
 import numpy as np
 import pytest
@@ -106,7 +107,7 @@ def test_light_model_on_gpu_targets(name, tmp_path):
       assert len(infos) == len(launches) == LIGHT_KERNELS[name]
       assert all(f" {fn}(" in files[KERNEL_SOURCE[target]] for fn, _, _ in launches)
 
-def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path):
+def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path, monkeypatch):
   # 7*37*3 = 777 outputs: three full blocks and a partial one whose extra threads the bounds guard stops
   x = np.random.default_rng(0).standard_normal((3, 37, 7)).astype(np.float32)
   y = np.random.default_rng(1).standard_normal((7, 37, 1)).astype(np.float32)
@@ -115,9 +116,13 @@ def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path):
   (launch,) = art.manifest["gpu"]["launches"]
   assert not launch["cooperative"] and launch["block"] == gpu.BLOCK_THREADS
   assert launch["grid"] == -(-777 // gpu.BLOCK_THREADS)
-  got = aot.load(art)(x, y)
+  run = aot.load(art)
+  x, y = (np.random.default_rng(seed).standard_normal(a.shape).astype(np.float32) for seed, a in ((2, x), (3, y)))
   want = np.exp(x.transpose(2, 1, 0) * y) - y
-  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  # the threads of each block in each order: one thread per output, no order may change a result
+  for order in ("forward", "reverse", "shuffle:1"):
+    monkeypatch.setenv("AOT_GPU_SHIM_ORDER", order)
+    np.testing.assert_allclose(run(x, y), want, rtol=1e-6, atol=1e-6, err_msg=f"thread order {order}")
 
 @pytest.mark.parametrize("op", ["sum", "max", "mean"])
 def test_large_reduction_to_small_output_is_cooperative(op, tmp_path, monkeypatch):

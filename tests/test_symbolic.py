@@ -1,7 +1,7 @@
 """The index simplifier (aot/symbolic.py) against brute force: seeded random index expressions over small loops (sums
-of loop variables times constants, some negative, divided and taken modulo, nested), evaluated at every point of their loops before
-and after simplification, and their value ranges checked against the values they take. Divisors are drawn around
-each expression's largest value, where a fold's boundary (x < c, x <= c) decides."""
+of loop variables times constants, some negative, divided and taken modulo, nested), evaluated at every point of
+their loops before and after simplification, and their value ranges checked against the values they take. Divisors
+are drawn around each expression's largest value, where a fold's boundary (x < c, x <= c) decides."""
 import itertools
 import numpy as np
 import pytest
@@ -46,7 +46,8 @@ def random_expr(rng, ranges: list[UOp], depth: int) -> UOp:
 def test_simplified_index_expressions_equal_the_originals_everywhere():
   rng = np.random.default_rng(0)
   for n in range(400):
-    ranges = [UOp(Ops.RANGE, dtypes.index, (), (i, int(rng.integers(1, 7)), "loop")) for i in range(int(rng.integers(1, 4)))]
+    sizes = rng.integers(1, 7, int(rng.integers(1, 4)))
+    ranges = [UOp(Ops.RANGE, dtypes.index, (), (i, int(size), "loop")) for i, size in enumerate(sizes)]
     e = random_expr(rng, ranges, 2)
     s = simplify(e)
     for p in points(ranges):
