@@ -825,10 +825,10 @@ def test_multiple_outputs_and_reuse():
 # *** error paths ***
 
 def test_broadcast_error_names_shapes():
-  with pytest.raises(ValueError) as e:
+  with pytest.raises(ValueError, match=r"\(3, 4\)") as e:
     aot.compile_model(lambda x, y: x + y, [np.zeros((3, 4), np.float32), np.zeros((5,), np.float32)])
   assert "(3, 4)" in str(e.value) and "(5,)" in str(e.value)
-  with pytest.raises(ValueError) as e:
+  with pytest.raises(ValueError, match=r"\(2, 3\)") as e:
     aot.compile_model(lambda x, y: x.maximum(y), [np.zeros((2, 3), np.float32), np.zeros((4, 3), np.float32)])
   assert "(2, 3)" in str(e.value) and "(4, 3)" in str(e.value)
 
@@ -859,7 +859,7 @@ def test_function_shape_mismatch_raises():
   def block(inp, w): return (inp * w).relu()
   w = np.ones(5, np.float32)
   def model(x, y): return block(x, Tensor(w)) + block(y, Tensor(w)).sum()
-  with pytest.raises(TypeError) as e:
+  with pytest.raises(TypeError, match="inp") as e:
     aot.compile_model(model, [np.zeros((3, 5), np.float32), np.zeros((4, 5), np.float32)])
   msg = str(e.value)
   assert "inp" in msg and "(3, 5)" in msg and "(4, 5)" in msg
