@@ -239,14 +239,16 @@ def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = 
   # weights above WEIGHTS_INLINE_MAX are a file beside the library, as on the CPU targets
   external = len(blob) if len(blob) > WEIGHTS_INLINE_MAX else 0
   if emulate:
-    # one wrapper per function runs blocks [start, end) of its grid: the CPU runtime's pool splits the grid
+    # one wrapper per function runs blocks [start, end) of its grid (the CPU runtime's pool splits the grid); a
+    # cooperative kernel's threads run as coroutines that meet at its barriers (aot_gpu_shim.h)
     wrappers, protos = [], []
     for ast, fn in functions.items():
       params = CRenderer().param_decls(ast)
       call = ", ".join(p.split()[-1] for p in params[:-2])
       wrappers.append(f'extern "C" __attribute__((visibility("hidden"))) void {fn}_blocks('
                       f"{', '.join(p.replace(' *restrict ', ' *') for p in params)}) {{\n"
-                      f"  for (int b = start; b < end; b++) {{ blockIdx.x = (unsigned)b; {fn}({call}); }}\n}}")
+                      f"  aot_shim_blocks(start, end, {launch[ast].block}u, {str(launch[ast].cooperative).lower()}, "
+                      f"[&] {{ {fn}({call}); }});\n}}")
       protos.append(f"void {fn}_blocks({', '.join(params)});")
     files["emulate.cpp"] = (f"/* runs {KERNEL_SOURCE[target]} on the CPU: see aot_gpu_shim.h */\n"
                             f'#include "aot_gpu_shim.h"\n#include "{KERNEL_SOURCE[target]}"\n\n' + "\n".join(wrappers) + "\n")

@@ -20,6 +20,14 @@ def compiled_model(tmp_path_factory):
   base = tmp_path_factory.mktemp("models")
   return lambda name, target="c": (_compiled(name, target, str(base / f"{name}_{target}")), get(name))
 
+@pytest.fixture
+def split_every_kernel(monkeypatch):
+  """Artifacts compiled under this fixture split every kernel with an outer loop across the pool, however little work
+  it does (the thresholds in aot/compiler.py are about speed): small, odd shapes then test the split itself."""
+  import aot.compiler
+  monkeypatch.setattr(aot.compiler, "PARALLEL_MIN_WORK", 0)
+  monkeypatch.setattr(aot.compiler, "MODEL_PARALLEL_MIN_WORK", 0)
+
 class _Current:
   target = "c"
 
@@ -28,10 +36,31 @@ def each_target(request):
   """pytestmark = pytest.mark.usefixtures("each_target") runs every test of a module once per target (for run())."""
   _Current.target = request.param
 
+def fresh_like(a: np.ndarray, seed: int) -> np.ndarray:
+  """Seeded values of a's shape and dtype, unrelated to a's own."""
+  rng = np.random.default_rng(seed)
+  if a.dtype == np.bool_: return rng.random(a.shape) < 0.5
+  if a.dtype.kind in "iu": return rng.integers(0, 8, a.shape).astype(a.dtype)
+  return rng.standard_normal(a.shape).astype(a.dtype)
+
 def run(fn, *arrays):
-  """Compile fn for these example inputs on the current target, load the artifact and run it on the same inputs."""
+  """Compile fn on the current target for fresh arrays of these inputs' shapes and dtypes, load the artifact and run it
+  on these inputs: what it returns comes from the inputs it ran on, not from values seen at compile time (a test's
+  expectation, computed from these arrays, checks that)."""
   arrays = [np.asarray(a) for a in arrays]
+  compile_with = [fresh_like(a, 1000 + i) for i, a in enumerate(arrays)]
   with tempfile.TemporaryDirectory(prefix="aot_test_") as d:
-    model = aot.load(aot.compile_model(fn, arrays, out_dir=d, target=_Current.target))
+    model = aot.load(aot.compile_model(fn, compile_with, out_dir=d, target=_Current.target))
     try: return model(*arrays)
     finally: model.close()
+
+def corrupt_weights(art) -> None:
+  """Make an artifact wrong the way a damaged file would: the weights linked into its library (found by their bytes,
+  src/weights.bin) negated in place."""
+  blob = (art.dir / "src" / "weights.bin").read_bytes()
+  lib = bytearray(art.library_path.read_bytes())
+  at = lib.find(blob)
+  assert at >= 0 and lib.find(blob, at + 1) < 0, "the weights are not in the library exactly once"
+  n = len(blob) // 4 * 4
+  lib[at:at + n] = (-np.frombuffer(blob[:n], np.float32)).tobytes()
+  art.library_path.write_bytes(bytes(lib))

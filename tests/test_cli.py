@@ -101,3 +101,18 @@ def test_no_progress_bar_in_a_pipe_or_with_quiet(stream, flags):
   progress("compiled 2/2 sources")
   progress.close()
   assert stream.getvalue() == ""
+
+def test_check_reports_fail_on_a_wrong_artifact(monkeypatch, capsys, tmp_path):
+  """--check on an artifact whose weights were damaged after it was built: FAIL and exit 1."""
+  import aot
+  from aot import cli
+  from conftest import corrupt_weights
+  compile_model = aot.compile_model
+  def damaged(*a, **kw):
+    art = compile_model(*a, **kw)
+    corrupt_weights(art)
+    return art
+  monkeypatch.setattr(aot, "compile_model", damaged)
+  assert cli.main(["models:mlp", "-o", str(tmp_path / "out"), "--check"]) == 1
+  check = capsys.readouterr().out.strip().splitlines()[-1]
+  assert check.startswith("check vs numpy reference: ") and "-> FAIL" in check, check

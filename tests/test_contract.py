@@ -1,22 +1,30 @@
 """Contractions on the runtime's microkernel (codegen/contract.py, runtime_c/aot_gemm.c): every operand form (packed
 constant, strided view, dense copy), edges that fill no whole tile, batches, swapped operands, epilogues in place and
-through a scratch matrix, against numpy in float64."""
+through a scratch matrix, against numpy in float64. Each artifact runs on inputs other than those it was compiled with,
+on 1, 2 and 3 threads, bitwise the same, compiled to split every kernel across the pool (split_every_kernel in
+conftest.py): odd extents, so a split that lost its remainder rows would show."""
 import numpy as np
 import pytest
 import aot
 from aot.frontends.tensor import Tensor
-from conftest import TARGETS
+from conftest import TARGETS, fresh_like
 
 rng = np.random.default_rng(0)
 f32 = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
 
 def compiled(fn, xs, tmp_path, target, **kw):
-  """(outputs, the number of microkernel calls in the artifact's model.c, its kernel count)."""
+  """(outputs, the inputs they were computed from, the number of microkernel calls in the artifact's model.c, its
+  kernel count). Compiled with xs, run on fresh inputs of their shapes on 1, 2 and 3 threads (bitwise equal)."""
   art = aot.compile_model(fn, xs, out_dir=tmp_path / target, target=target, **kw)
-  model = aot.load(art)
-  try: out = model(*xs)
-  finally: model.close()
-  return out, (art.dir / "src" / "model.c").read_text().count("aot_gemm g ="), art.num_kernels
+  fresh = [fresh_like(x, 100 + i) for i, x in enumerate(xs)]
+  outs = []
+  for threads in (1, 2, 3):
+    model = aot.load(art, threads=threads)
+    try: outs.append(model(*fresh))
+    finally: model.close()
+  for n, out in zip((2, 3), outs[1:]):
+    np.testing.assert_array_equal(out, outs[0], err_msg=f"{n} threads differ from 1")
+  return outs[0], fresh, (art.dir / "src" / "model.c").read_text().count("aot_gemm g ="), art.num_kernels
 
 def conv_ref(x, w, stride=1, padding=0):
   x, w = x.astype(np.float64), w.astype(np.float64)
@@ -30,14 +38,16 @@ def close(out, ref):
 W_CONST, W1, W2 = f32(100, 77), f32(96, 64, 3, 3), f32(96, 32, 1, 1)
 CASES = {
   # name: (program, inputs, numpy reference, microkernel calls)
-  "runtime operands, odd sizes": (lambda a, b: a @ b, [f32(37, 70), f32(70, 45)], lambda a, b: a.astype(np.float64) @ b, 1),
+  "runtime operands, odd sizes": (lambda a, b: a @ b, [f32(37, 71), f32(71, 45)],
+                                  lambda a, b: a.astype(np.float64) @ b, 1),
   "constant B packed ahead": (lambda a: (a @ Tensor(W_CONST)).relu(), [f32(33, 100)],
                               lambda a: np.maximum(a.astype(np.float64) @ W_CONST, 0), 1),
   "constant transposed (linear)": (lambda a: a.linear(Tensor(W_CONST.T.copy())), [f32(21, 100)],
                                    lambda a: a.astype(np.float64) @ W_CONST, 1),
   "runtime B read across its lanes (dense copy)": (lambda a, b: a @ b.transpose(-2, -1), [f32(40, 64), f32(50, 64)],
                                                    lambda a, b: a.astype(np.float64) @ b.T, 1),
-  "batched": (lambda a, b: a @ b, [f32(3, 20, 64), f32(3, 64, 40)], lambda a, b: a.astype(np.float64) @ b, 1),
+  "batched, odd M, N, K": (lambda a, b: a @ b, [f32(3, 21, 63), f32(3, 63, 41)],
+                           lambda a, b: a.astype(np.float64) @ b, 1),
   "conv 3x3 padded (im2col), bias and relu in place": (
     lambda x: x.conv2d(Tensor(W1), Tensor(np.arange(96, dtype=np.float32)), padding=1).relu(), [f32(2, 64, 13, 11)],
     lambda x: np.maximum(conv_ref(x, W1, padding=1) + np.arange(96).reshape(1, -1, 1, 1), 0), 1),
@@ -52,30 +62,30 @@ CASES = {
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_contraction_matches_numpy(case, target, tmp_path):
+def test_contraction_matches_numpy(case, target, tmp_path, split_every_kernel):
   fn, xs, ref, calls = CASES[case]
-  out, gemms, kernels = compiled(fn, xs, tmp_path, target)
-  close(out, ref(*xs))
+  out, fresh, gemms, kernels = compiled(fn, xs, tmp_path, target)
+  close(out, ref(*fresh))
   assert gemms == calls, f"{gemms} microkernel calls, expected {calls}"
 
 _X7 = f32(1, 128, 7, 7)
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_small_images_swap_operands(target, tmp_path):
+def test_small_images_swap_operands(target, tmp_path, split_every_kernel):
   # 7x7 = 49 positions fill two 32-lane tiles to 77%; 128 channels fill them whole, and K = 1152 pays for the swap
   w = f32(128, 128, 3, 3)
-  out, gemms, kernels = compiled(lambda x: x.conv2d(Tensor(w), padding=1).relu(), [_X7], tmp_path, target)
-  close(out, np.maximum(conv_ref(_X7, w, padding=1), 0))
+  out, (x,), gemms, kernels = compiled(lambda x: x.conv2d(Tensor(w), padding=1).relu(), [_X7], tmp_path, target)
+  close(out, np.maximum(conv_ref(x, w, padding=1), 0))
   # swapped: the weights are B (32-lane tiles of output channels), so C is a scratch matrix and not the output
   model_c = (tmp_path / target / "src" / "model.c").read_text()
   assert gemms == 1 and kernels == 1 and "49, 128, 1152, 8, 32" in model_c
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_avx2_tiles(target, tmp_path):
+def test_avx2_tiles(target, tmp_path, split_every_kernel):
   # a CPU without 16-float vectors gets the 6x16 microkernel; it runs here too (AVX-512 machines run AVX2 code)
   fn, xs, ref, calls = CASES["conv 3x3 padded (im2col), bias and relu in place"]
-  out, gemms, _ = compiled(fn, xs, tmp_path, target, cpu="x86-64-v3")
-  close(out, ref(*xs))
+  out, fresh, gemms, _ = compiled(fn, xs, tmp_path, target, cpu="x86-64-v3")
+  close(out, ref(*fresh))
   assert "6, 16" in (tmp_path / target / "src" / "model.c").read_text()
 
 def test_bare_product_runs_no_epilogue(tmp_path):
@@ -87,10 +97,11 @@ def test_bare_product_runs_no_epilogue(tmp_path):
     return art, src[src.index("API int m_run"):src.index("API int m_set_threads")]
   art, body = run_body(lambda p: p @ Tensor(b), "bare")
   assert "m_f0(" not in body and "aot_gemm_run" in body
-  close(aot.load(art)(a), a.astype(np.float64) @ b)
+  fresh = fresh_like(a, 1)
+  close(aot.load(art)(fresh), fresh.astype(np.float64) @ b)
   art, body = run_body(lambda p: (p @ Tensor(b)).relu(), "relu")
   assert "m_f0(" in body
-  close(aot.load(art)(a), np.maximum(a.astype(np.float64) @ b, 0))
+  close(aot.load(art)(fresh), np.maximum(fresh.astype(np.float64) @ b, 0))
 
 # *** concatenated and grouped contractions: each branch and each group is its own contraction, no work on zeros ***
 
@@ -188,7 +199,7 @@ def test_concat_branches_share_one_window_copy(target, tmp_path):
   # two 3x3 convolutions of one input, concatenated: the input's windows (im2col) are written once for both branches
   w1, w2, x = f32(24, 16, 3, 3), f32(48, 16, 3, 3), f32(1, 16, 12, 12)
   fn = lambda x: Tensor.cat([x.conv2d(Tensor(w1), padding=1).relu(), x.conv2d(Tensor(w2), padding=1)], 1)
-  out, gemms, kernels = compiled(fn, [x], tmp_path, target, name="m")
+  out, (x,), gemms, kernels = compiled(fn, [x], tmp_path, target, name="m")
   close(out, np.concatenate([np.maximum(conv_ref(x, w1, padding=1), 0), conv_ref(x, w2, padding=1)], 1))
   src = (tmp_path / target / "src" / "model.c").read_text()
   body = src[src.index("API int m_run"):]

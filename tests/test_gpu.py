@@ -1,6 +1,7 @@
 """GPU targets (cuda, hip, metal): every model compiles for each with the c target's kernel list; the CUDA and HIP
-kernel source, run on the CPU through the grid-as-loops shim (emulate=True), matches the numpy references and
-onnxruntime; the host glue builds, links into a C program, and fails cleanly where there is no GPU runtime."""
+kernel source, run on the CPU through the shim (emulate=True; a cooperative block's threads as coroutines meeting at
+its barriers), matches the numpy references and onnxruntime; the host glue builds, links into a C program, and fails
+cleanly where there is no GPU runtime."""
 import ctypes, functools, os, subprocess, sys
 import numpy as np
 import pytest
@@ -106,7 +107,7 @@ def test_light_model_on_gpu_targets(name, tmp_path):
       assert len(infos) == len(launches) == LIGHT_KERNELS[name]
       assert all(f" {fn}(" in files[KERNEL_SOURCE[target]] for fn, _, _ in launches)
 
-def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path):
+def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path, monkeypatch):
   # 7*37*3 = 777 outputs: three full blocks and a partial one whose extra threads the bounds guard stops
   x = np.random.default_rng(0).standard_normal((3, 37, 7)).astype(np.float32)
   y = np.random.default_rng(1).standard_normal((7, 37, 1)).astype(np.float32)
@@ -115,26 +116,41 @@ def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path):
   (launch,) = art.manifest["gpu"]["launches"]
   assert not launch["cooperative"] and launch["block"] == gpu.BLOCK_THREADS
   assert launch["grid"] == -(-777 // gpu.BLOCK_THREADS)
-  got = aot.load(art)(x, y)
+  run = aot.load(art)
+  x, y = (np.random.default_rng(seed).standard_normal(a.shape).astype(np.float32) for seed, a in ((2, x), (3, y)))
   want = np.exp(x.transpose(2, 1, 0) * y) - y
-  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  # the threads of each block in each order: one thread per output, no order may change a result
+  for order in ("forward", "reverse", "shuffle:1"):
+    monkeypatch.setenv("AOT_GPU_SHIM_ORDER", order)
+    np.testing.assert_allclose(run(x, y), want, rtol=1e-6, atol=1e-6, err_msg=f"thread order {order}")
 
 @pytest.mark.parametrize("op", ["sum", "max", "mean"])
-def test_large_reduction_to_small_output_is_cooperative(op, tmp_path):
+def test_large_reduction_to_small_output_is_cooperative(op, tmp_path, monkeypatch):
   # 5 outputs, each over 3*2000 elements (two reduce loops, flattened and split across the block), and a scalar
   x = np.random.default_rng(0).standard_normal((5, 3, 2000)).astype(np.float32)
   fn = lambda x: (getattr(x, op)(axis=(1, 2)), getattr(x.exp(), op)())
   assert 3 * 2000 >= gpu.COOP_MIN_REDUCE and 5 <= gpu.COOP_MAX_OUTPUTS
-  art = aot.compile_model(fn, [x], target="cuda", emulate=True, out_dir=tmp_path / op)
+  # compiled for other values than it runs on
+  compile_with = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+  art = aot.compile_model(fn, [compile_with], target="cuda", emulate=True, out_dir=tmp_path / op)
   launches = art.manifest["gpu"]["launches"]
   assert all(l["cooperative"] and l["block"] == gpu.COOP_THREADS for l in launches)
   assert [l["grid"] for l in launches] == [5, 1]
   source = (art.dir / "src" / "kernels.cu").read_text()
   assert "__shared__" in source and "AOT_BARRIER" in source and "#define AOT_BARRIER __syncthreads()" in source
-  got = aot.load(art)(x)
+  run = aot.load(art)
   want = (getattr(np, op)(x, axis=(1, 2)), getattr(np, op)(np.exp(x)))
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+  # the shim runs the block's threads as coroutines meeting at the barriers, in each order: a barrier the source
+  # lacks lets a thread read a partial result another has not written yet in at least one of them. A right kernel
+  # gives the same bits in every order
+  first = None
+  for order in ("forward", "reverse", "shuffle:1", "shuffle:2"):
+    monkeypatch.setenv("AOT_GPU_SHIM_ORDER", order)
+    got = run(x)
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"thread order {order}")
+    if first is None: first = got
+    for g, f in zip(got, first): np.testing.assert_array_equal(g, f, err_msg=f"thread order {order} against forward")
 
 @pytest.mark.parametrize("target,library", [("cuda", "libcuda.so.1"), ("hip", "libamdhip64")])
 def test_create_without_gpu_runtime_fails_with_status_and_message(gpu_model, target, library):
@@ -183,7 +199,7 @@ def test_metal_syntax_check_rejects_broken_source(gpu_model, tmp_path):
   check_metal_syntax(src)
   (tmp_path / "kernels.metal").write_text((src / "kernels.metal").read_text().replace("threadgroup_barrier", "threadgroup_barier", 1)
                                           .replace("const int gid", "const int gid = undefined_name; int gid2", 1))
-  with pytest.raises(BuildError):
+  with pytest.raises(BuildError, match="undefined_name|threadgroup_barier"):
     check_metal_syntax(tmp_path)
 
 def test_missing_gpu_toolchain_is_one_line(monkeypatch, capsys, tmp_path):
@@ -226,6 +242,23 @@ def test_gpu_check_script_reports_with_the_emulated_kernels(monkeypatch, capsys,
   lines = capsys.readouterr().out.strip().splitlines()
   assert lines[0].split()[:5] == ["model", "kernels", "rel_err_vs_ref", "rel_err_vs_c", "rel_err_vs_ort"]
   assert [l.split()[0] for l in lines[1:]] == ["mlp", "mnist", "PASS"]
+
+def test_gpu_check_script_fails_on_a_wrong_artifact(monkeypatch, capsys, tmp_path):
+  """The script's FAIL: the emulated CUDA build standing in for the GPU, its weights damaged after the build."""
+  from conftest import corrupt_weights
+  sys.path.insert(0, os.path.join(ROOT, "scripts"))
+  try: import gpu_check
+  finally: sys.path.pop(0)
+  compile_model = aot.compile_model
+  def damaged(what, target="c", **kw):
+    art = compile_model(what, target=target, emulate=target == "cuda", **kw)
+    if target == "cuda": corrupt_weights(art)
+    return art
+  monkeypatch.setattr(gpu_check, "cuda_device", lambda: None)
+  monkeypatch.setattr(aot, "compile_model", damaged)
+  assert gpu_check.main(["--models", "mlp", "--runs", "1", "--out", str(tmp_path)]) == 1
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines[1].split()[0] == "mlp" and lines[-1] == f"FAIL: relative error above {gpu_check.MAX_REL_ERR}"
 
 def test_hip_device_math_matches_numpy(tmp_path):
   """HIP kernels are built without ROCm's device libraries: the math the AMDGPU backend lacks comes from
