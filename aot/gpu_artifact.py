@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Callable
 import numpy as np
 from aot.artifact import (Artifact, KernelInfo, api_type, param_names, render_header, render_model_c, render_weights_asm,
-                          write_manifest, install, stage_sources, WEIGHTS_INLINE_MAX, _external_weights_c)
+                          write_manifest, install, stage_sources, WEIGHTS_INLINE_MAX, _external_weights_c,
+                          ExternalWeights, weights_checksum)
 from aot.build import _cache_dir, _store, cc, run_build_command as _run
 from aot.codegen.c import CRenderer
 from aot.codegen.gpu import RENDERERS, Launch, plan_launch
@@ -70,10 +71,10 @@ def _incbin_asm(symbol: str, path: str) -> str:
   return "__asm__(\n" + "\n".join(f'  "{l}\\n"' for l in lines) + "\n);\n"
 
 def render_gpu_model_c(name: str, sched: Schedule, launches: list[tuple[str, list[Buffer], Launch]],
-                       functions: list[str], target: str, external_weights: int = 0) -> str:
+                       functions: list[str], target: str, external_weights: ExternalWeights | None = None) -> str:
   """The C API over the GPU kernel list: create loads the device code and uploads the weights once; run copies the
   inputs in, launches every kernel in order, copies the outputs out; run_device takes device pointers.
-  external_weights: the size of NAME.weights when the weights are not linked in (mapped, uploaded, unmapped)."""
+  external_weights: NAME.weights when the weights are not linked in (mapped, checked, uploaded, unmapped)."""
   ins, outs = param_names(sched)
   io = sched.inputs + sched.outputs
   args = [f"const {api_type(b.dtype)} *{n}" for b, n in zip(sched.inputs, ins)] + \
@@ -102,7 +103,7 @@ def render_gpu_model_c(name: str, sched: Schedule, launches: list[tuple[str, lis
               f"  if (st == AOT_OK) st = load_weights(create_error, &host_weights);\n"
               f"  if (st == AOT_OK) st = aot_gpu_upload(m->gpu, m->weights, host_weights, {P}_WEIGHTS_BYTES, create_error);\n"
               f"  /* on the device now: the host copy is not needed any more */\n"
-              f"  if (host_weights) munmap((void *)host_weights, (size_t){external_weights}ULL);")
+              f"  if (host_weights) munmap((void *)host_weights, (size_t){external_weights.nbytes}ULL);")
   else:
     weights_decl = f"extern const unsigned char {name}_weights[];"
     upload = f"  if (st == AOT_OK) st = aot_gpu_upload(m->gpu, m->weights, {name}_weights, {P}_WEIGHTS_BYTES, create_error);"
@@ -237,7 +238,7 @@ def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = 
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
   launches = [(functions[k.ast], k.bufs, launch[k.ast]) for k in sched.kernels]
   # weights above WEIGHTS_INLINE_MAX are a file beside the library, as on the CPU targets
-  external = len(blob) if len(blob) > WEIGHTS_INLINE_MAX else 0
+  external = ExternalWeights(len(blob), weights_checksum(blob)) if len(blob) > WEIGHTS_INLINE_MAX else None
   if emulate:
     # one wrapper per function runs blocks [start, end) of its grid: the CPU runtime's pool splits the grid
     wrappers, protos = [], []
@@ -380,7 +381,7 @@ def compile_gpu_model(name: str, sched: Schedule, target: str, out_dir, cpu: str
     shutil.copyfile(src / f"{name}.h", stage / f"{name}.h")
     manifest = stage / f"{name}.json"
     write_manifest(manifest, name, target, cpu, None, sched, infos, arena, sum(align_up(b.nbytes) for b in sched.scratch),
-                   len(blob), time.perf_counter() - t0)
+                   len(blob), time.perf_counter() - t0, weights_checksum(blob) if external else None)
     m = json.loads(manifest.read_text())
     m["weights_file"] = f"{name}.weights" if external else None
     m["gpu"] = {"emulated": emulate, "launches": [{"function": fn, "grid": l.grid, "block": l.block,
