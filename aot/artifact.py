@@ -1,6 +1,6 @@
 """The artifact: libNAME.so, NAME.h (the C API with a per-model prefix), NAME.json (the manifest), src/."""
 from __future__ import annotations
-import json, re
+import json, os, re
 from dataclasses import dataclass
 from pathlib import Path
 from aot.dtype import DType, dtypes, to_dtype
@@ -96,15 +96,15 @@ class ExternalWeights:
 def weights_checksum(data) -> int:
   """The checksum NAME_create computes (load_weights below): the 64-bit words of the sampled blocks, each times an odd
   number that grows with its place (so a changed or moved word changes the sum), added modulo 2**64. data: the
-  weights' bytes, or a path to them (read through a map: only the blocks are paged in)."""
+  weights' bytes, or a path to them (only the blocks are read)."""
   import numpy as np
-  if isinstance(data, (str, Path)):
-    size = Path(data).stat().st_size
-    data = np.memmap(data, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
-  data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
-  size, n, block = len(data), WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
+  size = Path(data).stat().st_size if isinstance(data, (str, Path)) else len(data)
+  n, block = WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
   spans = [(0, size)] if size <= n * block else [(i * (size - block) // (n - 1) // 8 * 8, block) for i in range(n)]
-  words = np.concatenate([np.asarray(data[a:a + m - m % 8]).view("<u8") for a, m in spans])
+  if isinstance(data, (str, Path)):
+    with open(data, "rb") as f: chunks = [os.pread(f.fileno(), m - m % 8, a) for a, m in spans]
+  else: chunks = [bytes(data[a:a + m - m % 8]) for a, m in spans]
+  words = np.frombuffer(b"".join(chunks), dtype="<u8")
   odd = np.arange(len(words), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
   return int(np.sum(words * odd, dtype=np.uint64))
 
