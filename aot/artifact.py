@@ -364,6 +364,7 @@ class WeightsWriter:
   so the blob is never in memory as a whole. path None: only the layout (offsets and size), nothing written."""
   def __init__(self, path: Path | None):
     self.path, self.size = path, 0
+    self.checksum: int | None = None   # of the finished file, when it is NAME.weights (weights_checksum)
     self.file = open(path, "wb") if path is not None else None
   def add(self, b: Buffer) -> None:
     """Place the constant b at the end of the blob (b.offset) and write its data there."""
