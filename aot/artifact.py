@@ -179,8 +179,8 @@ class GemmCall:
     run = "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))" if self.parallel else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
     return f"  {{ aot_gemm g = {{{desc}}}; {run}; }}"
 
-def render_model_c(name: str, sched: Schedule, calls: list, protos: list[str], external_weights: ExternalWeights | None = None,
-                   profile: bool = False) -> str:
+def render_model_c(name: str, sched: Schedule, calls: list, protos: list[str],
+                   external_weights: ExternalWeights | None = None, profile: bool = False) -> str:
   """The C API over the kernel list. calls: GemmCall, or (function, [(slot, buffer)] of its arguments, extent of its
   outermost loop, run it on the pool?).
   external_weights: NAME.weights, if the weights are not linked in.
@@ -232,7 +232,8 @@ struct {name}_model {{
   aot_pool *pool;
   char error[AOT_ERROR_CAPACITY];
 {f"  double profile[{n + 1}];{chr(10)}" if profile else ""}}};
-{_profile_c(name, n) if profile else ""}{_external_weights_c(name, external_weights) + _CREATE_ERROR if external_weights else ""}
+{_profile_c(name, n) if profile else ""}{_external_weights_c(name, external_weights) if external_weights else ""}\
+{_CREATE_ERROR if external_weights else ""}
 API int {name}_create({name}_model **out) {{
   if (!out) return AOT_ERR_NULL_ARGUMENT;
   *out = NULL;
@@ -241,7 +242,7 @@ API int {name}_create({name}_model **out) {{
   m->arena = aot_arena_alloc({name.upper()}_ARENA_BYTES);
   m->pool = aot_pool_create(aot_default_threads());
   if (!m->arena || !m->pool) {{ aot_arena_free(m->arena); aot_pool_destroy(m->pool); free(m); return AOT_ERR_OUT_OF_MEMORY; }}
-  {"int st = load_weights(create_error, &m->weights); if (st != AOT_OK) { aot_arena_free(m->arena); aot_pool_destroy(m->pool); free(m); return st; }" if external_weights else f"m->weights = {name}_weights;"}
+  {_LOAD_WEIGHTS if external_weights else f"m->weights = {name}_weights;"}
   *out = m;
   return AOT_OK;
 }}
@@ -284,6 +285,8 @@ API const char *{name}_last_error(const {name}_model *m) {{
 
 # why the last NAME_create on this thread failed, for NAME_last_error(NULL): there is no model to ask
 _CREATE_ERROR = "static _Thread_local char create_error[AOT_ERROR_CAPACITY];\n"
+_LOAD_WEIGHTS = ("int st = load_weights(create_error, &m->weights);\n"
+                 "  if (st != AOT_OK) { aot_arena_free(m->arena); aot_pool_destroy(m->pool); free(m); return st; }")
 
 def _profile_c(name: str, calls: int) -> str:
   return f"""#include <string.h>
@@ -391,12 +394,6 @@ def place_sources(stage: Path, name: str, files: dict[str, str], blob: bytes | P
   if isinstance(blob, Path): blob.replace(dest)
   else: dest.write_bytes(blob)
 
-def stage_sources(name: str, files: dict[str, str], blob: bytes, out_dir) -> tuple[Path, Path]:
-  """make_stage, then place_sources."""
-  out, stage = make_stage(name, out_dir)
-  place_sources(stage, name, files, blob)
-  return out, stage
-
 def install(stage: Path, out: Path):
   """Move a built artifact from its staging folder into out, replacing the artifact there: a failed build never
   leaves a mix of old and new files."""
@@ -418,5 +415,6 @@ def write_manifest(path: Path, name: str, target: str, cpu: str, triple: str | N
     "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in kernels],
     "arena_bytes": arena, "arena_holds_bytes": arena_holds, "weights_bytes": weights,
     "weights_file": f"{name}.weights" if weights > WEIGHTS_INLINE_MAX else None,
-    **({"weights_checksum": f"{weights_checksum:016x}"} if weights > WEIGHTS_INLINE_MAX and weights_checksum is not None else {}),
+    **({"weights_checksum": f"{weights_checksum:016x}"} if weights > WEIGHTS_INLINE_MAX and weights_checksum is not None
+       else {}),
     "compile_seconds": round(seconds, 3)}, indent=1))

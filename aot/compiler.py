@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 import numpy as np
 from aot.dtype import to_dtype, dtypes
-from aot.ir import UOp, Ops, file_mapping
+from aot.ir import UOp, Ops, release_mapped_pages
 from aot.schedule import schedule, Schedule, CompileError, Kernel, Buffer
 from aot.memory import memory_plan, align_up
 from aot.artifact import (Artifact, KernelInfo, GemmCall, install, make_stage, place_sources, c_name, render_header,
@@ -189,12 +189,6 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
   return files, infos, (arena, sum(align_up(b.nbytes) for b in scratch)), weights
 
-def release_mapped_pages(x) -> None:
-  """Drop the pages of a memory-mapped array (an ONNX model's external weights) from this process's resident memory:
-  the file is read-only, so a later read pages them in again. Anything else is left alone."""
-  import mmap
-  if (m := file_mapping(x)) is not None: m.madvise(mmap.MADV_DONTNEED)
-
 def _copies_in_place(ast: UOp) -> bool:
   """Is the kernel out[i] = out[i]?"""
   if ast.op is not Ops.STORE: return False
@@ -245,8 +239,8 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     build_library(src, sources, stage / f"lib{traced.name}.so", cpu, cache,
                   progress=lambda d, n: say(f"compiled {d}/{n} sources"), triple=triple, sanitize=sanitize)
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
-    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, holds, weights.size,
-                   time.perf_counter() - t0, weights.checksum)
+    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, holds,
+                   weights.size, time.perf_counter() - t0, weights.checksum)
     install(stage, out)
   finally:
     shutil.rmtree(stage, ignore_errors=True)
