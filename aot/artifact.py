@@ -286,7 +286,8 @@ API const char *{name}_last_error(const {name}_model *m) {{
 # why the last NAME_create on this thread failed, for NAME_last_error(NULL): there is no model to ask
 _CREATE_ERROR = "static _Thread_local char create_error[AOT_ERROR_CAPACITY];\n"
 _LOAD_WEIGHTS = ("int st = load_weights(create_error, &m->weights);\n"
-                 "  if (st != AOT_OK) { aot_arena_free(m->arena); aot_pool_destroy(m->pool); free(m); return st; }")
+                 "  if (st != AOT_OK) { aot_arena_free(m->arena); aot_pool_destroy(m->pool); free(m); return st; }\n"
+                 "  create_error[0] = 0;")
 
 def _profile_c(name: str, calls: int) -> str:
   return f"""#include <string.h>
