@@ -1,6 +1,6 @@
 """The artifact: libNAME.so, NAME.h (the C API with a per-model prefix), NAME.json (the manifest), src/."""
 from __future__ import annotations
-import json, re
+import json, os, re
 from dataclasses import dataclass
 from pathlib import Path
 from aot.dtype import DType, dtypes, to_dtype
@@ -81,15 +81,57 @@ int {name}_profile({name}_model *m, double *out, int n);
 # weights above this size go to NAME.weights beside the library and are mmapped at create time, rather than linked in:
 # a library of hundreds of MB is slow to link, copy and cache
 WEIGHTS_INLINE_MAX = 64 << 20
+# NAME_create checks a mapped weights file's size and a checksum of this many blocks of this many bytes spread evenly
+# over it (all of it when smaller): 256 KB read whatever the size, so a 1 GB model still creates in milliseconds; it
+# catches a truncated file, one from another build, one rewritten, not a flipped bit between the blocks
+WEIGHTS_CHECK_BLOCKS = 64
+WEIGHTS_CHECK_BLOCK_BYTES = 4096
 
-def _external_weights_c(name: str, nbytes: int) -> str:
+@dataclass(frozen=True)
+class ExternalWeights:
+  """NAME.weights as the library expects it at create."""
+  nbytes: int
+  checksum: int
+
+def weights_checksum(data) -> int:
+  """The checksum NAME_create computes (load_weights below): the 64-bit words of the sampled blocks, each times an odd
+  number that grows with its place (so a changed or moved word changes the sum), added modulo 2**64. data: the
+  weights' bytes, or a path to them (only the blocks are read)."""
+  import numpy as np
+  size = Path(data).stat().st_size if isinstance(data, (str, Path)) else len(data)
+  n, block = WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
+  spans = [(0, size)] if size <= n * block else [(i * (size - block) // (n - 1) // 8 * 8, block) for i in range(n)]
+  if isinstance(data, (str, Path)):
+    with open(data, "rb") as f: chunks = [os.pread(f.fileno(), m - m % 8, a) for a, m in spans]
+  else: chunks = [bytes(data[a:a + m - m % 8]) for a, m in spans]
+  words = np.frombuffer(b"".join(chunks), dtype="<u8")
+  odd = np.arange(len(words), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+  return int(np.sum(words * odd, dtype=np.uint64))
+
+def _external_weights_c(name: str, w: ExternalWeights) -> str:
+  n, block = WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
   return f"""#include <dlfcn.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-/* the weights file lies beside this library: find the library's own path, map the file read-only */
+/* weights_checksum in aot/artifact.py: the words of {n} blocks of {block} bytes spread over the file */
+static uint64_t weights_checksum(const unsigned char *p, size_t size) {{
+  size_t blocks = size <= (size_t){n * block} ? 1 : {n};
+  uint64_t h = 0, j = 0;
+  for (size_t i = 0; i < blocks; i++) {{
+    size_t start = blocks == 1 ? 0 : i * (size - {block}) / {n - 1} / 8 * 8, len = blocks == 1 ? size : {block};
+    for (size_t k = 0; k + 8 <= len; k += 8, j++) {{
+      uint64_t word;
+      memcpy(&word, p + start + k, 8);
+      h += word * (2 * j + 1);
+    }}
+  }}
+  return h;
+}}
+/* the weights file lies beside this library: find the library's own path, map the file read-only (the pages are the
+   page cache's, shared by every instance and process), check its size and checksum */
 static int load_weights(char *error, const unsigned char **out) {{
   Dl_info info;
   if (!dladdr((void *){name}_create, &info) || !info.dli_fname)
@@ -101,15 +143,22 @@ static int load_weights(char *error, const unsigned char **out) {{
   memcpy(path, info.dli_fname, dir);
   strcpy(path + dir, "{name}.weights");
   int fd = open(path, O_RDONLY);
-  if (fd < 0) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot open %s", path);
+  if (fd < 0) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot open %s, the weights of lib{name}.so", path);
   struct stat st;
-  if (fstat(fd, &st) != 0 || (size_t)st.st_size != (size_t){nbytes}ULL) {{
+  if (fstat(fd, &st) != 0 || (unsigned long long)st.st_size != {w.nbytes}ULL) {{
     close(fd);
-    return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "%s: expected {nbytes} bytes", path);
+    return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "%s is %lld bytes, lib{name}.so expects {w.nbytes}: truncated, or "
+                    "from another build", path, (long long)st.st_size);
   }}
-  void *p = mmap(NULL, (size_t){nbytes}ULL, PROT_READ, MAP_PRIVATE, fd, 0);
+  void *p = mmap(NULL, (size_t){w.nbytes}ULL, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return aot_fail(error, AOT_ERR_OUT_OF_MEMORY, "cannot map %s", path);
+  uint64_t sum = weights_checksum(p, (size_t){w.nbytes}ULL);
+  if (sum != {w.checksum}ULL) {{
+    munmap(p, (size_t){w.nbytes}ULL);
+    return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "%s: checksum %016llx, lib{name}.so expects {w.checksum:016x}: "
+                    "the file is damaged or from another build", path, (unsigned long long)sum);
+  }}
   *out = p;
   return AOT_OK;
 }}
@@ -130,11 +179,11 @@ class GemmCall:
     run = "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))" if self.parallel else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
     return f"  {{ aot_gemm g = {{{desc}}}; {run}; }}"
 
-def render_model_c(name: str, sched: Schedule, calls: list, protos: list[str], external_weights: int = 0,
-                   profile: bool = False) -> str:
+def render_model_c(name: str, sched: Schedule, calls: list, protos: list[str],
+                   external_weights: ExternalWeights | None = None, profile: bool = False) -> str:
   """The C API over the kernel list. calls: GemmCall, or (function, [(slot, buffer)] of its arguments, extent of its
   outermost loop, run it on the pool?).
-  external_weights: the size of NAME.weights if the weights are not linked in.
+  external_weights: NAME.weights, if the weights are not linked in.
   profile: time every call into the instance and export NAME_profile (aot/profile.py); a normal build has none of it."""
   ins, outs = param_names(sched)
   args = [f"const {api_type(b.dtype)} *{n}" for b, n in zip(sched.inputs, ins)] + \
@@ -189,7 +238,8 @@ struct {name}_model {{
   aot_pool *pool;
   char error[AOT_ERROR_CAPACITY];
 {f"  double profile[{n + 1}];{chr(10)}" if profile else ""}}};
-{_profile_c(name, n) if profile else ""}{_external_weights_c(name, external_weights) if external_weights else ""}
+{_profile_c(name, n) if profile else ""}{_external_weights_c(name, external_weights) if external_weights else ""}\
+{_CREATE_ERROR if external_weights else ""}
 API int {name}_create({name}_model **out) {{
   if (!out) return AOT_ERR_NULL_ARGUMENT;
   *out = NULL;
@@ -198,7 +248,7 @@ API int {name}_create({name}_model **out) {{
   m->arena = aot_arena_alloc({name.upper()}_ARENA_BYTES);
   m->pool = aot_pool_create(aot_default_threads());
   if (!m->arena || !m->pool) {{ aot_arena_free(m->arena); aot_pool_destroy(m->pool); free(m); return AOT_ERR_OUT_OF_MEMORY; }}
-  {f"char err[AOT_ERROR_CAPACITY]; int st = load_weights(err, &m->weights); if (st != AOT_OK) {{ aot_arena_free(m->arena); aot_pool_destroy(m->pool); free(m); return st; }}" if external_weights else f"m->weights = {name}_weights;"}
+  {_LOAD_WEIGHTS if external_weights else f"m->weights = {name}_weights;"}
   *out = m;
   return AOT_OK;
 }}
@@ -228,16 +278,22 @@ API int {name}_set_threads({name}_model *m, int n) {{
 API void {name}_destroy({name}_model *m) {{
   if (!m) return;
   aot_pool_destroy(m->pool);
-  {f"if (m->weights) munmap((void *)m->weights, (size_t){external_weights}ULL);" if external_weights else ""}
+  {f"if (m->weights) munmap((void *)m->weights, (size_t){external_weights.nbytes}ULL);" if external_weights else ""}
   aot_arena_free(m->arena);
   free(m);
 }}
 
 API const char *{name}_last_error(const {name}_model *m) {{
-  if (!m) return "the model pointer is NULL";
+  if (!m) return {"create_error[0] ? create_error : " if external_weights else ""}"the model pointer is NULL";
   return m->error[0] ? m->error : "no error";
 }}
 """
+
+# why the last NAME_create on this thread failed, for NAME_last_error(NULL): there is no model to ask
+_CREATE_ERROR = "static _Thread_local char create_error[AOT_ERROR_CAPACITY];\n"
+_LOAD_WEIGHTS = ("int st = load_weights(create_error, &m->weights);\n"
+                 "  if (st != AOT_OK) { aot_arena_free(m->arena); aot_pool_destroy(m->pool); free(m); return st; }\n"
+                 "  create_error[0] = 0;")
 
 def _profile_c(name: str, calls: int) -> str:
   return f"""#include <string.h>
@@ -304,17 +360,46 @@ class Artifact:
   def __repr__(self) -> str:
     return f"<Artifact {self.name} {self.target} {len(self.kernels)} kernels, arena {self.arena_bytes} B at {self.dir}>"
 
-def stage_sources(name: str, files: dict[str, str], blob: bytes, out_dir) -> tuple[Path, Path]:
-  """(out, stage): the artifact's folder, and a staging folder beside it whose src/ holds the sources and the weights
-  (src/weights.bin, linked in; or NAME.weights beside the library when bigger than WEIGHTS_INLINE_MAX). The build
-  happens there, and install() moves it into place only when everything worked: a failure leaves nothing behind."""
+def make_stage(name: str, out_dir) -> tuple[Path, Path]:
+  """(out, stage): the artifact's folder, and a staging folder beside it with an empty src/. The build happens there,
+  and install() moves it into place only when everything worked: a failure leaves nothing behind."""
   import tempfile
   out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{name}_"))
   stage = Path(tempfile.mkdtemp(prefix=".aot_stage_", dir=out.parent if out.parent.exists() else None))
   (stage / "src").mkdir()
-  for fname, text in files.items(): (stage / "src" / fname).write_text(text)
-  (stage / "src" / "weights.bin" if len(blob) <= WEIGHTS_INLINE_MAX else stage / f"{name}.weights").write_bytes(blob)
   return out, stage
+
+class WeightsWriter:
+  """The weights blob written to a file as its constants are made: each goes to its offset and can then be dropped,
+  so the blob is never in memory as a whole. path None: only the layout (offsets and size), nothing written."""
+  def __init__(self, path: Path | None):
+    self.path, self.size = path, 0
+    self.checksum: int | None = None   # of the finished file, when it is NAME.weights (weights_checksum)
+    self.file = open(path, "wb") if path is not None else None
+  def add(self, b: Buffer) -> None:
+    """Place the constant b at the end of the blob (b.offset) and write its data there."""
+    import numpy as np
+    from aot.memory import align_up
+    b.offset = self.size
+    self.size = align_up(b.offset + b.nbytes)
+    if self.file is not None and b.nbytes:
+      self.file.seek(b.offset)
+      self.file.write(np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1).view(np.uint8).data)
+  def close(self) -> None:
+    """Finish the file: the padding after the last constant is zeros, like the gaps between them."""
+    if self.file is not None:
+      self.file.truncate(self.size)
+      self.file.close()
+      self.file = None
+
+def place_sources(stage: Path, name: str, files: dict[str, str], blob: bytes | Path) -> None:
+  """The sources into stage/src/, and the weights (bytes, or a file a WeightsWriter wrote, moved) to src/weights.bin,
+  linked in, or to NAME.weights beside the library when bigger than WEIGHTS_INLINE_MAX."""
+  for fname, text in files.items(): (stage / "src" / fname).write_text(text)
+  size = blob.stat().st_size if isinstance(blob, Path) else len(blob)
+  dest = stage / "src" / "weights.bin" if size <= WEIGHTS_INLINE_MAX else stage / f"{name}.weights"
+  if isinstance(blob, Path): blob.replace(dest)
+  else: dest.write_bytes(blob)
 
 def install(stage: Path, out: Path):
   """Move a built artifact from its staging folder into out, replacing the artifact there: a failed build never
@@ -327,7 +412,8 @@ def install(stage: Path, out: Path):
   for p in stage.iterdir(): shutil.move(str(p), str(out / p.name))
 
 def write_manifest(path: Path, name: str, target: str, cpu: str, triple: str | None, sched: Schedule,
-                   kernels: list[KernelInfo], arena: int, arena_holds: int, weights: int, seconds: float):
+                   kernels: list[KernelInfo], arena: int, arena_holds: int, weights: int, seconds: float,
+                   weights_checksum: int | None = None):
   from aot import __version__
   t = lambda b: {"name": b.name, "shape": list(b.shape), "dtype": b.dtype.name}
   path.write_text(json.dumps({
@@ -336,4 +422,6 @@ def write_manifest(path: Path, name: str, target: str, cpu: str, triple: str | N
     "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in kernels],
     "arena_bytes": arena, "arena_holds_bytes": arena_holds, "weights_bytes": weights,
     "weights_file": f"{name}.weights" if weights > WEIGHTS_INLINE_MAX else None,
+    **({"weights_checksum": f"{weights_checksum:016x}"} if weights > WEIGHTS_INLINE_MAX and weights_checksum is not None
+       else {}),
     "compile_seconds": round(seconds, 3)}, indent=1))

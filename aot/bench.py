@@ -8,6 +8,7 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
   python -m aot.bench --profile light:squeezenet models:resnet18 --targets c   # where each model's run goes
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro
       # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread; unset a forced OpenBLAS core type, which slows numpy)
+  python -m aot.bench --scale 1               # an MLP with 1 GB of weights in external data (aot/scale_bench.py)
 """
 from __future__ import annotations
 import argparse, json, os, statistics, sys, tempfile, time
@@ -172,11 +173,20 @@ def main(argv=None) -> int:
                   "instead: each kernel call's time, GFLOP/s, bytes and path (aot/profile.py); --json writes them")
   ap.add_argument("--top", type=int, default=20, help="--profile: show this many of the slowest calls")
   ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul and 3x3 conv kernels against numpy instead")
+  ap.add_argument("--scale", type=float, metavar="GB", help="instead: compile an MLP with GB of weights in external data "
+                  "in a subprocess; its compile time and peak RSS, the artifact's size and create time, its error vs "
+                  "onnxruntime (--json writes the row)")
   args = ap.parse_args(argv)
   from aot.models import get
   from aot.models.onnx_forms import onnx_model
   from aot.cli import random_inputs
   targets = [t for t in args.targets.split(",") if t]
+  if args.scale is not None:
+    from aot.scale_bench import scale
+    row = scale(args.scale)
+    print("\n".join(["| " + " | ".join(row) + " |", "|" + "---|" * len(row), "| " + " | ".join(map(str, row.values())) + " |"]))
+    if args.json: Path(args.json).write_text(json.dumps(row, indent=1))
+    return 0
   if args.micro:
     rows = [r for n in args.threads.split(",") for r in micro(targets, int(n), args.budget)]
     cols = list(rows[0])

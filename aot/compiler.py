@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 import numpy as np
 from aot.dtype import to_dtype, dtypes
-from aot.ir import UOp, Ops
+from aot.ir import UOp, Ops, release_mapped_pages
 from aot.schedule import schedule, Schedule, CompileError, Kernel, Buffer
-from aot.memory import memory_plan, weights_layout, align_up
-from aot.artifact import (Artifact, KernelInfo, GemmCall, install, stage_sources, c_name, render_header, render_model_c, render_weights_asm,
-                          write_manifest, WEIGHTS_INLINE_MAX)
+from aot.memory import memory_plan, align_up
+from aot.artifact import (Artifact, KernelInfo, GemmCall, install, make_stage, place_sources, c_name, render_header,
+                          render_model_c, render_weights_asm, write_manifest, WEIGHTS_INLINE_MAX, WeightsWriter,
+                          ExternalWeights, weights_checksum)
 from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
@@ -101,15 +102,24 @@ def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
           for i in range(0, len(items), KERNELS_PER_FILE)}
 
 def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "native", triple: str | None = None,
-                   profile: bool = False) -> tuple[dict[str, str], list[KernelInfo], tuple[int, int], bytes]:
+                   profile: bool = False, weights: WeightsWriter | None = None
+                   ) -> tuple[dict[str, str], list[KernelInfo], tuple[int, int], WeightsWriter]:
   """Source files of the artifact, the kernel list, the arena's size and what it holds (bytes of every buffer placed in
-  it: the size it would have without reuse), and the weights blob. profile: time each call (aot/profile.py)."""
+  it: the size it would have without reuse), and the weights: written by `weights` as they are made (its size, and
+  checksum when external), laid out only when None. profile: time each call (aot/profile.py)."""
   tile = gemm_tile(cpu, triple)
-  made: list[Buffer] = []
+  weights = weights or WeightsWriter(None)
+  scratch_made: list[Buffer] = []
+  packed: set[int] = set()
   def make_buffer(kind: str, x) -> Buffer:
-    b = (Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x) if kind == "const" else
-         Buffer("scratch", dtypes.float32, x, "contraction"))
-    made.append(b)
+    if kind == "scratch":
+      scratch_made.append(b := Buffer("scratch", dtypes.float32, x, "contraction"))
+      return b
+    # a packed copy of a weight goes to the weights file now and is dropped: never all of them in memory at once
+    b = Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x)
+    weights.add(b)
+    b.data = None
+    packed.add(id(b))
     return b
   # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
   # depthwise convolutions go to the runtime's direct kernel instead (codegen/direct.py); directs[i] are kernel i's
@@ -120,19 +130,22 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
     plans.append((last, gemms))
     directs.append(direct[2] if direct is not None else [])
-  scratch = sched.scratch + [b for b in made if b.kind == "scratch"]
+    # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
+    for b in k.bufs:
+      if b.kind == "const": release_mapped_pages(b.data)
+  scratch = sched.scratch + scratch_made
   arena = memory_plan(kernels, scratch)
   # constants only a prepacked copy reads are left out of the weights
   used = {id(k.bufs[u.arg]) for k, (last, gemms) in zip(kernels, plans)
           for ast in [last, *(o.dense for g in gemms for o in (g.a, g.b) if o.dense is not None)]
           for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
   used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)}
-  used |= {id(k.bufs[s]) for k, ds in zip(kernels, directs) for d in ds for s in (d.w_slot, d.planes_slot)}
-  consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used]
-  consts = list({id(b): b for b in consts}.values())
-  blob_size = weights_layout(consts)
-  blob = bytearray(blob_size)
-  for b in consts: blob[b.offset:b.offset + b.nbytes] = np.ascontiguousarray(b.data, dtype=b.dtype.np).tobytes()
+  # the model's own constants that kernels read follow the packed ones (these were written as they were made)
+  consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used and id(b) not in packed]
+  for b in {id(b): b for b in consts}.values():
+    weights.add(b)
+    release_mapped_pages(b.data)
+  weights.close()
   functions: dict[UOp, str] = {}
   for k, (last, gemms) in zip(sched.kernels, plans):
     # kernels that do the same work on different buffers share one function
@@ -146,7 +159,9 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   files = render_kernels(target, functions)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
   infos = [KernelInfo(k.name, functions[optimized[last]], k.shape) for k, (last, _) in zip(sched.kernels, plans)]
-  external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
+  external = (ExternalWeights(weights.size, weights_checksum(weights.path) if weights.path else 0)
+              if weights.size > WEIGHTS_INLINE_MAX else None)
+  weights.checksum = external.checksum if external else None
   calls: list = []
   notes: list = []   # (kernel, role, AST) of each call, for a profile build
   threads = sum(flop_count(k.ast) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
@@ -188,7 +203,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     files["model.c"] = files.pop("kernels0.c") + "\n" + files["model.c"]
   # dladdr (external weights) needs _GNU_SOURCE before the first system header
   files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
-  return files, infos, (arena, sum(align_up(b.nbytes) for b in scratch)), bytes(blob)
+  return files, infos, (arena, sum(align_up(b.nbytes) for b in scratch)), weights
 
 def _copies_in_place(ast: UOp) -> bool:
   """Is the kernel out[i] = out[i]?"""
@@ -227,10 +242,12 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     if sanitize: raise ValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
     from aot.gpu_artifact import compile_gpu_model
     return compile_gpu_model(traced.name, sched, target, out_dir, cpu, cache, say, offload_arch, emulate, t0)
-  files, infos, (arena, holds), blob = render_sources(traced.name, sched, target, cpu, triple, profile)
-  say(f"rendered {len(infos)} kernels")
-  out, stage = stage_sources(traced.name, files, blob, out_dir)
+  out, stage = make_stage(traced.name, out_dir)
   try:
+    files, infos, (arena, holds), weights = render_sources(traced.name, sched, target, cpu, triple, profile,
+                                                           WeightsWriter(stage / "weights.part"))
+    say(f"rendered {len(infos)} kernels")
+    place_sources(stage, traced.name, files, weights.path)
     src = stage / "src"
     runtime = importlib.resources.files("aot.runtime_c")
     for f in RUNTIME_SOURCES + ("aot_runtime.h",): (src / f).write_text(runtime.joinpath(f).read_text())
@@ -238,8 +255,8 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
     build_library(src, sources, stage / f"lib{traced.name}.so", cpu, cache,
                   progress=lambda d, n: say(f"compiled {d}/{n} sources"), triple=triple, sanitize=sanitize)
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
-    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, holds, len(blob),
-                   time.perf_counter() - t0)
+    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, holds,
+                   weights.size, time.perf_counter() - t0, weights.checksum)
     install(stage, out)
   finally:
     shutil.rmtree(stage, ignore_errors=True)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib, importlib.resources, json, os, shutil, tempfile, time
 from pathlib import Path
 from typing import Callable
-import numpy as np
 from aot.artifact import (Artifact, KernelInfo, api_type, param_names, render_header, render_model_c, render_weights_asm,
-                          write_manifest, install, stage_sources, WEIGHTS_INLINE_MAX, _external_weights_c)
+                          write_manifest, install, make_stage, place_sources, WEIGHTS_INLINE_MAX,
+                          _external_weights_c, ExternalWeights, WeightsWriter, weights_checksum)
 from aot.build import _cache_dir, _store, cc, run_build_command as _run
 from aot.codegen.c import CRenderer
 from aot.codegen.gpu import RENDERERS, Launch, plan_launch
-from aot.memory import memory_plan, weights_layout, align_up
+from aot.memory import memory_plan, align_up
+from aot.ir import release_mapped_pages
 from aot.schedule import Schedule, Buffer
 
 GPU_TARGETS = ("cuda", "hip", "metal")
@@ -57,10 +58,14 @@ def emulator_cxx() -> str:
   """The C++ compiler for emulated kernels: clang (also knows _Float16 in C++), else g++."""
   return _which(("clang++-19", "clang++", "g++", "c++"), "a C++ compiler (clang++-19 or g++)")
 
-def _weights_blob(sched: Schedule) -> bytes:
-  blob = bytearray(weights_layout(sched.consts))
-  for b in sched.consts: blob[b.offset:b.offset + b.nbytes] = np.ascontiguousarray(b.data, dtype=b.dtype.np).tobytes()
-  return bytes(blob)
+def _write_weights(sched: Schedule, weights: WeightsWriter) -> WeightsWriter:
+  """The model's constants into the weights file one at a time (a mapped weight's pages released after)."""
+  for b in sched.consts:
+    weights.add(b)
+    release_mapped_pages(b.data)
+  weights.close()
+  if weights.size > WEIGHTS_INLINE_MAX and weights.path is not None: weights.checksum = weights_checksum(weights.path)
+  return weights
 
 def _incbin_asm(symbol: str, path: str) -> str:
   """Links a file into the library as bytes, with an end symbol for its size."""
@@ -70,10 +75,10 @@ def _incbin_asm(symbol: str, path: str) -> str:
   return "__asm__(\n" + "\n".join(f'  "{l}\\n"' for l in lines) + "\n);\n"
 
 def render_gpu_model_c(name: str, sched: Schedule, launches: list[tuple[str, list[Buffer], Launch]],
-                       functions: list[str], target: str, external_weights: int = 0) -> str:
+                       functions: list[str], target: str, external_weights: ExternalWeights | None = None) -> str:
   """The C API over the GPU kernel list: create loads the device code and uploads the weights once; run copies the
   inputs in, launches every kernel in order, copies the outputs out; run_device takes device pointers.
-  external_weights: the size of NAME.weights when the weights are not linked in (mapped, uploaded, unmapped)."""
+  external_weights: NAME.weights when the weights are not linked in (mapped, checked, uploaded, unmapped)."""
   ins, outs = param_names(sched)
   io = sched.inputs + sched.outputs
   args = [f"const {api_type(b.dtype)} *{n}" for b, n in zip(sched.inputs, ins)] + \
@@ -102,7 +107,7 @@ def render_gpu_model_c(name: str, sched: Schedule, launches: list[tuple[str, lis
               f"  if (st == AOT_OK) st = load_weights(create_error, &host_weights);\n"
               f"  if (st == AOT_OK) st = aot_gpu_upload(m->gpu, m->weights, host_weights, {P}_WEIGHTS_BYTES, create_error);\n"
               f"  /* on the device now: the host copy is not needed any more */\n"
-              f"  if (host_weights) munmap((void *)host_weights, (size_t){external_weights}ULL);")
+              f"  if (host_weights) munmap((void *)host_weights, (size_t){external_weights.nbytes}ULL);")
   else:
     weights_decl = f"extern const unsigned char {name}_weights[];"
     upload = f"  if (st == AOT_OK) st = aot_gpu_upload(m->gpu, m->weights, {name}_weights, {P}_WEIGHTS_BYTES, create_error);"
@@ -223,13 +228,15 @@ def _function_names(name: str, sched: Schedule) -> dict:
     if k.ast not in functions: functions[k.ast] = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
   return functions
 
-def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = False):
-  """Source files of a GPU artifact, its kernel list, arena size, weights blob and launches (grid, block)."""
+def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = False,
+                       weights: WeightsWriter | None = None):
+  """Source files of a GPU artifact, its kernel list, arena size, weights (written by `weights`, laid out only when
+  None) and launches (grid, block)."""
   if emulate and target not in ("cuda", "hip"):
     raise ValueError("emulate=True runs the CUDA or HIP kernel source on the CPU: target must be cuda or hip")
   if target not in GPU_TARGETS: raise ValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
   arena = memory_plan(sched.kernels, sched.scratch)
-  blob = _weights_blob(sched)
+  weights = _write_weights(sched, weights or WeightsWriter(None))
   functions = _function_names(name, sched)
   launch = {ast: plan_launch(ast) for ast in functions}
   renderer = RENDERERS[target]()
@@ -237,7 +244,7 @@ def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = 
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
   launches = [(functions[k.ast], k.bufs, launch[k.ast]) for k in sched.kernels]
   # weights above WEIGHTS_INLINE_MAX are a file beside the library, as on the CPU targets
-  external = len(blob) if len(blob) > WEIGHTS_INLINE_MAX else 0
+  external = ExternalWeights(weights.size, weights.checksum or 0) if weights.size > WEIGHTS_INLINE_MAX else None
   if emulate:
     # one wrapper per function runs blocks [start, end) of its grid (the CPU runtime's pool splits the grid); a
     # cooperative kernel's threads run as coroutines that meet at its barriers (aot_gpu_shim.h)
@@ -266,12 +273,12 @@ def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = 
       f".private_extern _{name}_image", f"_{name}_image:", f'.incbin "{DEVICE_IMAGE[target]}"',
       f".globl _{name}_image_end", f".private_extern _{name}_image_end", f"_{name}_image_end:", ".byte 0", ""])
     files["build_macos.sh"] = _macos_build_script(name)
-    files[f"{name}.h"] = _gpu_header(name, sched, arena, len(sched.kernels), target, len(blob))
+    files[f"{name}.h"] = _gpu_header(name, sched, arena, len(sched.kernels), target, weights.size)
   else:
     files["model.c"] = (render_gpu_model_c(name, sched, launches, list(functions.values()), target, external)
                         + ("" if external else render_weights_asm(name)) + _incbin_asm(f"{name}_image", DEVICE_IMAGE[target]))
-    files[f"{name}.h"] = _gpu_header(name, sched, arena, len(sched.kernels), target, len(blob))
-  return files, infos, arena, blob, launches
+    files[f"{name}.h"] = _gpu_header(name, sched, arena, len(sched.kernels), target, weights.size)
+  return files, infos, arena, weights, launches
 
 def _macos_build_script(name: str) -> str:
   return f"""#!/bin/sh
@@ -364,11 +371,13 @@ def compile_gpu_model(name: str, sched: Schedule, target: str, out_dir, cpu: str
   src/build_macos.sh), manifest, in a staging folder moved into place when everything worked."""
   t0 = started or time.perf_counter()
   say = progress or (lambda s: None)
-  files, infos, arena, blob, launches = render_gpu_sources(name, sched, target, emulate)
-  out, stage = stage_sources(name, files, blob, out_dir)
+  out, stage = make_stage(name, out_dir)
   try:
+    files, infos, arena, weights, launches = render_gpu_sources(name, sched, target, emulate,
+                                                                WeightsWriter(stage / "weights.part"))
+    place_sources(stage, name, files, weights.path)
     src = stage / "src"
-    external = len(blob) > WEIGHTS_INLINE_MAX
+    external = weights.size > WEIGHTS_INLINE_MAX
     runtime = importlib.resources.files("aot.runtime_c")
     shipped = ["aot_runtime.c", "aot_runtime.h"] + (["aot_hip_math.h"] if target == "hip" else []) + \
               (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
@@ -382,7 +391,7 @@ def compile_gpu_model(name: str, sched: Schedule, target: str, out_dir, cpu: str
     shutil.copyfile(src / f"{name}.h", stage / f"{name}.h")
     manifest = stage / f"{name}.json"
     write_manifest(manifest, name, target, cpu, None, sched, infos, arena, sum(align_up(b.nbytes) for b in sched.scratch),
-                   len(blob), time.perf_counter() - t0)
+                   weights.size, time.perf_counter() - t0, weights.checksum)
     m = json.loads(manifest.read_text())
     m["weights_file"] = f"{name}.weights" if external else None
     m["gpu"] = {"emulated": emulate, "launches": [{"function": fn, "grid": l.grid, "block": l.block,

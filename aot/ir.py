@@ -50,6 +50,19 @@ class ConstData:
   def __init__(self, array): self.array = array
   def __repr__(self) -> str: return f"ConstData{self.array.shape}"
 
+def file_mapping(x):
+  """The mmap.mmap an array is a view of (an ONNX model's external weights are memory-mapped), else None."""
+  import mmap
+  import numpy as np
+  while isinstance(x, np.ndarray): x = x.base
+  return x if isinstance(x, mmap.mmap) else None
+
+def release_mapped_pages(x) -> None:
+  """Drop the pages of a memory-mapped array (an ONNX model's external weights) from this process's resident memory:
+  the file is read-only, so a later read pages them in again. Anything else is left alone."""
+  import mmap
+  if (m := file_mapping(x)) is not None: m.madvise(mmap.MADV_DONTNEED)
+
 def prod(xs) -> int: return math.prod(xs)
 
 def _key(arg):

@@ -24,9 +24,9 @@ class LoadedModel:
     self._last_error = getattr(self.lib, f"{n}_last_error")
     out = ffi.new(f"{n}_model **")
     if (status := getattr(self.lib, f"{n}_create")(out)) != 0:
-      wf = a.manifest.get("weights_file")
-      hint = f" (its weights are read from {a.dir / wf}: is the file there?)" if wf else ""
-      if "gpu" in a.manifest:  # GPU targets say why create failed through last_error(NULL)
+      hint = ""
+      # GPU targets and a mapped weights file say why create failed through last_error(NULL)
+      if "gpu" in a.manifest or a.manifest.get("weights_file"):
         hint = ": " + ffi.string(self._last_error(ffi.NULL)).decode()
       raise RuntimeError(f"{n}_create failed with status {status}{hint}")
     self._model = out[0]

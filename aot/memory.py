@@ -29,11 +29,3 @@ def memory_plan(kernels: list[Kernel], scratch: list[Buffer]) -> int:
     placed.append((best, best + size, lo, hi))
     arena = max(arena, best + size)
   return arena
-
-def weights_layout(consts: list[Buffer]) -> int:
-  """Offsets of constant buffers in the weights blob; return its size."""
-  off = 0
-  for b in consts:
-    b.offset = off
-    off = align_up(off + b.nbytes)
-  return off

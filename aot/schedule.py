@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 import numpy as np
 from aot.dtype import dtypes, DType, min_value
-from aot.ir import UOp, Ops, GroupOp, BufferArg, ConstData, ReduceOp, prod
+from aot.ir import UOp, Ops, GroupOp, BufferArg, ConstData, ReduceOp, prod, file_mapping
 from aot.rewrite import UPat, PatternMatcher, graph_rewrite, substitute
 from aot.symbolic import simplify, pm_simplify
 from aot.interpret import evaluate
@@ -85,8 +85,9 @@ def fold_constant(x: UOp) -> UOp | None:
   return _const_buffer(evaluate(x), x.dtype)
 
 def _const_buffer(value: np.ndarray, dtype) -> UOp:
+  # a movement of a memory-mapped weight stays a view of the map: a copy would hold every weight twice; and
   # ascontiguousarray makes a 0-d value 1-d, which made a folded scalar output shape (1,) (found by aot/fuzz.py)
-  arr = np.ascontiguousarray(value).reshape(np.shape(value))
+  arr = value if file_mapping(value) is not None else np.ascontiguousarray(value).reshape(np.shape(value))
   arr.flags.writeable = False
   return UOp(Ops.BUFFER, dtype, (), BufferArg("folded", arr.shape, "const", ConstData(arr)))
 

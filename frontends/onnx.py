@@ -97,13 +97,14 @@ POISON = _Poison()
 @dataclass
 class Tracer:
   model: onnx.ModelProto
+  base_dir: Path | None = None   # the model file's folder, which external data locations are relative to
   errors: list = field(default_factory=list)
   needs_inputs: set = field(default_factory=set)
   functions: dict = field(default_factory=dict)
 
   def run_graph(self, g: onnx.GraphProto, env: dict, opset: int) -> list:
     for init in g.initializer:
-      env[init.name] = Tensor(numpy_helper.to_array(init))
+      env[init.name] = Tensor(external_array(init, self.base_dir))
     for node in g.node:
       ins = [None if n == "" else env.get(n, _missing(n)) for n in node.input]
       if any(x is POISON for x in ins):
@@ -191,18 +192,65 @@ def _bind_attrs(n: onnx.NodeProto, attrs: dict) -> onnx.NodeProto:
 # *** loading ***
 
 def load_model(src) -> onnx.ModelProto:
+  """The model without its external weights: initializers stored outside the file stay there and are mapped when the
+  graph is traced (external_array); a Constant node's external tensor is read now."""
   if isinstance(src, onnx.ModelProto): return src
   path = Path(src)
   if not path.exists(): raise FileNotFoundError(f"{path}: no such file")
   try: model = onnx.load(str(path), load_external_data=False)
   except Exception as e: raise CompileError(f"{path}: not a readable ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'truncated or corrupt'})")
-  try: onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+  try:
+    for g in _all_graphs(model.graph):
+      for t in g.initializer:
+        if _is_external(t): _external_extent(t, path.parent)
+      for n in g.node:
+        for a in n.attribute:
+          if a.type == onnx.AttributeProto.TENSOR and _is_external(a.t):
+            onnx.external_data_helper.load_external_data_for_tensor(a.t, str(path.parent))
+  except CompileError as e: raise CompileError(f"{path}: {e}")
   except Exception as e: raise CompileError(f"{path}: cannot load external weights: {e}")
   return model
 
-def checker_complaint(model: onnx.ModelProto) -> str | None:
-  """The first line of what onnx's checker finds wrong with the model (it stops at the first problem), if anything."""
-  try: onnx.checker.check_model(model)
+def _is_external(t: onnx.TensorProto) -> bool: return t.data_location == onnx.TensorProto.EXTERNAL
+
+# element types whose external bytes are the numpy array itself (little-endian, one item per element): these are
+# memory-mapped; the others (bfloat16, float8, 4-bit, strings) are read and converted by onnx
+_MAPPED_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
+                 onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+                 onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
+
+def _external_extent(t: onnx.TensorProto, base: Path) -> tuple[Path, int, int]:
+  """(file, offset, bytes) of an external initializer, checked against the file's size."""
+  info = onnx.external_data_helper.ExternalDataInfo(t)
+  file = base / info.location
+  if not file.is_file(): raise CompileError(f"initializer '{t.name}': its external data {file} does not exist")
+  n = math.prod(t.dims)
+  nbytes = info.length if info.length else n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+  size = file.stat().st_size
+  if info.offset + nbytes > size:
+    raise CompileError(f"initializer '{t.name}': needs bytes {info.offset}..{info.offset + nbytes} of {file}, "
+                       f"which holds {size} (truncated?)")
+  return file, info.offset, nbytes
+
+def external_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
+  """An initializer's value; external data of a plain numeric type is a read-only memory map of its file, so weights
+  are paged in as the compiler reads them and never copied into the heap."""
+  if not _is_external(t): return numpy_helper.to_array(t)
+  if base is None: raise CompileError(f"initializer '{t.name}' has external data: compile the model from its file")
+  file, offset, nbytes = _external_extent(t, base)
+  if t.data_type not in _MAPPED_TYPES or math.prod(t.dims) == 0:
+    return numpy_helper.to_array(t, str(base))
+  dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+  if nbytes != math.prod(t.dims) * dtype.itemsize:
+    raise CompileError(f"initializer '{t.name}': {nbytes} bytes of external data for {math.prod(t.dims)} {dtype} items")
+  return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=tuple(t.dims))
+
+def checker_complaint(model: onnx.ModelProto, path: Path | None = None) -> str | None:
+  """The first line of what onnx's checker finds wrong with the model (it stops at the first problem), if anything.
+  A model with external data is checked from its file (path): in memory, the checker looks for the data in the current
+  folder; with the weights outside it, the file is small."""
+  external = path is not None and any(_is_external(t) for g in _all_graphs(model.graph) for t in g.initializer)
+  try: onnx.checker.check_model(str(path) if external else model)
   except onnx.checker.ValidationError as e:
     # a graph output without a declared shape is common in hand-built models and harmless: shapes are inferred here
     if "Field 'shape' of 'type' is required" not in str(e): return str(e).splitlines()[0]
@@ -243,7 +291,7 @@ def _all_graphs(g: onnx.GraphProto):
       if a.type == onnx.AttributeProto.GRAPHS:
         for sg in a.graphs: yield from _all_graphs(sg)
 
-def model_problems(model: onnx.ModelProto) -> list[str]:
+def model_problems(model: onnx.ModelProto, path: Path | None = None) -> list[str]:
   """Everything found wrong with the model before tracing it, all at once: every unsupported op, every cycle, then
   onnx's checker (which names only the first problem it meets, and would hide the others)."""
   problems = []
@@ -251,7 +299,7 @@ def model_problems(model: onnx.ModelProto) -> list[str]:
   cycles = [f"graph '{g.name}' has a cycle: {' -> '.join(c)}"
             for g in _all_graphs(model.graph) if (c := graph_cycle(g))]
   problems += cycles
-  complaint = checker_complaint(model)
+  complaint = checker_complaint(model, path)
   # the checker's objection to a cycle is that the nodes are not in order, which the cycle already says
   if complaint and not (cycles and "topologically sorted" in complaint):
     problems.append(f"invalid ONNX model: {complaint}")
@@ -317,7 +365,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   from aot.artifact import c_name
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
   model = load_model(src)
-  if problems := model_problems(model): raise CompileError("; ".join(problems))
+  if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None): raise CompileError("; ".join(problems))
   shapes, bind = dict(shapes or {}), dict(bind or {})
   g = model.graph
   inits = {i.name for i in g.initializer}
@@ -356,7 +404,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     problems.append(f"unknown input dims must be pinned: {', '.join(unpinned)} "
                     "(use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
   if problems: raise CompileError("; ".join(problems))
-  tracer = Tracer(model)
+  tracer = Tracer(model, Path(src).parent if isinstance(src, (str, Path)) else None)
   outs = tracer.run_graph(g, env, tracer.opset_of("", 1))
   if tracer.errors:
     err = CompileError(f"{len(tracer.errors)} ONNX node(s) cannot be compiled: " + "; ".join(tracer.errors))
