@@ -614,23 +614,17 @@ def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, ou
   out = onnx_dtype(output_dtype) if output_dtype else x_scale.dtype
   return (xf * s.cast(dtypes.float32)).cast(out)
 
-@op("DynamicQuantizeLinear", since=11)
-def dynamic_quantize_linear(n, x):
-  lo, hi = x.min().minimum(0.0), x.max().maximum(0.0)
-  scale = (hi - lo) / 255.0
-  zp = (-lo / scale).round().maximum(0.0).minimum(255.0).cast(dtypes.uint8)
-  return _quantize(x, scale, zp, dtypes.uint8), scale, zp
-
 @op("QLinearMatMul", since=10)
 def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
   acc = (a.cast(dtypes.int32) - _zp32(a_zp)).matmul(b.cast(dtypes.int32) - _zp32(b_zp))
   return _requant(acc, a_scale.cast(dtypes.float32) * b_scale.cast(dtypes.float32) / y_scale.cast(dtypes.float32), y_zp, a.dtype)
 
 def _requant(acc, mult, y_zp, fallback):
-  d = acc.cast(dtypes.float32) * mult
+  # onnxruntime rounds the scaled accumulator and then adds the zero point (adding it first can round a fraction away)
+  d = (acc.cast(dtypes.float32) * mult).round()
   if y_zp is not None: d = d + y_zp.cast(dtypes.float32)
   dt = y_zp.dtype if y_zp is not None else fallback
-  return d.round().maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
+  return d.maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
 
 @op("QLinearConv", since=10)
 def qlinear_conv(n, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None, auto_pad="NOTSET", dilations=None,

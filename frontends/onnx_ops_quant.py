@@ -1,0 +1,152 @@
+"""Quantized operators in QOperator form: the com.microsoft ops onnxruntime's quantizer emits (QLinearAdd, QGemm,
+DynamicQuantizeMatMul, ...). Each one is lowered as onnxruntime computes it: integer products accumulated in int32
+where it accumulates in int32, otherwise dequantize to float32, compute, and requantize (round half to even, then
+add the zero point, then saturate). Where onnxruntime's kernel does the float part differently (fixed-point QLinearAdd
+on some CPUs, an approximate logistic in its lookup tables) a result can differ by one step; tests/test_quant_ops.py
+says where."""
+from __future__ import annotations
+from aot.dtype import dtypes, min_value, max_value
+from aot.frontends.tensor import Tensor
+from aot.frontends.onnx import op, Unsupported
+from aot.frontends.onnx_ops_nn import avg_pool, _zp32
+
+MS = "com.microsoft"
+F32 = dtypes.float32
+
+def _f(t: Tensor) -> Tensor: return t.cast(F32)
+
+def _dequant(x: Tensor, scale: Tensor, zp: Tensor | None) -> Tensor:
+  """scale * (x - zp) in float32, the order onnxruntime's lookup tables and float paths use."""
+  return _f(scale).reshape(()) * _f(x.cast(dtypes.int32) - _zp(zp))
+
+def _requant(v: Tensor, scale: Tensor | None, zp: Tensor | None, dt) -> Tensor:
+  """Quantize float32 v: round(v / scale) + zp, saturated to dt (onnxruntime's MlasQuantizeLinear)."""
+  if dt not in (dtypes.int8, dtypes.uint8): raise Unsupported(f"quantized type {dt.name} (int8 or uint8 expected)")
+  q = v / _f(scale).reshape(()) if scale is not None else v
+  return _saturate(q.round(), zp, dt)
+
+def _saturate(q: Tensor, zp: Tensor | None, dt) -> Tensor:
+  """q (already rounded, float32) + zp, clamped to dt's range and cast."""
+  if zp is not None: q = q + _f(zp).reshape(())
+  return q.maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
+
+def _out_type(x: Tensor, zp: Tensor | None):
+  return zp.dtype if zp is not None else x.dtype
+
+# *** elementwise: dequantize, compute in float, requantize ***
+
+@op("QLinearAdd", domain=MS)
+def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
+  # (a - za) * sa/sc + (b - zb) * sb/sc: the scale ratios onnxruntime's float kernel folds in first
+  ra, rb = _f(a_scale).reshape(()) / _f(c_scale).reshape(()), _f(b_scale).reshape(()) / _f(c_scale).reshape(())
+  v = _f(a.cast(dtypes.int32) - _zp(a_zp)) * ra + _f(b.cast(dtypes.int32) - _zp(b_zp)) * rb
+  return _saturate(v.round(), c_zp, _out_type(a, c_zp))
+
+@op("QLinearMul", domain=MS)
+def qlinear_mul(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
+  # the product of the integer differences is exact in int32; one float multiplier sa*sb/sc
+  mult = _f(a_scale).reshape(()) * _f(b_scale).reshape(()) / _f(c_scale).reshape(())
+  v = _f((a.cast(dtypes.int32) - _zp(a_zp)) * (b.cast(dtypes.int32) - _zp(b_zp))) * mult
+  return _saturate(v.round(), c_zp, _out_type(a, c_zp))
+
+def _zp(zp: Tensor | None):
+  return zp.cast(dtypes.int32).reshape(()) if zp is not None else 0
+
+@op("QLinearSigmoid", domain=MS)
+def qlinear_sigmoid(n, x, x_scale, x_zp, y_scale, y_zp=None):
+  return _requant(_dequant(x, x_scale, x_zp).sigmoid(), y_scale, y_zp, _out_type(x, y_zp))
+
+@op("QLinearLeakyRelu", domain=MS)
+def qlinear_leaky_relu(n, x, x_scale, x_zp, y_scale, y_zp=None, alpha=0.01):
+  v = _dequant(x, x_scale, x_zp)
+  return _requant((v < 0).where(v * alpha, v), y_scale, y_zp, _out_type(x, y_zp))
+
+# *** pooling and concatenation ***
+
+def _to_channels_first(x: Tensor, channels_last: int) -> Tensor:
+  return x.permute((0, x.ndim - 1) + tuple(range(1, x.ndim - 1))) if channels_last else x
+
+def _from_channels_first(x: Tensor, channels_last: int) -> Tensor:
+  return x.permute((0,) + tuple(range(2, x.ndim)) + (1,)) if channels_last else x
+
+@op("QLinearGlobalAveragePool", domain=MS)
+def qlinear_global_avg_pool(n, x, x_scale, x_zp, y_scale, y_zp=None, channels_last=0):
+  # onnxruntime sums the raw integers, removes the zero point once per window, and scales by x_scale/(y_scale*count)
+  xc = _to_channels_first(x, channels_last)
+  axes = tuple(range(2, xc.ndim))
+  count = 1
+  for a in axes: count *= xc.shape[a]
+  acc = xc.cast(dtypes.int32).sum(axes, keepdim=True) - _zp(x_zp) * count
+  mult = _f(x_scale).reshape(()) / (_f(y_scale).reshape(()) * float(count))
+  y = _saturate((_f(acc) * mult).round(), y_zp, _out_type(x, y_zp))
+  return _from_channels_first(y, channels_last)
+
+@op("QLinearAveragePool", domain=MS)
+def qlinear_avg_pool(n, x, x_scale, x_zp, y_scale, y_zp=None, auto_pad="NOTSET", ceil_mode=0, channels_last=0,
+                     count_include_pad=0, kernel_shape=None, pads=None, strides=None):
+  # onnxruntime dequantizes, pools in float and quantizes the result
+  v = _to_channels_first(_dequant(x, x_scale, x_zp), channels_last)
+  pooled = avg_pool(n, v, auto_pad, ceil_mode, count_include_pad, None, kernel_shape, pads, strides)
+  return _from_channels_first(_requant(pooled, y_scale, y_zp, _out_type(x, y_zp)), channels_last)
+
+@op("QLinearConcat", domain=MS)
+def qlinear_concat(n, y_scale, y_zp, *xs, axis=0):
+  if len(xs) % 3: raise Unsupported(f"inputs after Y_scale and Y_zero_point come in (X, scale, zero point) triples, "
+                                    f"got {len(xs)}")
+  dt = y_zp.dtype
+  parts = []
+  for x, s, z in zip(xs[0::3], xs[1::3], xs[2::3]):
+    parts.append(_requant(_dequant(x, s, z), y_scale, y_zp, dt))
+  return Tensor.cat(parts, axis % parts[0].ndim)
+
+# *** products ***
+
+def _rows(scale: Tensor, ndim: int) -> Tensor:
+  """A per-tensor or per-column (last axis) scale shaped to broadcast against a matmul result."""
+  return scale.reshape(()) if scale.numel() == 1 else scale.reshape((1,) * (ndim - 1) + (-1,))
+
+def _int_mm(a: Tensor, a_zp, b: Tensor, b_zp) -> Tensor:
+  """(a - za) @ (b - zb) accumulated exactly in int32; b's zero point may be per column."""
+  bz = _zp32(b_zp)
+  if isinstance(bz, Tensor) and bz.numel() > 1: bz = bz.reshape(1, -1)
+  elif isinstance(bz, Tensor): bz = bz.reshape(())
+  return (a.cast(dtypes.int32) - _zp(a_zp)).matmul(b.cast(dtypes.int32) - bz)
+
+@op("QGemm", domain=MS)
+def qgemm(n, a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, alpha=1.0, transA=0, transB=0):
+  if transA: a = a.T
+  if transB:
+    b = b.T
+  acc = _int_mm(a, a_zp, b, b_zp)
+  # C is an int32 bias in the accumulator's scale (a_scale * b_scale)
+  if c is not None: acc = acc + c.cast(dtypes.int32)
+  mult = _f(a_scale).reshape(()) * _rows(_f(b_scale), acc.ndim) * alpha
+  if y_scale is None: return _f(acc) * mult
+  return _saturate((_f(acc) * (mult / _f(y_scale).reshape(()))).round(), y_zp, _out_type(a, y_zp))
+
+@op("MatMulIntegerToFloat", domain=MS)
+def matmul_integer_to_float(n, a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None):
+  y = _f(_int_mm(a, a_zp, b, b_zp)) * (_f(a_scale).reshape(()) * _rows(_f(b_scale), max(a.ndim, b.ndim)))
+  return y + bias if bias is not None else y
+
+def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
+  """onnxruntime's uint8 scale and zero point for x: the range widened to hold 0, scale 1 when it is empty, the zero
+  point clamped to [0, 255] before it is rounded."""
+  lo, hi = _f(x).min().minimum(0.0), _f(x).max().maximum(0.0)
+  scale = (hi == lo).where(1.0, (hi - lo) / 255.0)
+  zp = (0.0 - lo / scale).maximum(0.0).minimum(255.0).round().cast(dtypes.uint8)
+  return scale, zp
+
+@op("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(n, x):
+  scale, zp = dynamic_qparams(x)
+  return _requant(_f(x), scale, zp, dtypes.uint8), scale, zp
+
+@op("DynamicQuantizeMatMul", domain=MS)
+def dynamic_quantize_matmul(n, a, b, b_scale, b_zp=None, bias=None):
+  scale, zp = dynamic_qparams(a)
+  qa = _requant(_f(a), scale, zp, dtypes.uint8)
+  return matmul_integer_to_float(n, qa, b, scale, b_scale, zp, b_zp, bias)
+
+# QLinearMatMul and QLinearConv stay in onnx_ops_nn.py: int32 accumulation, then one float multiplier, as onnxruntime
+# computes them (a float product of dequantized values would round differently near half steps).

@@ -1,0 +1,201 @@
+"""QOperator, integer and com.microsoft ops against onnxruntime, one node each on fresh inputs: integer outputs equal
+bit for bit, float outputs within 1e-5 relative; then models quantized by onnxruntime's own tools."""
+import tempfile
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper as oh, TensorProto as TP, numpy_helper
+import aot
+
+MS = "com.microsoft"
+U8, I8 = np.uint8, np.int8
+
+def _model(node, feeds, consts, outs):
+  inputs = [oh.make_tensor_value_info(k, oh.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
+  outputs = [oh.make_tensor_value_info(name, elem, None) for name, elem in outs]
+  inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]
+  g = oh.make_graph([node], "g", inputs, outputs, initializer=inits)
+  m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)])
+  m.ir_version = 9
+  return m
+
+def _run_both(m, feeds, target="c"):
+  sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+  want = sess.run(None, feeds)
+  with tempfile.TemporaryDirectory(prefix="aot_q_") as d:
+    model = aot.load(aot.compile_model(m, out_dir=d, target=target))
+    try:
+      got = model(*feeds.values())
+    finally:
+      model.close()
+  got = list(got) if isinstance(got, (list, tuple)) else [got]
+  return got, want
+
+def check(op_type, feeds, consts, outs, domain=MS, target="c", rtol=0.0, **attrs):
+  """Run one node; integer outputs must be equal, float ones within rtol. Input names: feeds then consts in order,
+  '' for a left-out optional input (a key starting with '_')."""
+  names = [("" if k.startswith("_") else k) for k in attrs.pop("order", list(feeds) + list(consts))]
+  node = oh.make_node(op_type, names, [o for o, _ in outs], domain=domain, **attrs)
+  m = _model(node, feeds, {k: v for k, v in consts.items() if not k.startswith("_")}, outs)
+  got, want = _run_both(m, feeds, target)
+  for g, w, (name, _) in zip(got, want, outs):
+    assert g.dtype == w.dtype and g.shape == w.shape, name
+    if np.issubdtype(w.dtype, np.integer): np.testing.assert_array_equal(g, w, err_msg=name)
+    else: np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol, err_msg=name)
+  return got
+
+def rnd(seed):
+  return np.random.default_rng(seed)
+
+def qarr(r, shape, dt=U8):
+  info = np.iinfo(dt)
+  return r.integers(info.min, info.max + 1, size=shape).astype(dt)
+
+f32 = np.float32
+
+# *** elementwise ***
+
+@pytest.mark.parametrize("dt", [U8, I8])
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+def test_qlinear_binary(op_type, dt):
+  r = rnd(1)
+  a, b = qarr(r, (3, 5, 8), dt), qarr(r, (5, 8), dt)
+  zero = {U8: 128, I8: 3}[dt]
+  check(op_type, {"a": a, "b": b}, {"as": f32(0.05), "az": dt(zero), "bs": f32(0.031), "bz": dt(zero - 5),
+                                    "cs": f32(0.07 if op_type == "QLinearAdd" else 0.2), "cz": dt(zero + 2)},
+        [("y", oh.np_dtype_to_tensor_dtype(np.dtype(dt)))], order=["a", "as", "az", "b", "bs", "bz", "cs", "cz"])
+
+@pytest.mark.parametrize("dt", [U8, I8])
+def test_qlinear_sigmoid_and_leaky_relu(dt):
+  r = rnd(2)
+  x = qarr(r, (2, 3, 16), dt)
+  z = {U8: 120, I8: -4}[dt]
+  ty = oh.np_dtype_to_tensor_dtype(np.dtype(dt))
+  check("QLinearSigmoid", {"x": x}, {"xs": f32(0.06), "xz": dt(z), "ys": f32(1 / 256), "yz": dt(0 if dt is U8 else -128)},
+        [("y", ty)])
+  check("QLinearLeakyRelu", {"x": x}, {"xs": f32(0.06), "xz": dt(z), "ys": f32(0.05), "yz": dt(z + 3)}, [("y", ty)],
+        alpha=0.13)
+
+# *** pooling and concatenation ***
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_global_average_pool(channels_last):
+  r = rnd(3)
+  x = qarr(r, (2, 6, 5, 7) if not channels_last else (2, 5, 7, 6))
+  check("QLinearGlobalAveragePool", {"x": x}, {"xs": f32(0.04), "xz": U8(125), "ys": f32(0.013), "yz": U8(119)},
+        [("y", TP.UINT8)], channels_last=channels_last)
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_qlinear_average_pool(count_include_pad):
+  r = rnd(4)
+  x = qarr(r, (1, 3, 7, 6))
+  check("QLinearAveragePool", {"x": x}, {"xs": f32(0.04), "xz": U8(125), "ys": f32(0.03), "yz": U8(119)},
+        [("y", TP.UINT8)], kernel_shape=[3, 2], pads=[1, 0, 1, 1], strides=[2, 1], count_include_pad=count_include_pad)
+
+def test_qlinear_concat():
+  r = rnd(5)
+  a, b = qarr(r, (2, 3, 4)), qarr(r, (2, 5, 4))
+  check("QLinearConcat", {"a": a, "b": b}, {"ys": f32(0.05), "yz": U8(128), "as": f32(0.05), "az": U8(128),
+                                            "bs": f32(0.083), "bz": U8(100)},
+        [("y", TP.UINT8)], order=["ys", "yz", "a", "as", "az", "b", "bs", "bz"], axis=1)
+
+# *** products ***
+
+@pytest.mark.parametrize("quantized_out", [True, False])
+def test_qgemm(quantized_out):
+  r = rnd(6)
+  a, b = qarr(r, (5, 24)), qarr(r, (16, 24), I8)
+  c = r.integers(-2000, 2000, size=(16,)).astype(np.int32)
+  consts = {"as": f32(0.02), "az": U8(130), "b": b, "bs": (r.uniform(0.002, 0.01, 16)).astype(f32), "bz": np.zeros(16, I8),
+            "c": c}
+  if quantized_out: consts |= {"ys": f32(0.09), "yz": U8(110)}
+  check("QGemm", {"a": a}, consts, [("y", TP.UINT8 if quantized_out else TP.FLOAT)], rtol=1e-5, transB=1,
+        alpha=0.75, order=["a", "as", "az", "b", "bs", "bz", "c"] + (["ys", "yz"] if quantized_out else []))
+
+def test_matmul_integer_to_float():
+  r = rnd(7)
+  a, b = qarr(r, (2, 3, 20)), qarr(r, (20, 12), I8)
+  check("MatMulIntegerToFloat", {"a": a}, {"b": b, "as": f32(0.03), "bs": r.uniform(0.01, 0.02, 12).astype(f32),
+                                          "az": U8(127), "bz": np.zeros(12, I8), "bias": r.standard_normal(12).astype(f32)},
+        [("y", TP.FLOAT)], rtol=1e-5)
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_dynamic_quantize_matmul(target):
+  r = rnd(8)
+  a = r.standard_normal((4, 32)).astype(f32)
+  b = qarr(r, (32, 10), I8)
+  check("DynamicQuantizeMatMul", {"a": a}, {"b": b, "bs": f32(0.01), "bz": I8(0), "bias": r.standard_normal(10).astype(f32)},
+        [("y", TP.FLOAT)], rtol=1e-5, target=target)
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_dynamic_quantize_linear(target):
+  r = rnd(9)
+  x = (r.standard_normal((6, 7)) * 3 + 0.5).astype(f32)
+  check("DynamicQuantizeLinear", {"x": x}, {}, [("y", TP.UINT8), ("s", TP.FLOAT), ("z", TP.UINT8)], domain="",
+        target=target)
+
+def test_dynamic_quantize_linear_of_zeros_has_scale_one():
+  # an empty range: onnxruntime's scale is 1 (not 0, which would make every quotient NaN)
+  check("DynamicQuantizeLinear", {"x": np.zeros((3, 4), f32)}, {}, [("y", TP.UINT8), ("s", TP.FLOAT), ("z", TP.UINT8)],
+        domain="")
+
+def test_qlinear_matmul_and_conv():
+  r = rnd(10)
+  a, b = qarr(r, (3, 40)), qarr(r, (40, 9), I8)
+  check("QLinearMatMul", {"a": a}, {"as": f32(0.02), "az": U8(121), "b": b, "bs": f32(0.004), "bz": I8(0),
+                                    "ys": f32(0.05), "yz": U8(126)}, [("y", TP.UINT8)], domain="")
+  x, w = qarr(r, (1, 4, 6, 6)), qarr(r, (5, 4, 3, 3), I8)
+  check("QLinearConv", {"x": x}, {"xs": f32(0.02), "xz": U8(121), "w": w, "ws": r.uniform(0.002, 0.006, 5).astype(f32),
+                                  "wz": np.zeros(5, I8), "ys": f32(0.03), "yz": U8(126),
+                                  "b": r.integers(-500, 500, 5).astype(np.int32)},
+        [("y", TP.UINT8)], domain="", pads=[1, 1, 1, 1])
+
+def test_matmul_integer_and_conv_integer():
+  r = rnd(11)
+  a, b = qarr(r, (3, 17)), qarr(r, (17, 6), I8)
+  check("MatMulInteger", {"a": a}, {"b": b, "az": U8(100), "bz": I8(2)}, [("y", TP.INT32)], domain="",
+        order=["a", "b", "az", "bz"])
+  x, w = qarr(r, (1, 2, 5, 5)), qarr(r, (3, 2, 2, 2), U8)
+  check("ConvInteger", {"x": x}, {"w": w, "xz": U8(7), "wz": U8(9)}, [("y", TP.INT32)], domain="", pads=[0, 1, 0, 1])
+
+# *** float contrib ops ***
+
+@pytest.mark.parametrize("op_type", ["Gelu", "FastGelu", "QuickGelu"])
+def test_gelus(op_type):
+  x = (rnd(12).standard_normal((3, 16)) * 2).astype(f32)
+  check(op_type, {"x": x}, {}, [("y", TP.FLOAT)], rtol=1e-5)
+
+def test_bias_gelu_and_fast_gelu_with_bias():
+  r = rnd(13)
+  x, bias = (r.standard_normal((2, 3, 8)) * 2).astype(f32), r.standard_normal(8).astype(f32)
+  check("BiasGelu", {"x": x}, {"bias": bias}, [("y", TP.FLOAT)], rtol=1e-5)
+  check("FastGelu", {"x": x}, {"bias": bias}, [("y", TP.FLOAT)], rtol=1e-5)
+
+def test_skip_layer_normalization():
+  r = rnd(14)
+  x, skip = r.standard_normal((2, 3, 16)).astype(f32), r.standard_normal((2, 3, 16)).astype(f32)
+  p = {k: r.standard_normal(16).astype(f32) for k in ("gamma", "beta", "bias")}
+  check("SkipLayerNormalization", {"x": x, "skip": skip}, p,
+        [("y", TP.FLOAT), ("mean", TP.FLOAT), ("inv", TP.FLOAT), ("sum", TP.FLOAT)], rtol=1e-5, epsilon=1e-5)
+
+def test_simplified_layer_normalizations():
+  r = rnd(15)
+  x, skip, g = r.standard_normal((2, 4, 12)).astype(f32), r.standard_normal((2, 4, 12)).astype(f32), r.standard_normal(12).astype(f32)
+  check("SimplifiedLayerNormalization", {"x": x}, {"g": g}, [("y", TP.FLOAT)], domain="", rtol=1e-5, epsilon=1e-6)
+  check("SkipSimplifiedLayerNormalization", {"x": x, "skip": skip}, {"g": g}, [("y", TP.FLOAT), ("_m", TP.FLOAT),
+        ("inv", TP.FLOAT), ("sum", TP.FLOAT)][:1], rtol=1e-5, epsilon=1e-6)
+
+@pytest.mark.parametrize("activation,params", [("Relu", None), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.7]),
+                                               ("Sigmoid", None)])
+def test_fused_conv(activation, params):
+  r = rnd(16)
+  x, w, b = r.standard_normal((1, 3, 6, 6)).astype(f32), r.standard_normal((4, 3, 3, 3)).astype(f32), r.standard_normal(4).astype(f32)
+  attrs = {"activation": activation} | ({"activation_params": params} if params else {})
+  check("FusedConv", {"x": x}, {"w": w, "b": b}, [("y", TP.FLOAT)], rtol=1e-5, pads=[1, 1, 1, 1], **attrs)
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_fused_matmul(target):
+  r = rnd(17)
+  a, b = r.standard_normal((2, 7, 5)).astype(f32), r.standard_normal((2, 6, 7)).astype(f32)
+  check("FusedMatMul", {"a": a, "b": b}, {}, [("y", TP.FLOAT)], rtol=1e-5, transA=1, transB=1, alpha=0.5, target=target)
