@@ -11,12 +11,12 @@ import aot
 MS = "com.microsoft"
 U8, I8 = np.uint8, np.int8
 
-def _model(node, feeds, consts, outs):
+def _model(node, feeds, consts, outs, opset=17):
   inputs = [oh.make_tensor_value_info(k, oh.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
   outputs = [oh.make_tensor_value_info(name, elem, None) for name, elem in outs]
   inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]
   g = oh.make_graph([node], "g", inputs, outputs, initializer=inits)
-  m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)])
+  m = oh.make_model(g, opset_imports=[oh.make_opsetid("", opset), oh.make_opsetid(MS, 1)])
   m.ir_version = 9
   return m
 
@@ -32,12 +32,12 @@ def _run_both(m, feeds, target="c"):
   got = list(got) if isinstance(got, (list, tuple)) else [got]
   return got, want
 
-def check(op_type, feeds, consts, outs, domain=MS, target="c", rtol=0.0, **attrs):
+def check(op_type, feeds, consts, outs, domain=MS, target="c", rtol=0.0, opset=17, **attrs):
   """Run one node; integer outputs must be equal, float ones within rtol. Input names: feeds then consts in order,
   '' for a left-out optional input (a key starting with '_')."""
   names = [("" if k.startswith("_") else k) for k in attrs.pop("order", list(feeds) + list(consts))]
   node = oh.make_node(op_type, names, [o for o, _ in outs], domain=domain, **attrs)
-  m = _model(node, feeds, {k: v for k, v in consts.items() if not k.startswith("_")}, outs)
+  m = _model(node, feeds, {k: v for k, v in consts.items() if not k.startswith("_")}, outs, opset)
   got, want = _run_both(m, feeds, target)
   for g, w, (name, _) in zip(got, want, outs):
     assert g.dtype == w.dtype and g.shape == w.shape, name
@@ -186,6 +186,13 @@ def test_simplified_layer_normalizations():
   check("SkipSimplifiedLayerNormalization", {"x": x, "skip": skip}, {"g": g}, [("y", TP.FLOAT), ("_m", TP.FLOAT),
         ("inv", TP.FLOAT), ("sum", TP.FLOAT)][:1], rtol=1e-5, epsilon=1e-6)
 
+def test_layer_normalization_before_opset_17():
+  # onnxruntime's own LayerNormalization, in the default domain from opset 1
+  r = rnd(18)
+  x, g, b = r.standard_normal((2, 5, 12)).astype(f32), r.standard_normal(12).astype(f32), r.standard_normal(12).astype(f32)
+  check("LayerNormalization", {"x": x}, {"g": g, "b": b}, [("y", TP.FLOAT)], domain="", rtol=1e-5, opset=13,
+        epsilon=1e-5)
+
 @pytest.mark.parametrize("activation,params", [("Relu", None), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.7]),
                                                ("Sigmoid", None)])
 def test_fused_conv(activation, params):
@@ -199,3 +206,68 @@ def test_fused_matmul(target):
   r = rnd(17)
   a, b = r.standard_normal((2, 7, 5)).astype(f32), r.standard_normal((2, 6, 7)).astype(f32)
   check("FusedMatMul", {"a": a, "b": b}, {}, [("y", TP.FLOAT)], rtol=1e-5, transA=1, transB=1, alpha=0.5, target=target)
+
+# *** models quantized by onnxruntime's own tools ***
+
+def _float_model(nodes, x_shape, y_shape, weights):
+  r = rnd(20)
+  inits = [numpy_helper.from_array((r.standard_normal(s) * sc).astype(f32), k) for k, (s, sc) in weights.items()]
+  g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TP.FLOAT, x_shape)],
+                    [oh.make_tensor_value_info("y", TP.FLOAT, y_shape)], inits)
+  m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+  m.ir_version = 9
+  return m
+
+def _compare_quantized(q, x, rtol):
+  want = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  with tempfile.TemporaryDirectory(prefix="aot_q_") as d:
+    model = aot.load(aot.compile_model(q, out_dir=d))
+    try: got = model(x)
+    finally: model.close()
+  if rtol == 0: np.testing.assert_array_equal(got, want)
+  else: np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
+
+def test_static_qoperator_conv_matmul_model(tmp_path):
+  from onnxruntime.quantization import quantize_static, QuantFormat, QuantType, CalibrationDataReader
+  nodes = [oh.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), oh.make_node("Relu", ["c1"], ["r1"]),
+           oh.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+           oh.make_node("Add", ["c2", "c2b"], ["a2"]), oh.make_node("Sigmoid", ["a2"], ["s2"]),
+           oh.make_node("GlobalAveragePool", ["s2"], ["g"]), oh.make_node("Flatten", ["g"], ["f"]),
+           oh.make_node("MatMul", ["f", "wm"], ["m"]), oh.make_node("Add", ["m", "bm"], ["y"])]
+  m = _float_model(nodes, [1, 3, 8, 8], [1, 5], {"w1": ((6, 3, 3, 3), 0.3), "b1": ((6,), 0.1), "w2": ((8, 6, 3, 3), 0.3),
+                                                 "b2": ((8,), 0.1), "c2b": ((1, 8, 4, 4), 0.3), "wm": ((8, 5), 0.5),
+                                                 "bm": ((5,), 0.1)})
+
+  class Reader(CalibrationDataReader):
+    def __init__(self): self.feeds = iter([{"x": rnd(i).standard_normal((1, 3, 8, 8)).astype(f32)} for i in range(8)])
+    def get_next(self): return next(self.feeds, None)
+
+  onnx.save(m, tmp_path / "f.onnx")
+  quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", Reader(), quant_format=QuantFormat.QOperator,
+                  per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+  q = onnx.load(tmp_path / "q.onnx")
+  ops = {n.op_type for n in q.graph.node}
+  assert {"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearSigmoid", "QLinearGlobalAveragePool"} <= ops, ops
+  # the float output is the dequantized last uint8 tensor: equal floats mean equal integers all the way
+  _compare_quantized(q, rnd(99).standard_normal((1, 3, 8, 8)).astype(f32), 0)
+
+def test_dynamic_matmul_model(tmp_path):
+  from onnxruntime.quantization import quantize_dynamic, QuantType
+  nodes = [oh.make_node("MatMul", ["x", "w1"], ["m1"]), oh.make_node("Add", ["m1", "b1"], ["a1"]),
+           oh.make_node("Relu", ["a1"], ["r1"]), oh.make_node("MatMul", ["r1", "w2"], ["m2"]),
+           oh.make_node("Add", ["m2", "b2"], ["y"])]
+  m = _float_model(nodes, [2, 6, 32], [2, 6, 16], {"w1": ((32, 48), 0.3), "b1": ((48,), 0.1), "w2": ((48, 16), 0.3),
+                                                   "b2": ((16,), 0.1)})
+  onnx.save(m, tmp_path / "f.onnx")
+  quantize_dynamic(tmp_path / "f.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8)
+  q = onnx.load(tmp_path / "q.onnx")
+  assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in q.graph.node}
+  _compare_quantized(q, rnd(98).standard_normal((2, 6, 32)).astype(f32), 1e-3)
+
+def test_requantize_rounds_before_adding_the_zero_point():
+  # 169 * 69 * (as*bs/ys) is 48.500008 in float32: adding the zero point 128 first would round it to 176.5 and then
+  # to the even 176; onnxruntime rounds 48.500008 to 49 and gives 177
+  a = np.arange(256, dtype=U8).reshape(256, 1)
+  check("QLinearMatMul", {"a": a}, {"as": f32(0.029896908), "az": U8(0), "b": np.full((1, 1), 69, I8),
+                                    "bs": f32(0.0057638097), "bz": I8(0), "ys": f32(0.041431427), "yz": U8(128)},
+        [("y", TP.UINT8)], domain="")
