@@ -15,19 +15,24 @@ F32 = dtypes.float32
 
 def _f(t: Tensor) -> Tensor: return t.cast(F32)
 
+def _scalar(t: Tensor, what: str) -> Tensor:
+  """A per-tensor scale or zero point (onnxruntime's kernels for these ops accept nothing else)."""
+  if t.numel() != 1: raise Unsupported(f"{what} must be a scalar (per tensor), got shape {t.shape}")
+  return t.reshape(())
+
 def _dequant(x: Tensor, scale: Tensor, zp: Tensor | None) -> Tensor:
   """scale * (x - zp) in float32, the order onnxruntime's lookup tables and float paths use."""
-  return _f(scale).reshape(()) * _f(x.cast(dtypes.int32) - _zp(zp))
+  return _f(_scalar(scale, "the input scale")) * _f(x.cast(dtypes.int32) - _zp(zp))
 
 def _requant(v: Tensor, scale: Tensor | None, zp: Tensor | None, dt) -> Tensor:
   """Quantize float32 v: round(v / scale) + zp, saturated to dt (onnxruntime's MlasQuantizeLinear)."""
   if dt not in (dtypes.int8, dtypes.uint8): raise Unsupported(f"quantized type {dt.name} (int8 or uint8 expected)")
-  q = v / _f(scale).reshape(()) if scale is not None else v
+  q = v / _f(_scalar(scale, "the output scale")) if scale is not None else v
   return _saturate(q.round(), zp, dt)
 
 def _saturate(q: Tensor, zp: Tensor | None, dt) -> Tensor:
   """q (already rounded, float32) + zp, clamped to dt's range and cast."""
-  if zp is not None: q = q + _f(zp).reshape(())
+  if zp is not None: q = q + _f(_scalar(zp, "the output zero point"))
   return q.maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
 
 def _out_type(x: Tensor, zp: Tensor | None):
@@ -38,19 +43,21 @@ def _out_type(x: Tensor, zp: Tensor | None):
 @op("QLinearAdd", domain=MS)
 def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
   # (a - za) * sa/sc + (b - zb) * sb/sc: the scale ratios onnxruntime's float kernel folds in first
-  ra, rb = _f(a_scale).reshape(()) / _f(c_scale).reshape(()), _f(b_scale).reshape(()) / _f(c_scale).reshape(())
+  sa, sb, sc = (_f(_scalar(t, w)) for t, w in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")))
+  ra, rb = sa / sc, sb / sc
   v = _f(a.cast(dtypes.int32) - _zp(a_zp)) * ra + _f(b.cast(dtypes.int32) - _zp(b_zp)) * rb
   return _saturate(v.round(), c_zp, _out_type(a, c_zp))
 
 @op("QLinearMul", domain=MS)
 def qlinear_mul(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
   # the product of the integer differences is exact in int32; one float multiplier sa*sb/sc
-  mult = _f(a_scale).reshape(()) * _f(b_scale).reshape(()) / _f(c_scale).reshape(())
+  sa, sb, sc = (_f(_scalar(t, w)) for t, w in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")))
+  mult = sa * sb / sc
   v = _f((a.cast(dtypes.int32) - _zp(a_zp)) * (b.cast(dtypes.int32) - _zp(b_zp))) * mult
   return _saturate(v.round(), c_zp, _out_type(a, c_zp))
 
 def _zp(zp: Tensor | None):
-  return zp.cast(dtypes.int32).reshape(()) if zp is not None else 0
+  return _scalar(zp, "the zero point").cast(dtypes.int32) if zp is not None else 0
 
 @op("QLinearSigmoid", domain=MS)
 def qlinear_sigmoid(n, x, x_scale, x_zp, y_scale, y_zp=None):
@@ -77,7 +84,7 @@ def qlinear_global_avg_pool(n, x, x_scale, x_zp, y_scale, y_zp=None, channels_la
   count = 1
   for a in axes: count *= xc.shape[a]
   acc = xc.cast(dtypes.int32).sum(axes, keepdim=True) - _zp(x_zp) * count
-  mult = _f(x_scale).reshape(()) / (_f(y_scale).reshape(()) * float(count))
+  mult = _f(_scalar(x_scale, "x_scale")) / (_f(_scalar(y_scale, "y_scale")) * float(count))
   y = _saturate((_f(acc) * mult).round(), y_zp, _out_type(x, y_zp))
   return _from_channels_first(y, channels_last)
 
@@ -120,13 +127,13 @@ def qgemm(n, a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None
   acc = _int_mm(a, a_zp, b, b_zp)
   # C is an int32 bias in the accumulator's scale (a_scale * b_scale)
   if c is not None: acc = acc + c.cast(dtypes.int32)
-  mult = _f(a_scale).reshape(()) * _rows(_f(b_scale), acc.ndim) * alpha
+  mult = _f(_scalar(a_scale, "a_scale")) * _rows(_f(b_scale), acc.ndim) * alpha
   if y_scale is None: return _f(acc) * mult
-  return _saturate((_f(acc) * (mult / _f(y_scale).reshape(()))).round(), y_zp, _out_type(a, y_zp))
+  return _saturate((_f(acc) * (mult / _f(_scalar(y_scale, "y_scale")))).round(), y_zp, _out_type(a, y_zp))
 
 @op("MatMulIntegerToFloat", domain=MS)
 def matmul_integer_to_float(n, a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None):
-  y = _f(_int_mm(a, a_zp, b, b_zp)) * (_f(a_scale).reshape(()) * _rows(_f(b_scale), max(a.ndim, b.ndim)))
+  y = _f(_int_mm(a, a_zp, b, b_zp)) * (_f(_scalar(a_scale, "a_scale")) * _rows(_f(b_scale), max(a.ndim, b.ndim)))
   return y + bias if bias is not None else y
 
 def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -271,3 +271,12 @@ def test_requantize_rounds_before_adding_the_zero_point():
   check("QLinearMatMul", {"a": a}, {"as": f32(0.029896908), "az": U8(0), "b": np.full((1, 1), 69, I8),
                                     "bs": f32(0.0057638097), "bz": I8(0), "ys": f32(0.041431427), "yz": U8(128)},
         [("y", TP.UINT8)], domain="")
+
+def test_a_per_channel_scale_where_onnxruntime_takes_one_is_named():
+  from aot.schedule import CompileError
+  node = oh.make_node("QLinearSigmoid", ["x", "xs", "xz", "ys", "yz"], ["y"], domain=MS, name="sig")
+  m = _model(node, {"x": np.zeros((1, 3), U8)}, {"xs": np.full(3, 0.1, f32), "xz": U8(0), "ys": f32(0.1), "yz": U8(0)},
+             [("y", TP.UINT8)])
+  with pytest.raises(CompileError, match=r"QLinearSigmoid node 'sig': the input scale must be a scalar \(per tensor\), "
+                                         r"got shape \(3,\)"):
+    aot.compile_model(m)
