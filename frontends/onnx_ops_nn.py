@@ -539,19 +539,22 @@ def lstm(n, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None,
   if initial_c is not None and layout: initial_c = initial_c.transpose(0, 1)
   acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
   def step(d, xt, st):
-    f, g, hf = acts[d]
-    hp, cp = st
-    gts = xt.matmul(w[d].T) + hp.matmul(r[d].T) + b[d][:4 * H] + b[d][4 * H:]
-    pi, po, pf = (p[d][:H], p[d][H:2 * H], p[d][2 * H:]) if p is not None else (0.0, 0.0, 0.0)
-    i = f(_clip(gts[:, :H] + pi * cp, clip))
-    fg = 1 - i if input_forget else f(_clip(gts[:, 2 * H:3 * H] + pf * cp, clip))
-    c = fg * cp + i * g(_clip(gts[:, 3 * H:], clip))
-    o = f(_clip(gts[:, H:2 * H] + po * c, clip))
-    h = o * hf(c)
-    return h, (h, c)
+    gts = xt.matmul(w[d].T) + st[0].matmul(r[d].T) + b[d][:4 * H] + b[d][4 * H:]
+    return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
   zeros = Tensor(np.zeros((B, H), dtype=x.dtype.np))
   init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
   return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+
+def lstm_cell(acts, gts, cp, p, H, clip, input_forget):
+  """One LSTM step from its gate pre-activations gts (B, 4H, gates i o f c): -> (h, (h, c))."""
+  f, g, hf = acts
+  pi, po, pf = (p[:H], p[H:2 * H], p[2 * H:]) if p is not None else (0.0, 0.0, 0.0)
+  i = f(_clip(gts[:, :H] + pi * cp, clip))
+  fg = 1 - i if input_forget else f(_clip(gts[:, 2 * H:3 * H] + pf * cp, clip))
+  c = fg * cp + i * g(_clip(gts[:, 3 * H:], clip))
+  o = f(_clip(gts[:, H:2 * H] + po * c, clip))
+  h = o * hf(c)
+  return h, (h, c)
 
 # *** losses: labels are runtime values, picked with a one-hot mask rather than a gather ***
 

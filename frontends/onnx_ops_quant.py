@@ -5,10 +5,11 @@ add the zero point, then saturate). Where onnxruntime's kernel does the float pa
 on some CPUs, an approximate logistic in its lookup tables) a result can differ by one step; tests/test_quant_ops.py
 says where."""
 from __future__ import annotations
+import numpy as np
 from aot.dtype import dtypes, min_value, max_value
 from aot.frontends.tensor import Tensor
 from aot.frontends.onnx import op, Unsupported
-from aot.frontends.onnx_ops_nn import avg_pool, _zp32
+from aot.frontends.onnx_ops_nn import avg_pool, lstm_cell, _zp32, _activations, _rnn_setup, _run_dirs, _rnn_outputs
 
 MS = "com.microsoft"
 F32 = dtypes.float32
@@ -157,3 +158,33 @@ def dynamic_quantize_matmul(n, a, b, b_scale, b_zp=None, bias=None):
 
 # QLinearMatMul and QLinearConv stay in onnx_ops_nn.py: int32 accumulation, then one float multiplier, as onnxruntime
 # computes them (a float product of dequantized values would round differently near half steps).
+
+# *** DynamicQuantizeLSTM: an LSTM whose two products quantize their float operand on the fly ***
+
+def _dq_product(a: Tensor, w: Tensor, w_scale: Tensor, w_zp: Tensor | None) -> Tensor:
+  """a (M, K) float @ w (K, N) integer as onnxruntime's quantized LSTM GEMM: a quantized to uint8 as one tensor, the
+  int32 product scaled by a_scale * w_scale (per tensor or per column)."""
+  scale, zp = dynamic_qparams(a)
+  qa = _requant(_f(a), scale, zp, dtypes.uint8)
+  return matmul_integer_to_float(None, qa, w, scale, w_scale, zp, w_zp)
+
+@op("DynamicQuantizeLSTM", domain=MS)
+def dynamic_quantize_lstm(n, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, w_scale=None,
+                          w_zp=None, r_scale=None, r_zp=None, activation_alpha=None, activation_beta=None,
+                          activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0):
+  if w_scale is None or r_scale is None: raise Unsupported("W_scale and R_scale are required")
+  # W and R come transposed against ONNX LSTM's: (dirs, input, 4H) and (dirs, H, 4H)
+  x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r.transpose(-1, -2), b, sequence_lens, initial_h, 0, direction, 4)
+  acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
+  # scales and zero points are (dirs,) or (dirs, 4H): one per direction, per tensor or per gate column
+  per_dir = lambda t, d: t[d] if t is not None else None
+  # the input product runs once over every step (onnxruntime quantizes the whole sequence with one scale)
+  xw = [_dq_product(x.reshape(T * B, -1), w[d], per_dir(w_scale, d), per_dir(w_zp, d)).reshape(T, B, 4 * H)
+        for d in range(ndir)]
+  proj = Tensor.stack(xw, axis=1)  # (T, dirs, B, 4H)
+  def step(d, xt, st):
+    gts = xt[d] + _dq_product(st[0], r[d], per_dir(r_scale, d), per_dir(r_zp, d)) + b[d][:4 * H] + b[d][4 * H:]
+    return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
+  zeros = Tensor(np.zeros((B, H), dtype=np.float32))
+  init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
+  return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), 0, x.dtype)
