@@ -68,16 +68,16 @@ def test_qlinear_binary(op_type, dt):
                                     "cs": f32(0.07 if op_type == "QLinearAdd" else 0.2), "cz": dt(zero + 2)},
         [("y", oh.np_dtype_to_tensor_dtype(np.dtype(dt)))], order=["a", "as", "az", "b", "bs", "bz", "cs", "cz"])
 
-@pytest.mark.parametrize("dt", [U8, I8])
-def test_qlinear_sigmoid_and_leaky_relu(dt):
+@pytest.mark.parametrize("dt,target", [(U8, "c"), (I8, "c"), (U8, "llvm")])
+def test_qlinear_sigmoid_and_leaky_relu(dt, target):
   r = rnd(2)
   x = qarr(r, (2, 3, 16), dt)
   z = {U8: 120, I8: -4}[dt]
   ty = oh.np_dtype_to_tensor_dtype(np.dtype(dt))
   check("QLinearSigmoid", {"x": x}, {"xs": f32(0.06), "xz": dt(z), "ys": f32(1 / 256), "yz": dt(0 if dt is U8 else -128)},
-        [("y", ty)])
+        [("y", ty)], target=target)
   check("QLinearLeakyRelu", {"x": x}, {"xs": f32(0.06), "xz": dt(z), "ys": f32(0.05), "yz": dt(z + 3)}, [("y", ty)],
-        alpha=0.13)
+        alpha=0.13, target=target)
 
 # *** pooling and concatenation ***
 
@@ -266,13 +266,14 @@ def test_dynamic_matmul_model(tmp_path):
   assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in q.graph.node}
   _compare_quantized(q, rnd(98).standard_normal((2, 6, 32)).astype(f32), 1e-3)
 
-def test_requantize_rounds_before_adding_the_zero_point():
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_requantize_rounds_before_adding_the_zero_point(target):
   # 169 * 69 * (as*bs/ys) is 48.500008 in float32: adding the zero point 128 first would round it to 176.5 and then
   # to the even 176; onnxruntime rounds 48.500008 to 49 and gives 177
   a = np.arange(256, dtype=U8).reshape(256, 1)
   check("QLinearMatMul", {"a": a}, {"as": f32(0.029896908), "az": U8(0), "b": np.full((1, 1), 69, I8),
                                     "bs": f32(0.0057638097), "bz": I8(0), "ys": f32(0.041431427), "yz": U8(128)},
-        [("y", TP.UINT8)], domain="")
+        [("y", TP.UINT8)], domain="", target=target)
 
 def test_a_per_channel_scale_where_onnxruntime_takes_one_is_named():
   from aot.schedule import CompileError
