@@ -1,6 +1,6 @@
-"""Float com.microsoft operators that onnxruntime's transformer optimizer fuses graphs into (Gelu, SkipLayerNormalization,
-FusedConv, ...), and the layer norms onnxruntime registers in the default domain before opset 17. Each is written
-with the same Tensor ops the unfused graph would have used."""
+"""Float com.microsoft operators that onnxruntime's transformer optimizer fuses graphs into (Gelu,
+SkipLayerNormalization, FusedConv, ...), and the layer norms onnxruntime registers in the default domain before
+opset 17. Each is written with the same Tensor ops the unfused graph would have used."""
 from __future__ import annotations
 from aot.frontends.onnx import op, onnx_dtype, Unsupported
 from aot.frontends.onnx_ops_nn import conv, layer_norm, _mm

@@ -74,7 +74,8 @@ def test_qlinear_sigmoid_and_leaky_relu(dt, target):
   x = qarr(r, (2, 3, 16), dt)
   z = {U8: 120, I8: -4}[dt]
   ty = oh.np_dtype_to_tensor_dtype(np.dtype(dt))
-  check("QLinearSigmoid", {"x": x}, {"xs": f32(0.06), "xz": dt(z), "ys": f32(1 / 256), "yz": dt(0 if dt is U8 else -128)},
+  yz = dt(0 if dt is U8 else -128)
+  check("QLinearSigmoid", {"x": x}, {"xs": f32(0.06), "xz": dt(z), "ys": f32(1 / 256), "yz": yz},
         [("y", ty)], target=target)
   check("QLinearLeakyRelu", {"x": x}, {"xs": f32(0.06), "xz": dt(z), "ys": f32(0.05), "yz": dt(z + 3)}, [("y", ty)],
         alpha=0.13, target=target)
@@ -109,7 +110,8 @@ def test_qgemm(quantized_out):
   r = rnd(6)
   a, b = qarr(r, (5, 24)), qarr(r, (16, 24), I8)
   c = r.integers(-2000, 2000, size=(16,)).astype(np.int32)
-  consts = {"as": f32(0.02), "az": U8(130), "b": b, "bs": (r.uniform(0.002, 0.01, 16)).astype(f32), "bz": np.zeros(16, I8),
+  consts = {"as": f32(0.02), "az": U8(130), "b": b, "bs": (r.uniform(0.002, 0.01, 16)).astype(f32),
+            "bz": np.zeros(16, I8),
             "c": c}
   if quantized_out: consts |= {"ys": f32(0.09), "yz": U8(110)}
   check("QGemm", {"a": a}, consts, [("y", TP.UINT8 if quantized_out else TP.FLOAT)], rtol=1e-5, transB=1,
@@ -119,7 +121,8 @@ def test_matmul_integer_to_float():
   r = rnd(7)
   a, b = qarr(r, (2, 3, 20)), qarr(r, (20, 12), I8)
   check("MatMulIntegerToFloat", {"a": a}, {"b": b, "as": f32(0.03), "bs": r.uniform(0.01, 0.02, 12).astype(f32),
-                                          "az": U8(127), "bz": np.zeros(12, I8), "bias": r.standard_normal(12).astype(f32)},
+                                          "az": U8(127), "bz": np.zeros(12, I8),
+                                          "bias": r.standard_normal(12).astype(f32)},
         [("y", TP.FLOAT)], rtol=1e-5)
 
 @pytest.mark.parametrize("target", ["c", "llvm"])
@@ -127,7 +130,8 @@ def test_dynamic_quantize_matmul(target):
   r = rnd(8)
   a = r.standard_normal((4, 32)).astype(f32)
   b = qarr(r, (32, 10), I8)
-  check("DynamicQuantizeMatMul", {"a": a}, {"b": b, "bs": f32(0.01), "bz": I8(0), "bias": r.standard_normal(10).astype(f32)},
+  bias = r.standard_normal(10).astype(f32)
+  check("DynamicQuantizeMatMul", {"a": a}, {"b": b, "bs": f32(0.01), "bz": I8(0), "bias": bias},
         [("y", TP.FLOAT)], rtol=1e-5, target=target)
 
 @pytest.mark.parametrize("target", ["c", "llvm"])
@@ -183,7 +187,7 @@ def test_skip_layer_normalization():
 
 def test_simplified_layer_normalizations():
   r = rnd(15)
-  x, skip, g = r.standard_normal((2, 4, 12)).astype(f32), r.standard_normal((2, 4, 12)).astype(f32), r.standard_normal(12).astype(f32)
+  x, skip, g = (r.standard_normal(s).astype(f32) for s in ((2, 4, 12), (2, 4, 12), (12,)))
   check("SimplifiedLayerNormalization", {"x": x}, {"g": g}, [("y", TP.FLOAT)], domain="", rtol=1e-5, epsilon=1e-6)
   check("SkipSimplifiedLayerNormalization", {"x": x, "skip": skip}, {"g": g}, [("y", TP.FLOAT), ("_m", TP.FLOAT),
         ("inv", TP.FLOAT), ("sum", TP.FLOAT)][:1], rtol=1e-5, epsilon=1e-6)
@@ -191,7 +195,7 @@ def test_simplified_layer_normalizations():
 def test_layer_normalization_before_opset_17():
   # onnxruntime's own LayerNormalization, in the default domain from opset 1
   r = rnd(18)
-  x, g, b = r.standard_normal((2, 5, 12)).astype(f32), r.standard_normal(12).astype(f32), r.standard_normal(12).astype(f32)
+  x, g, b = (r.standard_normal(s).astype(f32) for s in ((2, 5, 12), (12,), (12,)))
   check("LayerNormalization", {"x": x}, {"g": g, "b": b}, [("y", TP.FLOAT)], domain="", rtol=1e-5, opset=13,
         epsilon=1e-5)
 
@@ -199,7 +203,7 @@ def test_layer_normalization_before_opset_17():
                                                ("Sigmoid", None)])
 def test_fused_conv(activation, params):
   r = rnd(16)
-  x, w, b = r.standard_normal((1, 3, 6, 6)).astype(f32), r.standard_normal((4, 3, 3, 3)).astype(f32), r.standard_normal(4).astype(f32)
+  x, w, b = (r.standard_normal(s).astype(f32) for s in ((1, 3, 6, 6), (4, 3, 3, 3), (4,)))
   attrs = {"activation": activation} | ({"activation_params": params} if params else {})
   check("FusedConv", {"x": x}, {"w": w, "b": b}, [("y", TP.FLOAT)], rtol=1e-5, pads=[1, 1, 1, 1], **attrs)
 
@@ -236,9 +240,9 @@ def test_static_qoperator_conv_matmul_model(tmp_path):
            oh.make_node("Add", ["c2", "c2b"], ["a2"]), oh.make_node("Sigmoid", ["a2"], ["s2"]),
            oh.make_node("GlobalAveragePool", ["s2"], ["g"]), oh.make_node("Flatten", ["g"], ["f"]),
            oh.make_node("MatMul", ["f", "wm"], ["m"]), oh.make_node("Add", ["m", "bm"], ["y"])]
-  m = _float_model(nodes, [1, 3, 8, 8], [1, 5], {"w1": ((6, 3, 3, 3), 0.3), "b1": ((6,), 0.1), "w2": ((8, 6, 3, 3), 0.3),
-                                                 "b2": ((8,), 0.1), "c2b": ((1, 8, 4, 4), 0.3), "wm": ((8, 5), 0.5),
-                                                 "bm": ((5,), 0.1)})
+  m = _float_model(nodes, [1, 3, 8, 8], [1, 5], {"w1": ((6, 3, 3, 3), 0.3), "b1": ((6,), 0.1),
+                                                 "w2": ((8, 6, 3, 3), 0.3), "b2": ((8,), 0.1),
+                                                 "c2b": ((1, 8, 4, 4), 0.3), "wm": ((8, 5), 0.5), "bm": ((5,), 0.1)})
 
   class Reader(CalibrationDataReader):
     def __init__(self): self.feeds = iter([{"x": rnd(i).standard_normal((1, 3, 8, 8)).astype(f32)} for i in range(8)])
