@@ -1,9 +1,9 @@
 """Quantized operators in QOperator form: the com.microsoft ops onnxruntime's quantizer emits (QLinearAdd, QGemm,
 DynamicQuantizeMatMul, ...). Each one is lowered as onnxruntime computes it: integer products accumulated in int32
 where it accumulates in int32, otherwise dequantize to float32, compute, and requantize (round half to even, then
-add the zero point, then saturate). Where onnxruntime's kernel does the float part differently (fixed-point QLinearAdd
-on some CPUs, an approximate logistic in its lookup tables) a result can differ by one step; tests/test_quant_ops.py
-says where."""
+add the zero point, then saturate). onnxruntime's float parts are not all ours: it has a fixed-point QLinearAdd
+on some CPUs and MLAS's approximate logistic in QLinearSigmoid's lookup table, so a value can land one step apart
+there (tests/test_quant_ops.py finds none on an AVX-512 x86 machine)."""
 from __future__ import annotations
 import numpy as np
 from aot.dtype import dtypes, min_value, max_value
