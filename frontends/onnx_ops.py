@@ -172,3 +172,5 @@ import aot.frontends.onnx_ops_tensor  # noqa: E402,F401
 import aot.frontends.onnx_ops_nn  # noqa: E402,F401
 import aot.frontends.onnx_ops_control  # noqa: E402,F401
 import aot.frontends.onnx_ops_sampling  # noqa: E402,F401
+import aot.frontends.onnx_ops_quant  # noqa: E402,F401
+import aot.frontends.onnx_ops_contrib  # noqa: E402,F401

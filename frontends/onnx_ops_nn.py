@@ -539,19 +539,22 @@ def lstm(n, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None,
   if initial_c is not None and layout: initial_c = initial_c.transpose(0, 1)
   acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
   def step(d, xt, st):
-    f, g, hf = acts[d]
-    hp, cp = st
-    gts = xt.matmul(w[d].T) + hp.matmul(r[d].T) + b[d][:4 * H] + b[d][4 * H:]
-    pi, po, pf = (p[d][:H], p[d][H:2 * H], p[d][2 * H:]) if p is not None else (0.0, 0.0, 0.0)
-    i = f(_clip(gts[:, :H] + pi * cp, clip))
-    fg = 1 - i if input_forget else f(_clip(gts[:, 2 * H:3 * H] + pf * cp, clip))
-    c = fg * cp + i * g(_clip(gts[:, 3 * H:], clip))
-    o = f(_clip(gts[:, H:2 * H] + po * c, clip))
-    h = o * hf(c)
-    return h, (h, c)
+    gts = xt.matmul(w[d].T) + st[0].matmul(r[d].T) + b[d][:4 * H] + b[d][4 * H:]
+    return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
   zeros = Tensor(np.zeros((B, H), dtype=x.dtype.np))
   init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
   return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+
+def lstm_cell(acts, gts, cp, p, H, clip, input_forget):
+  """One LSTM step from its gate pre-activations gts (B, 4H, gates i o f c): -> (h, (h, c))."""
+  f, g, hf = acts
+  pi, po, pf = (p[:H], p[H:2 * H], p[2 * H:]) if p is not None else (0.0, 0.0, 0.0)
+  i = f(_clip(gts[:, :H] + pi * cp, clip))
+  fg = 1 - i if input_forget else f(_clip(gts[:, 2 * H:3 * H] + pf * cp, clip))
+  c = fg * cp + i * g(_clip(gts[:, 3 * H:], clip))
+  o = f(_clip(gts[:, H:2 * H] + po * c, clip))
+  h = o * hf(c)
+  return h, (h, c)
 
 # *** losses: labels are runtime values, picked with a one-hot mask rather than a gather ***
 
@@ -614,23 +617,17 @@ def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, ou
   out = onnx_dtype(output_dtype) if output_dtype else x_scale.dtype
   return (xf * s.cast(dtypes.float32)).cast(out)
 
-@op("DynamicQuantizeLinear", since=11)
-def dynamic_quantize_linear(n, x):
-  lo, hi = x.min().minimum(0.0), x.max().maximum(0.0)
-  scale = (hi - lo) / 255.0
-  zp = (-lo / scale).round().maximum(0.0).minimum(255.0).cast(dtypes.uint8)
-  return _quantize(x, scale, zp, dtypes.uint8), scale, zp
-
 @op("QLinearMatMul", since=10)
 def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
   acc = (a.cast(dtypes.int32) - _zp32(a_zp)).matmul(b.cast(dtypes.int32) - _zp32(b_zp))
   return _requant(acc, a_scale.cast(dtypes.float32) * b_scale.cast(dtypes.float32) / y_scale.cast(dtypes.float32), y_zp, a.dtype)
 
 def _requant(acc, mult, y_zp, fallback):
-  d = acc.cast(dtypes.float32) * mult
+  # onnxruntime rounds the scaled accumulator and then adds the zero point (adding it first can round a fraction away)
+  d = (acc.cast(dtypes.float32) * mult).round()
   if y_zp is not None: d = d + y_zp.cast(dtypes.float32)
   dt = y_zp.dtype if y_zp is not None else fallback
-  return d.round().maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
+  return d.maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
 
 @op("QLinearConv", since=10)
 def qlinear_conv(n, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None, auto_pad="NOTSET", dilations=None,

@@ -1,0 +1,190 @@
+"""Quantized operators in QOperator form: the com.microsoft ops onnxruntime's quantizer emits (QLinearAdd, QGemm,
+DynamicQuantizeMatMul, ...). Each one is lowered as onnxruntime computes it: integer products accumulated in int32
+where it accumulates in int32, otherwise dequantize to float32, compute, and requantize (round half to even, then
+add the zero point, then saturate). onnxruntime's float parts are not all ours: it has a fixed-point QLinearAdd
+on some CPUs and MLAS's approximate logistic in QLinearSigmoid's lookup table, so a value can land one step apart
+there (tests/test_quant_ops.py finds none on an AVX-512 x86 machine)."""
+from __future__ import annotations
+import numpy as np
+from aot.dtype import dtypes, min_value, max_value
+from aot.frontends.tensor import Tensor
+from aot.frontends.onnx import op, Unsupported
+from aot.frontends.onnx_ops_nn import avg_pool, lstm_cell, _zp32, _activations, _rnn_setup, _run_dirs, _rnn_outputs
+
+MS = "com.microsoft"
+F32 = dtypes.float32
+
+def _f(t: Tensor) -> Tensor: return t.cast(F32)
+
+def _scalar(t: Tensor, what: str) -> Tensor:
+  """A per-tensor scale or zero point (onnxruntime's kernels for these ops accept nothing else)."""
+  if t.numel() != 1: raise Unsupported(f"{what} must be a scalar (per tensor), got shape {t.shape}")
+  return t.reshape(())
+
+def _dequant(x: Tensor, scale: Tensor, zp: Tensor | None) -> Tensor:
+  """scale * (x - zp) in float32, the order onnxruntime's lookup tables and float paths use."""
+  return _f(_scalar(scale, "the input scale")) * _f(x.cast(dtypes.int32) - _zp(zp))
+
+def _requant(v: Tensor, scale: Tensor | None, zp: Tensor | None, dt) -> Tensor:
+  """Quantize float32 v: round(v / scale) + zp, saturated to dt (onnxruntime's MlasQuantizeLinear)."""
+  if dt not in (dtypes.int8, dtypes.uint8): raise Unsupported(f"quantized type {dt.name} (int8 or uint8 expected)")
+  q = v / _f(_scalar(scale, "the output scale")) if scale is not None else v
+  return _saturate(q.round(), zp, dt)
+
+def _saturate(q: Tensor, zp: Tensor | None, dt) -> Tensor:
+  """q (already rounded, float32) + zp, clamped to dt's range and cast."""
+  if zp is not None: q = q + _f(_scalar(zp, "the output zero point"))
+  return q.maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
+
+def _out_type(x: Tensor, zp: Tensor | None):
+  return zp.dtype if zp is not None else x.dtype
+
+# *** elementwise: dequantize, compute in float, requantize ***
+
+@op("QLinearAdd", domain=MS)
+def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
+  # (a - za) * sa/sc + (b - zb) * sb/sc: the scale ratios onnxruntime's float kernel folds in first
+  sa, sb, sc = (_f(_scalar(t, w)) for t, w in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")))
+  ra, rb = sa / sc, sb / sc
+  v = _f(a.cast(dtypes.int32) - _zp(a_zp)) * ra + _f(b.cast(dtypes.int32) - _zp(b_zp)) * rb
+  return _saturate(v.round(), c_zp, _out_type(a, c_zp))
+
+@op("QLinearMul", domain=MS)
+def qlinear_mul(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
+  # the product of the integer differences is exact in int32; one float multiplier sa*sb/sc
+  sa, sb, sc = (_f(_scalar(t, w)) for t, w in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")))
+  mult = sa * sb / sc
+  v = _f((a.cast(dtypes.int32) - _zp(a_zp)) * (b.cast(dtypes.int32) - _zp(b_zp))) * mult
+  return _saturate(v.round(), c_zp, _out_type(a, c_zp))
+
+def _zp(zp: Tensor | None):
+  return _scalar(zp, "the zero point").cast(dtypes.int32) if zp is not None else 0
+
+@op("QLinearSigmoid", domain=MS)
+def qlinear_sigmoid(n, x, x_scale, x_zp, y_scale, y_zp=None):
+  return _requant(_dequant(x, x_scale, x_zp).sigmoid(), y_scale, y_zp, _out_type(x, y_zp))
+
+@op("QLinearLeakyRelu", domain=MS)
+def qlinear_leaky_relu(n, x, x_scale, x_zp, y_scale, y_zp=None, alpha=0.01):
+  v = _dequant(x, x_scale, x_zp)
+  return _requant((v < 0).where(v * alpha, v), y_scale, y_zp, _out_type(x, y_zp))
+
+# *** pooling and concatenation ***
+
+def _to_channels_first(x: Tensor, channels_last: int) -> Tensor:
+  return x.permute((0, x.ndim - 1) + tuple(range(1, x.ndim - 1))) if channels_last else x
+
+def _from_channels_first(x: Tensor, channels_last: int) -> Tensor:
+  return x.permute((0,) + tuple(range(2, x.ndim)) + (1,)) if channels_last else x
+
+@op("QLinearGlobalAveragePool", domain=MS)
+def qlinear_global_avg_pool(n, x, x_scale, x_zp, y_scale, y_zp=None, channels_last=0):
+  # onnxruntime sums the raw integers, removes the zero point once per window, and scales by x_scale/(y_scale*count)
+  xc = _to_channels_first(x, channels_last)
+  axes = tuple(range(2, xc.ndim))
+  count = 1
+  for a in axes: count *= xc.shape[a]
+  acc = xc.cast(dtypes.int32).sum(axes, keepdim=True) - _zp(x_zp) * count
+  mult = _f(_scalar(x_scale, "x_scale")) / (_f(_scalar(y_scale, "y_scale")) * float(count))
+  y = _saturate((_f(acc) * mult).round(), y_zp, _out_type(x, y_zp))
+  return _from_channels_first(y, channels_last)
+
+@op("QLinearAveragePool", domain=MS)
+def qlinear_avg_pool(n, x, x_scale, x_zp, y_scale, y_zp=None, auto_pad="NOTSET", ceil_mode=0, channels_last=0,
+                     count_include_pad=0, kernel_shape=None, pads=None, strides=None):
+  # onnxruntime dequantizes, pools in float and quantizes the result
+  v = _to_channels_first(_dequant(x, x_scale, x_zp), channels_last)
+  pooled = avg_pool(n, v, auto_pad, ceil_mode, count_include_pad, None, kernel_shape, pads, strides)
+  return _from_channels_first(_requant(pooled, y_scale, y_zp, _out_type(x, y_zp)), channels_last)
+
+@op("QLinearConcat", domain=MS)
+def qlinear_concat(n, y_scale, y_zp, *xs, axis=0):
+  if len(xs) % 3: raise Unsupported(f"inputs after Y_scale and Y_zero_point come in (X, scale, zero point) triples, "
+                                    f"got {len(xs)}")
+  dt = y_zp.dtype
+  parts = []
+  for x, s, z in zip(xs[0::3], xs[1::3], xs[2::3]):
+    parts.append(_requant(_dequant(x, s, z), y_scale, y_zp, dt))
+  return Tensor.cat(parts, axis % parts[0].ndim)
+
+# *** products ***
+
+def _rows(scale: Tensor, ndim: int) -> Tensor:
+  """A per-tensor or per-column (last axis) scale shaped to broadcast against a matmul result."""
+  return scale.reshape(()) if scale.numel() == 1 else scale.reshape((1,) * (ndim - 1) + (-1,))
+
+def _int_mm(a: Tensor, a_zp, b: Tensor, b_zp) -> Tensor:
+  """(a - za) @ (b - zb) accumulated exactly in int32; b's zero point may be per column."""
+  bz = _zp32(b_zp)
+  if isinstance(bz, Tensor) and bz.numel() > 1: bz = bz.reshape(1, -1)
+  elif isinstance(bz, Tensor): bz = bz.reshape(())
+  return (a.cast(dtypes.int32) - _zp(a_zp)).matmul(b.cast(dtypes.int32) - bz)
+
+@op("QGemm", domain=MS)
+def qgemm(n, a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, alpha=1.0, transA=0, transB=0):
+  if transA: a = a.T
+  if transB:
+    b = b.T
+  acc = _int_mm(a, a_zp, b, b_zp)
+  # C is an int32 bias in the accumulator's scale (a_scale * b_scale)
+  if c is not None: acc = acc + c.cast(dtypes.int32)
+  mult = _f(_scalar(a_scale, "a_scale")) * _rows(_f(b_scale), acc.ndim) * alpha
+  if y_scale is None: return _f(acc) * mult
+  return _saturate((_f(acc) * (mult / _f(_scalar(y_scale, "y_scale")))).round(), y_zp, _out_type(a, y_zp))
+
+@op("MatMulIntegerToFloat", domain=MS)
+def matmul_integer_to_float(n, a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None):
+  y = _f(_int_mm(a, a_zp, b, b_zp)) * (_f(_scalar(a_scale, "a_scale")) * _rows(_f(b_scale), max(a.ndim, b.ndim)))
+  return y + bias if bias is not None else y
+
+def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
+  """onnxruntime's uint8 scale and zero point for x: the range widened to hold 0, scale 1 when it is empty, the zero
+  point clamped to [0, 255] before it is rounded."""
+  lo, hi = _f(x).min().minimum(0.0), _f(x).max().maximum(0.0)
+  scale = (hi == lo).where(1.0, (hi - lo) / 255.0)
+  zp = (0.0 - lo / scale).maximum(0.0).minimum(255.0).round().cast(dtypes.uint8)
+  return scale, zp
+
+@op("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(n, x):
+  scale, zp = dynamic_qparams(x)
+  return _requant(_f(x), scale, zp, dtypes.uint8), scale, zp
+
+@op("DynamicQuantizeMatMul", domain=MS)
+def dynamic_quantize_matmul(n, a, b, b_scale, b_zp=None, bias=None):
+  scale, zp = dynamic_qparams(a)
+  qa = _requant(_f(a), scale, zp, dtypes.uint8)
+  return matmul_integer_to_float(n, qa, b, scale, b_scale, zp, b_zp, bias)
+
+# QLinearMatMul and QLinearConv stay in onnx_ops_nn.py: int32 accumulation, then one float multiplier, as onnxruntime
+# computes them (a float product of dequantized values would round differently near half steps).
+
+# *** DynamicQuantizeLSTM: an LSTM whose two products quantize their float operand on the fly ***
+
+def _dq_product(a: Tensor, w: Tensor, w_scale: Tensor, w_zp: Tensor | None) -> Tensor:
+  """a (M, K) float @ w (K, N) integer as onnxruntime's quantized LSTM GEMM: a quantized to uint8 as one tensor, the
+  int32 product scaled by a_scale * w_scale (per tensor or per column)."""
+  scale, zp = dynamic_qparams(a)
+  qa = _requant(_f(a), scale, zp, dtypes.uint8)
+  return matmul_integer_to_float(None, qa, w, scale, w_scale, zp, w_zp)
+
+@op("DynamicQuantizeLSTM", domain=MS)
+def dynamic_quantize_lstm(n, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, w_scale=None,
+                          w_zp=None, r_scale=None, r_zp=None, activation_alpha=None, activation_beta=None,
+                          activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0):
+  if w_scale is None or r_scale is None: raise Unsupported("W_scale and R_scale are required")
+  # W and R come transposed against ONNX LSTM's: (dirs, input, 4H) and (dirs, H, 4H)
+  x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r.transpose(-1, -2), b, sequence_lens, initial_h, 0, direction, 4)
+  acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
+  # scales and zero points are (dirs,) or (dirs, 4H): one per direction, per tensor or per gate column
+  per_dir = lambda t, d: t[d] if t is not None else None
+  # the input product runs once over every step (onnxruntime quantizes the whole sequence with one scale)
+  xw = [_dq_product(x.reshape(T * B, -1), w[d], per_dir(w_scale, d), per_dir(w_zp, d)).reshape(T, B, 4 * H)
+        for d in range(ndir)]
+  proj = Tensor.stack(xw, axis=1)  # (T, dirs, B, 4H)
+  def step(d, xt, st):
+    gts = xt[d] + _dq_product(st[0], r[d], per_dir(r_scale, d), per_dir(r_zp, d)) + b[d][:4 * H] + b[d][4 * H:]
+    return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
+  zeros = Tensor(np.zeros((B, H), dtype=np.float32))
+  init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
+  return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), 0, x.dtype)
