@@ -49,6 +49,10 @@ NC_TILES, MC_TILES = 4, 32
 PANEL_MAX_BYTES = 3 << 19
 # panels a B operand is cut into at least (when it can be), so threads have tasks to share
 MIN_PANELS = 8
+# a panel pays by being read by every row tile of A while it is in cache: with fewer rows than this (a depthwise
+# convolution's M = 1 per channel) B is read once either way, and per-panel calls only add work (ShuffleNet: 2.58x
+# -> 2.83x onnxruntime with panels)
+MIN_PANEL_ROWS = 8
 
 def gemm_tile(cpu: str, triple: str | None) -> tuple[int, int]:
   """(MR, NR) of the microkernel to use: 8x32 where 16-float vectors exist (AVX-512), else 6x16."""
@@ -198,7 +202,7 @@ def panel_rows(c: Contraction, side: Side, nr: int) -> int | None:
   """Rows h of B's outermost own range per panel (a panel is h whole rows of the rest: for a convolution's input
   window, h output rows), or None when B is copied whole (small enough to stay in L2)."""
   outer, inner = side.rows[0].arg[1], prod(r.arg[1] for r in side.rows[1:])
-  if c.B * side.size * c.K * 4 <= PANEL_MAX_BYTES: return None
+  if c.B * side.size * c.K * 4 <= PANEL_MAX_BYTES or c.a.size < MIN_PANEL_ROWS: return None
   fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * c.K * 4 <= PANEL_MAX_BYTES]
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel
