@@ -17,6 +17,7 @@ from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
 from aot.codegen.contract import lower_contractions, gemm_tile
 from aot.codegen.direct import lower_depthwise, DepthwiseCall
+from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices
 from aot.symbolic import linear
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
@@ -128,7 +129,8 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     direct = lower_depthwise(k.ast, k.bufs, make_buffer)
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
     kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
-    plans.append((last, gemms))
+    # a concat's epilogue runs one kernel per branch's slice
+    plans.append((split_by_slices(last, gemms), gemms))
     directs.append(direct[2] if direct is not None else [])
     # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
     for b in k.bufs:
@@ -136,10 +138,11 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   scratch = sched.scratch + scratch_made
   arena = memory_plan(kernels, scratch)
   # constants only a prepacked copy reads are left out of the weights
-  used = {id(k.bufs[u.arg]) for k, (last, gemms) in zip(kernels, plans)
-          for ast in [last, *(o.dense for g in gemms for o in (g.a, g.b) if o.dense is not None)]
+  used = {id(k.bufs[u.arg]) for k, (lasts, gemms) in zip(kernels, plans)
+          for ast in [*lasts, *(x for g in gemms for o in (g.a, g.b) for x in (o.dense, o.pack) if x is not None)]
           for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
-  used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)}
+  used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)
+           if o.pack is None}
   # the model's own constants that kernels read follow the packed ones (these were written as they were made)
   consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used and id(b) not in packed]
   for b in {id(b): b for b in consts}.values():
@@ -147,25 +150,26 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     release_mapped_pages(b.data)
   weights.close()
   functions: dict[UOp, str] = {}
-  for k, (last, gemms) in zip(sched.kernels, plans):
+  for k, (lasts, gemms) in zip(sched.kernels, plans):
     # kernels that do the same work on different buffers share one function
     base = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
-    functions.setdefault(last, base)
+    for j, last in enumerate(lasts): functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
     for i, g in enumerate(gemms):
       for side, o in zip("ab", (g.a, g.b)):
         if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
+        if o.pack is not None: functions.setdefault(o.pack, f"{base}_pack{i}{side}")
   optimized = {ast: optimize(ast) for ast in functions}
   functions = {optimized[ast]: fn for ast, fn in functions.items()}
   files = render_kernels(target, functions)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
-  infos = [KernelInfo(k.name, functions[optimized[last]], k.shape) for k, (last, _) in zip(sched.kernels, plans)]
+  infos = [KernelInfo(k.name, functions[optimized[lasts[0]]], k.shape) for k, (lasts, _) in zip(sched.kernels, plans)]
   external = (ExternalWeights(weights.size, weights_checksum(weights.path) if weights.path else 0)
               if weights.size > WEIGHTS_INLINE_MAX else None)
   weights.checksum = external.checksum if external else None
   calls: list = []
   notes: list = []   # (kernel, role, AST) of each call, for a profile build
   threads = sum(flop_count(k.ast) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
-  for k, (last, gemms), ds in zip(kernels, plans, directs):
+  for k, (lasts, gemms), ds in zip(kernels, plans, directs):
     def call(ast: UOp, out: Buffer):
       # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
       ast, extent = optimized[ast], parallel_extent(optimized[ast])
@@ -177,23 +181,33 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
           calls.append(call(o.dense, k.bufs[o.slot]))
           notes.append((k.name, "operand", optimized[o.dense]))
       work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
-      calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK))
+      pack = None
+      if g.b.pack is not None:
+        # B's panels are packed inside the gemm's tasks: the pack kernel is not a call of its own
+        ast = optimized[g.b.pack]
+        pack = (functions[ast], [(u.arg, None if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)])
+      calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK, pack))
       notes.append((k.name, "contraction", None))
-    # the direct kernel runs its epilogue after each task's planes when their loops agree
-    epilogue = None if _copies_in_place(last) else call(last, k.bufs[0])
-    for d in ds:
-      fused = epilogue is not None and d.fused and epilogue[2] == d.tasks
-      calls.append(DepthwiseCall(d, k.bufs, threads and d.tasks > 1 and d.work >= PARALLEL_MIN_WORK,
-                                 epilogue[:2] if fused else None))
-      notes.append((k.name, "depthwise", optimized[last] if fused else None))
-      if fused or epilogue is None: continue
-      calls.append(epilogue)
-      notes.append((k.name, "epilogue", optimized[last]))
+    if ds:
+      # the direct kernel runs its epilogue after each task's planes when their loops agree (no slices: one epilogue)
+      (last,) = lasts
+      epilogue = None if _copies_in_place(last) else call(last, k.bufs[0])
+      for d in ds:
+        fused = epilogue is not None and d.fused and epilogue[2] == d.tasks
+        calls.append(DepthwiseCall(d, k.bufs, threads and d.tasks > 1 and d.work >= PARALLEL_MIN_WORK,
+                                   epilogue[:2] if fused else None))
+        notes.append((k.name, "depthwise", optimized[last] if fused else None))
+        if fused or epilogue is None: continue
+        calls.append(epilogue)
+        notes.append((k.name, "epilogue", optimized[last]))
+      continue
     # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv) is not run
-    if not ds and not (gemms and _copies_in_place(last)):
-      calls.append(call(last, k.bufs[0]))
-      notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
-  model_c = render_model_c(name, sched, calls, protos, external, profile)
+    for last in lasts:
+      if not (gemms and _copies_in_place(last)):
+        calls.append(call(last, k.bufs[0]))
+        notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
+  panel_floats = max([g.c.K * g.b.panel[1] for _, gemms in plans for g in gemms], default=0)
+  model_c = render_model_c(name, sched, calls, protos, external, profile, panel_floats)
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c
   if not external: files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target, len(calls) if profile else 0)

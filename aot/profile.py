@@ -39,7 +39,10 @@ def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[Ca
   for call, (kernel, role, ast) in zip(calls, notes, strict=True):
     if isinstance(call, GemmCall):
       g, c = call.gemm, call.gemm.c
-      used = {id(call.bufs[s]): call.bufs[s] for s in (g.a.slot, g.b.slot, g.result)}
+      # a B packed in panels is read from the buffers its pack kernel reads
+      slots = [s for o in (g.a, g.b) if o.pack is None for s in [o.slot]] + [g.result]
+      slots += [s for s, _ in call.pack[1] if s != 0] if call.pack else []
+      used = {id(call.bufs[s]): call.bufs[s] for s in slots}
       infos.append(CallInfo(kernel, "aot_gemm_run", role, "microkernel", 2 * c.B * c.a.size * c.b.size * c.K,
                             sum(b.nbytes for b in used.values()), [c.B, c.a.size, c.b.size, c.K]))
       continue

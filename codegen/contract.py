@@ -51,6 +51,16 @@ NC_TILES, MC_TILES = 4, 32
 PACK_GROWTH = 4
 # ... unless it is smaller than this (elements): a small matrix's tile padding alone can pass PACK_GROWTH
 PACK_SMALL = 1 << 16
+# a B operand copied whole (im2col) is written out one panel of columns at a time instead when the whole copy is
+# bigger than this: each task packs its panel into a buffer of its thread's and runs every row block over it while it
+# sits in L2 (1 MiB per core here), rather than writing the whole matrix to memory and reading it back
+PANEL_MAX_BYTES = 3 << 19
+# panels a B operand is cut into at least (when it can be), so threads have tasks to share
+MIN_PANELS = 8
+# a panel pays by being read by every row tile of A while it is in cache: with fewer rows than this (a depthwise
+# convolution's M = 1 per channel) B is read once either way, and per-panel calls only add work (ShuffleNet: 2.58x
+# -> 2.83x onnxruntime with panels)
+MIN_PANEL_ROWS = 8
 
 def gemm_tile(cpu: str, triple: str | None) -> tuple[int, int]:
   """(MR, NR) of the microkernel to use: 8x32 where 16-float vectors exist (AVX-512), else 6x16."""
@@ -196,6 +206,35 @@ def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh)))
   return graph_rewrite(store, pm_simplify)
 
+def panel_rows(c: Contraction, side: Side, nr: int) -> int | None:
+  """Rows h of B's outermost own range per panel (a panel is h whole rows of the rest: for a convolution's input
+  window, h output rows), or None when B is copied whole (small enough to stay in L2)."""
+  outer, inner = side.rows[0].arg[1], prod(r.arg[1] for r in side.rows[1:])
+  if c.B * side.size * c.K * 4 <= PANEL_MAX_BYTES or c.a.size < MIN_PANEL_ROWS: return None
+  fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * c.K * 4 <= PANEL_MAX_BYTES]
+  # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
+  # the threads; then the fewest padding lanes; then the smallest panel
+  return max(fits, key=lambda h: (h * inner % nr == 0, c.B * -(-outer // h) >= MIN_PANELS,
+                                  round(_tile_use(1, h * inner, (1, nr)), 2), -h))
+
+def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
+  """A kernel writing panel p of a B operand as a dense [k][ld] matrix (columns contiguous, ld a whole number of
+  tiles): its outermost loop runs over the panels (batch, then h-row slices of B's outermost row range, the last one
+  cut short), and a call over [p, p + 1) writes that one panel to its slot 0."""
+  outer, rest = side.rows[0], side.rows[1:]
+  panels = -(-outer.arg[1] // h)
+  p = UOp(Ops.RANGE, dtypes.index, (), (0, c.B * panels, "loop"))
+  # a placeholder for the h rows in the panel, unlike any of the operand's ranges
+  order = [*c.k, UOp(Ops.RANGE, dtypes.index, (), (-1, h, "panel")), *rest]
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i + 1, r.arg[1], "loop")) for i, r in enumerate(order)}
+  # the last panel's rows past the end wrap around to real ones: their columns are packed, never used
+  sub = {**{r: fresh[r] for r in (*c.k, *rest)}, **_unflat(p // panels, c.batch),
+         outer: ((p % panels) * h + fresh[order[len(c.k)]]) % outer.arg[1]}
+  own = _flat([fresh[r] for r in order[len(c.k):]])
+  idx = _flat([fresh[r] for r in c.k]) * ld + own
+  store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, sub)))
+  return graph_rewrite(store, pm_simplify)
+
 def _view(side: Side, c: Contraction) -> tuple[int, int, tuple[int, int, int]] | None:
   """(slot, offset, (batch, row, k) strides) when the operand is a plain load of a buffer at an index linear in each
   group of ranges flattened (so it can be read where it lies), else None."""
@@ -241,6 +280,19 @@ def epilogue_kernel(ast: UOp, results: dict[UOp, tuple[Contraction, int, int]]) 
                                                  index(c, slot, offset), _inside(c)))
            for c, slot, offset in results.values()}
   return graph_rewrite(substitute(ast, loads), pm_simplify)
+
+def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
+  """The epilogue as one kernel per slice of the output range its contractions' slices cut it into (a concat's
+  branches, and the gaps between them): each piece reads its own branch only, where the whole kernel evaluated
+  every branch under gates at every element."""
+  cut = {r for g in gemms for r, _, _ in g.c.bounds}
+  if len(cut) != 1 or any(not g.c.bounds for g in gemms): return [ast]
+  (r,) = cut
+  edges = sorted({0, r.arg[1]} | {x for g in gemms for q, start, end in g.c.bounds for x in (start, end)})
+  if len(edges) == 2: return [ast]
+  # each piece's range keeps r's number with the piece's size (the loop order stays), so it is a new node
+  return [graph_rewrite(substitute(ast, {r: UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], hi - lo, r.arg[2])) + lo}),
+                        pm_operand) for lo, hi in zip(edges, edges[1:])]
 
 def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -> int | None:
   """Where the result matrix starts in the kernel's output, when the kernel writes each element where C has it (a
@@ -300,9 +352,11 @@ def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.n
   if whole < tiles: rows[:, whole, :side.size - whole * tile] = grid[:, whole * tile:]
   return packed
 
-def blocks(c: Contraction, mr: int, nr: int) -> tuple[int, int]:
-  """(mc, nc): rows of A and columns of B one task computes, shrunk until there are MIN_TASKS tasks when possible."""
+def blocks(c: Contraction, mr: int, nr: int, panel: int = 0) -> tuple[int, int]:
+  """(mc, nc): rows of A and columns of B one task computes, shrunk until there are MIN_TASKS tasks when possible.
+  panel: the columns of a packed B panel, which are one task's (its row blocks all run over the panel it packed)."""
   up = lambda n, t: -(-n // t) * t
+  if panel: return min(up(c.a.size, mr), MC_TILES * mr), panel
   mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.b.size, nr), NC_TILES * nr)
   tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
   while tasks() < MIN_TASKS and mc > mr: mc = up(mc // 2, mr)
@@ -318,6 +372,10 @@ class Operand:
   strides: tuple[int, int, int, int]
   padded: bool                 # whole tiles may be read past the last row
   dense: UOp | None = None
+  # a B operand packed a panel at a time (panel_operand) into its thread's buffer: the kernel, the panel's columns and
+  # its row stride (slot and offset are then unused; the strides are the panel's)
+  pack: UOp | None = None
+  panel: tuple[int, int] = (0, 0)
 
 @dataclass
 class Gemm:
@@ -332,7 +390,8 @@ class Gemm:
   @property
   def tasks(self) -> int:
     c, (mc, nc) = self.c, self.block
-    return c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
+    # a panel's task runs all of its row blocks
+    return c.B * -(-c.b.size // nc) * (1 if self.b.pack is not None else -(-c.a.size // mc))
 
 def _constants(side: Side, bufs: list) -> dict[int, np.ndarray] | None:
   """The arrays a constant operand is computed from, by slot; None when it reads a runtime buffer."""
@@ -359,6 +418,10 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
   if (view := _readable(c, side, is_b)) is not None:
     slot, offset, (sb, sr, sk) = view
     return Operand(slot, offset, (sb, R * sr, sr, sk), False)
+  if is_b and (h := panel_rows(c, side, R)) is not None:
+    cols = h * prod(r.arg[1] for r in side.rows[1:])
+    ld = -(-cols // R) * R
+    return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, ld), panel=(cols, ld))
   # rows padded to whole tiles, so the microkernel reads edge tiles in place
   rows, K = -(-side.size // R) * R, c.K
   slot = new_slot(make_buffer("scratch", c.B * rows * K))
@@ -392,5 +455,5 @@ def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer)
     offset = _in_place_offset(ast, bufs[0], c, [p for p, slot, _ in results.values() if slot == 0])
     results[c.acc] = (c, 0, offset) if offset is not None else \
       (c, new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)), 0)
-    gemms.append(Gemm(c, tile, blocks(c, mr, nr), a, b, *results[c.acc][1:]))
+    gemms.append(Gemm(c, tile, blocks(c, mr, nr, b.panel[0]), a, b, *results[c.acc][1:]))
   return epilogue_kernel(ast, results), bufs, gemms

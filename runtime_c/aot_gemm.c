@@ -84,7 +84,8 @@ GEMV_KERNEL(gemv_16, 16, v8)
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 static int min(int a, int b) { return a < b ? a : b; }
 
-int aot_gemm_tasks(const aot_gemm *g) { return g->batch * cdiv(g->M, g->mc) * cdiv(g->N, g->nc); }
+/* a panel's task (pack set) runs all of its row blocks */
+int aot_gemm_tasks(const aot_gemm *g) { return g->batch * cdiv(g->N, g->nc) * (g->pack ? 1 : cdiv(g->M, g->mc)); }
 
 /* where an operand's element (batch, row, k) is; rows come in tiles of R */
 static const float *at(const aot_operand *o, int b, int row, int R) {
@@ -93,8 +94,9 @@ static const float *at(const aot_operand *o, int b, int row, int R) {
 
 void aot_gemm_run(void *ctx, int start, int end) {
   /* tasks are taken from a shared counter, not from [start, end): blocks at the edges are smaller, and a fixed split
-     would leave one thread waiting (each task computes its block whole, so results do not depend on who takes it) */
-  (void)start; (void)end;
+     would leave one thread waiting (each task computes its block whole, so results do not depend on who takes it);
+     start says which thread's panel buffer a packing gemm uses (aot_runtime.h) */
+  (void)end;
   aot_gemm *g = ctx;
   const int tasks = aot_gemm_tasks(g);
   const int MR = g->mr, NR = g->nr, K = g->K;
@@ -104,13 +106,19 @@ void aot_gemm_run(void *ctx, int start, int end) {
      zero-padded copies of EDGE_KC steps of k at a time; C's edge tiles through a full-size one */
   float ea[EDGE_KC * 8] __attribute__((aligned(64))), eb[EDGE_KC * 32] __attribute__((aligned(64)));
   float ec[8 * 32] __attribute__((aligned(64)));
+  /* a panel task's B is the panel this thread packs, holding columns [n0, n0 + nc) from its start */
+  aot_operand bo = g->b;
+  float *panel = g->pack ? g->panels + (long)start * g->panel_floats : NULL;
+  if (g->pack) { bo.p = panel; bo.batch = 0; }
   for (int t; (t = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < tasks;) {
     /* m blocks innermost: neighbouring tasks share B columns */
-    const int b = t / (mblocks * nblocks), nb = t / mblocks % nblocks, mb = t % mblocks;
-    const int m0 = mb * g->mc, m1 = min(m0 + g->mc, g->M), n0 = nb * g->nc, n1 = min(n0 + g->nc, g->N);
+    const int per_batch = g->pack ? nblocks : mblocks * nblocks;
+    const int b = t / per_batch, nb = g->pack ? t % nblocks : t / mblocks % nblocks;
+    const int n0 = nb * g->nc, n1 = min(n0 + g->nc, g->N), bn0 = g->pack ? n0 : 0;
+    if (g->pack) g->pack(g->pack_args, panel, t);
     float *c = g->c + (long)b * g->M * g->N;
-    /* one row of A and B's lanes contiguous (whole tiles where they are packed): the GEMV, over all of K at once */
-    if (g->M == 1 && g->b.row == 1 && g->b.padded) {
+    /* one row of A, and B a packed constant (lanes contiguous, whole tiles): the GEMV, over all of K at once */
+    if (!g->pack && g->M == 1 && g->b.row == 1 && g->b.padded) {
       for (int n = n0; n < n1; n += NR) {
         const int nr = min(n1 - n, NR);
         float *ct = nr == NR ? c + n : ec;
@@ -119,18 +127,20 @@ void aot_gemm_run(void *ctx, int start, int end) {
       }
       continue;
     }
+    for (int mb = g->pack ? 0 : t % mblocks, mb_end = g->pack ? mblocks : mb + 1; mb < mb_end; mb++) {
+    const int m0 = mb * g->mc, m1 = min(m0 + g->mc, g->M);
     for (int k0 = 0; k0 < K; k0 += KC) {
       const int kc = min(K - k0, KC);
       for (int n = n0; n < n1; n += NR) {
         const int nr = min(n1 - n, NR);
-        const int b_copy = (nr < NR && !g->b.padded) || g->b.row != 1;
+        const int b_copy = (nr < NR && !bo.padded) || bo.row != 1;
         for (int kb = k0; kb < k0 + kc; kb += b_copy ? EDGE_KC : kc) {
           const int kbn = min(k0 + kc - kb, b_copy ? EDGE_KC : kc);
-          const float *bt = at(&g->b, b, n, NR) + (long)kb * g->b.k;
-          long bk = g->b.k;
+          const float *bt = at(&bo, b, n - bn0, NR) + (long)kb * bo.k;
+          long bk = bo.k;
           if (b_copy) {
             for (int k = 0; k < kbn; k++)
-              for (int j = 0; j < NR; j++) eb[k * NR + j] = j < nr ? bt[j * g->b.row + (long)k * g->b.k] : 0;
+              for (int j = 0; j < NR; j++) eb[k * NR + j] = j < nr ? bt[j * bo.row + (long)k * bo.k] : 0;
             bt = eb; bk = NR;
           }
           for (int m = m0; m < m1; m += MR) {
@@ -154,6 +164,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
           }
         }
       }
+    }
     }
   }
 }

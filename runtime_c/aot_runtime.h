@@ -47,13 +47,22 @@ __attribute__((visibility("hidden"))) int aot_default_threads(void);
    tile (what is there only reaches C's elements past the edge, which are dropped). (mr, nr) is 8x32 or 6x16; mc, nc, the rows and columns of C
    one task computes, are multiples of them; next counts the tasks taken (0 to start). Run aot_gemm_run(g, 0,
    aot_gemm_tasks(g)) on any number of threads at once: each takes tasks until none is left, and every element of C is
-   summed in the same order whoever computes it. */
+   summed in the same order whoever computes it.
+   With pack set, B is written a panel of nc columns at a time: a task is one panel (batch b, columns from nb * nc),
+   which pack(pack_args, buffer, b * ceil(N / nc) + nb) writes into the calling thread's buffer as [K][b.k] (B's strides
+   are the panel's, its pointer unused), and every row block of C then runs over it. The thread's buffer is
+   panels + start * panel_floats: run it with aot_parallel over the thread count, so that start is the thread. */
 typedef struct { const float *p; long batch, tile, row, k; int padded; } aot_operand;
+typedef void (*aot_pack)(void *args, float *panel, int index);
 typedef struct {
   int batch, M, N, K, mr, nr, mc, nc;
   aot_operand a, b;
   float *c;
   int next;
+  aot_pack pack;
+  void *pack_args;
+  float *panels;
+  long panel_floats;
 } aot_gemm;
 __attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
 __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);

@@ -204,3 +204,28 @@ def test_concat_branches_share_one_window_copy(target, tmp_path):
   src = (tmp_path / target / "src" / "model.c").read_text()
   body = src[src.index("API int m_run"):]
   assert gemms == 2 and body.count("_dense") == 1
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("groups, shape", [(1, (1, 128, 30, 28)), (2, (1, 64, 40, 40))])
+def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tmp_path):
+  # a window matrix (im2col) bigger than PANEL_MAX_BYTES is never written whole: each task packs its panel of output
+  # rows into its thread's buffer (30 rows in panels of 8 leave the last one short; a grouped conv's panels run over
+  # the groups too), so the arena holds the input and the output only
+  from aot.codegen.contract import PANEL_MAX_BYTES
+  cin, n = shape[1], shape[2] * shape[3]
+  w, x = f32(16 * groups, cin // groups, 3, 3), f32(*shape)
+  assert cin * 9 * n * 4 > PANEL_MAX_BYTES
+  art = aot.compile_model(lambda x: x.conv2d(Tensor(w), padding=1, groups=groups).relu(), [x],
+                          out_dir=tmp_path / target, target=target, name="m")
+  g = cin // groups
+  ref = np.concatenate([conv_ref(x[:, i * g:(i + 1) * g], w[i * 16:(i + 1) * 16], padding=1) for i in range(groups)], 1)
+  outs = []
+  for threads in (1, 2):
+    model = aot.load(art, threads=threads)
+    try: outs.append(model(x))
+    finally: model.close()
+  close(outs[0], np.maximum(ref, 0))
+  assert np.array_equal(outs[0], outs[1])
+  body = (art.dir / "src" / "model.c").read_text()
+  assert "_pack" in body and "_dense" not in body
+  assert art.arena_bytes <= (x.size + ref.size) * 4 + 4096

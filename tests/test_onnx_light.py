@@ -1,6 +1,6 @@
 """The real architectures that ship with onnx (backend/test/data/light), with seeded random weights in place of their
-constant 0.02 ones: they compile, match onnxruntime (on c, on 2 threads bitwise as on 1), and keep their pinned kernel
-counts."""
+constant 0.02 ones: they compile, match onnxruntime (on c, on 2 threads bitwise as on 1), keep their pinned kernel
+counts and stay within the memory bounds."""
 import os
 import numpy as np
 import onnx
@@ -18,6 +18,33 @@ KERNELS = {
   "bvlc_alexnet": 17, "densenet121": 180, "inception_v1": 50, "inception_v2": 56, "resnet50": 53,
   "shufflenet": 53, "squeezenet": 23, "vgg19": 21, "zfnet512": 16,
 }
+
+# memory bounds (issue 11): the weights blob against the model's own weights (each constant packed once; a fused
+# batch norm or scale may add a copy), the arena against the largest tensor the model computes, takes or gives
+WEIGHTS_MAX, ARENA_MAX = 1.2, 4.0
+
+def own_weight_bytes(model) -> int:
+  """Bytes of the model's initializers and Constant tensors."""
+  tensors = list(model.graph.initializer) + [a.t for n in model.graph.node if n.op_type == "Constant"
+                                             for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+  return sum(onnx.numpy_helper.to_array(t).nbytes for t in tensors)
+
+def largest_tensor_bytes(model) -> int:
+  """Bytes of the largest tensor computed from the model's inputs (an activation; not a weight reshaped), or input, by
+  onnx's shape inference."""
+  g = onnx.shape_inference.infer_shapes(model).graph
+  live = {i.name for i in g.input} - {t.name for t in g.initializer}
+  for n in g.node:
+    if any(x in live for x in n.input): live.update(n.output)
+  sizes = [np.prod([d.dim_value for d in v.type.tensor_type.shape.dim], dtype=np.int64) *
+           onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).itemsize
+           for v in [*g.input, *g.value_info, *g.output] if v.name in live]
+  return int(max(sizes))
+
+def assert_memory_bounds(art, model, name: str):
+  weights_x, arena_x = art.weights_bytes / own_weight_bytes(model), art.arena_bytes / largest_tensor_bytes(model)
+  assert weights_x <= WEIGHTS_MAX, f"{name}: weights blob {weights_x:.3f}x the model's weights"
+  assert arena_x <= ARENA_MAX, f"{name}: arena {arena_x:.2f}x the largest tensor"
 
 def light_model(name: str):
   """One of the light models, its constant weights made seeded random ones."""
@@ -46,3 +73,4 @@ def test_light_model_matches_onnxruntime(name, target, tmp_path):
   # llvm (a run of densenet121 costs seconds)
   if target == "c":
     np.testing.assert_array_equal(aot.load(art, threads=2)(x), one, err_msg=f"{name}: 2 threads differ from 1")
+  assert_memory_bounds(art, model, name)
