@@ -13,8 +13,9 @@ from aot.scale_bench import write_external_mlp, compile_in_subprocess, create_se
 # 20 layers of 1024x1024: 80 MB, past WEIGHTS_INLINE_MAX, so the weights are the mapped NAME.weights file
 WIDTH, WEIGHT_BYTES = 1024, 80 << 20
 # the compiler's resident memory above its start (imported, llvmlite loaded), per byte of the model's weights: streamed,
-# it is about one layer's packing (0.47 measured); holding the weights in the heap and then the blob was 5.4
-COMPILE_RSS_OVER_WEIGHTS = 1.0
+# it is about one layer's packing (0.47 measured alone, up to 1.07 seen when the suite runs on 2 workers: not yet
+# understood); holding the weights in the heap and then the blob was 5.4. Issue 15's bar: weights + 50%
+COMPILE_RSS_OVER_WEIGHTS = 1.5
 # NAME_create maps the file and reads 64 blocks of it: 0.1 ms measured; a copy of 80 MB would take tens of ms
 CREATE_MAX_S = 0.01
 
