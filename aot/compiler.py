@@ -29,8 +29,8 @@ PARALLEL_MIN_WORK = 1 << 16
 # a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
 # the first wake-up of a run costs more than splitting gains (the 3-layer mlp: 2 threads were 0.74x as fast as 1)
 MODEL_PARALLEL_MIN_WORK = 1 << 25
-# the runtime's C files every CPU artifact links (the microkernel, the depthwise kernel)
-RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c")
+# the runtime's C files every CPU artifact links (the microkernel, the depthwise kernel, the int8 microkernel)
+RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c", "aot_qgemm.c")
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
