@@ -85,7 +85,7 @@ void aot_qgemm_run(void *ctx, int start, int end) {
   (void)start; (void)end;
   aot_qgemm *g = ctx;
   const int tasks = aot_qgemm_tasks(g), mblocks = cdiv(g->M, QMC), K4 = (g->K + 3) / 4 * 4;
-  const uint8_t flip = g->a_signed ? 0x80 : 0;
+  const uint32_t flip = g->a_signed ? 0x80 : 0;
   const int32_t zero = g->a_zero + (g->a_signed ? 128 : 0);
   uint8_t ap[QMC * QKC] __attribute__((aligned(64)));
   int32_t acc[QMC * QNC] __attribute__((aligned(64)));
@@ -95,13 +95,18 @@ void aot_qgemm_run(void *ctx, int start, int end) {
     for (int k0 = 0; k0 < K4; k0 += QKC) {
       const int kc = min(K4 - k0, QKC);
       /* A's slice as [m tile][k/4][QMR][4] bytes, unsigned, zero past M and K (B is zero past K too) */
+      const int kin = min(g->K - k0, kc);
       for (int i = 0; i < cdiv(mr, QMR) * QMR; i++) {
         uint8_t *dst = ap + (i / QMR) * QMR * kc + (i % QMR) * 4;
-        const uint8_t *src = g->a + (long)(m0 + i) * g->lda;
-        for (int k = 0; k < kc; k++) {
-          const int kk = k0 + k;
-          dst[(k / 4) * QMR * 4 + k % 4] = i < mr && kk < g->K ? (uint8_t)(src[kk] ^ flip) : 0;
+        const uint8_t *src = g->a + (long)(m0 + i) * g->lda + k0;
+        const int whole = i < mr ? kin / 4 * 4 : 0;
+        for (int k = 0; k < whole; k += 4) {
+          uint32_t word;
+          memcpy(&word, src + k, 4);
+          word ^= flip * 0x01010101u;
+          memcpy(dst + k * QMR, &word, 4);
         }
+        for (int k = whole; k < kc; k++) dst[(k / 4) * QMR * 4 + k % 4] = i < mr && k < kin ? (uint8_t)(src[k] ^ flip) : 0;
       }
       for (int n = 0; n < nr; n += QNR) {
         const int8_t *bt = g->b + (long)((n0 + n) / QNR) * K4 * QNR + (long)k0 * QNR;
