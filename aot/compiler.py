@@ -16,6 +16,7 @@ from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
 from aot.codegen.contract import lower_contractions, gemm_tile
 from aot.codegen.direct import lower_depthwise, DepthwiseCall
+from aot.codegen.quant import lower_qgemm, QGemmCall
 from aot.symbolic import linear
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
@@ -70,8 +71,11 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
   """Anything compile_model accepts, traced: a Tensor program with example inputs, "models:NAME", an ONNX file or
   an onnx.ModelProto."""
   if _is_onnx(what):
-    from aot.frontends.onnx import trace_onnx
-    return trace_onnx(what, shapes, bind, name)
+    from aot.frontends.onnx import trace_onnx, load_model
+    from aot.codegen.quant import fuse_qdq
+    # QDQ groups run as onnxruntime runs them: as integer contractions (codegen/quant.py)
+    fused = fuse_qdq(load_model(what))
+    return trace_onnx(fused, shapes, bind, name or (Path(what).stem if isinstance(what, (str, Path)) else None))
   if isinstance(what, str) and what.startswith("models:"):
     from aot.models import get
     model = get(what.split(":", 1)[1])
@@ -114,7 +118,16 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
   # depthwise convolutions go to the runtime's direct kernel instead (codegen/direct.py); directs[i] are kernel i's
   kernels, plans, directs = [], [], []
+  # int8 contractions go to the runtime's int8 microkernel (codegen/quant.py), after a kernel writing their A
+  producers, qgemms = {id(k.bufs[0]): k for k in sched.kernels}, {}
   for k in sched.kernels:
+    if (q := lower_qgemm(k.ast, k.bufs, producers)) is not None:
+      made.extend(q[1])
+      kernels.append(Kernel(k.name, k.ast, q[0], k.shape))
+      plans.append((q[2].dense, []))
+      directs.append([])
+      qgemms[k.name] = q[2]
+      continue
     direct = lower_depthwise(k.ast, k.bufs, make_buffer)
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
     kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
@@ -128,6 +141,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
           for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
   used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)}
   used |= {id(k.bufs[s]) for k, ds in zip(kernels, directs) for d in ds for s in (d.w_slot, d.planes_slot)}
+  used |= {id(b) for b in made if b.kind == "const"}
   consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used]
   consts = list({id(b): b for b in consts}.values())
   blob_size = weights_layout(consts)
@@ -156,6 +170,13 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
       ast, extent = optimized[ast], parallel_extent(optimized[ast])
       args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
       return (functions[ast], args, extent, threads and extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
+    if k.name in qgemms:
+      q = qgemms[k.name]
+      calls.append(call(last, k.bufs[q.a_slot]))
+      notes.append((k.name, "operand", optimized[last]))
+      calls.append(QGemmCall(q, k.bufs, threads and q.tasks > 1 and q.M * q.N * q.K >= PARALLEL_MIN_WORK))
+      notes.append((k.name, "int8 contraction", None))
+      continue
     for g in gemms:
       for o in (g.a, g.b):
         if o.dense is not None:

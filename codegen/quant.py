@@ -29,3 +29,221 @@ def requantize(acc: np.ndarray, scale: np.ndarray, zero: int, dtype) -> np.ndarr
   info = np.iinfo(dtype)
   r = np.rint(acc.astype(np.float32) * np.asarray(scale, np.float32))
   return np.clip(r + zero, info.min, info.max).astype(dtype)
+
+# *** QDQ groups to the QLinear ops onnxruntime runs them as ***
+
+def _qdq_groups(model) -> list[tuple]:
+  """(Conv/MatMul node, its QuantizeLinear, the DequantizeLinear of x, of w, of the bias or None) of each
+  DequantizeLinear -> Conv/MatMul -> QuantizeLinear group whose weights are constant and whose float result only the
+  QuantizeLinear reads."""
+  g = model.graph
+  inits = {t.name for t in g.initializer}
+  producer = {o: n for n in g.node for o in n.output}
+  readers: dict[str, list] = {}
+  for n in g.node:
+    for i in n.input: readers.setdefault(i, []).append(n)
+  outputs = {o.name for o in g.output}
+  dq = lambda name: (p if (p := producer.get(name)) is not None and p.op_type == "DequantizeLinear" and p.domain in ("", "ai.onnx")
+                     else None)
+  groups = []
+  for n in g.node:
+    if n.op_type not in ("Conv", "MatMul") or n.domain not in ("", "ai.onnx") or len(n.input) < 2: continue
+    users = readers.get(n.output[0], [])
+    if len(users) != 1 or users[0].op_type != "QuantizeLinear" or n.output[0] in outputs: continue
+    x, w = dq(n.input[0]), dq(n.input[1])
+    b = dq(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+    if x is None or w is None or w.input[0] not in inits or (len(n.input) > 2 and n.input[2] and b is None): continue
+    # QLinear ops take 8-bit data, and an int32 bias at scale x_scale * w_scale (the quantizer writes it so)
+    if len(w.input) < 3 or len(x.input) < 3 or len(users[0].input) < 3: continue
+    groups.append((n, users[0], x, w, b))
+  return groups
+
+def fuse_qdq(model):
+  """The model with each QDQ group (_qdq_groups) as one QLinearConv or QLinearMatMul, as onnxruntime's graph
+  optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
+  (float products in the dequantized form round differently). The model itself is not changed."""
+  import onnx
+  from onnx import helper
+  groups = _qdq_groups(model)
+  if not groups: return model
+  model = onnx.ModelProto.FromString(model.SerializeToString())
+  g = model.graph
+  by_output = {n.output[0]: i for i, n in enumerate(g.node)}
+  for n, q, x, w, b in _qdq_groups(model):
+    qin = [x.input[0], x.input[1], x.input[2], w.input[0], w.input[1], w.input[2], q.input[1], q.input[2]]
+    fused = helper.make_node(f"QLinear{n.op_type}", qin + ([b.input[0]] if b is not None else []), [q.output[0]],
+                             name=f"{n.name}_qlinear")
+    if n.op_type == "Conv": fused.attribute.extend(n.attribute)
+    at = by_output[n.output[0]]
+    g.node[at].CopyFrom(fused)
+    g.node.remove(q)
+    by_output = {m.output[0]: i for i, m in enumerate(g.node)}
+  return model
+
+# *** int32 contractions with a requantizing store to the int8 microkernel ***
+
+from dataclasses import dataclass
+from aot.dtype import dtypes
+from aot.ir import UOp, Ops, ReduceOp, prod
+from aot.rewrite import substitute, graph_rewrite
+from aot.symbolic import linear, pm_simplify
+from aot.schedule import Buffer
+
+_QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
+
+@dataclass
+class QGemm:
+  """One int8 contraction as aot_qgemm computes it, over a kernel's buffer slots."""
+  M: int
+  N: int
+  K: int
+  a_slot: int
+  a_offset: int
+  lda: int
+  a_signed: bool
+  a_zero: int
+  b_slot: int                  # packed weights; col_sum, bias (or None), scale: their own slots
+  col_sum_slot: int
+  bias_slot: int | None
+  scale_slot: int
+  scale_step: int
+  out_type: int
+  out_zero: int
+  ldc: tuple[int, int]
+  dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, when A is no view
+
+  @property
+  def tasks(self) -> int: return -(-self.M // 64) * -(-self.N // 128)
+
+@dataclass
+class QGemmCall:
+  """aot_qgemm over the kernel's buffers (rendered into model.c beside GemmCall)."""
+  q: QGemm
+  bufs: list
+  parallel: bool
+  def render(self, arg, trampoline=None) -> str:
+    q, b = self.q, self.bufs
+    bias = f"(const int32_t *){arg(b[q.bias_slot], q.bias_slot)}" if q.bias_slot is not None else "NULL"
+    desc = (f"{q.M}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
+            f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
+            f"(const int32_t *){arg(b[q.col_sum_slot], q.col_sum_slot)}, {bias}, "
+            f"(const float *){arg(b[q.scale_slot], q.scale_slot)}, {q.scale_step}, {q.out_type}, {q.out_zero}, "
+            f"(void *){arg(b[0], 0)}, {q.ldc[0]}, {q.ldc[1]}, 0")
+    run = "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))" if self.parallel else \
+          "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
+    return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
+
+def _const(u: UOp):
+  return u.arg if u.op is Ops.CONST else None
+
+def _requant(value: UOp):
+  """(int32 sum, scale node, zero point, dtype) of CAST(dt, MIN(MAX(ROUND(sum * scale [+ zero]), lo), hi)), else None."""
+  if value.op is not Ops.CAST or value.dtype not in _QTYPES: return None
+  info = np.iinfo(value.dtype.np)
+  mn = value.src[0]
+  if mn.op is not Ops.MIN or _const(mn.src[1]) != info.max or mn.src[0].op is not Ops.MAX: return None
+  mx = mn.src[0]
+  if _const(mx.src[1]) != info.min or mx.src[0].op is not Ops.ROUND: return None
+  x, zero = mx.src[0].src[0], 0
+  if x.op is Ops.ADD and (z := _const(x.src[1])) is not None and float(z).is_integer(): x, zero = x.src[0], int(z)
+  if x.op is not Ops.MUL or x.src[0].op is not Ops.CAST or x.src[0].src[0].dtype != dtypes.int32: return None
+  return x.src[0].src[0], x.src[1], zero, value.dtype
+
+def _group(ranges, terms) -> int | None:
+  """The stride of ranges (outer first) flattened row-major, when the index terms are that flat index times it."""
+  inner = terms.get(ranges[-1], 0)
+  size = 1
+  for r in reversed(ranges):
+    if terms.get(r, 0) != inner * size: return None
+    size *= r.arg[1]
+  return inner
+
+def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
+  """A constant vector over the flat n (a per-channel value), or a scalar constant, as an array; else None."""
+  if u.op is Ops.CONST: return np.array([u.arg])
+  if u.op is not Ops.LOAD or _const(u.src[2]) is not True or bufs[u.src[0].arg].kind != "const": return None
+  terms, offset = linear(u.src[1])
+  if set(terms) - set(n_rows) or _group(n_rows, terms) != 1: return None
+  n = prod(r.arg[1] for r in n_rows)
+  data = np.asarray(bufs[u.src[0].arg].data).reshape(-1)
+  return data[offset:offset + n] if offset + n <= data.size else None
+
+def _activation(x: UOp, producers: dict):
+  """(the 8-bit load expression, zero point) of an int32 operand that is an 8-bit value minus its zero point: read
+  directly, or from the elementwise kernel that wrote it (producers: buffer id -> that kernel). Gated-off positions
+  (a convolution's padding) read the zero point. None otherwise."""
+  gate = None
+  if x.op is Ops.WHERE and _const(x.src[2]) == 0: gate, x = x.src[0], x.src[1]
+  if x.op is not Ops.LOAD or x.dtype != dtypes.int32: return None
+  return gate, x
+
+def lower_qgemm(ast: UOp, bufs: list, producers: dict):
+  """(the kernel's buffers with new slots appended, the buffers made for them, its QGemm) when the kernel is an int8 contraction with a
+  requantizing store (the int32 sum of 8-bit activations times int8 constant weights, plus an int32 bias, scaled per
+  tensor or per output channel), else None."""
+  if ast.op is not Ops.STORE: return None
+  rq = _requant(ast.src[2])
+  if rq is None: return None
+  total, scale, out_zero, out_dt = rq
+  bias = None
+  if total.op is Ops.ADD: total, bias = total.src
+  if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL: return None
+  acc = total
+  k = tuple(sorted(acc.src[1:], key=lambda r: r.arg[0]))
+  ranges = lambda u: {r for r in u.toposort() if r.op is Ops.RANGE}
+  x, w = acc.src[0].src
+  consts = lambda u: all(bufs[l.src[0].arg].kind == "const" for l in u.toposort() if l.op is Ops.LOAD)
+  if consts(x): x, w = w, x
+  if not consts(w) or consts(x): return None
+  act = _activation(x, producers)
+  if act is None: return None
+  gate, load = act
+  src = producers.get(id(bufs[load.src[0].arg]))
+  if src is None: return None
+  pvalue = src.ast.src[2]
+  # the producer writes x8[i] - zero (or x8[i]) at i
+  p_zero = 0
+  if pvalue.op is Ops.SUB and (z := _const(pvalue.src[1])) is not None: pvalue, p_zero = pvalue.src[0], int(z)
+  if pvalue.op is not Ops.CAST or pvalue.src[0].op is not Ops.LOAD or pvalue.src[0].dtype not in _QTYPES: return None
+  x8 = pvalue.src[0]
+  if _const(x8.src[2]) is not True or linear(x8.src[1]) != linear(src.ast.src[1]): return None
+  m_rows = tuple(sorted(ranges(x) - set(k), key=lambda r: r.arg[0]))
+  n_rows = tuple(sorted(ranges(w) - set(k), key=lambda r: r.arg[0]))
+  if not m_rows or not n_rows or set(m_rows) & set(n_rows): return None
+  out_terms, out_offset = linear(ast.src[1])
+  if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
+  ldc = (_group(m_rows, out_terms), _group(n_rows, out_terms))
+  if None in ldc: return None
+  M, N, K = (prod(r.arg[1] for r in g) for g in (m_rows, n_rows, k))
+  # the weights as an int8 [K][N] matrix (evaluated with numpy as the float microkernel's constants are)
+  from aot.codegen.contract import Contraction, Side, evaluate_operand
+  c = Contraction(acc, (), k, Side(x, m_rows), Side(w, n_rows))
+  data = {l.src[0].arg: bufs[l.src[0].arg].data for l in w.toposort() if l.op is Ops.LOAD}
+  grid = evaluate_operand(c, c.b, N, data).reshape(K, N)
+  if grid.min() < -128 or grid.max() > 127: return None
+  scales = _per_n(scale, n_rows, bufs)
+  biases = None if bias is None else _per_n(bias, n_rows, bufs)
+  if scales is None or (bias is not None and biases is None): return None
+  packed, col_sum = pack_weights(grid.astype(np.int8))
+  bufs = list(bufs)
+  def slot(b: Buffer) -> int:
+    bufs.append(b)
+    return len(bufs) - 1
+  const = lambda dt, arr: slot(Buffer("const", dt, arr.size, "qgemm", shape=arr.shape, data=arr))
+  # A: the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
+  a_dt = x8.dtype
+  x8_slot = slot(producers[id(bufs[load.src[0].arg])].bufs[x8.src[0].arg])
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate([*m_rows, *k])}
+  flat = lambda rs: sum((fresh[r] * prod(q.arg[1] for q in rs[i + 1:]) for i, r in enumerate(rs)), UOp.const(dtypes.index, 0))
+  read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
+  value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, UOp.const(a_dt, p_zero)))
+  idx = flat(m_rows) * K + flat(k)
+  dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
+                                                       substitute(value, fresh))), pm_simplify)
+  first_new = len(bufs)
+  a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
+  q = QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, const(dtypes.int8, packed),
+            const(dtypes.int32, col_sum), None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
+            const(dtypes.float32, scales.astype(np.float32)), int(scales.size > 1), _QTYPES[out_dt], out_zero, ldc,
+            dense)
+  return bufs, bufs[first_new:], q

@@ -120,7 +120,7 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         /* wrapping int32 arithmetic, as vpdpbusd's own */
         const int32_t v = (int32_t)((uint32_t)row[j] - (uint32_t)zero * (uint32_t)g->col_sum[n]
                                     + (uint32_t)(g->bias ? g->bias[n] : 0));
-        const long at = (long)(m0 + i) * g->ldc + n;
+        const long at = (long)(m0 + i) * g->ldc_m + (long)n * g->ldc_n;
         if (g->out_type == AOT_QGEMM_INT32) { ((int32_t *)g->c)[at] = v; continue; }
         const float r = rintf((float)v * g->scale[n * g->scale_step]);
         /* clamp in float first: a huge value converts to int32 without overflow */

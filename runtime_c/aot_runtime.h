@@ -92,7 +92,7 @@ __attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start,
 /* The int8 contraction (runtime_c/aot_qgemm.c): C[m][n] = sum_k (A[m][k] - a_zero) * B[k][n] + bias[n] in int32,
    A uint8 (or int8: a_signed) at a + m*lda + k, B int8 packed by codegen/quant.py as [N/QNR][K4/4][QNR][4] with
    col_sum[n] = sum_k B[k][n]; bias may be NULL. out_type INT32 writes C; UINT8/INT8 write
-   clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). Row stride of C: ldc. Run
+   clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). C's element (m, n) is at c + m*ldc_m + n*ldc_n. Run
    aot_qgemm_run(g, 0, aot_qgemm_tasks(g)) on any number of threads at once (next = 0 to start); results are the
    same for any count. */
 #define QNR 32
@@ -107,7 +107,7 @@ typedef struct {
   const float *scale;
   int scale_step, out_type, out_zero;
   void *c;
-  long ldc;
+  long ldc_m, ldc_n;
   int next;
 } aot_qgemm;
 __attribute__((visibility("hidden"))) int aot_qgemm_tasks(const aot_qgemm *g);

@@ -23,7 +23,7 @@ class QGemm(ctypes.Structure):
               ("lda", ctypes.c_long), ("a_signed", ctypes.c_int), ("a_zero", ctypes.c_int), ("b", ctypes.c_void_p),
               ("col_sum", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale", ctypes.c_void_p),
               ("scale_step", ctypes.c_int), ("out_type", ctypes.c_int), ("out_zero", ctypes.c_int),
-              ("c", ctypes.c_void_p), ("ldc", ctypes.c_long), ("next", ctypes.c_int)]
+              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int)]
 
 @pytest.fixture(scope="module", params=["native", "x86-64-v3"])
 def lib(request, tmp_path_factory):
@@ -46,7 +46,7 @@ def run(lib, a, w, a_zero, bias=None, scale=None, out_zero=0, out_dtype=np.int32
   ptr = lambda x: None if x is None else x.ctypes.data
   g = QGemm(M, N, K, ptr(keep[0]), K, int(a.dtype == np.int8), a_zero, ptr(packed), ptr(col_sum), ptr(bias),
             ptr(scale), 0 if scale is None or scale.size == 1 else 1,
-            {np.int32: 0, np.uint8: 1, np.int8: 2}[out_dtype], out_zero, ptr(out), N, 0)
+            {np.int32: 0, np.uint8: 1, np.int8: 2}[out_dtype], out_zero, ptr(out), N, 1, 0)
   lib.qgemm(ctypes.byref(g), threads)
   return out
 
