@@ -119,14 +119,14 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   # depthwise convolutions go to the runtime's direct kernel instead (codegen/direct.py); directs[i] are kernel i's
   kernels, plans, directs = [], [], []
   # int8 contractions go to the runtime's int8 microkernel (codegen/quant.py), after a kernel writing their A
-  producers, qgemms = {id(k.bufs[0]): k for k in sched.kernels}, {}
+  producers, qgemms, qresults = {id(k.bufs[0]): k for k in sched.kernels}, {}, {}
   for k in sched.kernels:
-    if (q := lower_qgemm(k.ast, k.bufs, producers)) is not None:
+    if (q := lower_qgemm(k.ast, k.bufs, producers, qresults)) is not None:
       made.extend(q[1])
       kernels.append(Kernel(k.name, k.ast, q[0], k.shape))
-      plans.append((q[2].dense, []))
+      plans.append((q[3] or q[2][0].dense, []))
       directs.append([])
-      qgemms[k.name] = q[2]
+      qgemms[k.name] = q[2:]
       continue
     direct = lower_depthwise(k.ast, k.bufs, make_buffer)
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
@@ -152,6 +152,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     # kernels that do the same work on different buffers share one function
     base = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
     functions.setdefault(last, base)
+    for i, q in enumerate(qgemms.get(k.name, ([], None))[0]): functions.setdefault(q.dense, f"{base}_dense{i}")
     for i, g in enumerate(gemms):
       for side, o in zip("ab", (g.a, g.b)):
         if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
@@ -171,11 +172,15 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
       args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
       return (functions[ast], args, extent, threads and extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
     if k.name in qgemms:
-      q = qgemms[k.name]
-      calls.append(call(last, k.bufs[q.a_slot]))
-      notes.append((k.name, "operand", optimized[last]))
-      calls.append(QGemmCall(q, k.bufs, threads and q.tasks > 1 and q.M * q.N * q.K >= PARALLEL_MIN_WORK))
-      notes.append((k.name, "int8 contraction", None))
+      qs, epilogue = qgemms[k.name]
+      for q in qs:
+        calls.append(call(q.dense, k.bufs[q.a_slot]))
+        notes.append((k.name, "operand", optimized[q.dense]))
+        calls.append(QGemmCall(q, k.bufs, threads and q.tasks > 1 and q.M * q.N * q.K >= PARALLEL_MIN_WORK))
+        notes.append((k.name, "int8 contraction", None))
+      if epilogue is not None:
+        calls.append(call(epilogue, k.bufs[0]))
+        notes.append((k.name, "epilogue", optimized[epilogue]))
       continue
     for g in gemms:
       for o in (g.a, g.b):

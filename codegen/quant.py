@@ -110,7 +110,8 @@ class QGemm:
   out_type: int
   out_zero: int
   ldc: tuple[int, int]
-  dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, when A is no view
+  dense: UOp                   # the kernel writing A as a dense [M][K] byte matrix into a_slot
+  c_slot: int = 0              # where the requantized result goes: the output, or a scratch the epilogue reads
 
   @property
   def tasks(self) -> int: return -(-self.M // 64) * -(-self.N // 128)
@@ -128,7 +129,7 @@ class QGemmCall:
             f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
             f"(const int32_t *){arg(b[q.col_sum_slot], q.col_sum_slot)}, {bias}, "
             f"(const float *){arg(b[q.scale_slot], q.scale_slot)}, {q.scale_step}, {q.out_type}, {q.out_zero}, "
-            f"(void *){arg(b[0], 0)}, {q.ldc[0]}, {q.ldc[1]}, 0")
+            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0")
     run = "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))" if self.parallel else \
           "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
     return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
@@ -168,23 +169,38 @@ def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
   data = np.asarray(bufs[u.src[0].arg].data).reshape(-1)
   return data[offset:offset + n] if offset + n <= data.size else None
 
-def _activation(x: UOp, producers: dict):
-  """(the 8-bit load expression, zero point) of an int32 operand that is an 8-bit value minus its zero point: read
-  directly, or from the elementwise kernel that wrote it (producers: buffer id -> that kernel). Gated-off positions
-  (a convolution's padding) read the zero point. None otherwise."""
+def _activation(x: UOp):
+  """(gate, load) of an int32 operand that reads a buffer where its gate is on and is zero elsewhere, else None."""
   gate = None
   if x.op is Ops.WHERE and _const(x.src[2]) == 0: gate, x = x.src[0], x.src[1]
   if x.op is not Ops.LOAD or x.dtype != dtypes.int32: return None
   return gate, x
 
-def lower_qgemm(ast: UOp, bufs: list, producers: dict):
-  """(the kernel's buffers with new slots appended, the buffers made for them, its QGemm) when the kernel is an int8 contraction with a
-  requantizing store (the int32 sum of 8-bit activations times int8 constant weights, plus an int32 bias, scaled per
-  tensor or per output channel), else None."""
-  if ast.op is not Ops.STORE: return None
-  rq = _requant(ast.src[2])
-  if rq is None: return None
-  total, scale, out_zero, out_dt = rq
+def _int8_source(kernel, qresults: dict):
+  """(8-bit buffer, zero point) holding what the kernel writes plus the zero point, at the same index, when the kernel
+  is x8[i] - zero, read from an 8-bit buffer or from an int8 contraction's requantized result; (x8's dtype, zero
+  point) when x8 is computed; else None."""
+  value, zero = kernel.ast.src[2], 0
+  if value.op is Ops.SUB and (z := _const(value.src[1])) is not None: value, zero = value.src[0], int(z)
+  if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES: return None
+  x8 = value.src[0]
+  if x8.op is Ops.LOAD and _const(x8.src[2]) is True and linear(x8.src[1]) == linear(kernel.ast.src[1]):
+    return kernel.bufs[x8.src[0].arg], zero
+  if (r := qresults.get(id(kernel.bufs[0]))) is not None and r[0] is x8: return r[1], zero
+  # any other 8-bit value (a requantized residual add): read back from the int32 the kernel wrote
+  return x8.dtype, zero
+
+def _flat(ranges) -> UOp:
+  """The row-major flat index of ranges (outer first)."""
+  out, stride = UOp.const(dtypes.index, 0), 1
+  for r in reversed(ranges):
+    out, stride = r * stride + out, stride * r.arg[1]
+  return out
+
+def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
+  """(QGemm, the load of its result) of one requantized int8 contraction of the kernel, its buffers appended to bufs
+  (and the new ones to made); None when it is not one."""
+  total, scale, out_zero, out_dt = _requant(requant)
   bias = None
   if total.op is Ops.ADD: total, bias = total.src
   if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL: return None
@@ -195,55 +211,77 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict):
   consts = lambda u: all(bufs[l.src[0].arg].kind == "const" for l in u.toposort() if l.op is Ops.LOAD)
   if consts(x): x, w = w, x
   if not consts(w) or consts(x): return None
-  act = _activation(x, producers)
+  act = _activation(x)
   if act is None: return None
   gate, load = act
   src = producers.get(id(bufs[load.src[0].arg]))
-  if src is None: return None
-  pvalue = src.ast.src[2]
-  # the producer writes x8[i] - zero (or x8[i]) at i
-  p_zero = 0
-  if pvalue.op is Ops.SUB and (z := _const(pvalue.src[1])) is not None: pvalue, p_zero = pvalue.src[0], int(z)
-  if pvalue.op is not Ops.CAST or pvalue.src[0].op is not Ops.LOAD or pvalue.src[0].dtype not in _QTYPES: return None
-  x8 = pvalue.src[0]
-  if _const(x8.src[2]) is not True or linear(x8.src[1]) != linear(src.ast.src[1]): return None
+  source = None if src is None else _int8_source(src, qresults)
+  if source is None: return None
+  x8_buf, p_zero = source
   m_rows = tuple(sorted(ranges(x) - set(k), key=lambda r: r.arg[0]))
   n_rows = tuple(sorted(ranges(w) - set(k), key=lambda r: r.arg[0]))
   if not m_rows or not n_rows or set(m_rows) & set(n_rows): return None
-  out_terms, out_offset = linear(ast.src[1])
+  if ranges(requant) - set(k) != set(m_rows) | set(n_rows): return None
+  # the result where the output has it (a bare requantized store), else in a scratch in the kernel's loop order
+  at = ast.src[1] if bare else _flat(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
+  out_terms, out_offset = linear(at)
   if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
   ldc = (_group(m_rows, out_terms), _group(n_rows, out_terms))
   if None in ldc: return None
   M, N, K = (prod(r.arg[1] for r in g) for g in (m_rows, n_rows, k))
+  scales = _per_n(scale, n_rows, bufs)
+  biases = None if bias is None else _per_n(bias, n_rows, bufs)
+  if scales is None or (bias is not None and biases is None): return None
   # the weights as an int8 [K][N] matrix (evaluated with numpy as the float microkernel's constants are)
   from aot.codegen.contract import Contraction, Side, evaluate_operand
   c = Contraction(acc, (), k, Side(x, m_rows), Side(w, n_rows))
   data = {l.src[0].arg: bufs[l.src[0].arg].data for l in w.toposort() if l.op is Ops.LOAD}
   grid = evaluate_operand(c, c.b, N, data).reshape(K, N)
   if grid.min() < -128 or grid.max() > 127: return None
-  scales = _per_n(scale, n_rows, bufs)
-  biases = None if bias is None else _per_n(bias, n_rows, bufs)
-  if scales is None or (bias is not None and biases is None): return None
   packed, col_sum = pack_weights(grid.astype(np.int8))
-  bufs = list(bufs)
-  def slot(b: Buffer) -> int:
+  def slot(b: Buffer, new: bool = True) -> int:
     bufs.append(b)
+    if new: made.append(b)
     return len(bufs) - 1
   const = lambda dt, arr: slot(Buffer("const", dt, arr.size, "qgemm", shape=arr.shape, data=arr))
+  # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
+  from_int32 = not isinstance(x8_buf, Buffer)
+  a_dt = x8_buf if from_int32 else x8_buf.dtype
+  a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
+  c_slot = 0 if bare else slot(Buffer("scratch", out_dt, M * N, "qgemm C"))
   # A: the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
-  a_dt = x8.dtype
-  x8_slot = slot(producers[id(bufs[load.src[0].arg])].bufs[x8.src[0].arg])
+  x8_slot = load.src[0].arg if from_int32 else slot(x8_buf, new=False)
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate([*m_rows, *k])}
-  flat = lambda rs: sum((fresh[r] * prod(q.arg[1] for q in rs[i + 1:]) for i, r in enumerate(rs)), UOp.const(dtypes.index, 0))
-  read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
+  if from_int32: read = UOp(Ops.CAST, a_dt, (load + p_zero,))
+  else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, UOp.const(a_dt, p_zero)))
-  idx = flat(m_rows) * K + flat(k)
+  idx = _flat([fresh[r] for r in m_rows]) * K + _flat([fresh[r] for r in k])
   dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
                                                        substitute(value, fresh))), pm_simplify)
-  first_new = len(bufs)
-  a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
+  result = UOp(Ops.LOAD, out_dt, (UOp(Ops.DEFINE_GLOBAL, out_dt, (), c_slot), at, UOp.const(dtypes.bool, True)))
   q = QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, const(dtypes.int8, packed),
             const(dtypes.int32, col_sum), None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
             const(dtypes.float32, scales.astype(np.float32)), int(scales.size > 1), _QTYPES[out_dt], out_zero, ldc,
-            dense)
-  return bufs, bufs[first_new:], q
+            dense, c_slot)
+  return q, result
+
+def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
+  """(the kernel's buffers with new slots appended, the buffers made for them, its QGemms, the kernel reading their
+  results or None) when the kernel's contractions are int8 contractions with a requantizing cast (the int32 sum of
+  8-bit activations times int8 constant weights, plus an int32 bias, scaled per tensor or per output channel), else
+  None. producers: buffer id -> the kernel writing it; qresults (updated): output buffer id of a lowered kernel ->
+  (its requantize node, the 8-bit buffer holding it)."""
+  if ast.op is not Ops.STORE: return None
+  found = [u for u in ast.src[2].toposort() if _requant(u) is not None]
+  sums = [u for u in ast.toposort() if u.op is Ops.ACCUMULATE]
+  if not found or len(sums) != len(found): return None
+  # a kernel that is one requantized contraction writes it straight to its output; else an epilogue reads them
+  bare = len(found) == 1 and found[0] is ast.src[2]
+  bufs, made, qgemms, results = list(bufs), [], [], {}
+  for requant in found:
+    if (r := _lower_one(ast, requant, bare, bufs, made, producers, qresults)) is None: return None
+    qgemms.append(r[0])
+    results[requant] = r[1]
+  if bare: return bufs, made, qgemms, None
+  if len(found) == 1: qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
+  return bufs, made, qgemms, graph_rewrite(substitute(ast, results), pm_simplify)
