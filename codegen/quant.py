@@ -273,7 +273,8 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   (its requantize node, the 8-bit buffer holding it)."""
   if ast.op is not Ops.STORE: return None
   found = [u for u in ast.src[2].toposort() if _requant(u) is not None]
-  sums = [u for u in ast.toposort() if u.op is Ops.ACCUMULATE]
+  # every int32 sum must be one of them (other sums, a pooling of the result, stay in the epilogue)
+  sums = [u for u in ast.toposort() if u.op is Ops.ACCUMULATE and u.dtype == dtypes.int32]
   if not found or len(sums) != len(found): return None
   # a kernel that is one requantized contraction writes it straight to its output; else an epilogue reads them
   bare = len(found) == 1 and found[0] is ast.src[2]

@@ -113,15 +113,19 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         for (int m = 0; m < mr; m += QMR) micro(kc / 4, ap + (m / QMR) * QMR * kc, bt, acc + m * QNC + n, QNC, k0 > 0);
       }
     }
-    for (int i = 0; i < mr; i++) {
-      const int32_t *row = acc + i * QNC;
-      for (int j = 0; j < nr; j++) {
-        const int n = n0 + j;
+    /* the epilogue walks C along its contiguous axis (a convolution's output positions are m) */
+    const int m_inner = g->ldc_m < g->ldc_n;
+    for (int outer = 0; outer < (m_inner ? nr : mr); outer++)
+      for (int inner = 0; inner < (m_inner ? mr : nr); inner++) {
+        const int i = m_inner ? inner : outer, j = m_inner ? outer : inner, n = n0 + j;
         /* wrapping int32 arithmetic, as vpdpbusd's own */
-        const int32_t v = (int32_t)((uint32_t)row[j] - (uint32_t)zero * (uint32_t)g->col_sum[n]
+        const int32_t v = (int32_t)((uint32_t)acc[i * QNC + j] - (uint32_t)zero * (uint32_t)g->col_sum[n]
                                     + (uint32_t)(g->bias ? g->bias[n] : 0));
         const long at = (long)(m0 + i) * g->ldc_m + (long)n * g->ldc_n;
-        if (g->out_type == AOT_QGEMM_INT32) { ((int32_t *)g->c)[at] = v; continue; }
+        if (g->out_type == AOT_QGEMM_INT32) {
+          ((int32_t *)g->c)[at] = v;
+          continue;
+        }
         const float r = rintf((float)v * g->scale[n * g->scale_step]);
         /* clamp in float first: a huge value converts to int32 without overflow */
         const float lo = g->out_type == AOT_QGEMM_UINT8 ? 0.0f : -128.0f, hi = g->out_type == AOT_QGEMM_UINT8 ? 255.0f : 127.0f;
@@ -129,6 +133,5 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         if (g->out_type == AOT_QGEMM_UINT8) ((uint8_t *)g->c)[at] = (uint8_t)q;
         else ((int8_t *)g->c)[at] = (int8_t)q;
       }
-    }
   }
 }
