@@ -78,9 +78,13 @@ def test_requantized(lib, out_dtype, out_zero, per_channel):
   a = rng.integers(0, 256, (M, K)).astype(np.uint8)
   w = rng.integers(-128, 128, (K, N)).astype(np.int8)
   scale = (rng.uniform(5e-4, 4e-3, N) if per_channel else rng.uniform(5e-4, 4e-3, 1)).astype(np.float32)
-  # values exactly halfway between integers must round to even: scale 0.5 on a few columns
-  if per_channel: scale[:3] = 0.5
+  # values exactly halfway between integers must round to even: scale 0.5 on a few columns of small sums
+  if per_channel:
+    scale[:3] = 0.5
+    w[:, :3] = 0
+    w[:4, :3] = rng.integers(-1, 2, (4, 3))
   acc = reference(a, w, 120)
+  if per_channel: assert np.sum(acc[:, :3] % 2 == 1) > 10
   want = requantize(acc, scale, out_zero, out_dtype)
   assert 0 < np.mean((want == np.iinfo(out_dtype).min) | (want == np.iinfo(out_dtype).max)) < 0.9
   for threads in (1, 3):
