@@ -124,6 +124,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     if (q := lower_qgemm(k.ast, k.bufs, producers, qresults)) is not None:
       made.extend(q[1])
       kernels.append(Kernel(k.name, k.ast, q[0], k.shape))
+      # the kernel's own generated function: its epilogue, else A's copy; none for a bare matmul read in place
       plans.append((q[3] or q[2][0].dense, []))
       directs.append([])
       qgemms[k.name] = q[2:]
@@ -137,7 +138,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   arena = memory_plan(kernels, scratch)
   # constants only a prepacked copy reads are left out of the weights
   used = {id(k.bufs[u.arg]) for k, (last, gemms) in zip(kernels, plans)
-          for ast in [last, *(o.dense for g in gemms for o in (g.a, g.b) if o.dense is not None)]
+          for ast in [last, *(o.dense for g in gemms for o in (g.a, g.b) if o.dense is not None)] if ast is not None
           for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
   used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)}
   used |= {id(k.bufs[s]) for k, ds in zip(kernels, directs) for d in ds for s in (d.w_slot, d.planes_slot)}
@@ -151,8 +152,9 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   for k, (last, gemms) in zip(sched.kernels, plans):
     # kernels that do the same work on different buffers share one function
     base = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
-    functions.setdefault(last, base)
-    for i, q in enumerate(qgemms.get(k.name, ([], None))[0]): functions.setdefault(q.dense, f"{base}_dense{i}")
+    if last is not None: functions.setdefault(last, base)
+    for i, q in enumerate(qgemms.get(k.name, ([], None))[0]):
+      if q.dense is not None: functions.setdefault(q.dense, f"{base}_dense{i}")
     for i, g in enumerate(gemms):
       for side, o in zip("ab", (g.a, g.b)):
         if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
@@ -160,7 +162,8 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   functions = {optimized[ast]: fn for ast, fn in functions.items()}
   files = render_kernels(target, functions)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
-  infos = [KernelInfo(k.name, functions[optimized[last]], k.shape) for k, (last, _) in zip(sched.kernels, plans)]
+  infos = [KernelInfo(k.name, functions[optimized[last]] if last is not None else "aot_qgemm_run", k.shape)
+           for k, (last, _) in zip(sched.kernels, plans)]
   external = blob_size if blob_size > WEIGHTS_INLINE_MAX else 0
   calls: list = []
   notes: list = []   # (kernel, role, AST) of each call, for a profile build
@@ -174,8 +177,9 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     if k.name in qgemms:
       qs, epilogue = qgemms[k.name]
       for q in qs:
-        calls.append(call(q.dense, k.bufs[q.a_slot]))
-        notes.append((k.name, "operand", optimized[q.dense]))
+        if q.dense is not None:
+          calls.append(call(q.dense, k.bufs[q.a_slot]))
+          notes.append((k.name, "operand", optimized[q.dense]))
         calls.append(QGemmCall(q, k.bufs, threads and q.tasks > 1 and q.M * q.N * q.K >= PARALLEL_MIN_WORK))
         notes.append((k.name, "int8 contraction", None))
       if epilogue is not None:

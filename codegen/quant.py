@@ -110,7 +110,7 @@ class QGemm:
   out_type: int
   out_zero: int
   ldc: tuple[int, int]
-  dense: UOp                   # the kernel writing A as a dense [M][K] byte matrix into a_slot
+  dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
   c_slot: int = 0              # where the requantized result goes: the output, or a scratch the epilogue reads
 
   @property
@@ -247,10 +247,19 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
   from_int32 = not isinstance(x8_buf, Buffer)
   a_dt = x8_buf if from_int32 else x8_buf.dtype
-  a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
   c_slot = 0 if bare else slot(Buffer("scratch", out_dt, M * N, "qgemm C"))
-  # A: the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   x8_slot = load.src[0].arg if from_int32 else slot(x8_buf, new=False)
+  result = UOp(Ops.LOAD, out_dt, (UOp(Ops.DEFINE_GLOBAL, out_dt, (), c_slot), at, UOp.const(dtypes.bool, True)))
+  tail = (const(dtypes.int8, packed), const(dtypes.int32, col_sum),
+          None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
+          const(dtypes.float32, scales.astype(np.float32)), int(scales.size > 1), _QTYPES[out_dt], out_zero, ldc)
+  # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
+  terms, offset = linear(load.src[1])
+  if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and \
+     not set(terms) - set(m_rows) - set(k) and _group(k, terms) == 1 and (lda := _group(m_rows, terms)):
+    return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
+  # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
+  a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate([*m_rows, *k])}
   if from_int32: read = UOp(Ops.CAST, a_dt, (load + p_zero,))
   else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
@@ -258,12 +267,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   idx = _flat([fresh[r] for r in m_rows]) * K + _flat([fresh[r] for r in k])
   dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
                                                        substitute(value, fresh))), pm_simplify)
-  result = UOp(Ops.LOAD, out_dt, (UOp(Ops.DEFINE_GLOBAL, out_dt, (), c_slot), at, UOp.const(dtypes.bool, True)))
-  q = QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, const(dtypes.int8, packed),
-            const(dtypes.int32, col_sum), None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
-            const(dtypes.float32, scales.astype(np.float32)), int(scales.size > 1), _QTYPES[out_dt], out_zero, ldc,
-            dense, c_slot)
-  return q, result
+  return QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot), result
 
 def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   """(the kernel's buffers with new slots appended, the buffers made for them, its QGemms, the kernel reading their
