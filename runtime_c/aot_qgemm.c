@@ -78,8 +78,6 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
 }
 #endif
 
-static int32_t clamp_i32(int32_t x, int32_t lo, int32_t hi) { return x < lo ? lo : x > hi ? hi : x; }
-
 void aot_qgemm_run(void *ctx, int start, int end) {
   /* tasks from a shared counter, as in aot_gemm_run: each computes its block whole, whoever takes it */
   (void)start; (void)end;
@@ -113,25 +111,32 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         for (int m = 0; m < mr; m += QMR) micro(kc / 4, ap + (m / QMR) * QMR * kc, bt, acc + m * QNC + n, QNC, k0 > 0);
       }
     }
-    /* the epilogue walks C along its contiguous axis (a convolution's output positions are m) */
-    const int m_inner = g->ldc_m < g->ldc_n;
-    for (int outer = 0; outer < (m_inner ? nr : mr); outer++)
-      for (int inner = 0; inner < (m_inner ? mr : nr); inner++) {
-        const int i = m_inner ? inner : outer, j = m_inner ? outer : inner, n = n0 + j;
+    /* the epilogue walks C along its contiguous axis (a convolution's output positions are m), one line at a time:
+       the sums corrected and requantized into q, then stored (two loops the compiler vectorises) */
+    const int m_inner = g->ldc_m < g->ldc_n, lines = m_inner ? nr : mr, len = m_inner ? mr : nr;
+    const float lo = g->out_type == AOT_QGEMM_UINT8 ? 0.0f : -128.0f, hi = g->out_type == AOT_QGEMM_UINT8 ? 255.0f : 127.0f;
+    int32_t q[QNC] __attribute__((aligned(64)));
+    for (int line = 0; line < lines; line++) {
+      const long step = m_inner ? QNC : 1;
+      const int32_t *sum = acc + (m_inner ? line : line * QNC);
+      char *out = (char *)g->c + ((m_inner ? (long)(n0 + line) * g->ldc_n + (long)m0 * g->ldc_m
+                                            : (long)(m0 + line) * g->ldc_m + (long)n0 * g->ldc_n)
+                                  * (g->out_type == AOT_QGEMM_INT32 ? 4 : 1));
+      const long stride = m_inner ? g->ldc_m : g->ldc_n;
+      for (int e = 0; e < len; e++) {
+        const int n = n0 + (m_inner ? line : e);
         /* wrapping int32 arithmetic, as vpdpbusd's own */
-        const int32_t v = (int32_t)((uint32_t)acc[i * QNC + j] - (uint32_t)zero * (uint32_t)g->col_sum[n]
+        const int32_t v = (int32_t)((uint32_t)sum[e * step] - (uint32_t)zero * (uint32_t)g->col_sum[n]
                                     + (uint32_t)(g->bias ? g->bias[n] : 0));
-        const long at = (long)(m0 + i) * g->ldc_m + (long)n * g->ldc_n;
-        if (g->out_type == AOT_QGEMM_INT32) {
-          ((int32_t *)g->c)[at] = v;
-          continue;
-        }
+        if (g->out_type == AOT_QGEMM_INT32) { q[e] = v; continue; }
+        /* rint rounds half to even; clamping the integer-valued float to the range less the zero point first
+           keeps the conversion in range */
         const float r = rintf((float)v * g->scale[n * g->scale_step]);
-        /* clamp in float first: a huge value converts to int32 without overflow */
-        const float lo = g->out_type == AOT_QGEMM_UINT8 ? 0.0f : -128.0f, hi = g->out_type == AOT_QGEMM_UINT8 ? 255.0f : 127.0f;
-        const int32_t q = clamp_i32((int32_t)fminf(fmaxf(r, lo - 256.0f), hi + 256.0f) + g->out_zero, (int32_t)lo, (int32_t)hi);
-        if (g->out_type == AOT_QGEMM_UINT8) ((uint8_t *)g->c)[at] = (uint8_t)q;
-        else ((int8_t *)g->c)[at] = (int8_t)q;
+        q[e] = (int32_t)fminf(fmaxf(r, lo - (float)g->out_zero), hi - (float)g->out_zero) + g->out_zero;
       }
+      if (g->out_type == AOT_QGEMM_INT32) for (int e = 0; e < len; e++) ((int32_t *)out)[e * stride] = q[e];
+      else if (g->out_type == AOT_QGEMM_UINT8) for (int e = 0; e < len; e++) ((uint8_t *)out)[e * stride] = (uint8_t)q[e];
+      else for (int e = 0; e < len; e++) ((int8_t *)out)[e * stride] = (int8_t)q[e];
+    }
   }
 }
