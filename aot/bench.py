@@ -112,7 +112,8 @@ def _onnx_arg(path: str):
   return Path(path).stem, onnx.load(path)
 
 def _qlinear_matmul(rng, n: int):
-  """A QLinearMatMul of uint8 [n, n] inputs by constant int8 [n, n] weights (per-column scales): the int8 microkernel."""
+  """A QLinearMatMul of uint8 [n, n] inputs by constant int8 [n, n] weights (per-column scales): the int8
+  microkernel."""
   from onnx import helper, numpy_helper, TensorProto
   c = lambda name, x: numpy_helper.from_array(np.asarray(x), name)
   inits = [c("xs", np.float32(0.02)), c("xz", np.uint8(128)), c("w", rng.integers(-127, 128, (n, n)).astype(np.int8)),
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
   ap.add_argument("--profile", action="store_true", help="profile the models given (models:NAME, a file or light:NAME) "
                   "instead: each kernel call's time, GFLOP/s, bytes and path (aot/profile.py); --json writes them")
   ap.add_argument("--top", type=int, default=20, help="--profile: show this many of the slowest calls")
-  ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul and 3x3 conv kernels against numpy instead")
+  ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul (float, int8) and 3x3 conv kernels against numpy instead")
   args = ap.parse_args(argv)
   from aot.models import get
   from aot.models.onnx_forms import onnx_model

@@ -16,7 +16,8 @@ K_GROUP = 4
 def pack_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """(packed, col_sum) of int8 weights w[K][N]: packed as [N/QNR][K4/K_GROUP][QNR][K_GROUP] int8 (zero padded to
   whole tiles and groups), col_sum[n] = sum_k w[k][n] in int32."""
-  if w.dtype != np.int8 or w.ndim != 2: raise ValueError(f"pack_weights: expected int8 [K, N] weights, got {w.dtype} {w.shape}")
+  if w.dtype != np.int8 or w.ndim != 2:
+    raise ValueError(f"pack_weights: expected int8 [K, N] weights, got {w.dtype} {w.shape}")
   K, N = w.shape
   K4, NP = -(-K // K_GROUP) * K_GROUP, -(-N // QNR) * QNR
   padded = np.zeros((K4, NP), np.int8)
@@ -36,15 +37,19 @@ def _qdq_groups(model) -> list[tuple]:
   """(Conv/MatMul node, its QuantizeLinear, the DequantizeLinear of x, of w, of the bias or None) of each
   DequantizeLinear -> Conv/MatMul -> QuantizeLinear group whose weights are constant and whose float result only the
   QuantizeLinear reads."""
+  import onnx
   g = model.graph
   inits = {t.name for t in g.initializer}
+  size = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer}
+  dtype = {t.name: t.data_type for t in g.initializer}
   producer = {o: n for n in g.node for o in n.output}
   readers: dict[str, list] = {}
   for n in g.node:
     for i in n.input: readers.setdefault(i, []).append(n)
   outputs = {o.name for o in g.output}
-  dq = lambda name: (p if (p := producer.get(name)) is not None and p.op_type == "DequantizeLinear" and p.domain in ("", "ai.onnx")
-                     else None)
+  def dq(name: str):
+    p = producer.get(name)
+    return p if p is not None and p.op_type == "DequantizeLinear" and p.domain in ("", "ai.onnx") else None
   groups = []
   for n in g.node:
     if n.op_type not in ("Conv", "MatMul") or n.domain not in ("", "ai.onnx") or len(n.input) < 2: continue
@@ -53,8 +58,13 @@ def _qdq_groups(model) -> list[tuple]:
     x, w = dq(n.input[0]), dq(n.input[1])
     b = dq(n.input[2]) if len(n.input) > 2 and n.input[2] else None
     if x is None or w is None or w.input[0] not in inits or (len(n.input) > 2 and n.input[2] and b is None): continue
-    # QLinear ops take 8-bit data, and an int32 bias at scale x_scale * w_scale (the quantizer writes it so)
+    # QLinear ops take zero points, per-tensor scales or the weights' per-output-channel ones (axis 0 of a conv's
+    # weights, the last of a matmul's), and an int32 bias (at scale x_scale * w_scale: the quantizer writes it so)
     if len(w.input) < 3 or len(x.input) < 3 or len(users[0].input) < 3: continue
+    if any(size.get(s.input[1], 0) != 1 for s in (x, users[0])): continue
+    axis = next((a.i for a in w.attribute if a.name == "axis"), 1)
+    if size.get(w.input[1], 0) != 1 and axis not in ((0, -4) if n.op_type == "Conv" else (1, -1)): continue
+    if b is not None and (dtype.get(b.input[0]) != onnx.TensorProto.INT32 or size.get(b.input[1], 0) == 0): continue
     groups.append((n, users[0], x, w, b))
   return groups
 
@@ -138,7 +148,8 @@ def _const(u: UOp):
   return u.arg if u.op is Ops.CONST else None
 
 def _requant(value: UOp):
-  """(int32 sum, scale node, zero point, dtype) of CAST(dt, MIN(MAX(ROUND(sum * scale [+ zero]), lo), hi)), else None."""
+  """(int32 sum, scale node, zero point, dtype) of CAST(dt, MIN(MAX(ROUND(sum * scale [+ zero]), lo), hi)), else
+  None."""
   if value.op is not Ops.CAST or value.dtype not in _QTYPES: return None
   info = np.iinfo(value.dtype.np)
   mn = value.src[0]

@@ -104,7 +104,8 @@ void aot_qgemm_run(void *ctx, int start, int end) {
           word ^= flip * 0x01010101u;
           memcpy(dst + k * QMR, &word, 4);
         }
-        for (int k = whole; k < kc; k++) dst[(k / 4) * QMR * 4 + k % 4] = i < mr && k < kin ? (uint8_t)(src[k] ^ flip) : 0;
+        for (int k = whole; k < kc; k++)
+          dst[(k / 4) * QMR * 4 + k % 4] = i < mr && k < kin ? (uint8_t)(src[k] ^ flip) : 0;
       }
       for (int n = 0; n < nr; n += QNR) {
         const int8_t *bt = g->b + (long)((n0 + n) / QNR) * K4 * QNR + (long)k0 * QNR;
@@ -114,7 +115,8 @@ void aot_qgemm_run(void *ctx, int start, int end) {
     /* the epilogue walks C along its contiguous axis (a convolution's output positions are m), one line at a time:
        the sums corrected and requantized into q, then stored (two loops the compiler vectorises) */
     const int m_inner = g->ldc_m < g->ldc_n, lines = m_inner ? nr : mr, len = m_inner ? mr : nr;
-    const float lo = g->out_type == AOT_QGEMM_UINT8 ? 0.0f : -128.0f, hi = g->out_type == AOT_QGEMM_UINT8 ? 255.0f : 127.0f;
+    const int u8 = g->out_type == AOT_QGEMM_UINT8;
+    const float lo = u8 ? 0.0f : -128.0f, hi = u8 ? 255.0f : 127.0f;
     int32_t q[QNC] __attribute__((aligned(64)));
     for (int line = 0; line < lines; line++) {
       const long step = m_inner ? QNC : 1;
@@ -135,7 +137,7 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         q[e] = (int32_t)fminf(fmaxf(r, lo - (float)g->out_zero), hi - (float)g->out_zero) + g->out_zero;
       }
       if (g->out_type == AOT_QGEMM_INT32) for (int e = 0; e < len; e++) ((int32_t *)out)[e * stride] = q[e];
-      else if (g->out_type == AOT_QGEMM_UINT8) for (int e = 0; e < len; e++) ((uint8_t *)out)[e * stride] = (uint8_t)q[e];
+      else if (u8) for (int e = 0; e < len; e++) ((uint8_t *)out)[e * stride] = (uint8_t)q[e];
       else for (int e = 0; e < len; e++) ((int8_t *)out)[e * stride] = (int8_t)q[e];
     }
   }
