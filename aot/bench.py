@@ -112,6 +112,19 @@ def _onnx_arg(path: str):
     return f"light {name}", randomize_constant_weights(onnx.load(light))
   return Path(path).stem, onnx.load(path)
 
+def _qlinear_matmul(rng, n: int):
+  """A QLinearMatMul of uint8 [n, n] inputs by constant int8 [n, n] weights (per-column scales): the int8
+  microkernel."""
+  from onnx import helper, numpy_helper, TensorProto
+  c = lambda name, x: numpy_helper.from_array(np.asarray(x), name)
+  inits = [c("xs", np.float32(0.02)), c("xz", np.uint8(128)), c("w", rng.integers(-127, 128, (n, n)).astype(np.int8)),
+           c("ws", rng.uniform(1e-3, 2e-3, n).astype(np.float32)), c("wz", np.zeros(n, np.int8)),
+           c("ys", np.float32(8.0)), c("yz", np.uint8(128))]
+  node = helper.make_node("QLinearMatMul", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+  g = helper.make_graph([node], "qmatmul", [helper.make_tensor_value_info("x", TensorProto.UINT8, [n, n])],
+                        [helper.make_tensor_value_info("y", TensorProto.UINT8, [n, n])], inits)
+  return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
 def micro(targets, threads: int, budget_s: float) -> list[dict]:
   """The two kernels that decide CNN and transformer speed, against numpy's matmul (its BLAS) in the same run."""
   import aot
@@ -120,7 +133,9 @@ def micro(targets, threads: int, budget_s: float) -> list[dict]:
   a, b = rng.standard_normal((1024, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
   x, w = rng.standard_normal((1, 64, 56, 56), dtype=np.float32), rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
   cases = [("matmul 1024^3", lambda p: p @ Tensor(b), [a], 2 * 1024 ** 3),
-           ("conv 3x3 56x56x64->64", lambda p: p.conv2d(Tensor(w), padding=1), [x], 2 * 56 * 56 * 64 * 64 * 9)]
+           ("conv 3x3 56x56x64->64", lambda p: p.conv2d(Tensor(w), padding=1), [x], 2 * 56 * 56 * 64 * 64 * 9),
+           ("int8 matmul 1024^3", _qlinear_matmul(rng, 1024), [rng.integers(0, 256, (1024, 1024)).astype(np.uint8)],
+            2 * 1024 ** 3)]
   rows = []
   for label, fn, xs, flops in cases:
     runners = {"numpy matmul": lambda: a @ b}
@@ -172,7 +187,7 @@ def main(argv=None) -> int:
   ap.add_argument("--profile", action="store_true", help="profile the models given (models:NAME, a file or light:NAME) "
                   "instead: each kernel call's time, GFLOP/s, bytes and path (aot/profile.py); --json writes them")
   ap.add_argument("--top", type=int, default=20, help="--profile: show this many of the slowest calls")
-  ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul and 3x3 conv kernels against numpy instead")
+  ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul (float, int8) and\n                  "3x3 conv kernels against numpy instead")
   ap.add_argument("--scale", type=float, metavar="GB", help="instead: compile an MLP with GB of weights in external data "
                   "in a subprocess; its compile time and peak RSS, the artifact's size and create time, its error vs "
                   "onnxruntime (--json writes the row)")

@@ -15,9 +15,9 @@ from aot.artifact import (Artifact, KernelInfo, GemmCall, install, make_stage, p
 from aot.build import build_library
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
-from aot.codegen.contract import lower_contractions, gemm_tile
-from aot.codegen.direct import lower_depthwise, DepthwiseCall
 from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices
+from aot.codegen.direct import lower_depthwise, DepthwiseCall
+from aot.codegen.quant import lower_qgemm, QGemmCall
 from aot.symbolic import linear
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
@@ -31,8 +31,8 @@ PARALLEL_MIN_WORK = 1 << 16
 # a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
 # the first wake-up of a run costs more than splitting gains (the 3-layer mlp: 2 threads were 0.74x as fast as 1)
 MODEL_PARALLEL_MIN_WORK = 1 << 25
-# the runtime's C files every CPU artifact links (the microkernel, the depthwise kernel)
-RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c")
+# the runtime's C files every CPU artifact links (the microkernel, the depthwise kernel, the int8 microkernel)
+RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c", "aot_qgemm.c")
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
@@ -72,8 +72,11 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
   """Anything compile_model accepts, traced: a Tensor program with example inputs, "models:NAME", an ONNX file or
   an onnx.ModelProto."""
   if _is_onnx(what):
-    from aot.frontends.onnx import trace_onnx
-    return trace_onnx(what, shapes, bind, name)
+    from aot.frontends.onnx import trace_onnx, load_model
+    from aot.codegen.quant import fuse_qdq
+    # QDQ groups run as onnxruntime runs them: as integer contractions (codegen/quant.py)
+    fused = fuse_qdq(load_model(what))
+    return trace_onnx(fused, shapes, bind, name or (Path(what).stem if isinstance(what, (str, Path)) else None))
   if isinstance(what, str) and what.startswith("models:"):
     from aot.models import get
     model = get(what.split(":", 1)[1])
@@ -125,7 +128,23 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
   # depthwise convolutions go to the runtime's direct kernel instead (codegen/direct.py); directs[i] are kernel i's
   kernels, plans, directs = [], [], []
+  # int8 contractions go to the runtime's int8 microkernel (codegen/quant.py), after a kernel writing their A
+  producers, qgemms, qresults = {id(k.bufs[0]): k for k in sched.kernels}, {}, {}
   for k in sched.kernels:
+    if (q := lower_qgemm(k.ast, k.bufs, producers, qresults)) is not None:
+      for b in q[1]:
+        if b.kind == "scratch": scratch_made.append(b)
+        else:
+          weights.add(b)
+          b.data = None
+          packed.add(id(b))
+      kernels.append(Kernel(k.name, k.ast, q[0], k.shape))
+      # the kernel's own generated function: its epilogue, else A's copy; none for a bare matmul read in place
+      own = q[3] or q[2][0].dense
+      plans.append(([own] if own is not None else [], []))
+      directs.append([])
+      qgemms[k.name] = q[2:]
+      continue
     direct = lower_depthwise(k.ast, k.bufs, make_buffer)
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
     kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
@@ -154,6 +173,8 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     # kernels that do the same work on different buffers share one function
     base = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
     for j, last in enumerate(lasts): functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
+    for i, q in enumerate(qgemms.get(k.name, ([], None))[0]):
+      if q.dense is not None: functions.setdefault(q.dense, f"{base}_dense{i}")
     for i, g in enumerate(gemms):
       for side, o in zip("ab", (g.a, g.b)):
         if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
@@ -162,7 +183,8 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   functions = {optimized[ast]: fn for ast, fn in functions.items()}
   files = render_kernels(target, functions)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
-  infos = [KernelInfo(k.name, functions[optimized[lasts[0]]], k.shape) for k, (lasts, _) in zip(sched.kernels, plans)]
+  infos = [KernelInfo(k.name, functions[optimized[lasts[0]]] if lasts else "aot_qgemm_run", k.shape)
+           for k, (lasts, _) in zip(sched.kernels, plans)]
   external = (ExternalWeights(weights.size, weights_checksum(weights.path) if weights.path else 0)
               if weights.size > WEIGHTS_INLINE_MAX else None)
   weights.checksum = external.checksum if external else None
@@ -175,6 +197,30 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
       ast, extent = optimized[ast], parallel_extent(optimized[ast])
       args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
       return (functions[ast], args, extent, threads and extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
+    if k.name in qgemms:
+      qs, epilogue = qgemms[k.name]
+      for q in qs:
+        if q.dense is not None:
+          calls.append(call(q.dense, k.bufs[q.a_slot]))
+          notes.append((k.name, "operand", optimized[q.dense]))
+        calls.append(QGemmCall(q, k.bufs, threads and q.tasks > 1 and q.M * q.N * q.K >= PARALLEL_MIN_WORK))
+        notes.append((k.name, "int8 contraction", None))
+      if epilogue is not None:
+        calls.append(call(epilogue, k.bufs[0]))
+        notes.append((k.name, "epilogue", optimized[epilogue]))
+      continue
+    if k.name in qgemms:
+      qs, epilogue = qgemms[k.name]
+      for q in qs:
+        if q.dense is not None:
+          calls.append(call(q.dense, k.bufs[q.a_slot]))
+          notes.append((k.name, "operand", optimized[q.dense]))
+        calls.append(QGemmCall(q, k.bufs, threads and q.tasks > 1 and q.M * q.N * q.K >= PARALLEL_MIN_WORK))
+        notes.append((k.name, "int8 contraction", None))
+      if epilogue is not None:
+        calls.append(call(epilogue, k.bufs[0]))
+        notes.append((k.name, "epilogue", optimized[epilogue]))
+      continue
     for g in gemms:
       for o in (g.a, g.b):
         if o.dense is not None:

@@ -46,6 +46,12 @@ def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[Ca
       infos.append(CallInfo(kernel, "aot_gemm_run", role, "microkernel", 2 * c.B * c.a.size * c.b.size * c.K,
                             sum(b.nbytes for b in used.values()), [c.B, c.a.size, c.b.size, c.K]))
       continue
+    if type(call).__name__ == "QGemmCall":
+      q = call.q
+      used = {id(call.bufs[s]): call.bufs[s] for s in (q.a_slot, q.b_slot, q.c_slot)}
+      infos.append(CallInfo(kernel, "aot_qgemm_run", role, "int8 microkernel", 2 * q.M * q.N * q.K,
+                            sum(b.nbytes for b in used.values()), [1, q.M, q.N, q.K]))
+      continue
     if not isinstance(call, tuple):
       # the direct depthwise kernel (codegen/direct.py), with its epilogue when fused (ast is then the epilogue's)
       d = call.d

@@ -95,3 +95,30 @@ typedef struct {
 __attribute__((visibility("hidden"))) int aot_depthwise_band_rows(const aot_depthwise *d);
 __attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start, int end);
 #endif
+#ifndef AOT_RUNTIME_QGEMM_H
+#define AOT_RUNTIME_QGEMM_H
+#include <stdint.h>
+/* The int8 contraction (runtime_c/aot_qgemm.c): C[m][n] = sum_k (A[m][k] - a_zero) * B[k][n] + bias[n] in int32,
+   A uint8 (or int8: a_signed) at a + m*lda + k, B int8 packed by codegen/quant.py as [N/QNR][K4/4][QNR][4] with
+   col_sum[n] = sum_k B[k][n]; bias may be NULL. out_type INT32 writes C; UINT8/INT8 write
+   clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). C's element (m, n) is at c + m*ldc_m + n*ldc_n. Run
+   aot_qgemm_run(g, 0, aot_qgemm_tasks(g)) on any number of threads at once (next = 0 to start); results are the
+   same for any count. */
+#define QNR 32
+enum { AOT_QGEMM_INT32 = 0, AOT_QGEMM_UINT8 = 1, AOT_QGEMM_INT8 = 2 };
+typedef struct {
+  int M, N, K;
+  const uint8_t *a;
+  long lda;
+  int a_signed, a_zero;
+  const int8_t *b;
+  const int32_t *col_sum, *bias;
+  const float *scale;
+  int scale_step, out_type, out_zero;
+  void *c;
+  long ldc_m, ldc_n;
+  int next;
+} aot_qgemm;
+__attribute__((visibility("hidden"))) int aot_qgemm_tasks(const aot_qgemm *g);
+__attribute__((visibility("hidden"))) void aot_qgemm_run(void *g, int start, int end);
+#endif

@@ -1,0 +1,303 @@
+"""int8 contractions: the compile-time half of the runtime's int8 microkernel (runtime_c/aot_qgemm.c).
+
+A quantized matmul or convolution sums products of uint8 (or int8) activations and int8 weights in int32, then
+requantizes: out = clamp(rint(float(acc) * x_scale * w_scale[n] / y_scale) + y_zero), round half to even, as
+onnxruntime computes QLinearConv/QLinearMatMul and the DequantizeLinear -> Conv/MatMul -> QuantizeLinear groups it
+fuses into them. The weights are packed here, ahead of time, in the tiles the microkernel reads, with their column
+sums for the activations' zero point: sum_k (a - z) w = sum_k a w - z sum_k w."""
+from __future__ import annotations
+import numpy as np
+
+# columns of a packed weight tile (QNR in runtime_c/aot_runtime.h): two 16-lane int32 vectors of the microkernel
+QNR = 32
+# k steps one vpdpbusd lane sums: the packed k axis is padded to a multiple of this
+K_GROUP = 4
+
+def pack_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(packed, col_sum) of int8 weights w[K][N]: packed as [N/QNR][K4/K_GROUP][QNR][K_GROUP] int8 (zero padded to
+  whole tiles and groups), col_sum[n] = sum_k w[k][n] in int32."""
+  if w.dtype != np.int8 or w.ndim != 2:
+    raise ValueError(f"pack_weights: expected int8 [K, N] weights, got {w.dtype} {w.shape}")
+  K, N = w.shape
+  K4, NP = -(-K // K_GROUP) * K_GROUP, -(-N // QNR) * QNR
+  padded = np.zeros((K4, NP), np.int8)
+  padded[:K, :N] = w
+  packed = padded.reshape(K4 // K_GROUP, K_GROUP, NP // QNR, QNR).transpose(2, 0, 3, 1)
+  return np.ascontiguousarray(packed).reshape(-1), w.astype(np.int32).sum(0, dtype=np.int32)
+
+def requantize(acc: np.ndarray, scale: np.ndarray, zero: int, dtype) -> np.ndarray:
+  """acc (int32) to dtype as onnxruntime requantizes: float32 product, round half to even, add the zero, saturate."""
+  info = np.iinfo(dtype)
+  r = np.rint(acc.astype(np.float32) * np.asarray(scale, np.float32))
+  return np.clip(r + zero, info.min, info.max).astype(dtype)
+
+# *** QDQ groups to the QLinear ops onnxruntime runs them as ***
+
+def _qdq_groups(model) -> list[tuple]:
+  """(Conv/MatMul node, its QuantizeLinear, the DequantizeLinear of x, of w, of the bias or None) of each
+  DequantizeLinear -> Conv/MatMul -> QuantizeLinear group whose weights are constant and whose float result only the
+  QuantizeLinear reads."""
+  import onnx
+  g = model.graph
+  inits = {t.name for t in g.initializer}
+  size = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer}
+  dtype = {t.name: t.data_type for t in g.initializer}
+  producer = {o: n for n in g.node for o in n.output}
+  readers: dict[str, list] = {}
+  for n in g.node:
+    for i in n.input: readers.setdefault(i, []).append(n)
+  outputs = {o.name for o in g.output}
+  def dq(name: str):
+    p = producer.get(name)
+    return p if p is not None and p.op_type == "DequantizeLinear" and p.domain in ("", "ai.onnx") else None
+  groups = []
+  for n in g.node:
+    if n.op_type not in ("Conv", "MatMul") or n.domain not in ("", "ai.onnx") or len(n.input) < 2: continue
+    users = readers.get(n.output[0], [])
+    if len(users) != 1 or users[0].op_type != "QuantizeLinear" or n.output[0] in outputs: continue
+    x, w = dq(n.input[0]), dq(n.input[1])
+    b = dq(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+    if x is None or w is None or w.input[0] not in inits or (len(n.input) > 2 and n.input[2] and b is None): continue
+    # QLinear ops take zero points, per-tensor scales or the weights' per-output-channel ones (axis 0 of a conv's
+    # weights, the last of a matmul's), and an int32 bias (at scale x_scale * w_scale: the quantizer writes it so)
+    if len(w.input) < 3 or len(x.input) < 3 or len(users[0].input) < 3: continue
+    if any(size.get(s.input[1], 0) != 1 for s in (x, users[0])): continue
+    axis = next((a.i for a in w.attribute if a.name == "axis"), 1)
+    if size.get(w.input[1], 0) != 1 and axis not in ((0, -4) if n.op_type == "Conv" else (1, -1)): continue
+    if b is not None and (dtype.get(b.input[0]) != onnx.TensorProto.INT32 or size.get(b.input[1], 0) == 0): continue
+    groups.append((n, users[0], x, w, b))
+  return groups
+
+def fuse_qdq(model):
+  """The model with each QDQ group (_qdq_groups) as one QLinearConv or QLinearMatMul, as onnxruntime's graph
+  optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
+  (float products in the dequantized form round differently). The model itself is not changed."""
+  import onnx
+  from onnx import helper
+  groups = _qdq_groups(model)
+  if not groups: return model
+  model = onnx.ModelProto.FromString(model.SerializeToString())
+  g = model.graph
+  by_output = {n.output[0]: i for i, n in enumerate(g.node)}
+  for n, q, x, w, b in _qdq_groups(model):
+    qin = [x.input[0], x.input[1], x.input[2], w.input[0], w.input[1], w.input[2], q.input[1], q.input[2]]
+    fused = helper.make_node(f"QLinear{n.op_type}", qin + ([b.input[0]] if b is not None else []), [q.output[0]],
+                             name=f"{n.name}_qlinear")
+    if n.op_type == "Conv": fused.attribute.extend(n.attribute)
+    at = by_output[n.output[0]]
+    g.node[at].CopyFrom(fused)
+    g.node.remove(q)
+    by_output = {m.output[0]: i for i, m in enumerate(g.node)}
+  return model
+
+# *** int32 contractions with a requantizing store to the int8 microkernel ***
+
+from dataclasses import dataclass
+from aot.dtype import dtypes
+from aot.ir import UOp, Ops, ReduceOp, prod
+from aot.rewrite import substitute, graph_rewrite
+from aot.symbolic import linear, pm_simplify
+from aot.schedule import Buffer
+
+_QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
+
+@dataclass
+class QGemm:
+  """One int8 contraction as aot_qgemm computes it, over a kernel's buffer slots."""
+  M: int
+  N: int
+  K: int
+  a_slot: int
+  a_offset: int
+  lda: int
+  a_signed: bool
+  a_zero: int
+  b_slot: int                  # packed weights; col_sum, bias (or None), scale: their own slots
+  col_sum_slot: int
+  bias_slot: int | None
+  scale_slot: int
+  scale_step: int
+  out_type: int
+  out_zero: int
+  ldc: tuple[int, int]
+  dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
+  c_slot: int = 0              # where the requantized result goes: the output, or a scratch the epilogue reads
+
+  @property
+  def tasks(self) -> int: return -(-self.M // 64) * -(-self.N // 128)
+
+@dataclass
+class QGemmCall:
+  """aot_qgemm over the kernel's buffers (rendered into model.c beside GemmCall)."""
+  q: QGemm
+  bufs: list
+  parallel: bool
+  def render(self, arg, trampoline=None) -> str:
+    q, b = self.q, self.bufs
+    bias = f"(const int32_t *){arg(b[q.bias_slot], q.bias_slot)}" if q.bias_slot is not None else "NULL"
+    desc = (f"{q.M}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
+            f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
+            f"(const int32_t *){arg(b[q.col_sum_slot], q.col_sum_slot)}, {bias}, "
+            f"(const float *){arg(b[q.scale_slot], q.scale_slot)}, {q.scale_step}, {q.out_type}, {q.out_zero}, "
+            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0")
+    run = "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))" if self.parallel else \
+          "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
+    return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
+
+def _const(u: UOp):
+  return u.arg if u.op is Ops.CONST else None
+
+def _requant(value: UOp):
+  """(int32 sum, scale node, zero point, dtype) of CAST(dt, MIN(MAX(ROUND(sum * scale [+ zero]), lo), hi)), else
+  None."""
+  if value.op is not Ops.CAST or value.dtype not in _QTYPES: return None
+  info = np.iinfo(value.dtype.np)
+  mn = value.src[0]
+  if mn.op is not Ops.MIN or _const(mn.src[1]) != info.max or mn.src[0].op is not Ops.MAX: return None
+  mx = mn.src[0]
+  if _const(mx.src[1]) != info.min or mx.src[0].op is not Ops.ROUND: return None
+  x, zero = mx.src[0].src[0], 0
+  if x.op is Ops.ADD and (z := _const(x.src[1])) is not None and float(z).is_integer(): x, zero = x.src[0], int(z)
+  if x.op is not Ops.MUL or x.src[0].op is not Ops.CAST or x.src[0].src[0].dtype != dtypes.int32: return None
+  return x.src[0].src[0], x.src[1], zero, value.dtype
+
+def _group(ranges, terms) -> int | None:
+  """The stride of ranges (outer first) flattened row-major, when the index terms are that flat index times it."""
+  inner = terms.get(ranges[-1], 0)
+  size = 1
+  for r in reversed(ranges):
+    if terms.get(r, 0) != inner * size: return None
+    size *= r.arg[1]
+  return inner
+
+def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
+  """A constant vector over the flat n (a per-channel value), or a scalar constant, as an array; else None."""
+  if u.op is Ops.CONST: return np.array([u.arg])
+  if u.op is not Ops.LOAD or _const(u.src[2]) is not True or bufs[u.src[0].arg].kind != "const": return None
+  terms, offset = linear(u.src[1])
+  if set(terms) - set(n_rows) or _group(n_rows, terms) != 1: return None
+  n = prod(r.arg[1] for r in n_rows)
+  data = np.asarray(bufs[u.src[0].arg].data).reshape(-1)
+  return data[offset:offset + n] if offset + n <= data.size else None
+
+def _activation(x: UOp):
+  """(gate, load) of an int32 operand that reads a buffer where its gate is on and is zero elsewhere, else None."""
+  gate = None
+  if x.op is Ops.WHERE and _const(x.src[2]) == 0: gate, x = x.src[0], x.src[1]
+  if x.op is not Ops.LOAD or x.dtype != dtypes.int32: return None
+  return gate, x
+
+def _int8_source(kernel, qresults: dict):
+  """(8-bit buffer, zero point) holding what the kernel writes plus the zero point, at the same index, when the kernel
+  is x8[i] - zero, read from an 8-bit buffer or from an int8 contraction's requantized result; (x8's dtype, zero
+  point) when x8 is computed; else None."""
+  value, zero = kernel.ast.src[2], 0
+  if value.op is Ops.SUB and (z := _const(value.src[1])) is not None: value, zero = value.src[0], int(z)
+  if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES: return None
+  x8 = value.src[0]
+  if x8.op is Ops.LOAD and _const(x8.src[2]) is True and linear(x8.src[1]) == linear(kernel.ast.src[1]):
+    return kernel.bufs[x8.src[0].arg], zero
+  if (r := qresults.get(id(kernel.bufs[0]))) is not None and r[0] is x8: return r[1], zero
+  # any other 8-bit value (a requantized residual add): read back from the int32 the kernel wrote
+  return x8.dtype, zero
+
+def _flat(ranges) -> UOp:
+  """The row-major flat index of ranges (outer first)."""
+  out, stride = UOp.const(dtypes.index, 0), 1
+  for r in reversed(ranges):
+    out, stride = r * stride + out, stride * r.arg[1]
+  return out
+
+def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
+  """(QGemm, the load of its result) of one requantized int8 contraction of the kernel, its buffers appended to bufs
+  (and the new ones to made); None when it is not one."""
+  total, scale, out_zero, out_dt = _requant(requant)
+  bias = None
+  if total.op is Ops.ADD: total, bias = total.src
+  if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL: return None
+  acc = total
+  k = tuple(sorted(acc.src[1:], key=lambda r: r.arg[0]))
+  ranges = lambda u: {r for r in u.toposort() if r.op is Ops.RANGE}
+  x, w = acc.src[0].src
+  consts = lambda u: all(bufs[l.src[0].arg].kind == "const" for l in u.toposort() if l.op is Ops.LOAD)
+  if consts(x): x, w = w, x
+  if not consts(w) or consts(x): return None
+  act = _activation(x)
+  if act is None: return None
+  gate, load = act
+  src = producers.get(id(bufs[load.src[0].arg]))
+  source = None if src is None else _int8_source(src, qresults)
+  if source is None: return None
+  x8_buf, p_zero = source
+  m_rows = tuple(sorted(ranges(x) - set(k), key=lambda r: r.arg[0]))
+  n_rows = tuple(sorted(ranges(w) - set(k), key=lambda r: r.arg[0]))
+  if not m_rows or not n_rows or set(m_rows) & set(n_rows): return None
+  if ranges(requant) - set(k) != set(m_rows) | set(n_rows): return None
+  # the result where the output has it (a bare requantized store), else in a scratch in the kernel's loop order
+  at = ast.src[1] if bare else _flat(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
+  out_terms, out_offset = linear(at)
+  if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
+  ldc = (_group(m_rows, out_terms), _group(n_rows, out_terms))
+  if None in ldc: return None
+  M, N, K = (prod(r.arg[1] for r in g) for g in (m_rows, n_rows, k))
+  scales = _per_n(scale, n_rows, bufs)
+  biases = None if bias is None else _per_n(bias, n_rows, bufs)
+  if scales is None or (bias is not None and biases is None): return None
+  # the weights as an int8 [K][N] matrix (evaluated with numpy as the float microkernel's constants are)
+  from aot.codegen.contract import Contraction, Side, evaluate_operand
+  c = Contraction(acc, (), k, Side(x, m_rows), Side(w, n_rows))
+  data = {l.src[0].arg: bufs[l.src[0].arg].data for l in w.toposort() if l.op is Ops.LOAD}
+  grid = evaluate_operand(c, c.b, N, data).reshape(K, N)
+  if grid.min() < -128 or grid.max() > 127: return None
+  packed, col_sum = pack_weights(grid.astype(np.int8))
+  def slot(b: Buffer, new: bool = True) -> int:
+    bufs.append(b)
+    if new: made.append(b)
+    return len(bufs) - 1
+  const = lambda dt, arr: slot(Buffer("const", dt, arr.size, "qgemm", shape=arr.shape, data=arr))
+  # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
+  from_int32 = not isinstance(x8_buf, Buffer)
+  a_dt = x8_buf if from_int32 else x8_buf.dtype
+  c_slot = 0 if bare else slot(Buffer("scratch", out_dt, M * N, "qgemm C"))
+  x8_slot = load.src[0].arg if from_int32 else slot(x8_buf, new=False)
+  result = UOp(Ops.LOAD, out_dt, (UOp(Ops.DEFINE_GLOBAL, out_dt, (), c_slot), at, UOp.const(dtypes.bool, True)))
+  tail = (const(dtypes.int8, packed), const(dtypes.int32, col_sum),
+          None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
+          const(dtypes.float32, scales.astype(np.float32)), int(scales.size > 1), _QTYPES[out_dt], out_zero, ldc)
+  # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
+  terms, offset = linear(load.src[1])
+  if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and \
+     not set(terms) - set(m_rows) - set(k) and _group(k, terms) == 1 and (lda := _group(m_rows, terms)):
+    return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
+  # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
+  a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate([*m_rows, *k])}
+  if from_int32: read = UOp(Ops.CAST, a_dt, (load + p_zero,))
+  else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
+  value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, UOp.const(a_dt, p_zero)))
+  idx = _flat([fresh[r] for r in m_rows]) * K + _flat([fresh[r] for r in k])
+  dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
+                                                       substitute(value, fresh))), pm_simplify)
+  return QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot), result
+
+def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
+  """(the kernel's buffers with new slots appended, the buffers made for them, its QGemms, the kernel reading their
+  results or None) when the kernel's contractions are int8 contractions with a requantizing cast (the int32 sum of
+  8-bit activations times int8 constant weights, plus an int32 bias, scaled per tensor or per output channel), else
+  None. producers: buffer id -> the kernel writing it; qresults (updated): output buffer id of a lowered kernel ->
+  (its requantize node, the 8-bit buffer holding it)."""
+  if ast.op is not Ops.STORE: return None
+  found = [u for u in ast.src[2].toposort() if _requant(u) is not None]
+  # every int32 sum must be one of them (other sums, a pooling of the result, stay in the epilogue)
+  sums = [u for u in ast.toposort() if u.op is Ops.ACCUMULATE and u.dtype == dtypes.int32]
+  if not found or len(sums) != len(found): return None
+  # a kernel that is one requantized contraction writes it straight to its output; else an epilogue reads them
+  bare = len(found) == 1 and found[0] is ast.src[2]
+  bufs, made, qgemms, results = list(bufs), [], [], {}
+  for requant in found:
+    if (r := _lower_one(ast, requant, bare, bufs, made, producers, qresults)) is None: return None
+    qgemms.append(r[0])
+    results[requant] = r[1]
+  if bare: return bufs, made, qgemms, None
+  if len(found) == 1: qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
+  return bufs, made, qgemms, graph_rewrite(substitute(ast, results), pm_simplify)

@@ -1,0 +1,155 @@
+"""The int8 microkernel (runtime_c/aot_qgemm.c) against an independent numpy int32 computation, bit for bit."""
+import ctypes, subprocess
+from pathlib import Path
+import numpy as np
+import pytest
+from aot.build import cc, cflags
+from aot.codegen.quant import pack_weights, requantize
+
+RUNTIME = Path(__file__).resolve().parent.parent / "runtime_c"
+
+# a small C driver: the kernel on a pool of `threads` threads
+DRIVER = r"""
+#include "aot_runtime.h"
+__attribute__((visibility("default"))) void qgemm(aot_qgemm *g, int threads) {
+  aot_pool *p = aot_pool_create(threads);
+  aot_parallel(p, aot_qgemm_run, g, aot_qgemm_tasks(g));
+  aot_pool_destroy(p);
+}
+"""
+
+class QGemm(ctypes.Structure):
+  _fields_ = [("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int), ("a", ctypes.c_void_p),
+              ("lda", ctypes.c_long), ("a_signed", ctypes.c_int), ("a_zero", ctypes.c_int), ("b", ctypes.c_void_p),
+              ("col_sum", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+              ("scale_step", ctypes.c_int), ("out_type", ctypes.c_int), ("out_zero", ctypes.c_int),
+              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int)]
+
+@pytest.fixture(scope="module", params=["native", "x86-64-v3"])
+def lib(request, tmp_path_factory):
+  """Built for this CPU (AVX-512 VNNI where it has it) and for AVX2 (the portable path)."""
+  d = tmp_path_factory.mktemp(f"qgemm_{request.param}")
+  (d / "driver.c").write_text(DRIVER)
+  so = d / "libq.so"
+  subprocess.run([cc(), *cflags(request.param), "-shared", f"-I{RUNTIME}", str(d / "driver.c"),
+                  str(RUNTIME / "aot_qgemm.c"), str(RUNTIME / "aot_runtime.c"), "-o", str(so), "-lpthread", "-lm"],
+                 check=True)
+  return ctypes.CDLL(str(so))
+
+def run(lib, a, w, a_zero, bias=None, scale=None, out_zero=0, out_dtype=np.int32, threads=1):
+  M, K = a.shape
+  N = w.shape[1]
+  packed, col_sum = pack_weights(w)
+  out = np.zeros((M, N), out_dtype)
+  keep = [np.ascontiguousarray(a), packed, col_sum]
+  scale = None if scale is None else np.ascontiguousarray(np.atleast_1d(scale), np.float32)
+  ptr = lambda x: None if x is None else x.ctypes.data
+  g = QGemm(M, N, K, ptr(keep[0]), K, int(a.dtype == np.int8), a_zero, ptr(packed), ptr(col_sum), ptr(bias),
+            ptr(scale), 0 if scale is None or scale.size == 1 else 1,
+            {np.int32: 0, np.uint8: 1, np.int8: 2}[out_dtype], out_zero, ptr(out), N, 1, 0)
+  lib.qgemm(ctypes.byref(g), threads)
+  return out
+
+def reference(a, w, a_zero, bias=None):
+  acc = (a.astype(np.int64) - a_zero) @ w.astype(np.int64)
+  return (acc + (0 if bias is None else bias)).astype(np.int32)
+
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (7, 33, 5), (65, 129, 515), (9, 31, 1030)])
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+def test_int32_products(lib, M, N, K, a_dtype):
+  rng = np.random.default_rng(M * N + K)
+  info = np.iinfo(a_dtype)
+  a = rng.integers(info.min, info.max + 1, (M, K)).astype(a_dtype)
+  # the extremes too: -128 * 255 summed is where a u8 x s8 pairwise int16 add saturates
+  a[0, :] = info.max
+  w = rng.integers(-128, 128, (K, N)).astype(np.int8)
+  w[:, 0] = -128
+  zero = int(rng.integers(info.min, info.max + 1))
+  bias = rng.integers(-1000, 1000, N).astype(np.int32)
+  want = reference(a, w, zero, bias)
+  for threads in (1, 2, 3):
+    np.testing.assert_array_equal(run(lib, a, w, zero, bias, threads=threads), want)
+
+@pytest.mark.parametrize("out_dtype,out_zero", [(np.uint8, 131), (np.int8, -5)])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_requantized(lib, out_dtype, out_zero, per_channel):
+  rng = np.random.default_rng(3)
+  M, N, K = 37, 45, 77
+  a = rng.integers(0, 256, (M, K)).astype(np.uint8)
+  w = rng.integers(-128, 128, (K, N)).astype(np.int8)
+  scale = (rng.uniform(5e-4, 4e-3, N) if per_channel else rng.uniform(5e-4, 4e-3, 1)).astype(np.float32)
+  # values exactly halfway between integers must round to even: scale 0.5 on a few columns of small sums
+  if per_channel:
+    scale[:3] = 0.5
+    w[:, :3] = 0
+    w[:4, :3] = rng.integers(-1, 2, (4, 3))
+  acc = reference(a, w, 120)
+  if per_channel: assert np.sum(acc[:, :3] % 2 == 1) > 10
+  want = requantize(acc, scale, out_zero, out_dtype)
+  assert 0 < np.mean((want == np.iinfo(out_dtype).min) | (want == np.iinfo(out_dtype).max)) < 0.9
+  for threads in (1, 3):
+    np.testing.assert_array_equal(run(lib, a, w, 120, scale=scale, out_zero=out_zero, out_dtype=out_dtype,
+                                      threads=threads), want)
+
+# *** QDQ models, made with onnxruntime's quantizer, against onnxruntime's int8 run ***
+
+def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
+  """A float conv (+ Relu) or matmul quantized by onnxruntime.quantization.quantize_static from seeded calibration
+  data, with its first QuantizeLinear and last DequantizeLinear dropped: 8-bit in, 8-bit out."""
+  import onnx
+  from onnx import helper, numpy_helper, TensorProto
+  from onnxruntime.quantization import quantize_static, QuantType, QuantFormat, CalibrationDataReader
+  rng = np.random.default_rng(11)
+  if kind == "conv":
+    shape, out_shape = [1, 64, 10, 9], [1, 20, 5, 5]
+    w = numpy_helper.from_array((rng.standard_normal((20, 64, 3, 3)) * 0.2).astype(np.float32), "w")
+    b = numpy_helper.from_array((rng.standard_normal(20) * 0.1).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    inits = [w, b]
+  else:
+    shape, out_shape = [7, 600], [7, 45]
+    w = numpy_helper.from_array((rng.standard_normal((600, 45)) * 0.2).astype(np.float32), "w")
+    nodes, inits = [helper.make_node("MatMul", ["x", "w"], ["y"])], [w]
+  g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], inits)
+  onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp / "f.onnx")
+  class Data(CalibrationDataReader):
+    def __init__(self): self.it = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
+    def get_next(self): return next(self.it, None)
+  act = QuantType.QUInt8 if activations == "u8" else QuantType.QInt8
+  quantize_static(str(tmp / "f.onnx"), str(tmp / "q.onnx"), Data(), quant_format=QuantFormat.QDQ,
+                  per_channel=per_channel, weight_type=QuantType.QInt8, activation_type=act)
+  m = onnx.load(tmp / "q.onnx")
+  q = next(n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+  dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y")
+  m.graph.node.remove(q)
+  m.graph.node.remove(dq)
+  dt = TensorProto.UINT8 if activations == "u8" else TensorProto.INT8
+  del m.graph.input[:], m.graph.output[:]
+  m.graph.input.append(helper.make_tensor_value_info(q.output[0], dt, shape))
+  m.graph.output.append(helper.make_tensor_value_info(dq.input[0], dt, out_shape))
+  return m
+
+@pytest.mark.parametrize("kind,per_channel,activations",
+                         [("conv", True, "u8"), ("conv", False, "u8"), ("matmul", True, "u8"), ("matmul", False, "u8"),
+                          ("conv", True, "s8")])
+def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
+  import onnxruntime as ort
+  import aot
+  model = _qdq_model(kind, per_channel, activations, tmp_path)
+  art = aot.compile_model(model, out_dir=tmp_path / "art")
+  # the plan takes the int8 path: the contraction is a call of the int8 microkernel
+  assert "aot_qgemm_run" in (art.dir / "src" / "model.c").read_text()
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  name, shape = sess.get_inputs()[0].name, sess.get_inputs()[0].shape
+  dt = np.uint8 if activations == "u8" else np.int8
+  # fresh inputs, not the calibration data: the full 8-bit range, so results saturate at both ends
+  x = np.random.default_rng(21).integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, shape).astype(dt)
+  want = sess.run(None, {name: x})[0]
+  for threads in (1, 2):
+    got = aot.load(art, threads=threads)(x)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
