@@ -72,11 +72,8 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
   """Anything compile_model accepts, traced: a Tensor program with example inputs, "models:NAME", an ONNX file or
   an onnx.ModelProto."""
   if _is_onnx(what):
-    from aot.frontends.onnx import trace_onnx, load_model
-    from aot.codegen.quant import fuse_qdq
-    # QDQ groups run as onnxruntime runs them: as integer contractions (codegen/quant.py)
-    fused = fuse_qdq(load_model(what))
-    return trace_onnx(fused, shapes, bind, name or (Path(what).stem if isinstance(what, (str, Path)) else None))
+    from aot.frontends.onnx import trace_onnx
+    return trace_onnx(what, shapes, bind, name)
   if isinstance(what, str) and what.startswith("models:"):
     from aot.models import get
     model = get(what.split(":", 1)[1])

@@ -148,16 +148,19 @@ def _const(u: UOp):
   return u.arg if u.op is Ops.CONST else None
 
 def _requant(value: UOp):
-  """(int32 sum, scale node, zero point, dtype) of CAST(dt, MIN(MAX(ROUND(sum * scale [+ zero]), lo), hi)), else
-  None."""
+  """(int32 sum, scale node, zero point, dtype) of CAST(dt, MIN(MAX(ROUND(sum * scale) [+ zero], lo), hi)), else None:
+  the zero point added after rounding, as onnxruntime does and the runtime's requantization computes."""
   if value.op is not Ops.CAST or value.dtype not in _QTYPES: return None
   info = np.iinfo(value.dtype.np)
   mn = value.src[0]
   if mn.op is not Ops.MIN or _const(mn.src[1]) != info.max or mn.src[0].op is not Ops.MAX: return None
   mx = mn.src[0]
-  if _const(mx.src[1]) != info.min or mx.src[0].op is not Ops.ROUND: return None
-  x, zero = mx.src[0].src[0], 0
-  if x.op is Ops.ADD and (z := _const(x.src[1])) is not None and float(z).is_integer(): x, zero = x.src[0], int(z)
+  if _const(mx.src[1]) != info.min: return None
+  r, zero = mx.src[0], 0
+  # the zero point added after rounding (as onnxruntime does: the frontend's QLinearConv/QLinearMatMul)
+  if r.op is Ops.ADD and (z := _const(r.src[1])) is not None and float(z).is_integer(): r, zero = r.src[0], int(z)
+  if r.op is not Ops.ROUND: return None
+  x = r.src[0]
   if x.op is not Ops.MUL or x.src[0].op is not Ops.CAST or x.src[0].src[0].dtype != dtypes.int32: return None
   return x.src[0].src[0], x.src[1], zero, value.dtype
 

@@ -364,7 +364,9 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   from aot.compiler import Traced
   from aot.artifact import c_name
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
-  model = load_model(src)
+  from aot.codegen.quant import fuse_qdq
+  # QDQ groups run as onnxruntime runs them: as integer contractions (codegen/quant.py)
+  model = fuse_qdq(load_model(src))
   if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None): raise CompileError("; ".join(problems))
   shapes, bind = dict(shapes or {}), dict(bind or {})
   g = model.graph
