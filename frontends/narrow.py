@@ -27,7 +27,8 @@ def from_array(arr: np.ndarray) -> Tensor:
 def storage_array(arr: np.ndarray, f: Narrow) -> np.ndarray:
   """ml_dtypes keeps one element a byte (or two for bf16): its code bits, which for the ints are not sign-extended."""
   if f.kind in ("i", "u"): return np.asarray(arr).astype(f.storage.np)
-  return np.ascontiguousarray(arr).view(f.storage.np)
+  arr = np.asarray(arr)
+  return (arr if arr.flags.c_contiguous else arr.copy()).view(f.storage.np)  # ascontiguousarray makes a scalar 1-d
 
 def _pow2(k: Tensor) -> Tensor:
   """2**k for int32 k inside float32's normal exponents."""
