@@ -74,9 +74,9 @@ const char *{name}_last_error(const {name}_model *m);
 
 def _narrow_comment(f: Narrow, b: Buffer) -> str:
   if f.packed:
-    return (f"{f.name}: {8 // f.bits} elements a byte, the first in the low bits{', sign-extended' if f.kind == 'i' else ''}"
-            f" ({b.size} {b.dtype.cname})")
-  return f"{f.name}: one {b.dtype.cname} of its bits per element" if f.is_float else f"{f.name}: one {b.dtype.cname} per element"
+    signed = ", sign-extended" if f.kind == "i" else ""
+    return f"{f.name}: {8 // f.bits} elements a byte, the first in the low bits{signed} ({b.size} {b.dtype.cname})"
+  return f"{f.name}: one {b.dtype.cname} {'of its bits ' if f.is_float else ''}per element"
 
 def _profile_decl(name: str, calls: int) -> str:
   return f"""/* profile build only: the seconds each of the {calls} calls of the kernel list took, summed over the runs
@@ -295,7 +295,8 @@ class Artifact:
     self.arena_holds_bytes: int = m.get("arena_holds_bytes", m["arena_bytes"])
     self.weights_bytes: int = m["weights_bytes"]
     self.kernels = [KernelInfo(k["name"], k["function"], tuple(k["shape"])) for k in m["kernels"]]
-    info = lambda t: TensorInfo(t["name"], tuple(t["shape"]), to_dtype(t.get("storage", t["dtype"])), narrow_of(t["dtype"]))
+    info = lambda t: TensorInfo(t["name"], tuple(t["shape"]), to_dtype(t.get("storage", t["dtype"])),
+                                narrow_of(t["dtype"]))
     self.inputs = [info(t) for t in m["inputs"]]
     self.outputs = [info(t) for t in m["outputs"]]
     self.compile_seconds: float = m.get("compile_seconds", 0.0)

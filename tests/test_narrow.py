@@ -49,8 +49,9 @@ def cast_model(f, n_codes: int, n_floats: int) -> onnx.ModelProto:
       for sat in (0, 1):
         nodes.append(helper.make_node("Cast", ["x"], [f"{mode}{sat}"], to=t, saturate=sat, round_mode=mode))
         outs.append(helper.make_tensor_value_info(f"{mode}{sat}", t, [n_floats]))
-  g = helper.make_graph(nodes, f"cast_{f.name}", [helper.make_tensor_value_info("codes", t, [n_codes]),
-                                                 helper.make_tensor_value_info("x", TensorProto.FLOAT, [n_floats])], outs)
+  ins = [helper.make_tensor_value_info("codes", t, [n_codes]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [n_floats])]
+  g = helper.make_graph(nodes, f"cast_{f.name}", ins, outs)
   return helper.make_model(g, opset_imports=[helper.make_opsetid("", 25)])
 
 def same_codes(f, got: np.ndarray, want: np.ndarray) -> np.ndarray:
