@@ -74,7 +74,7 @@ const char *{name}_last_error(const {name}_model *m);
 
 def _narrow_comment(f: Narrow, b: Buffer) -> str:
   if f.packed:
-    signed = ", sign-extended" if f.kind == "i" else ""
+    signed = ", two's complement" if f.kind == "i" else ""
     return f"{f.name}: {8 // f.bits} elements a byte, the first in the low bits{signed} ({b.size} {b.dtype.cname})"
   return f"{f.name}: one {b.dtype.cname} {'of its bits ' if f.is_float else ''}per element"
 
