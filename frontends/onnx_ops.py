@@ -174,3 +174,4 @@ import aot.frontends.onnx_ops_tensor  # noqa: E402,F401
 import aot.frontends.onnx_ops_nn  # noqa: E402,F401
 import aot.frontends.onnx_ops_control  # noqa: E402,F401
 import aot.frontends.onnx_ops_sampling  # noqa: E402,F401
+import aot.frontends.onnx_ops_sequence  # noqa: E402,F401
