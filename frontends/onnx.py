@@ -178,6 +178,8 @@ class Tracer:
       return tuple(outs)
     present = [x for x in ins if x is not None]
     key = (f.domain, f.name, repr(sorted(attrs.items(), key=lambda kv: kv[0])), tuple((x.shape, x.dtype) for x in present))
+    # a FUNCTION's parameters are plain tensors: a narrow argument's type, or a sequence, would be lost; inline it
+    if any(narrow.fmt_of(x) or not isinstance(x, Tensor) for x in present): return list(body(*present))
     try:
       if key not in self.functions: self.functions[key] = function(body)
       outs = self.functions[key](*present)

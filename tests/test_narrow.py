@@ -89,3 +89,15 @@ def test_packed_io_and_header(tmp_path):
   assert np.array_equal(NARROW["int4"].to_storage(x), [0x78, 0x0F])
   header = art.header_path.read_text()
   assert "const uint8_t *x" in header and '"int4"' in header and "2 elements a byte" in header
+
+def test_bf16_through_a_model_local_function(tmp_path):
+  """A narrow argument of a model-local function keeps its type (it is traced inline, not as a FUNCTION)."""
+  fn = helper.make_function("local", "dbl", ["a"], ["b"], [helper.make_node("Add", ["a", "a"], ["b"])],
+                            [helper.make_opsetid("", 21)])
+  g = helper.make_graph([helper.make_node("dbl", ["x"], ["y"], domain="local")], "g",
+                        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [4])],
+                        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [4])])
+  m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("local", 1)], functions=[fn])
+  x = np.array([1.5, -2, 3.25, 100], NARROW["bfloat16"].np)
+  got = load(compile_model(m, out_dir=tmp_path, name="m"))(x)
+  np.testing.assert_array_equal(got.view(np.uint16), ReferenceEvaluator(m).run(None, {"x": x})[0].view(np.uint16))
