@@ -1,7 +1,6 @@
 """The narrow storage types, value by value: every code of each type decoded, and floats (every representable value,
 the ties between neighbours and either side of them, NaN, Inf, out of range, saturate on and off) encoded, through
 one compiled Cast graph per type, against onnx's reference implementation (which converts with ml_dtypes)."""
-import warnings
 import numpy as np
 import onnx
 import pytest
@@ -11,7 +10,8 @@ from aot.compiler import compile_model
 from aot.dtype import NARROW
 from aot.loader import load
 
-warnings.filterwarnings("ignore", category=RuntimeWarning)
+# onnx.reference casts NaN and out-of-range floats to the ints with numpy, which warns
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 def all_codes(f) -> np.ndarray:
   """Every value of f, as an ml_dtypes array."""
