@@ -172,8 +172,9 @@ def random_inputs(inputs, seed: int = 0) -> list[np.ndarray]:
   rng = np.random.default_rng(seed)
   out = []
   for t in inputs:
-    dt = t.dtype.np
-    if t.dtype.is_float: out.append(rng.standard_normal(t.shape).astype(dt))
+    dt = t.narrow.np if getattr(t, "narrow", None) else t.dtype.np
+    if getattr(t, "narrow", None): out.append(rng.integers(0, 2, t.shape).astype(np.float32).astype(dt))
+    elif t.dtype.is_float: out.append(rng.standard_normal(t.shape).astype(dt))
     elif t.dtype.kind == "b": out.append(rng.random(t.shape) < 0.5)
     else: out.append(rng.integers(0, 4, t.shape).astype(dt))
   return out

@@ -42,6 +42,7 @@ class Traced:
   outputs: list[UOp]
   inputs: list[UOp]
   output_names: list[str] | None = None
+  formats: dict | None = None  # narrow inputs and outputs (frontends/onnx.py): name -> (type name, logical shape)
 
 def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
   specs = []
@@ -293,6 +294,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   say = progress or (lambda s: None)
   traced = resolve(what, example_inputs, name, shapes, bind)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+  sched.formats = traced.formats or {}
   say(f"scheduled {len(sched.kernels)} kernels")
   if target in GPU_TARGETS or emulate:
     if triple: raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")

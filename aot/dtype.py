@@ -67,3 +67,65 @@ def max_value(d: DType):
 def _int_np(d: DType):
   # the kernel index types have no numpy type of their own
   return {dtypes.index: np.int32, dtypes.index64: np.int64}.get(d) or d.np
+
+# *** narrow storage types ***
+# Element types with no C arithmetic of their own: they live in memory (inputs, outputs, weights) as the bits of a
+# storage type and are computed through float32; frontends/narrow.py converts, exactly as ONNX's Cast says.
+
+@dataclass(frozen=True)
+class Narrow:
+  name: str        # the ml_dtypes spelling, which numpy arrays of the type carry
+  onnx: str        # the TensorProto.DataType name
+  bits: int        # per element in memory: 4 and 2 pack two or four to a byte, the first in the low bits
+  storage: DType   # what one unpacked element is inside the kernels: its code bits, or its value for the ints
+  kind: str        # 'bf16' | 'float' (a small float with sign, exp_bits, man_bits) | 'e8m0' | 'i' | 'u'
+  exp_bits: int = 0
+  man_bits: int = 0
+  bias: int = 0
+  special: str = ""  # the float's NaN/Inf codes: 'fn' (all ones NaN), 'fnuz' (NaN at -0), 'ieee', '' (none)
+
+  @property
+  def np(self) -> np.dtype:
+    import ml_dtypes
+    return np.dtype(getattr(ml_dtypes, self.name))
+  @property
+  def packed(self) -> bool: return self.bits < 8
+  @property
+  def is_float(self) -> bool: return self.kind not in ("i", "u")
+  def nbytes(self, n: int) -> int: return -(-n * self.bits // 8)
+  def to_storage(self, arr: np.ndarray) -> np.ndarray:
+    """An array of this type (ml_dtypes: one element a byte, or two for bf16) as what the C API takes."""
+    arr = np.ascontiguousarray(arr, dtype=self.np)
+    if not self.packed: return arr.view(self.storage.np)
+    per = 8 // self.bits
+    codes = arr.reshape(-1).view(np.uint8) & ((1 << self.bits) - 1)
+    codes = np.concatenate([codes, np.zeros(-codes.size % per, np.uint8)]).reshape(-1, per)
+    return np.bitwise_or.reduce(codes << (self.bits * np.arange(per, dtype=np.uint8)), axis=1).astype(np.uint8)
+  def from_storage(self, raw: np.ndarray, shape: tuple) -> np.ndarray:
+    """The inverse of to_storage."""
+    if not self.packed: return raw.view(self.np).reshape(shape)
+    per = 8 // self.bits
+    codes = (raw[:, None] >> (self.bits * np.arange(per, dtype=np.uint8))) & ((1 << self.bits) - 1)
+    return codes.reshape(-1)[:int(np.prod(shape, dtype=np.int64))].view(self.np).reshape(shape)
+  def __repr__(self) -> str: return f"narrow.{self.name}"
+
+NARROW = {n.name: n for n in (
+  Narrow("bfloat16", "BFLOAT16", 16, dtypes.uint16, "bf16"),
+  Narrow("float8_e4m3fn", "FLOAT8E4M3FN", 8, dtypes.uint8, "float", 4, 3, 7, "fn"),
+  Narrow("float8_e4m3fnuz", "FLOAT8E4M3FNUZ", 8, dtypes.uint8, "float", 4, 3, 8, "fnuz"),
+  Narrow("float8_e5m2", "FLOAT8E5M2", 8, dtypes.uint8, "float", 5, 2, 15, "ieee"),
+  Narrow("float8_e5m2fnuz", "FLOAT8E5M2FNUZ", 8, dtypes.uint8, "float", 5, 2, 16, "fnuz"),
+  Narrow("float8_e8m0fnu", "FLOAT8E8M0", 8, dtypes.uint8, "e8m0"),
+  Narrow("float4_e2m1fn", "FLOAT4E2M1", 4, dtypes.uint8, "float", 2, 1, 1, ""),
+  Narrow("int4", "INT4", 4, dtypes.int8, "i"),
+  Narrow("uint4", "UINT4", 4, dtypes.uint8, "u"),
+  Narrow("int2", "INT2", 2, dtypes.int8, "i"),
+  Narrow("uint2", "UINT2", 2, dtypes.uint8, "u"),
+)}
+
+def narrow_of(x) -> Narrow | None:
+  """The narrow type of a numpy dtype (an ml_dtypes one), a Narrow or its name; None for any other type."""
+  if isinstance(x, Narrow): return x
+  if isinstance(x, str): return NARROW.get(x)
+  try: return NARROW.get(np.dtype(x).name)
+  except TypeError: return None

@@ -1,6 +1,6 @@
 """Calling an artifact from Python: numpy arrays in, numpy arrays out, through cffi (ABI mode: no compiler needed)."""
 from __future__ import annotations
-import threading
+import math, threading
 from pathlib import Path
 import numpy as np
 import cffi
@@ -47,13 +47,17 @@ class LoadedModel:
       x = np.asarray(x)
       if x.shape != t.shape:
         raise ValueError(f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}")
-      if x.dtype != t.dtype.np:
-        raise TypeError(f"{a.name} input '{t.name}': expected dtype {t.dtype.name}, got {x.dtype}")
-      ins.append(np.ascontiguousarray(x))
-    outs = [np.empty(t.shape, dtype=t.dtype.np) for t in a.outputs]
+      want = t.narrow.np if t.narrow else t.dtype.np
+      if x.dtype != want:
+        raise TypeError(f"{a.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}")
+      # a narrow type crosses the C API as its codes, the 4- and 2-bit ones packed
+      ins.append(t.narrow.to_storage(x) if t.narrow else np.ascontiguousarray(x))
+    outs = [np.empty(t.narrow.nbytes(math.prod(t.shape)) if t.narrow and t.narrow.packed else t.shape, dtype=t.dtype.np)
+            for t in a.outputs]
     ptrs = [self.ffi.cast(pt, x.ctypes.data) for pt, x in zip(self._ptr_types, ins + outs)]
     if (status := self._run(self._model, *ptrs)) != 0:
       raise RuntimeError(f"{a.name}_run failed (status {status}): {self.ffi.string(self._last_error(self._model)).decode()}")
+    outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(a.outputs, outs)]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   def close(self):

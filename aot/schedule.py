@@ -47,6 +47,9 @@ class Schedule:
   outputs: list[Buffer]
   consts: list[Buffer] = field(default_factory=list)
   scratch: list[Buffer] = field(default_factory=list)
+  # inputs and outputs of a narrow type (aot/dtype.py: NARROW) by name: (type name, logical shape); their buffers hold
+  # its codes or packed bytes
+  formats: dict = field(default_factory=dict)
 
 # *** prepare: inline calls, fold constants ***
 

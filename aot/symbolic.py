@@ -154,9 +154,9 @@ pm_simplify = PatternMatcher([
   (UPat(Ops.ADD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 0 and not _is_int(x) else None),
   (UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 1 else None),
   (UPat(Ops.DIV, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 1 else None),
-  # boolean algebra with known operands
-  (UPat(Ops.AND, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg else c),
-  (UPat(Ops.AND, src=(UPat.cvar("c"), UPat.var("x"))), lambda x, c: x if c.arg else c),
+  # boolean algebra with known operands (bool only: an integer x & 1 is its low bit, not x)
+  (UPat(Ops.AND, src=(UPat.var("x"), UPat.cvar("c")), dtype=dtypes.bool), lambda x, c: x if c.arg else c),
+  (UPat(Ops.AND, src=(UPat.cvar("c"), UPat.var("x")), dtype=dtypes.bool), lambda x, c: x if c.arg else c),
   (UPat(Ops.AND, src=(UPat.var("x"), UPat.var("x"))), lambda x: x),
   (UPat(Ops.NOT, src=(UPat(Ops.NOT, src=(UPat.var("x"),)),)), lambda x: x),
   (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),

@@ -8,10 +8,11 @@ from typing import Callable
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from aot.dtype import to_dtype, DType
+from aot.dtype import to_dtype, DType, Narrow, NARROW, dtypes
 from aot.ir import UOp, Ops
 from aot.schedule import CompileError
 from aot.frontends.tensor import Tensor, function
+from aot.frontends import narrow
 
 class Unsupported(Exception):
   """This node cannot be compiled as it is (an attribute, a dtype, a value that must be known at compile time)."""
@@ -40,6 +41,15 @@ def lookup(op_type: str, domain: str, opset: int) -> Callable | None:
   for since, fn in OPS.get(key, []):
     if since <= opset: return fn
   return None
+
+def onnx_narrow(elem_type: int) -> Narrow | None:
+  """The narrow storage type (aot/dtype.py: NARROW) an ONNX element type is, if it is one."""
+  name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else ""
+  return next((f for f in NARROW.values() if f.onnx == name), None)
+
+def onnx_type(elem_type: int) -> DType | Narrow:
+  """What Cast's `to` and friends name: a narrow type or a DType."""
+  return onnx_narrow(elem_type) or onnx_dtype(elem_type)
 
 def onnx_dtype(elem_type: int) -> DType:
   try: return to_dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
@@ -104,7 +114,7 @@ class Tracer:
 
   def run_graph(self, g: onnx.GraphProto, env: dict, opset: int) -> list:
     for init in g.initializer:
-      env[init.name] = Tensor(external_array(init, self.base_dir))
+      env[init.name] = narrow.from_array(external_array(init, self.base_dir))
     for node in g.node:
       ins = [None if n == "" else env.get(n, _missing(n)) for n in node.input]
       if any(x is POISON for x in ins):
@@ -135,8 +145,13 @@ class Tracer:
       if k not in sig.parameters: raise Unsupported(f"attribute '{k}' is not supported")
     varargs = any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values())
     if len(ins) > nin and not varargs: raise Unsupported(f"{len(ins)} inputs given, at most {nin} supported")
+    fmts = [narrow.fmt_of(x) for x in ins]
+    wide = next((f for f in fmts if f is not None), None) if node.op_type not in narrow.AWARE else None
+    # any other op computes a narrow float in float32 (the ints in their storage type): decode in, encode out
+    if wide is not None: ins = [narrow.decode(x, f) if f is not None and f.is_float else x for x, f in zip(ins, fmts)]
     out = fn(ctx, *ins, **attrs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if wide is not None: outs = [narrow.restore(o, wide) for o in outs]
     return outs + [None] * (len(node.output) - len(outs))
 
   def opset_of(self, domain: str, default: int) -> int:
@@ -164,6 +179,8 @@ class Tracer:
       return tuple(outs)
     present = [x for x in ins if x is not None]
     key = (f.domain, f.name, repr(sorted(attrs.items(), key=lambda kv: kv[0])), tuple((x.shape, x.dtype) for x in present))
+    # a FUNCTION's parameters are plain tensors: a narrow argument's type, or a sequence, would be lost; inline it
+    if any(narrow.fmt_of(x) or not isinstance(x, Tensor) for x in present): return list(body(*present))
     try:
       if key not in self.functions: self.functions[key] = function(body)
       outs = self.functions[key](*present)
@@ -373,16 +390,17 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   inits = {i.name for i in g.initializer}
   env: dict = {}
   inputs, problems, unpinned = [], [], []
+  formats: dict[str, tuple[str, tuple]] = {}  # narrow inputs and outputs: name -> (type, logical shape)
   for vi in g.input:
     if vi.name in inits: continue
     if vi.name in bind:
       tt = vi.type.tensor_type
-      env[vi.name] = Tensor(np.asarray(bind[vi.name], dtype=onnx_dtype(tt.elem_type).np))
+      env[vi.name] = narrow.from_array(np.asarray(bind[vi.name], dtype=onnx_type(tt.elem_type).np))
       continue
     if not vi.type.HasField("tensor_type"):
       problems.append(f"input '{vi.name}' is not a tensor"); continue
     tt = vi.type.tensor_type
-    try: dt = onnx_dtype(tt.elem_type)
+    try: dt = onnx_type(tt.elem_type)
     except Unsupported as e: problems.append(f"input '{vi.name}': {e}"); continue
     if vi.name in shapes: shape = tuple(int(s) for s in shapes[vi.name])
     else:
@@ -397,7 +415,8 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
           shape.append(None)
       shape = tuple(shape)
     if None not in shape:
-      try: env[vi.name] = t = Tensor.input(vi.name, shape, dt)
+      try: env[vi.name], t = _narrow_input(vi.name, shape, dt, formats) if isinstance(dt, Narrow) else \
+        (Tensor.input(vi.name, shape, dt),) * 2
       except CompileError as e:
         problems.append(str(e))
         continue
@@ -414,6 +433,25 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     raise err
   for o, vi in zip(outs, g.output):
     if not isinstance(o, Tensor): raise CompileError(f"output '{vi.name}' is not a tensor")
-  check_inferred_shapes(model, {t.uop.arg.name: t.shape for t in inputs}, outs)
+  check_inferred_shapes(model, {t.uop.arg.name: formats.get(t.uop.arg.name, (None, t.shape))[1] for t in inputs}, outs)
+  stored = [_narrow_output(o, vi, formats) for o, vi in zip(outs, g.output)]
   name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
-  return Traced(c_name(name), [o.uop for o in outs], [t.uop for t in inputs], [vi.name for vi in g.output])
+  return Traced(c_name(name), [o.uop for o in stored], [t.uop for t in inputs], [vi.name for vi in g.output], formats)
+
+def _narrow_input(name: str, shape: tuple, f: Narrow, formats: dict) -> tuple[Tensor, Tensor]:
+  """A narrow input: (its Stored tensor, the buffer the caller passes: the codes, or the packed bytes)."""
+  formats[name] = (f.name, shape)
+  if not f.packed:
+    raw = Tensor.input(name, shape, f.storage)
+    return narrow.Stored(raw, f), raw
+  raw = Tensor.input(name, (f.nbytes(math.prod(shape)),), dtypes.uint8)
+  return narrow.Stored(narrow.unpack(raw, f, shape), f), raw
+
+def _narrow_output(o: Tensor, vi: onnx.ValueInfoProto, formats: dict) -> Tensor:
+  """An output as what the caller receives: a narrow one as its codes, or packed bytes."""
+  f = onnx_narrow(vi.type.tensor_type.elem_type) if vi.type.HasField("tensor_type") else None
+  f = f or narrow.fmt_of(o)
+  if f is None: return o
+  if narrow.fmt_of(o) != f: o = narrow.convert(o, f)
+  formats[vi.name] = (f.name, o.shape)
+  return narrow.pack(o, f) if f.packed else o

@@ -6,7 +6,8 @@ import math
 import numpy as np
 from aot.dtype import dtypes, to_dtype
 from aot.frontends.tensor import Tensor
-from aot.frontends.onnx import op, onnx_dtype, Unsupported
+from aot.frontends.onnx import op, onnx_dtype, onnx_type, Unsupported
+from aot.frontends import narrow
 
 # *** elementwise ***
 
@@ -76,9 +77,10 @@ def isinf(n, x, detect_negative=1, detect_positive=1):
   return out
 
 @op("Cast")
-def cast(n, x, to=1, saturate=1, round_mode="up"): return x.cast(onnx_dtype(to))
+def cast(n, x, to=1, saturate=1, round_mode="up"): return narrow.convert(x, onnx_type(to), bool(saturate), round_mode)
 @op("CastLike")
-def cast_like(n, x, like, saturate=1, round_mode="up"): return x.cast(like.dtype)
+def cast_like(n, x, like, saturate=1, round_mode="up"):
+  return narrow.convert(x, narrow.fmt_of(like) or like.dtype, bool(saturate), round_mode)
 @op("BitCast")
 def bitcast(n, x, to=1): return x.bitcast(onnx_dtype(to))
 @op("Identity")
@@ -174,3 +176,4 @@ import aot.frontends.onnx_ops_control  # noqa: E402,F401
 import aot.frontends.onnx_ops_sampling  # noqa: E402,F401
 import aot.frontends.onnx_ops_quant  # noqa: E402,F401
 import aot.frontends.onnx_ops_contrib  # noqa: E402,F401
+import aot.frontends.onnx_ops_sequence  # noqa: E402,F401

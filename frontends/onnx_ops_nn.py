@@ -5,7 +5,8 @@ import functools, itertools, math, operator
 import numpy as np
 from aot.dtype import dtypes, min_value, max_value
 from aot.frontends.tensor import Tensor
-from aot.frontends.onnx import op, onnx_dtype, Unsupported
+from aot.frontends.onnx import op, onnx_dtype, onnx_type, Unsupported
+from aot.frontends import narrow
 
 # *** helpers ***
 
@@ -596,26 +597,45 @@ def _qparam(s, x, axis, block_size):
 
 _QTYPES = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32)
 
-def _quantize(x, scale, zp, out_dt):
-  if out_dt not in _QTYPES: raise Unsupported(f"quantize to {out_dt.name}")
-  q = (x.cast(dtypes.float32) / scale.cast(dtypes.float32)).round()
+# the range a quantized narrow int saturates to
+_NARROW_INT_RANGE = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
+
+def _quantize(x, scale, zp, out_dt, saturate: bool = True):
+  """out_dt: a DType or a narrow type (aot/dtype.py: NARROW); the narrow floats round and saturate as Cast does."""
+  f = narrow.narrow_of(out_dt)
+  if f is None and out_dt not in _QTYPES: raise Unsupported(f"quantize to {out_dt.name}")
+  q = x.cast(dtypes.float32) / scale.cast(dtypes.float32)
+  if f is not None and f.is_float:
+    if zp is not None: q = q + zp
+    return narrow.Stored(narrow.encode(q, f, saturate), f)
+  q = q.round()
   if zp is not None: q = q + zp.cast(dtypes.float32)
-  return q.maximum(float(min_value(out_dt))).minimum(float(max_value(out_dt))).cast(out_dt)
+  lo, hi = _NARROW_INT_RANGE[f.name] if f is not None else (min_value(out_dt), max_value(out_dt))
+  q = q.maximum(float(lo)).minimum(float(hi))
+  return narrow.Stored(q.cast(f.storage), f) if f is not None else q.cast(out_dt)
+
+def _wide(t):
+  """A quantization parameter or input in its computing type: a narrow float decoded, a narrow int's values."""
+  f = narrow.fmt_of(t)
+  return narrow.decode(t, f) if f is not None and f.is_float else t
 
 @op("QuantizeLinear", since=10)
 def quantize_linear(n, x, y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, precision=0):
-  out_dt = y_zero_point.dtype if y_zero_point is not None else onnx_dtype(output_dtype) if output_dtype else dtypes.uint8
+  zp_type = None if y_zero_point is None else narrow.fmt_of(y_zero_point) or y_zero_point.dtype
+  out_dt = zp_type or (onnx_type(output_dtype) if output_dtype else dtypes.uint8)
+  x, y_scale = _wide(x), _wide(y_scale)
   s = _qparam(y_scale, x, axis, block_size)
-  z = _qparam(y_zero_point, x, axis, block_size) if y_zero_point is not None else None
-  return _quantize(x, s, z, out_dt)
+  z = _qparam(_wide(y_zero_point), x, axis, block_size) if y_zero_point is not None else None
+  return _quantize(x, s, z, out_dt, bool(saturate))
 
 @op("DequantizeLinear", since=10)
 def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0):
+  out = onnx_type(output_dtype) if output_dtype else narrow.fmt_of(x_scale) or x_scale.dtype
+  x, x_scale = _wide(x), _wide(x_scale)
   s = _qparam(x_scale, x, axis, block_size)
   xf = x.cast(dtypes.float32)
-  if x_zero_point is not None: xf = xf - _qparam(x_zero_point, x, axis, block_size).cast(dtypes.float32)
-  out = onnx_dtype(output_dtype) if output_dtype else x_scale.dtype
-  return (xf * s.cast(dtypes.float32)).cast(out)
+  if x_zero_point is not None: xf = xf - _qparam(_wide(x_zero_point), x, axis, block_size).cast(dtypes.float32)
+  return narrow.convert(xf * s.cast(dtypes.float32), out)
 
 @op("QLinearMatMul", since=10)
 def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):

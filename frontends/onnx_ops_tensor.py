@@ -9,6 +9,7 @@ from onnx import numpy_helper
 from aot.dtype import dtypes, to_dtype, min_value, max_value
 from aot.frontends.tensor import Tensor
 from aot.frontends.onnx import op, onnx_dtype, Unsupported, NeedsConstant
+from aot.frontends import narrow
 
 # *** helpers ***
 
@@ -16,7 +17,7 @@ def _const(arr) -> Tensor:
   """A constant tensor that keeps numpy's dtype (Tensor() alone narrows python floats to float32)."""
   arr = np.asarray(arr)
   if arr.dtype == object or arr.dtype.kind in "USO": raise Unsupported("string tensors are not supported")
-  return Tensor(arr, to_dtype(arr.dtype))
+  return narrow.from_array(arr)
 
 def _scalar(value, dt) -> Tensor: return _const(np.asarray(value, dtype=dt.np))
 

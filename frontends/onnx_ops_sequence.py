@@ -1,0 +1,106 @@
+"""ONNX sequences and optionals, as compile-time containers: a sequence is a list of tensors whose length (and every
+position an op reads or writes) is known when the graph is traced; an optional is a tensor or sequence, or nothing.
+They live only inside the graph: a model input or output must be a tensor."""
+from __future__ import annotations
+from dataclasses import dataclass
+import numpy as np
+from aot.dtype import DType, dtypes
+from aot.frontends.tensor import Tensor
+from aot.frontends.onnx import op, onnx_dtype, Unsupported
+
+@dataclass(frozen=True)
+class Sequence:
+  items: tuple
+  dtype: DType | None = None  # of an empty sequence's elements (SequenceEmpty's dtype)
+
+@dataclass(frozen=True)
+class Optional:
+  value: object = None  # a Tensor, a Sequence, or None for an empty optional
+
+def _seq(n, s, what: str = "input") -> Sequence:
+  if not isinstance(s, Sequence): raise Unsupported(f"{what} is not a sequence")
+  return s
+
+def _position(n, s: Sequence, position, insert: bool = False) -> int:
+  """A position (negative from the end) that must be known at compile time, checked against the length."""
+  length = len(s.items)
+  if position is None: return length if insert else length - 1
+  p = int(np.asarray(n.const(position, "position")).reshape(-1)[0])
+  hi = length if insert else length - 1
+  if not -length <= p <= hi:
+    raise ValueError(f"position {p} is outside a sequence of length {length}")
+  return p + length if p < 0 else p
+
+@op("SequenceEmpty", since=11)
+def sequence_empty(n, dtype=1): return Sequence((), onnx_dtype(dtype))
+
+@op("SequenceConstruct", since=11)
+def sequence_construct(n, *inputs): return Sequence(tuple(inputs))
+
+@op("SequenceInsert", since=11)
+def sequence_insert(n, s, tensor, position=None):
+  s = _seq(n, s)
+  p = _position(n, s, position, insert=True)
+  return Sequence(s.items[:p] + (tensor,) + s.items[p:], s.dtype)
+
+@op("SequenceErase", since=11)
+def sequence_erase(n, s, position=None):
+  s = _seq(n, s)
+  p = _position(n, s, position)
+  return Sequence(s.items[:p] + s.items[p + 1:], s.dtype)
+
+@op("SequenceAt", since=11)
+def sequence_at(n, s, position):
+  s = _seq(n, s)
+  return s.items[_position(n, s, position)]
+
+@op("SequenceLength", since=11)
+def sequence_length(n, s): return Tensor(np.int64(len(_seq(n, s).items)), dtypes.int64)
+
+@op("SplitToSequence", since=11)
+def split_to_sequence(n, x, split=None, axis=0, keepdims=1):
+  a = axis % x.ndim
+  d = x.shape[a]
+  bounds = lambda lo, hi: [(lo, hi) if j == a else None for j in range(x.ndim)]
+  if split is None:
+    parts = [x.shrink(bounds(i, i + 1)) for i in range(d)]
+    return Sequence(tuple(parts if keepdims else [p.squeeze(a) for p in parts]))
+  sizes = np.asarray(n.const(split, "split")).reshape(-1).tolist()
+  if np.ndim(n.const(split, "split")) == 0:
+    k = int(sizes[0])
+    sizes = [min(k, d - i) for i in range(0, d, k)]
+  if sum(sizes) != d: raise ValueError(f"split sizes {sizes} do not add up to {d}")
+  offs = np.cumsum([0] + [int(s) for s in sizes])
+  return Sequence(tuple(x.shrink(bounds(int(offs[i]), int(offs[i + 1]))) for i in range(len(sizes))))
+
+@op("ConcatFromSequence", since=11)
+def concat_from_sequence(n, s, axis=0, new_axis=0):
+  s = _seq(n, s)
+  if not s.items: raise ValueError("ConcatFromSequence of an empty sequence")
+  if new_axis: return Tensor.stack(*s.items, axis=axis % (s.items[0].ndim + 1))
+  return Tensor.cat(list(s.items), axis=axis % s.items[0].ndim)
+
+@op("SequenceMap", since=17)
+def sequence_map(n, s, *more, body=None):
+  """The body once per element; further inputs that are sequences are read at the same position, tensors whole."""
+  s = _seq(n, s)
+  for m in more:
+    if isinstance(m, Sequence) and len(m.items) != len(s.items):
+      raise ValueError(f"sequences of lengths {len(s.items)} and {len(m.items)}")
+  outs = [n.subgraph(body, [s.items[i]] + [m.items[i] if isinstance(m, Sequence) else m for m in more])
+          for i in range(len(s.items))]
+  return [Sequence(tuple(o[k] for o in outs)) for k in range(len(body.output))]
+
+@op("Optional", since=15)
+def optional(n, x=None, type=None): return Optional(x)
+
+@op("OptionalHasElement", since=15)
+def optional_has_element(n, x=None):
+  present = x is not None and not (isinstance(x, Optional) and x.value is None)
+  return Tensor(np.bool_(present), dtypes.bool)
+
+@op("OptionalGetElement", since=15)
+def optional_get_element(n, x):
+  if not isinstance(x, Optional): return x
+  if x.value is None: raise ValueError("OptionalGetElement of an empty optional")
+  return x.value
