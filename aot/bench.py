@@ -187,7 +187,8 @@ def main(argv=None) -> int:
   ap.add_argument("--profile", action="store_true", help="profile the models given (models:NAME, a file or light:NAME) "
                   "instead: each kernel call's time, GFLOP/s, bytes and path (aot/profile.py); --json writes them")
   ap.add_argument("--top", type=int, default=20, help="--profile: show this many of the slowest calls")
-  ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul (float, int8) and\n                  "3x3 conv kernels against numpy instead")
+  ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul (float, int8) and "
+                  "3x3 conv kernels against numpy instead")
   ap.add_argument("--scale", type=float, metavar="GB", help="instead: compile an MLP with GB of weights in external data "
                   "in a subprocess; its compile time and peak RSS, the artifact's size and create time, its error vs "
                   "onnxruntime (--json writes the row)")

@@ -266,10 +266,10 @@ def render_gpu_sources(name: str, sched: Schedule, target: str, emulate: bool = 
   elif target == "metal":
     # Mach-O assembly (macOS): the weights and the Metal source linked in as bytes
     files["model.c"] = render_gpu_model_c(name, sched, launches, list(functions.values()), target, external)
-    weights = [] if external else [f".globl _{name}_weights", f".private_extern _{name}_weights", f"_{name}_weights:",
-                                   '.incbin "weights.bin"', ".byte 0", ".p2align 6"]
+    linked = [] if external else [f".globl _{name}_weights", f".private_extern _{name}_weights", f"_{name}_weights:",
+                                  '.incbin "weights.bin"', ".byte 0", ".p2align 6"]
     files["blobs_macos.S"] = "\n".join([
-      ".section __TEXT,__const", ".p2align 6", *weights, f".globl _{name}_image",
+      ".section __TEXT,__const", ".p2align 6", *linked, f".globl _{name}_image",
       f".private_extern _{name}_image", f"_{name}_image:", f'.incbin "{DEVICE_IMAGE[target]}"',
       f".globl _{name}_image_end", f".private_extern _{name}_image_end", f"_{name}_image_end:", ".byte 0", ""])
     files["build_macos.sh"] = _macos_build_script(name)
