@@ -10,10 +10,10 @@ into one index over the grid.
 
 Barriers are spelled through macros so that one source runs on a GPU and, for the numbers check without one, on the
 CPU (runtime_c/aot_gpu_shim.h): the kernel body is a sequence of phases, AOT_PHASE_BEGIN(threads) ... AOT_PHASE_END,
-separated by AOT_BARRIER. On a GPU a phase is a plain block and the barrier is __syncthreads(); in the shim a phase is a
-loop over the block's threads and the barrier is nothing. Only shared memory and block-uniform values (computed from
-the block id alone, outside every phase) cross phases, which is what makes running the threads one after another
-inside each phase equivalent to running them together.
+separated by AOT_BARRIER. On a GPU a phase is a plain block and the barrier is __syncthreads(); in the shim each thread
+of a block is a coroutine that stops at every AOT_BARRIER, run in a forward, reverse or seeded shuffled order
+(AOT_GPU_SHIM_ORDER), so a missing barrier lets a thread run ahead as on a GPU and changes the numbers. Only shared
+memory and block-uniform values (computed from the block id alone, outside every phase) cross phases.
 """
 from __future__ import annotations
 import math, re
