@@ -207,18 +207,6 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
         calls.append(call(epilogue, k.bufs[0]))
         notes.append((k.name, "epilogue", optimized[epilogue]))
       continue
-    if k.name in qgemms:
-      qs, epilogue = qgemms[k.name]
-      for q in qs:
-        if q.dense is not None:
-          calls.append(call(q.dense, k.bufs[q.a_slot]))
-          notes.append((k.name, "operand", optimized[q.dense]))
-        calls.append(QGemmCall(q, k.bufs, threads and q.tasks > 1 and q.M * q.N * q.K >= PARALLEL_MIN_WORK))
-        notes.append((k.name, "int8 contraction", None))
-      if epilogue is not None:
-        calls.append(call(epilogue, k.bufs[0]))
-        notes.append((k.name, "epilogue", optimized[epilogue]))
-      continue
     for g in gemms:
       for o in (g.a, g.b):
         if o.dense is not None:

@@ -114,6 +114,11 @@ def artifacts(tmp_path_factory):
 
 def model_c(art) -> str: return (art.dir / "src" / "model.c").read_text()
 
+def run_on(art, x: np.ndarray, threads: int) -> np.ndarray:
+  loaded = aot.load(art, threads=threads)
+  try: return loaded(x)
+  finally: loaded.close()
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_depthwise_matches_onnxruntime(artifacts, target):
   model, art = artifacts("direct", target)
@@ -151,11 +156,7 @@ def test_depthwise_bitwise_same_on_1_and_2_threads(artifacts, target):
   # the direct kernel (and its fused epilogue) runs on the pool
   assert "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" in model_c(art)
   x = np.random.default_rng(4).standard_normal((1, 16, 96, 96), dtype=np.float32)
-  outs = []
-  for threads in (1, 2):
-    loaded = aot.load(art, threads=threads)
-    try: outs.append(loaded(x))
-    finally: loaded.close()
+  outs = [run_on(art, x, threads) for threads in (1, 2)]
   np.testing.assert_array_equal(outs[0], outs[1])
   close(outs[0], reference(model, {"x": x})[0])
 
@@ -173,11 +174,7 @@ def test_gemv_matches_onnxruntime(tmp_path, target):
   # one microkernel call with M = 1: aot_gemm_run's GEMV path
   assert model_c(art).count("aot_gemm g = {1, 1, 1000, 1023,") == 1
   x = np.random.default_rng(5).standard_normal((1, 1023), dtype=np.float32)
-  outs = []
-  for threads in (1, 2):
-    loaded = aot.load(art, threads=threads)
-    try: outs.append(loaded(x))
-    finally: loaded.close()
+  outs = [run_on(art, x, threads) for threads in (1, 2)]
   np.testing.assert_array_equal(outs[0], outs[1])
   close(outs[0], reference(model, {"x": x})[0])
 
