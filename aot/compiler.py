@@ -125,9 +125,9 @@ def render(name: str, sched: Schedule, target: str = "c", cpu: str = "native", t
   if target in GPU_TARGETS or emulate: return _render_gpu(name, sched, target, emulate, weights)
   return _render_cpu(name, sched, target, cpu, triple, profile, weights)
 
-def function_name(name: str, k: Kernel) -> str:
-  """The C function of kernel k (kernels that do the same work on different buffers share one): NAME_fN for kN."""
-  return f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
+def function_name(name: str, i: int) -> str:
+  """The C function of the schedule's kernel i (named ki_...): NAME_fi."""
+  return f"{name}_f{i}"
 
 def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
   """Close the weights file; above WEIGHTS_INLINE_MAX it is NAME.weights beside the library, checked at create."""
@@ -149,7 +149,8 @@ def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights:
     release_mapped_pages(b.data)
   external = _finish_weights(weights)
   functions: dict[UOp, str] = {}
-  for k in sched.kernels: functions.setdefault(k.ast, function_name(name, k))
+  # kernels that do the same work on different buffers share one function
+  for i, k in enumerate(sched.kernels): functions.setdefault(k.ast, function_name(name, i))
   launch = {ast: plan_launch(ast) for ast in functions}
   files = {KERNEL_SOURCE[target]: GPU_RENDERERS[target]().render_source(functions)}
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
@@ -232,9 +233,9 @@ def _write_weights(low: _Lowered, weights: WeightsWriter) -> None:
 def _name_functions(name: str, sched: Schedule, low: _Lowered) -> dict[UOp, str]:
   """The generated functions' names, by their AST: a kernel's own, its slices', its operands' dense copies and packs."""
   functions: dict[UOp, str] = {}
-  for k, (lasts, gemms) in zip(sched.kernels, low.plans):
+  for n, (k, (lasts, gemms)) in enumerate(zip(sched.kernels, low.plans)):
     # kernels that do the same work on different buffers share one function
-    base = function_name(name, k)
+    base = function_name(name, n)
     for j, last in enumerate(lasts): functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
     for i, q in enumerate(low.qgemms.get(k.name, ([], None))[0]):
       if q.dense is not None: functions.setdefault(q.dense, f"{base}_dense{i}")
