@@ -48,8 +48,11 @@ class Traced:
 def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
   specs = []
   for i, x in enumerate(example_inputs):
-    if isinstance(x, np.ndarray) or np.isscalar(x): x = np.asarray(x); specs.append((x.shape, to_dtype(x.dtype)))
-    elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (tuple, list)): specs.append((tuple(x[0]), to_dtype(x[1])))
+    if isinstance(x, np.ndarray) or np.isscalar(x):
+      x = np.asarray(x)
+      specs.append((x.shape, to_dtype(x.dtype)))
+    elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (tuple, list)):
+      specs.append((tuple(x[0]), to_dtype(x[1])))
     else: raise TypeError(f"example input {i}: expected a numpy array or (shape, dtype), got {type(x).__name__}")
   return specs
 
@@ -81,7 +84,8 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
     model = get(what.split(":", 1)[1])
     return trace(model.forward, [(shape, dt) for _, shape, dt in model.inputs], name or model.name)
   if callable(what):
-    if example_inputs is None: raise TypeError("compile_model(fn, example_inputs): example_inputs are needed to trace fn")
+    if example_inputs is None:
+      raise TypeError("compile_model(fn, example_inputs): example_inputs are needed to trace fn")
     return trace(what, example_inputs, name)
   raise TypeError(f"cannot compile {what!r}: expected a Tensor program or 'models:NAME'")
 

@@ -89,7 +89,7 @@ def _profile_decl(name: str, calls: int) -> str:
 int {name}_profile({name}_model *m, double *out, int n);
 """
 
-def _external_weights_c(name: str, w: ExternalWeights) -> str:
+def external_weights_c(name: str, w: ExternalWeights) -> str:
   n, block = WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
   return f"""#include <dlfcn.h>
 #include <fcntl.h>
@@ -237,7 +237,7 @@ struct {name}_model {{
   float *panels;               /* PANEL_FLOATS per thread of the pool */
   char error[AOT_ERROR_CAPACITY];
 {f"  double profile[{n + 1}];{chr(10)}" if profile else ""}}};
-{_profile_c(name, n) if profile else ""}{_external_weights_c(name, external_weights) if external_weights else ""}\
+{_profile_c(name, n) if profile else ""}{external_weights_c(name, external_weights) if external_weights else ""}\
 {_CREATE_ERROR if external_weights else ""}
 /* zeroed: the lanes past a panel's last column are read, never written (they only reach C's dropped columns) */
 static float *panels_alloc(int threads) {{

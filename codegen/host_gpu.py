@@ -3,12 +3,11 @@ code for CUDA, HIP and Metal: each API is a glue file implementing that header),
 linked in (ELF assembly for CUDA and HIP, Mach-O assembly and a build script for Metal). The emulated variant of a
 CUDA or HIP build runs its kernels on the CPU through per-function wrappers behind the CPU targets' model.c."""
 from __future__ import annotations
-from aot.artifact import ExternalWeights
+from aot.artifact import ExternalWeights, param_names
 from aot.codegen.c import CRenderer
 from aot.codegen.gpu import Launch, KERNEL_SOURCE, DEVICE_IMAGE
 from aot.codegen.host_cpu import (api_args, null_checks, incbin_asm, render_header, render_model_c, render_weights_asm,
-                                  _external_weights_c)
-from aot.artifact import param_names
+                                  external_weights_c)
 from aot.schedule import Schedule, Buffer
 
 def render_gpu_model_c(name: str, sched: Schedule, launches: list[tuple[str, list[Buffer], Launch]],
@@ -38,7 +37,7 @@ def render_gpu_model_c(name: str, sched: Schedule, launches: list[tuple[str, lis
           for i, (b, n) in enumerate(zip(sched.outputs, outs))]
   P = name.upper()
   if external_weights:
-    weights_decl = _external_weights_c(name, external_weights)
+    weights_decl = external_weights_c(name, external_weights)
     upload = (f"  const unsigned char *host_weights = NULL;\n"
               f"  if (st == AOT_OK) st = load_weights(create_error, &host_weights);\n"
               f"  if (st == AOT_OK) st = aot_gpu_upload(m->gpu, m->weights, host_weights, {P}_WEIGHTS_BYTES, "
