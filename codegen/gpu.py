@@ -308,3 +308,10 @@ class MetalRenderer(GPURenderer):
     return super().render_value(u, r)
 
 RENDERERS = {"cuda": CUDARenderer, "hip": HIPRenderer, "metal": MetalRenderer}
+# the targets this file renders, in the order every list of them is shown
+GPU_TARGETS = tuple(RENDERERS)
+# per target: the kernel source, the device code built from it (what libNAME.so embeds), the host glue (the API's
+# implementation of runtime_c/aot_gpu.h: which GPU runtime it loads)
+KERNEL_SOURCE = {"cuda": "kernels.cu", "hip": "kernels.hip", "metal": "kernels.metal"}
+DEVICE_IMAGE = {"cuda": "kernels.fatbin", "hip": "kernels.hipfb", "metal": "kernels.metal"}
+HOST_GLUE = {"cuda": "aot_cuda.c", "hip": "aot_hip.c", "metal": "aot_metal.m"}
