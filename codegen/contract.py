@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod
-from aot.interpret import NP_ALU
+from aot.interpret import evaluate
 from aot.rewrite import substitute, graph_rewrite
 from aot.symbolic import pm_simplify, linear
 from aot.schedule import pm_gated_off
@@ -315,36 +315,12 @@ def _packs(c: Contraction, side: Side, tile: int, consts: list[np.ndarray]) -> b
 
 def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.ndarray]) -> np.ndarray:
   """A constant operand evaluated with numpy and packed as [batch][tiles][K][tile], zero-padded: what the microkernel
-  reads in place of a pack kernel's output. Each node is evaluated over the ranges it depends on only (size-1 axes
-  elsewhere) and dropped after its last use: the work and memory are a small multiple of the packed result's (4x
-  for a conv's weights: the int64 index over (rows, k) is twice the packed floats)."""
-  axes = list(c.batch) + list(side.rows) + list(c.k)
-  shape = tuple(r.arg[1] for r in axes)
-  nodes = side.expr.toposort()
-  uses = {u: 0 for u in nodes}
-  for u in nodes:
-    for s in u.src: uses[s] += 1
-  vals: dict[UOp, np.ndarray] = {}
-  with np.errstate(all="ignore"):
-    for u in nodes:
-      if u.op is Ops.RANGE:
-        vals[u] = np.arange(u.arg[1], dtype=np.int64).reshape([-1 if a is u else 1 for a in axes])
-      elif u.op is Ops.CONST: vals[u] = np.array(u.arg, dtype=np.int64 if u.dtype == dtypes.index else u.dtype.np)
-      elif u.op is Ops.DEFINE_GLOBAL: continue
-      elif u.op is Ops.LOAD:
-        # gathered over the index's own ranges (clamped: out of bounds only where the gate is false), then gated
-        flat, idx, gate = data[u.src[0].arg].reshape(-1), vals[u.src[1]], vals[u.src[2]]
-        vals[u] = np.take(flat, idx, mode="clip")
-        if not (gate.ndim == 0 and gate): vals[u] = np.where(gate, vals[u], np.zeros((), flat.dtype))
-      elif u.op is Ops.CAST: vals[u] = vals[u.src[0]].astype(u.dtype.np)
-      elif u.op in NP_ALU:
-        dt = np.int64 if u.dtype == dtypes.index else u.dtype.np
-        vals[u] = np.asarray(NP_ALU[u.op](*[vals[s] for s in u.src])).astype(dt, copy=False)
-      else: raise NotImplementedError(f"cannot evaluate {u.op.name} in a constant operand")
-      for s in u.src:
-        uses[s] -= 1
-        if uses[s] == 0: vals.pop(s, None)
-  grid = np.broadcast_to(vals.pop(side.expr).astype(np.float32, copy=False), shape).reshape(c.B, side.size, c.K)
+  reads in place of a pack kernel's output. The evaluator computes each node over the ranges it depends on only
+  (size-1 axes elsewhere) and drops it after its last use: the work and memory are a small multiple of the packed
+  result's (4x for a conv's weights: the int64 index over (rows, k) is twice the packed floats)."""
+  axes = [*c.batch, *side.rows, *c.k]
+  value = evaluate(side.expr, axes=axes, data=data).astype(np.float32, copy=False)
+  grid = np.broadcast_to(value, [r.size for r in axes]).reshape(c.B, side.size, c.K)
   tiles, whole = -(-side.size // tile), side.size // tile
   packed = np.zeros((c.B, tiles, c.K, tile), np.float32)
   rows = packed.transpose(0, 1, 3, 2)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops, prod
-from aot.interpret import NP_ALU
+from aot.interpret import evaluate_grid
 from aot.rewrite import graph_rewrite
 from aot.symbolic import pm_simplify, linear
 from aot.codegen.contract import Contraction, find_contractions, evaluate_operand, epilogue_kernel, result_index
@@ -57,16 +57,6 @@ class Depthwise:
   def planes(self) -> int: return self.c.B * self.images
   @property
   def work(self) -> int: return self.planes * self.OH * self.OW * self.KH * self.KW
-
-def _grid(u: UOp, axes: list[UOp]) -> np.ndarray:
-  """An index or boolean expression of ranges evaluated over the grid of axes (numpy broadcasting)."""
-  vals: dict[UOp, np.ndarray] = {}
-  for n in u.toposort():
-    if n.op is Ops.RANGE: vals[n] = np.arange(n.arg[1]).reshape([-1 if a is n else 1 for a in axes])
-    elif n.op is Ops.CONST: vals[n] = np.array(n.arg)
-    elif n.op in NP_ALU: vals[n] = np.asarray(NP_ALU[n.op](*[vals[s] for s in n.src]))
-    else: raise ValueError(f"{n.op.name} in a gate")
-  return np.broadcast_to(vals[u], [a.arg[1] for a in axes])
 
 def _valid_span(valid: np.ndarray) -> tuple[int, int] | None:
   """(first, count) of the valid padded positions when they are one run, else None."""
@@ -121,7 +111,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   mask = np.ones((OH, KH, OW, KW), bool)
   for g in gates:
     if {r for r in g.toposort() if r.op is Ops.RANGE} - set(axes): return None
-    mask &= _grid(g, axes).astype(bool)
+    mask &= evaluate_grid(g, axes).astype(bool)
   ih = (np.arange(OH)[:, None] * SH + np.arange(KH)[None, :]).reshape(-1)
   iw = (np.arange(OW)[:, None] * SW + np.arange(KW)[None, :]).reshape(-1)
   row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
@@ -135,7 +125,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   if not np.array_equal(mask, expected): return None
   # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
   shift = np.zeros([r.arg[1] for r in planes_of], np.int64) + offset + PH * x_row + PW
-  for t, k in plane_terms.items(): shift = shift + k * _grid(t, list(planes_of)).astype(np.int64)
+  for t, k in plane_terms.items(): shift = shift + k * evaluate_grid(t, list(planes_of)).astype(np.int64)
   if shift.min() < 0 or shift.max() >= 1 << 31: return None
   # one band of the plane's rows must fit the runtime's buffer
   phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) // SW
