@@ -227,6 +227,18 @@ def _shape_of(u: UOp) -> tuple[int, ...]:
   if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.FLIP): return u.src[0].shape
   return ()
 
+# *** kernel-level index helpers ***
+def ranges_of(u: UOp) -> set[UOp]:
+  """The RANGEs u depends on."""
+  return {r for r in u.toposort() if r.op is Ops.RANGE}
+
+def flat_of(ranges) -> UOp:
+  """The row-major flat index of ranges (outer first)."""
+  out, stride = UOp.const(dtypes.index, 0), 1
+  for r in reversed(ranges):
+    out, stride = r * stride + out, stride * r.size
+  return out
+
 class BufferArg:
   """What a tensor-level BUFFER is: a named model input, or constant data (weights). Equal by identity."""
   __slots__ = ("name", "shape", "kind", "data", "__weakref__")

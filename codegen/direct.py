@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops, prod
+from aot.ir import UOp, Ops, prod, ranges_of
 from aot.interpret import evaluate_grid
 from aot.rewrite import graph_rewrite
 from aot.symbolic import pm_simplify, linear
@@ -74,8 +74,6 @@ def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
   if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True): gates.append(expr.src[2])
   return expr, gates
 
-def _ranges_of(u: UOp) -> set[UOp]: return {r for r in u.toposort() if r.op is Ops.RANGE}
-
 def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   """The direct kernel's geometry for a contraction that is a depthwise convolution, else None."""
   sides = [s for s in (c.a, c.b) if not s.rows]
@@ -93,7 +91,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   *extra, oh, ow = image.rows
   planes_of = (*c.batch, *extra)
   # terms in the plane's ranges only may be anything (a channel shuffle's divisions): the plane's offset is a table
-  plane_terms = {t: k for t, k in terms.items() if _ranges_of(t) <= set(planes_of)}
+  plane_terms = {t: k for t, k in terms.items() if ranges_of(t) <= set(planes_of)}
   terms = {t: k for t, k in terms.items() if t not in plane_terms}
   if any(t.op is not Ops.RANGE for t in terms): return None
   ka, kb = c.k
@@ -110,7 +108,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
   mask = np.ones((OH, KH, OW, KW), bool)
   for g in gates:
-    if {r for r in g.toposort() if r.op is Ops.RANGE} - set(axes): return None
+    if ranges_of(g) - set(axes): return None
     mask &= evaluate_grid(g, axes).astype(bool)
   ih = (np.arange(OH)[:, None] * SH + np.arange(KH)[None, :]).reshape(-1)
   iw = (np.arange(OW)[:, None] * SW + np.arange(KW)[None, :]).reshape(-1)

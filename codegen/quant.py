@@ -94,7 +94,7 @@ def fuse_qdq(model):
 
 from dataclasses import dataclass
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops, ReduceOp, prod
+from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
 from aot.rewrite import substitute, graph_rewrite
 from aot.symbolic import linear, pm_simplify
 from aot.schedule import Buffer
@@ -204,13 +204,6 @@ def _int8_source(kernel, qresults: dict):
   # any other 8-bit value (a requantized residual add): read back from the int32 the kernel wrote
   return x8.dtype, zero
 
-def _flat(ranges) -> UOp:
-  """The row-major flat index of ranges (outer first)."""
-  out, stride = UOp.const(dtypes.index, 0), 1
-  for r in reversed(ranges):
-    out, stride = r * stride + out, stride * r.arg[1]
-  return out
-
 def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
   """(QGemm, the load of its result) of one requantized int8 contraction of the kernel, its buffers appended to bufs
   (and the new ones to made); None when it is not one."""
@@ -220,7 +213,6 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL: return None
   acc = total
   k = tuple(sorted(acc.src[1:], key=lambda r: r.arg[0]))
-  ranges = lambda u: {r for r in u.toposort() if r.op is Ops.RANGE}
   x, w = acc.src[0].src
   consts = lambda u: all(bufs[l.src[0].arg].kind == "const" for l in u.toposort() if l.op is Ops.LOAD)
   if consts(x): x, w = w, x
@@ -232,12 +224,12 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   source = None if src is None else _int8_source(src, qresults)
   if source is None: return None
   x8_buf, p_zero = source
-  m_rows = tuple(sorted(ranges(x) - set(k), key=lambda r: r.arg[0]))
-  n_rows = tuple(sorted(ranges(w) - set(k), key=lambda r: r.arg[0]))
+  m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.arg[0]))
+  n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.arg[0]))
   if not m_rows or not n_rows or set(m_rows) & set(n_rows): return None
-  if ranges(requant) - set(k) != set(m_rows) | set(n_rows): return None
+  if ranges_of(requant) - set(k) != set(m_rows) | set(n_rows): return None
   # the result where the output has it (a bare requantized store), else in a scratch in the kernel's loop order
-  at = ast.src[1] if bare else _flat(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
+  at = ast.src[1] if bare else flat_of(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
   out_terms, out_offset = linear(at)
   if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
   ldc = (_group(m_rows, out_terms), _group(n_rows, out_terms))
@@ -278,7 +270,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if from_int32: read = UOp(Ops.CAST, a_dt, (load + p_zero,))
   else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, UOp.const(a_dt, p_zero)))
-  idx = _flat([fresh[r] for r in m_rows]) * K + _flat([fresh[r] for r in k])
+  idx = flat_of([fresh[r] for r in m_rows]) * K + flat_of([fresh[r] for r in k])
   dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
                                                        substitute(value, fresh))), pm_simplify)
   return QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot), result
