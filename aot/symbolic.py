@@ -53,6 +53,16 @@ def linear(u: UOp) -> tuple[dict[UOp, int], int]:
     return {x: v * k for x, v in t.items()}, c * k
   return {u: 1}, 0
 
+def flat_stride(ranges, terms: dict[UOp, int]) -> int | None:
+  """s when the index terms (linear) hold ranges (outer first) as their row-major flat index times s (0 for no
+  ranges), else None."""
+  if not ranges: return 0
+  inner, size = terms.get(ranges[-1], 0), 1
+  for r in reversed(ranges):
+    if terms.get(r, 0) != inner * size: return None
+    size *= r.size
+  return inner
+
 def from_linear(terms: dict[UOp, int], const: int, dtype=dtypes.index) -> UOp:
   ret = None
   for t, k in terms.items():

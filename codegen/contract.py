@@ -25,7 +25,7 @@ from aot.dtype import dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
 from aot.interpret import evaluate
 from aot.rewrite import substitute, graph_rewrite
-from aot.symbolic import pm_simplify, linear
+from aot.symbolic import pm_simplify, linear, flat_stride
 from aot.schedule import pm_gated_off
 
 # a contraction smaller than this (multiply-adds) is not worth a call into the microkernel and its packing
@@ -233,15 +233,9 @@ def _view(side: Side, c: Contraction) -> tuple[int, int, tuple[int, int, int]] |
   if x.op is not Ops.LOAD or not (x.src[2].op is Ops.CONST and x.src[2].arg): return None
   terms, offset = linear(x.src[1])
   if offset < 0 or any(t.op is not Ops.RANGE for t in terms): return None
-  strides = []
-  for group in (c.batch, side.rows, c.k):
-    inner = terms.get(group[-1], 0) if group else 0
-    size = 1
-    for r in reversed(group):
-      if terms.get(r, 0) != inner * size: return None
-      size *= r.arg[1]
-    strides.append(inner)
-  return x.src[0].arg, offset, tuple(strides)
+  strides = tuple(flat_stride(group, terms) for group in (c.batch, side.rows, c.k))
+  if None in strides: return None
+  return x.src[0].arg, offset, strides
 
 def result_index(c: Contraction) -> UOp:
   """Where acc[batch, m, n] lies in the result matrix C[batch][m][n]."""

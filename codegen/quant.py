@@ -96,7 +96,7 @@ from dataclasses import dataclass
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
 from aot.rewrite import substitute, graph_rewrite
-from aot.symbolic import linear, pm_simplify
+from aot.symbolic import linear, pm_simplify, flat_stride
 from aot.schedule import Buffer
 
 _QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
@@ -164,21 +164,12 @@ def _requant(value: UOp):
   if x.op is not Ops.MUL or x.src[0].op is not Ops.CAST or x.src[0].src[0].dtype != dtypes.int32: return None
   return x.src[0].src[0], x.src[1], zero, value.dtype
 
-def _group(ranges, terms) -> int | None:
-  """The stride of ranges (outer first) flattened row-major, when the index terms are that flat index times it."""
-  inner = terms.get(ranges[-1], 0)
-  size = 1
-  for r in reversed(ranges):
-    if terms.get(r, 0) != inner * size: return None
-    size *= r.arg[1]
-  return inner
-
 def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
   """A constant vector over the flat n (a per-channel value), or a scalar constant, as an array; else None."""
   if u.op is Ops.CONST: return np.array([u.arg])
   if u.op is not Ops.LOAD or _const(u.src[2]) is not True or bufs[u.src[0].arg].kind != "const": return None
   terms, offset = linear(u.src[1])
-  if set(terms) - set(n_rows) or _group(n_rows, terms) != 1: return None
+  if set(terms) - set(n_rows) or flat_stride(n_rows, terms) != 1: return None
   n = prod(r.arg[1] for r in n_rows)
   data = np.asarray(bufs[u.src[0].arg].data).reshape(-1)
   return data[offset:offset + n] if offset + n <= data.size else None
@@ -232,7 +223,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   at = ast.src[1] if bare else flat_of(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
   out_terms, out_offset = linear(at)
   if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
-  ldc = (_group(m_rows, out_terms), _group(n_rows, out_terms))
+  ldc = (flat_stride(m_rows, out_terms), flat_stride(n_rows, out_terms))
   if None in ldc: return None
   M, N, K = (prod(r.arg[1] for r in g) for g in (m_rows, n_rows, k))
   scales = _per_n(scale, n_rows, bufs)
@@ -262,7 +253,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
   terms, offset = linear(load.src[1])
   if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and \
-     not set(terms) - set(m_rows) - set(k) and _group(k, terms) == 1 and (lda := _group(m_rows, terms)):
+     not set(terms) - set(m_rows) - set(k) and flat_stride(k, terms) == 1 and (lda := flat_stride(m_rows, terms)):
     return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
