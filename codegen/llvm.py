@@ -25,6 +25,14 @@ def mtype(dt: DType) -> ir.Type: return ir.IntType(8) if dt == dtypes.bool else 
 INTRINSICS = {op: f"llvm.{LIBM[op]}" for op in (Ops.EXP, Ops.LOG, Ops.SQRT, Ops.SIN, Ops.COS, Ops.FLOOR, Ops.CEIL,
                                                 Ops.ROUND, Ops.TRUNC)}
 
+# binary ops that are one IRBuilder method
+FLOAT_BINARY = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.DIV: "fdiv", Ops.MOD: "frem"}
+INT_WRAPPING = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul"}  # take the nsw flag on index arithmetic
+INT_BINARY = {Ops.AND: "and_", Ops.OR: "or_", Ops.XOR: "xor", Ops.SHL: "shl"}
+# (signed, unsigned): integer division truncates toward zero, as C's
+INT_SIGNED = {Ops.IDIV: ("sdiv", "udiv"), Ops.DIV: ("sdiv", "udiv"), Ops.MOD: ("srem", "urem"),
+              Ops.SHR: ("ashr", "lshr")}
+
 class LLVMRenderer:
   def __init__(self, module: ir.Module): self.module = module
 
@@ -162,11 +170,7 @@ class LLVMRenderer:
       return (b.icmp_unsigned if sd.kind in "ub" else b.icmp_signed)(pred, *xs)
     if op in (Ops.MAX, Ops.MIN): return self.maxmin(b, dt, xs[0], xs[1], op is Ops.MAX)
     if dt.is_float:
-      if op is Ops.ADD: return b.fadd(*xs)
-      if op is Ops.SUB: return b.fsub(*xs)
-      if op is Ops.MUL: return b.fmul(*xs)
-      if op is Ops.DIV: return b.fdiv(*xs)
-      if op is Ops.MOD: return b.frem(*xs)
+      if op in FLOAT_BINARY: return getattr(b, FLOAT_BINARY[op])(*xs)
       if op is Ops.NEG: return b.fneg(xs[0])
       if op is Ops.RECIP: return b.fdiv(self.const(dt, 1.0), xs[0])
       if op is Ops.IDIV: return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
@@ -175,18 +179,11 @@ class LLVMRenderer:
     # index arithmetic never wraps (a kernel where it could in 32 bits indexes in 64: linearize.widen_index): saying
     # so lets LLVM see consecutive addresses
     nsw = ["nsw"] if dt in (dtypes.index, dtypes.index64) else []
-    if op is Ops.ADD: return b.add(*xs, flags=nsw)
-    if op is Ops.SUB: return b.sub(*xs, flags=nsw)
-    if op is Ops.MUL: return b.mul(*xs, flags=nsw)
-    if op in (Ops.IDIV, Ops.DIV): return b.udiv(*xs) if unsigned else b.sdiv(*xs)
-    if op is Ops.MOD: return b.urem(*xs) if unsigned else b.srem(*xs)
+    if op in INT_WRAPPING: return getattr(b, INT_WRAPPING[op])(*xs, flags=nsw)
+    if op in INT_BINARY: return getattr(b, INT_BINARY[op])(*xs)
+    if op in INT_SIGNED: return getattr(b, INT_SIGNED[op][unsigned])(*xs)
     if op is Ops.NEG: return b.not_(xs[0]) if dt == dtypes.bool else b.neg(xs[0])
     if op is Ops.NOT: return b.not_(xs[0])
-    if op is Ops.AND: return b.and_(*xs)
-    if op is Ops.OR: return b.or_(*xs)
-    if op is Ops.XOR: return b.xor(*xs)
-    if op is Ops.SHL: return b.shl(*xs)
-    if op is Ops.SHR: return b.lshr(*xs) if unsigned else b.ashr(*xs)
     if op is Ops.ABS: return b.select(b.icmp_signed("<", xs[0], self.const(dt, 0)), b.neg(xs[0]), xs[0]) if not unsigned else xs[0]
     if op is Ops.POW:
       f = self._math(b, Ops.POW, dtypes.float64, self.cast(b, xs[0], dt, dtypes.float64), self.cast(b, xs[1], s[1].dtype, dtypes.float64))
