@@ -3,7 +3,7 @@ The table of ops is shared by every C-family target (C, CUDA, HIP, Metal): a new
 from __future__ import annotations
 import math
 from aot.dtype import DType, dtypes, min_value
-from aot.ir import UOp, Ops, ReduceOp, LIBM
+from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
 from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index
 
 def _fn(name: str):
@@ -18,6 +18,10 @@ def _maxmin(cmp: str):
   # numpy's maximum/minimum propagate NaN: keep a when it is NaN
   return lambda dt, a, b: f"((({a}) {cmp} ({b}) || ({a}) != ({a})) ? ({a}) : ({b}))" if dt.is_float else f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
 
+def abs_with(fabs):
+  # a float's through the target's fabs; an integer's by a compare (C's abs() is int only)
+  return lambda dt, a: fabs(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))"
+
 class CRenderer:
   kernel_prefix = "__attribute__((visibility(\"hidden\"))) void"
   restrict = "restrict"
@@ -26,7 +30,7 @@ class CRenderer:
     **{op: _fn(name) for op, name in LIBM.items()},
     Ops.SHL: lambda dt, a, b: f"({a}<<{b})", Ops.SHR: lambda dt, a, b: f"({a}>>{b})",
     Ops.RECIP: lambda dt, a: f"(({dt.cname})1/({a}))",
-    Ops.ABS: lambda dt, a: _fn("fabs")(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))",
+    Ops.ABS: abs_with(_fn("fabs")),
     Ops.NOT: lambda dt, a: f"(!{a})" if dt == dtypes.bool else f"(~{a})",
     Ops.ADD: lambda dt, a, b: f"({a}+{b})", Ops.SUB: lambda dt, a, b: f"({a}-{b})", Ops.MUL: lambda dt, a, b: f"({a}*{b})",
     Ops.DIV: lambda dt, a, b: f"({a}/{b})", Ops.IDIV: lambda dt, a, b: f"({a}/{b})",
@@ -110,7 +114,7 @@ class CRenderer:
     if u.op is Ops.BITCAST:
       return f"({{ {u.dtype.cname} t_; {u.src[0].dtype.cname} s_ = {r(u.src[0])}; __builtin_memcpy(&t_, &s_, sizeof t_); t_; }})"
     if u.op in self.code_for_op:
-      dt = u.src[-1].dtype if u.op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE) else u.dtype
+      dt = u.src[-1].dtype if u.op in GroupOp.Compare else u.dtype
       return self.code_for_op[u.op](dt, *[r(s) for s in u.src])
     raise NotImplementedError(f"C renderer: no rule for {u.op.name}")
 

@@ -20,7 +20,7 @@ import math, re
 from dataclasses import dataclass
 from aot.dtype import DType, dtypes
 from aot.ir import UOp, Ops, prod, LIBM
-from aot.codegen.c import CRenderer
+from aot.codegen.c import CRenderer, abs_with
 from aot.schedule import CompileError
 from aot.codegen.linearize import linearize, kernel_params
 
@@ -235,7 +235,7 @@ class HIPRenderer(GPURenderer):
   thread_id = "__builtin_amdgcn_workitem_id_x()"
   prelude = _HIP_PRELUDE
   code_for_op = {**CRenderer.code_for_op, **{op: _hip_fn(n) for op, n in LIBM.items()},
-                 Ops.ABS: lambda dt, a: _hip_fn("fabs")(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))",
+                 Ops.ABS: abs_with(_hip_fn("fabs")),
                  Ops.MOD: lambda dt, a, b: f"__builtin_fmod{'' if dt == dtypes.float64 else 'f'}({a}, {b})" if dt.is_float
                           else f"({a}%{b})",
                  Ops.POW: lambda dt, a, b: _no_hip_f64("pow") if dt == dtypes.float64 else
@@ -272,7 +272,7 @@ class MetalRenderer(GPURenderer):
   extra_params = ("uint3 aot_block [[threadgroup_position_in_grid]]", "uint3 aot_thread [[thread_position_in_threadgroup]]")
   prelude = _METAL_PRELUDE
   code_for_op = {**CRenderer.code_for_op, **{op: _metal_fn(n) for op, n in LIBM.items()},
-                 Ops.ABS: lambda dt, a: f"metal::precise::fabs({a})" if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))",
+                 Ops.ABS: abs_with(lambda dt, a: f"metal::precise::fabs({a})"),
                  Ops.MOD: lambda dt, a, b: f"metal::precise::fmod({a}, {b})" if dt.is_float else f"({a}%{b})",
                  Ops.POW: lambda dt, a, b: f"(({dt.cname})metal::precise::pow({a}, {b}))"}
 

@@ -10,7 +10,7 @@ import math, re
 from llvmlite import ir
 import llvmlite.binding as llvm
 from aot.dtype import DType, dtypes
-from aot.ir import UOp, Ops, ReduceOp, LIBM
+from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
 from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index
 
 def ltype(dt: DType) -> ir.Type:
@@ -163,7 +163,7 @@ class LLVMRenderer:
       return b.bitcast(r(s[0]), ltype(dt))
     xs = [r(x) for x in s]
     if op is Ops.WHERE: return b.select(*xs)
-    if op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE):
+    if op in GroupOp.Compare:
       sd = s[0].dtype
       pred = {Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}[op]
       if sd.is_float: return b.fcmp_unordered(pred, *xs) if op is Ops.CMPNE else b.fcmp_ordered(pred, *xs)
