@@ -74,8 +74,9 @@ class CRenderer:
 
   def param_decls(self, ast: UOp) -> list[str]:
     # start/end bound the outermost output loop: the slice of it one thread runs
-    return [f"{'' if p.slot == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.slot}" for p in kernel_params(ast)] + \
-           ["int start", "int end"]
+    buffers = [f"{'' if p.slot == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.slot}"
+               for p in kernel_params(ast)]
+    return buffers + ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
     ast = widen_index(ast)

@@ -121,7 +121,8 @@ class GPURenderer(CRenderer):
           flat.update(_unflatten(fv, ranges))
           emit(f"AOT_PHASE_BEGIN({launch.block})"); depth += 1
           for a in coop: emit(f"{a.dtype.cname} {names[a]} = {self.identity(a.reduce_op, a.dtype)};")
-          emit(f"for (int {fv} = (int){self.thread_id}; {fv} < {prod(x.size for x in ranges)}; {fv} += {launch.block}) {{")
+          trips = prod(x.size for x in ranges)
+          emit(f"for (int {fv} = (int){self.thread_id}; {fv} < {trips}; {fv} += {launch.block}) {{")
           depth += 1
         if u in flat: emit(f"const int {names[u]} = {flat[u]};")
         else: emit(f"for (int {names[u]} = 0; {names[u]} < {u.size}; {names[u]}++) {{"); depth += 1
@@ -163,7 +164,8 @@ class GPURenderer(CRenderer):
             f"  AOT_PHASE_BEGIN({threads})"]
     for a in accs:
       p = part[a]
-      out.append(f"  if ({t} < (unsigned)s) {{ {self.accumulate(a.reduce_op, a.dtype, f'{p}[{t}]', f'{p}[{t} + s]')} }}")
+      fold = self.accumulate(a.reduce_op, a.dtype, f"{p}[{t}]", f"{p}[{t} + s]")
+      out.append(f"  if ({t} < (unsigned)s) {{ {fold} }}")
     out += ["  AOT_PHASE_END", "  AOT_BARRIER;", "}"]
     for a in accs:
       names[a] = f"{names[a]}_total"
