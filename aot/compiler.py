@@ -43,6 +43,7 @@ class Traced:
   inputs: list[UOp]
   output_names: list[str] | None = None
   formats: dict | None = None  # narrow inputs and outputs (frontends/onnx.py): name -> (type name, logical shape)
+  containers: list | None = None  # sequence/optional inputs and outputs as runs of C API tensors (frontends/onnx.py)
 
 def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
   specs = []
@@ -283,6 +284,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   traced = resolve(what, example_inputs, name, shapes, bind)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   sched.formats = traced.formats or {}
+  sched.containers = traced.containers or []
   say(f"scheduled {len(sched.kernels)} kernels")
   if target in GPU_TARGETS or emulate:
     if triple: raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
