@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                  help="CPU to compile for (default: native, this machine; e.g. x86-64-v3 for a portable build)")
   p.add_argument("--triple", help="cross-compile for a target triple, e.g. aarch64-linux-gnu (needs TRIPLE-gcc)")
   p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
-                 help="pin an input's shape (input=1x3x224x224) or a symbolic dim (batch=1); repeatable")
+                 help="pin an input's shape (input=1x3x224x224) or a symbolic dim (batch=1); a sequence input's "
+                      "length and element shapes (seq=[3x4,2x4]); an optional input's as absent (opt=none); repeatable")
   p.add_argument("--bind", action="append", default=[], metavar="NAME=VALUE",
                  help="pin a scalar input to a value at compile time (sr=16000), so control flow on it folds; repeatable")
   p.add_argument("--emit", choices=["graph", "kernels", "source"], help="stop after this stage and show it")
@@ -157,6 +158,10 @@ def _pins(items: list[str], flag: str, parse) -> dict:
   return out
 
 def _dims(v: str, where: str):
+  if v.lower() == "none": return None
+  if v.startswith("[") and v.endswith("]"):
+    items = [e.strip() for e in v[1:-1].split(",") if e.strip()]
+    return [(d,) if isinstance(d := _dims(e, where), int) else d for e in items]
   try: dims = tuple(int(d) for d in v.lower().split("x"))
   except ValueError: raise ValueError(f"{where}: dims must be integers separated by x, like 1x3x224x224") from None
   return dims[0] if len(dims) == 1 else dims
@@ -192,6 +197,12 @@ def _check(art, model: str, bind: dict, quiet: bool = False) -> int:
     except ImportError: raise RuntimeError("--check on an ONNX model needs onnxruntime (pip install onnxruntime)") from None
     xs = random_inputs(art.inputs)
     feed = {t.name: x for t, x in zip(art.inputs, xs)}
+    if art.containers:
+      # a sequence input is one list (an optional one array or None) for the artifact and both references
+      from aot.loader import _grouped, _runs
+      runs = _runs(art, "input")
+      xs = [_grouped(xs, kind, start, count) for _, kind, start, count in runs]
+      feed = {name: x for (name, *_), x in zip(runs, xs)}
     try:
       sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
       feed.update({k: np.asarray(v, dtype=next(i for i in _ort_inputs(sess) if i[0] == k)[1]) for k, v in bind.items()})
@@ -205,6 +216,9 @@ def _check(art, model: str, bind: dict, quiet: bool = False) -> int:
       want, against = ReferenceEvaluator(model).run(None, feed), f"onnx.reference (onnxruntime cannot run it: {why})"
   got = run(*xs)
   got = list(got) if isinstance(got, tuple) else [got]
+  # sequence outputs (lists) and optional ones (None when empty) compared tensor by tensor
+  flat = lambda vs: [t for v in vs for t in (v if isinstance(v, list) else [] if v is None else [v])]
+  got, want = flat(got), flat(want)
   times = []
   for _ in range(5):
     t = time.perf_counter(); run(*xs); times.append(time.perf_counter() - t)

@@ -127,7 +127,8 @@ def container_input(vi, spec, make_tensor) -> object:
         spec = [d.dim_value for d in dims]  # an optional tensor of a static shape: present unless said otherwise
     if spec is NOT_GIVEN:
       raise ContainerShapeNeeded(f"input '{vi.name}' is an optional: whether it is present, and its shape, must be "
-                                 f"known at compile time (shapes={{'{vi.name}': shape or None}})")
+                                 f"known at compile time (shapes={{'{vi.name}': shape or None}}, "
+                                 f"or --shape {vi.name}=DIMS|none)")
     if spec is None: return Optional(None)
     if inner.HasField("tensor_type"):
       if _is_shape(spec):
@@ -139,7 +140,7 @@ def container_input(vi, spec, make_tensor) -> object:
                      "supported")
   if not isinstance(spec, (list, tuple)) or not all(_is_shape(e) for e in spec):
     raise ContainerShapeNeeded(f"input '{vi.name}' is a sequence: its length and element shapes must be known at "
-                               f"compile time (shapes={{'{vi.name}': [shape, ...]}})")
+                               f"compile time (shapes={{'{vi.name}': [shape, ...]}}, or --shape {vi.name}=[DIMS,...])")
   et = t.sequence_type.elem_type.tensor_type.elem_type
   items = tuple(make_tensor(f"{vi.name}_{i}", tuple(e), et) for i, e in enumerate(spec))
   seq = Sequence(items, onnx_type(et) if not items else None)

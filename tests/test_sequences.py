@@ -73,7 +73,8 @@ def test_sequence_input_without_its_length_names_the_input(tmp_path):
   m = _model([helper.make_node("ConcatFromSequence", ["x"], ["c"], axis=0)],
              [helper.make_tensor_sequence_value_info("x", F, None)], [helper.make_tensor_value_info("c", F, None)])
   with pytest.raises(CompileError, match=r"input 'x' is a sequence: its length and element shapes must be known at "
-                                         r"compile time \(shapes=\{'x': \[shape, \.\.\.\]\}\)"):
+                                         r"compile time \(shapes=\{'x': \[shape, \.\.\.\]\}, "
+                                         r"or --shape x=\[DIMS,\.\.\.\]\)"):
     compile_model(m, out_dir=tmp_path, name="m")
 
 @pytest.mark.parametrize("present", [True, False])
