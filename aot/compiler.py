@@ -44,6 +44,7 @@ class Traced:
   inputs: list[UOp]
   output_names: list[str] | None = None
   formats: dict | None = None  # narrow inputs and outputs (frontends/onnx.py): name -> (type name, logical shape)
+  containers: list | None = None  # sequence/optional inputs and outputs as runs of C API tensors (frontends/onnx.py)
 
 def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
   specs = []
@@ -370,6 +371,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   traced = resolve(what, example_inputs, name, shapes, bind)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   sched.formats = traced.formats or {}
+  sched.containers = traced.containers or []
   say(f"scheduled {len(sched.kernels)} kernels")
   gpu = target in GPU_TARGETS or emulate
   if gpu and triple:

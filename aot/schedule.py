@@ -50,6 +50,8 @@ class Schedule:
   # inputs and outputs of a narrow type (aot/dtype.py: NARROW) by name: (type name, logical shape); their buffers hold
   # its codes or packed bytes
   formats: dict = field(default_factory=dict)
+  # sequence and optional inputs and outputs (frontends/onnx_ops_sequence.py): {name, kind, side, start, count} each
+  containers: list = field(default_factory=list)
 
 # *** prepare: inline calls, fold constants ***
 
