@@ -23,7 +23,8 @@ class QGemm(ctypes.Structure):
               ("lda", ctypes.c_long), ("a_signed", ctypes.c_int), ("a_zero", ctypes.c_int), ("b", ctypes.c_void_p),
               ("col_sum", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale", ctypes.c_void_p),
               ("scale_step", ctypes.c_int), ("out_type", ctypes.c_int), ("out_zero", ctypes.c_int),
-              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int)]
+              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int),
+              ("gather", ctypes.c_void_p)]
 
 @pytest.fixture(scope="module", params=["native", "x86-64-v3"])
 def lib(request, tmp_path_factory):
@@ -100,11 +101,13 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
   from onnx import helper, numpy_helper, TensorProto
   from onnxruntime.quantization import quantize_static, QuantType, QuantFormat, CalibrationDataReader
   rng = np.random.default_rng(11)
-  if kind == "conv":
-    shape, out_shape = [1, 64, 10, 9], [1, 20, 5, 5]
-    w = numpy_helper.from_array((rng.standard_normal((20, 64, 3, 3)) * 0.2).astype(np.float32), "w")
+  if kind in ("conv", "wide conv"):
+    # a wide one has enough output rows (QGATHER_MIN_BLOCKS) for its window to be gathered in the int8 tasks
+    shape, out_shape, stride = ([1, 64, 10, 9], [1, 20, 5, 5], 2) if kind == "conv" else \
+                               ([1, 16, 21, 18], [1, 20, 21, 18], 1)
+    w = numpy_helper.from_array((rng.standard_normal((20, shape[1], 3, 3)) * 0.2).astype(np.float32), "w")
     b = numpy_helper.from_array((rng.standard_normal(20) * 0.1).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
              helper.make_node("Relu", ["c"], ["y"])]
     inits = [w, b]
   else:
@@ -133,14 +136,17 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
 
 @pytest.mark.parametrize("kind,per_channel,activations",
                          [("conv", True, "u8"), ("conv", False, "u8"), ("matmul", True, "u8"), ("matmul", False, "u8"),
-                          ("conv", True, "s8")])
+                          ("conv", True, "s8"), ("wide conv", True, "u8"), ("wide conv", False, "s8")])
 def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
   import onnxruntime as ort
   import aot
   model = _qdq_model(kind, per_channel, activations, tmp_path)
   art = aot.compile_model(model, out_dir=tmp_path / "art")
   # the plan takes the int8 path: the contraction is a call of the int8 microkernel
-  assert "aot_qgemm_run" in (art.dir / "src" / "model.c").read_text()
+  source = (art.dir / "src" / "model.c").read_text()
+  assert "aot_qgemm_run" in source
+  # a wide convolution's window is read by the int8 tasks themselves: no im2col copy
+  assert ("aot_qgather" in source) == (kind == "wide conv")
   opts = ort.SessionOptions()
   opts.intra_op_num_threads = 1
   sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -149,7 +155,7 @@ def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
   # fresh inputs, not the calibration data: the full 8-bit range, so results saturate at both ends
   x = np.random.default_rng(21).integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, shape).astype(dt)
   want = sess.run(None, {name: x})[0]
-  for threads in (1, 2):
+  for threads in (1, 2, 3):
     got = aot.load(art, threads=threads)(x)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)

@@ -1,0 +1,48 @@
+"""Quantized forms of float ONNX models, made with onnxruntime's own quantizer from seeded calibration data: what people
+deploy on small machines, for the bench (python -m aot.bench) and the int8 tests to run beside onnxruntime's int8.
+
+  quantized(model, "qdq")        # quantize_static, QDQ format: per-channel int8 weights, uint8 activations
+  quantized(model, "qoperator")  # quantize_static, QOperator format (QLinearConv, com.microsoft's QLinearAdd, ...)
+  quantized(model, "dynamic")    # quantize_dynamic: int8 weights, DynamicQuantizeLinear + MatMulInteger
+"""
+from __future__ import annotations
+import tempfile
+from pathlib import Path
+import numpy as np
+
+# calibration batches: enough for stable ranges, few enough that quantizing ResNet-50 stays a few seconds
+CALIBRATION_BATCHES = 4
+
+def quantized(model, form: str, seed: int = 0):
+  """The onnx.ModelProto `model` quantized by onnxruntime.quantization in `form` (qdq, qoperator or dynamic);
+  static forms calibrate on CALIBRATION_BATCHES seeded standard normal inputs."""
+  import onnx, onnx.inliner
+  from onnxruntime.quantization import quantize_static, quantize_dynamic, QuantType, QuantFormat, \
+    CalibrationDataReader
+  from onnxruntime.quantization.shape_inference import quant_pre_process
+  if form not in ("qdq", "qoperator", "dynamic"):
+    raise ValueError(f"quantized: form must be qdq, qoperator or dynamic, got {form!r}")
+  # the quantizer does not look inside model-local functions (the reference transformer's layer): inline them
+  model = onnx.inliner.inline_local_functions(model)
+  with tempfile.TemporaryDirectory(prefix="aot_quant_") as d:
+    src, pre, out = Path(d) / "f.onnx", Path(d) / "p.onnx", Path(d) / "q.onnx"
+    onnx.save(model, src)
+    if form == "dynamic":
+      quantize_dynamic(src, out, weight_type=QuantType.QInt8)
+      return onnx.load(out)
+    # the quantizer's own preprocessing (shape inference, BatchNormalization folded into Conv) as its docs advise
+    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    rng = np.random.default_rng(seed)
+    shapes = {i.name: [d.dim_value or 1 for d in i.type.tensor_type.shape.dim] for i in model.graph.input
+              if i.name not in {t.name for t in model.graph.initializer}}
+
+    class Calibration(CalibrationDataReader):
+      def __init__(self):
+        self.feeds = iter([{n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+                           for _ in range(CALIBRATION_BATCHES)])
+      def get_next(self): return next(self.feeds, None)
+
+    quantize_static(pre, out, Calibration(), per_channel=True, weight_type=QuantType.QInt8,
+                    activation_type=QuantType.QUInt8,
+                    quant_format=QuantFormat.QDQ if form == "qdq" else QuantFormat.QOperator)
+    return onnx.load(out)
