@@ -27,11 +27,12 @@ def quantized(model, form: str, seed: int = 0):
   with tempfile.TemporaryDirectory(prefix="aot_quant_") as d:
     src, pre, out = Path(d) / "f.onnx", Path(d) / "p.onnx", Path(d) / "q.onnx"
     onnx.save(model, src)
-    if form == "dynamic":
-      quantize_dynamic(src, out, weight_type=QuantType.QInt8)
-      return onnx.load(out)
-    # the quantizer's own preprocessing (shape inference, BatchNormalization folded into Conv) as its docs advise
+    # the quantizer's own preprocessing as its docs advise: shape inference, BatchNormalization folded into Conv,
+    # transposed weights folded into constants (else their MatMul is not quantized)
     quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    if form == "dynamic":
+      quantize_dynamic(pre, out, weight_type=QuantType.QInt8)
+      return onnx.load(out)
     rng = np.random.default_rng(seed)
     shapes = {i.name: [d.dim_value or 1 for d in i.type.tensor_type.shape.dim] for i in model.graph.input
               if i.name not in {t.name for t in model.graph.initializer}}
