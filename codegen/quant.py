@@ -100,61 +100,6 @@ from aot.symbolic import linear, pm_simplify
 from aot.schedule import Buffer
 
 _QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
-# rows of C per int8 task (QMC in runtime_c/aot_qgemm.c)
-QMC = 64
-# an A operand gathered inside the tasks (a convolution's window, aot_qgather) needs this many row blocks: each task
-# gathers its rows once for all its columns, so fewer blocks would leave threads idle where a dense copy written
-# once lets the column blocks share it (ResNet's 7x7 layers: one block)
-QGATHER_MIN_BLOCKS = 4
-# the runtime's limits on a gathered view (AOT_QGATHER_DIMS, AOT_QGATHER_BOUNDS in aot_runtime.h)
-QGATHER_DIMS, QGATHER_BOUNDS = 4, 8
-# an open end of a bound
-_UNBOUNDED = 1 << 40
-
-@dataclass
-class QGather:
-  """A gated view of an 8-bit buffer as A[m][k] (aot_qgather): m and k split into their dims (outer first)."""
-  msize: tuple
-  ksize: tuple
-  mstride: tuple
-  kstride: tuple
-  offset: int
-  bounds: tuple                # (k dim or -1, its coefficient, m coefficients, lo, hi): lo <= m part + k part < hi
-
-  def render(self) -> str:
-    pad = lambda xs, n, fill=0: ", ".join(str(x) for x in (*xs, *[fill] * (n - len(xs))))
-    b = self.bounds
-    mcoef = ", ".join("{" + pad(x[2], QGATHER_DIMS) + "}" for x in b) or "{0}"
-    return (f"{len(self.msize)}, {len(self.ksize)}, {len(b)}, {{{pad(self.msize, QGATHER_DIMS)}}}, "
-            f"{{{pad(self.ksize, QGATHER_DIMS)}}}, {{{pad(self.mstride, QGATHER_DIMS)}}}, "
-            f"{{{pad(self.kstride, QGATHER_DIMS)}}}, {self.offset}, {{{pad([x[0] for x in b], QGATHER_BOUNDS)}}}, "
-            f"{{{pad([x[1] for x in b], QGATHER_BOUNDS)}}}, {{{mcoef}}}, "
-            f"{{{pad([f'{x[3]}L' for x in b], QGATHER_BOUNDS)}}}, {{{pad([f'{x[4]}L' for x in b], QGATHER_BOUNDS)}}}")
-
-def _conjuncts(g: UOp) -> list[UOp]:
-  return _conjuncts(g.src[0]) + _conjuncts(g.src[1]) if g.op is Ops.AND else [g]
-
-def _gather(load: UOp, gate: UOp | None, m_rows, k) -> QGather | None:
-  """The view an int8 contraction's A operand reads (a load at an index linear in its ranges, under a gate of
-  bounds on linear expressions that each hold at most one k range), as the runtime gathers it; else None."""
-  if len(m_rows) > QGATHER_DIMS or len(k) > QGATHER_DIMS: return None
-  terms, offset = linear(load.src[1])
-  if set(terms) - set(m_rows) - set(k): return None
-  gates = ([] if gate is None else _conjuncts(gate)) + ([] if _const(load.src[2]) is True else _conjuncts(load.src[2]))
-  bounds = set()
-  for c in gates:
-    below = c.op is Ops.CMPLT
-    if not below and not (c.op is Ops.NOT and c.src[0].op is Ops.CMPLT): return None
-    cmp = c if below else c.src[0]
-    if (limit := _const(cmp.src[1])) is None: return None
-    t, off = linear(cmp.src[0])
-    ks = [r for r in t if r in k and t[r] != 0]
-    if set(t) - set(m_rows) - set(k) or len(ks) > 1 or (ks and t[ks[0]] < 0): return None
-    lo, hi = (-_UNBOUNDED, int(limit) - off) if below else (int(limit) - off, _UNBOUNDED)
-    bounds.add((k.index(ks[0]) if ks else -1, t[ks[0]] if ks else 0, tuple(t.get(r, 0) for r in m_rows), lo, hi))
-  if len(bounds) > QGATHER_BOUNDS: return None
-  return QGather(tuple(r.arg[1] for r in m_rows), tuple(r.arg[1] for r in k), tuple(terms.get(r, 0) for r in m_rows),
-                 tuple(terms.get(r, 0) for r in k), offset, tuple(sorted(bounds)))
 
 @dataclass
 class QGemm:
@@ -177,7 +122,6 @@ class QGemm:
   ldc: tuple[int, int]
   dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
   c_slot: int = 0              # where the requantized result goes: the output, or a scratch the epilogue reads
-  gather: QGather | None = None  # A read by the tasks from the 8-bit buffer in a_slot through this view
 
   @property
   def tasks(self) -> int: return -(-self.M // 64) * -(-self.N // 128)
@@ -195,11 +139,10 @@ class QGemmCall:
             f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
             f"(const int32_t *){arg(b[q.col_sum_slot], q.col_sum_slot)}, {bias}, "
             f"(const float *){arg(b[q.scale_slot], q.scale_slot)}, {q.scale_step}, {q.out_type}, {q.out_zero}, "
-            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0, {'&v' if q.gather else 'NULL'}")
+            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0")
     run = "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))" if self.parallel else \
           "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
-    view = f"static const aot_qgather v = {{{q.gather.render()}}}; " if q.gather else ""
-    return f"  {{ {view}aot_qgemm g = {{{desc}}}; {run}; }}"
+    return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
 
 def _const(u: UOp):
   return u.arg if u.op is Ops.CONST else None
@@ -329,9 +272,6 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and \
      not set(terms) - set(m_rows) - set(k) and _group(k, terms) == 1 and (lda := _group(m_rows, terms)):
     return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
-  # a convolution's window on an 8-bit buffer: gathered by the tasks into their packed slices (no copy)
-  if not from_int32 and -(-M // QMC) >= QGATHER_MIN_BLOCKS and (view := _gather(load, gate, m_rows, k)) is not None:
-    return QGemm(M, N, K, x8_slot, 0, K, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, view), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate([*m_rows, *k])}

@@ -103,23 +103,9 @@ __attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start,
    col_sum[n] = sum_k B[k][n]; bias may be NULL. out_type INT32 writes C; UINT8/INT8 write
    clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). C's element (m, n) is at c + m*ldc_m + n*ldc_n. Run
    aot_qgemm_run(g, 0, aot_qgemm_tasks(g)) on any number of threads at once (next = 0 to start); results are the
-   same for any count. With gather set, A is not a matrix but a gated view of the 8-bit buffer a, which each task
-   reads straight into its packed slice (a convolution's window: no im2col copy): A[m][k] = a[offset + sum_i
-   mstride[i] m_i + sum_j kstride[j] k_j] where every bound holds, else the zero point, m and k split into dims
-   (outer first). Bound b: lo[b] <= sum_i mcoef[b][i] m_i + kcoef[b] k_kdim[b] < hi[b] (kcoef > 0; kdim -1: no k
-   term). */
+   same for any count. */
 #define QNR 32
 enum { AOT_QGEMM_INT32 = 0, AOT_QGEMM_UINT8 = 1, AOT_QGEMM_INT8 = 2 };
-#define AOT_QGATHER_DIMS 4
-#define AOT_QGATHER_BOUNDS 8
-typedef struct {
-  int mdims, kdims, nbounds;
-  int msize[AOT_QGATHER_DIMS], ksize[AOT_QGATHER_DIMS];
-  long mstride[AOT_QGATHER_DIMS], kstride[AOT_QGATHER_DIMS], offset;
-  int kdim[AOT_QGATHER_BOUNDS];
-  long kcoef[AOT_QGATHER_BOUNDS], mcoef[AOT_QGATHER_BOUNDS][AOT_QGATHER_DIMS], lo[AOT_QGATHER_BOUNDS],
-    hi[AOT_QGATHER_BOUNDS];
-} aot_qgather;
 typedef struct {
   int M, N, K;
   const uint8_t *a;
@@ -132,7 +118,6 @@ typedef struct {
   void *c;
   long ldc_m, ldc_n;
   int next;
-  const aot_qgather *gather;
 } aot_qgemm;
 __attribute__((visibility("hidden"))) int aot_qgemm_tasks(const aot_qgemm *g);
 __attribute__((visibility("hidden"))) void aot_qgemm_run(void *g, int start, int end);
