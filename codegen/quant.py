@@ -122,6 +122,7 @@ class QGemm:
   ldc: tuple[int, int]
   dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
   c_slot: int = 0              # where the requantized result goes: the output, or a scratch the epilogue reads
+  k_major: bool = False        # A lies as [K][M] (lda its k stride), not [M][K]
 
   @property
   def tasks(self) -> int: return -(-self.M // 64) * -(-self.N // 128)
@@ -139,7 +140,7 @@ class QGemmCall:
             f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
             f"(const int32_t *){arg(b[q.col_sum_slot], q.col_sum_slot)}, {bias}, "
             f"(const float *){arg(b[q.scale_slot], q.scale_slot)}, {q.scale_step}, {q.out_type}, {q.out_zero}, "
-            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0")
+            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0, {int(q.k_major)}")
     run = "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))" if self.parallel else \
           "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
     return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
@@ -211,6 +212,11 @@ def _flat(ranges) -> UOp:
     out, stride = r * stride + out, stride * r.arg[1]
   return out
 
+def _k_major(m_rows, k) -> bool:
+  """Is a dense A written k-major ([K][M], the runtime transposing 4x8 byte blocks as it packs)? When k's innermost
+  range is the shorter: the copy's inner loop then runs along a convolution's output row, not its 3-wide window."""
+  return k[-1].arg[1] < m_rows[-1].arg[1]
+
 def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
   """(QGemm, the load of its result) of one requantized int8 contraction of the kernel, its buffers appended to bufs
   (and the new ones to made); None when it is not one."""
@@ -274,14 +280,18 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate([*m_rows, *k])}
+  k_major = _k_major(m_rows, k)
+  order = [*k, *m_rows] if k_major else [*m_rows, *k]
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(order)}
   if from_int32: read = UOp(Ops.CAST, a_dt, (load + p_zero,))
   else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, UOp.const(a_dt, p_zero)))
-  idx = _flat([fresh[r] for r in m_rows]) * K + _flat([fresh[r] for r in k])
+  m_flat, k_flat = _flat([fresh[r] for r in m_rows]), _flat([fresh[r] for r in k])
+  idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
   dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
                                                        substitute(value, fresh))), pm_simplify)
-  return QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot), result
+  return QGemm(M, N, K, a_slot, 0, M if k_major else K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot,
+               k_major), result
 
 def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   """(the kernel's buffers with new slots appended, the buffers made for them, its QGemms, the kernel reading their

@@ -15,6 +15,9 @@
 #include <stdint.h>
 #include <string.h>
 #include "aot_runtime.h"
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 /* rows of A per microkernel call; QNR (aot_runtime.h) columns: 8 x 32 keeps 16 accumulators of 16 int32 lanes plus
    2 B vectors and a broadcast inside AVX-512's 32 registers */
@@ -78,6 +81,34 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
 }
 #endif
 
+/* A k-major ([K][M], a convolution's im2col written along its output rows): the slice packed as the row-major path
+   packs it, 4 k of QMR rows at a time by a 4 x 8 byte transpose where the tile is whole, bytewise at the edges */
+static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int kin, uint8_t flip, uint8_t *restrict ap) {
+  for (int t = 0; t < cdiv(mr, QMR); t++) {
+    uint8_t *tile = ap + t * QMR * kc;
+    const uint8_t *src = g->a + (long)k0 * g->lda + m0 + t * QMR;
+    const int rows = min(mr - t * QMR, QMR);
+    int k = 0;
+#if defined(__SSE2__)
+    if (rows == QMR) {
+      const __m128i x = _mm_set1_epi8((char)flip);
+      for (; k + 4 <= kin; k += 4) {
+        const uint8_t *s0 = src + (long)k * g->lda;
+        const __m128i r0 = _mm_loadl_epi64((const __m128i *)s0), r1 = _mm_loadl_epi64((const __m128i *)(s0 + g->lda));
+        const __m128i r2 = _mm_loadl_epi64((const __m128i *)(s0 + 2 * g->lda));
+        const __m128i r3 = _mm_loadl_epi64((const __m128i *)(s0 + 3 * g->lda));
+        const __m128i t01 = _mm_unpacklo_epi8(r0, r1), t23 = _mm_unpacklo_epi8(r2, r3);
+        _mm_storeu_si128((__m128i *)(tile + k * QMR), _mm_xor_si128(_mm_unpacklo_epi16(t01, t23), x));
+        _mm_storeu_si128((__m128i *)(tile + k * QMR + 16), _mm_xor_si128(_mm_unpackhi_epi16(t01, t23), x));
+      }
+    }
+#endif
+    for (; k < kc; k++)
+      for (int i = 0; i < QMR; i++)
+        tile[(k / 4) * QMR * 4 + i * 4 + k % 4] = i < rows && k < kin ? (uint8_t)(src[(long)k * g->lda + i] ^ flip) : 0;
+  }
+}
+
 void aot_qgemm_run(void *ctx, int start, int end) {
   /* tasks from a shared counter, as in aot_gemm_run: each computes its block whole, whoever takes it */
   (void)start; (void)end;
@@ -94,7 +125,8 @@ void aot_qgemm_run(void *ctx, int start, int end) {
       const int kc = min(K4 - k0, QKC);
       /* A's slice as [m tile][k/4][QMR][4] bytes, unsigned, zero past M and K (B is zero past K too) */
       const int kin = min(g->K - k0, kc);
-      for (int i = 0; i < cdiv(mr, QMR) * QMR; i++) {
+      if (g->a_kmajor) pack_kmajor(g, m0, mr, k0, kc, kin, (uint8_t)flip, ap);
+      else for (int i = 0; i < cdiv(mr, QMR) * QMR; i++) {
         uint8_t *dst = ap + (i / QMR) * QMR * kc + (i % QMR) * 4;
         const uint8_t *src = g->a + (long)(m0 + i) * g->lda + k0;
         const int whole = i < mr ? kin / 4 * 4 : 0;

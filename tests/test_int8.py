@@ -23,7 +23,8 @@ class QGemm(ctypes.Structure):
               ("lda", ctypes.c_long), ("a_signed", ctypes.c_int), ("a_zero", ctypes.c_int), ("b", ctypes.c_void_p),
               ("col_sum", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale", ctypes.c_void_p),
               ("scale_step", ctypes.c_int), ("out_type", ctypes.c_int), ("out_zero", ctypes.c_int),
-              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int)]
+              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int),
+              ("a_kmajor", ctypes.c_int)]
 
 @pytest.fixture(scope="module", params=["native", "x86-64-v3"])
 def lib(request, tmp_path_factory):
