@@ -300,10 +300,12 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   None. producers: buffer id -> the kernel writing it; qresults (updated): output buffer id of a lowered kernel ->
   (its requantize node, the 8-bit buffer holding it)."""
   if ast.op is not Ops.STORE: return None
-  found = [u for u in ast.src[2].toposort() if _requant(u) is not None]
-  # every int32 sum must be one of them (other sums, a pooling of the result, stay in the epilogue)
-  sums = [u for u in ast.toposort() if u.op is Ops.ACCUMULATE and u.dtype == dtypes.int32]
-  if not found or len(sums) != len(found): return None
+  # the requantized contractions: each holds one int32 sum, its own; sums around them (a global average pool of a
+  # convolution's requantized result, itself requantized: QOperator ResNet's last layer) stay in the epilogue,
+  # reading the int8 result
+  sums = lambda u: sum(s.op is Ops.ACCUMULATE and s.dtype == dtypes.int32 for s in u.toposort())
+  found = [u for u in ast.src[2].toposort() if _requant(u) is not None and sums(u) == 1]
+  if not found: return None
   # a kernel that is one requantized contraction writes it straight to its output; else an epilogue reads them
   bare = len(found) == 1 and found[0] is ast.src[2]
   bufs, made, qgemms, results = list(bufs), [], [], {}

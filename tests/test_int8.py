@@ -157,3 +157,28 @@ def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
     got = aot.load(art, threads=threads)(x)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+def test_qoperator_conv_then_global_average_pool_runs_on_the_int8_microkernel(tmp_path):
+  # QLinearConv -> QLinearGlobalAveragePool fuses into one kernel whose pool sums the conv's requantized result (and
+  # requantizes again): the conv inside still goes to the microkernel, the pool stays in its epilogue
+  import onnx, onnxruntime as ort
+  from onnx import helper, numpy_helper, TensorProto
+  import aot
+  from aot.models.quantized import quantized
+  rng = np.random.default_rng(5)
+  w = numpy_helper.from_array((rng.standard_normal((24, 16, 3, 3)) * 0.2).astype(np.float32), "w")
+  b = numpy_helper.from_array((rng.standard_normal(24) * 0.1).astype(np.float32), "b")
+  g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                         helper.make_node("GlobalAveragePool", ["c"], ["y"])], "g",
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 7, 7])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 1, 1])], [w, b])
+  q = quantized(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "qoperator")
+  assert {"QLinearConv", "QLinearGlobalAveragePool"} <= {n.op_type for n in q.graph.node}
+  art = aot.compile_model(q, out_dir=tmp_path / "art")
+  assert (art.dir / "src" / "model.c").read_text().count("aot_qgemm_run(&g") == 1
+  x = rng.standard_normal((1, 16, 7, 7)).astype(np.float32) * 2
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  want = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  for threads in (1, 2, 3):
+    np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
