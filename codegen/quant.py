@@ -215,7 +215,7 @@ def _flat(ranges) -> UOp:
 def _k_major(m_rows, k) -> bool:
   """Is a dense A written k-major ([K][M], the runtime transposing 4x8 byte blocks as it packs)? When k's innermost
   range is the shorter: the copy's inner loop then runs along a convolution's output row, not its 3-wide window."""
-  return k[-1].arg[1] < m_rows[-1].arg[1]
+  return bool(m_rows) and k[-1].arg[1] < m_rows[-1].arg[1]
 
 def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
   """(QGemm, the load of its result) of one requantized int8 contraction of the kernel, its buffers appended to bufs
@@ -240,13 +240,14 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   x8_buf, p_zero = source
   m_rows = tuple(sorted(ranges(x) - set(k), key=lambda r: r.arg[0]))
   n_rows = tuple(sorted(ranges(w) - set(k), key=lambda r: r.arg[0]))
-  if not m_rows or not n_rows or set(m_rows) & set(n_rows): return None
+  # no m rows is one row (a batch-1 fully connected layer)
+  if not n_rows or set(m_rows) & set(n_rows): return None
   if ranges(requant) - set(k) != set(m_rows) | set(n_rows): return None
   # the result where the output has it (a bare requantized store), else in a scratch in the kernel's loop order
   at = ast.src[1] if bare else _flat(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
   out_terms, out_offset = linear(at)
   if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
-  ldc = (_group(m_rows, out_terms), _group(n_rows, out_terms))
+  ldc = (_group(m_rows, out_terms) if m_rows else 0, _group(n_rows, out_terms))
   if None in ldc: return None
   M, N, K = (prod(r.arg[1] for r in g) for g in (m_rows, n_rows, k))
   scales = _per_n(scale, n_rows, bufs)
@@ -276,7 +277,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
   terms, offset = linear(load.src[1])
   if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and \
-     not set(terms) - set(m_rows) - set(k) and _group(k, terms) == 1 and (lda := _group(m_rows, terms)):
+     not set(terms) - set(m_rows) - set(k) and _group(k, terms) == 1 and (lda := _group(m_rows, terms) if m_rows else K):
     return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))

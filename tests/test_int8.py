@@ -112,7 +112,8 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
              helper.make_node("Relu", ["c"], ["y"])]
     inits = [w, b]
   else:
-    shape, out_shape = [7, 600], [7, 45]
+    # a vector by a matrix has no m rows (a batch-1 fully connected layer): one row of the microkernel
+    shape, out_shape = ([7, 600], [7, 45]) if kind == "matmul" else ([600], [45])
     w = numpy_helper.from_array((rng.standard_normal((600, 45)) * 0.2).astype(np.float32), "w")
     nodes, inits = [helper.make_node("MatMul", ["x", "w"], ["y"])], [w]
   g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
@@ -137,7 +138,8 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
 
 @pytest.mark.parametrize("kind,per_channel,activations",
                          [("conv", True, "u8"), ("conv", False, "u8"), ("matmul", True, "u8"), ("matmul", False, "u8"),
-                          ("conv", True, "s8"), ("wide conv", True, "u8"), ("wide conv", False, "s8")])
+                          ("conv", True, "s8"), ("wide conv", True, "u8"), ("wide conv", False, "s8"),
+                          ("vector matmul", True, "u8")])
 def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
   import onnxruntime as ort
   import aot
