@@ -68,15 +68,19 @@ def _qdq_groups(model) -> list[tuple]:
     groups.append((n, users[0], x, w, b))
   return groups
 
-def fuse_qdq(model):
+def fuse_qdq(model, in_place: bool = False):
   """The model with each QDQ group (_qdq_groups) as one QLinearConv or QLinearMatMul, as onnxruntime's graph
   optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
-  (float products in the dequantized form round differently). The model itself is not changed."""
+  (float products in the dequantized form round differently). The model itself is changed only when in_place (one
+  loaded for this compile); else fused in a copy, made without serialising (which stops at 2 GB)."""
   import onnx
   from onnx import helper
   groups = _qdq_groups(model)
   if not groups: return model
-  model = onnx.ModelProto.FromString(model.SerializeToString())
+  if not in_place:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    model = copy
   g = model.graph
   by_output = {n.output[0]: i for i, n in enumerate(g.node)}
   for n, q, x, w, b in _qdq_groups(model):

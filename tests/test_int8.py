@@ -184,3 +184,17 @@ def test_qoperator_conv_then_global_average_pool_runs_on_the_int8_microkernel(tm
   want = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
   for threads in (1, 2, 3):
     np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
+
+def test_qdq_fused_in_a_copy_of_a_model_given_and_in_place_of_one_loaded(tmp_path):
+  # fuse_qdq copies a caller's model without serialising it (a model over 2 GB cannot be) and fuses a file's in place
+  import onnx
+  import aot
+  model = _qdq_model("matmul", True, "u8", tmp_path)
+  before = model.SerializeToString()
+  art = aot.compile_model(model, out_dir=tmp_path / "a")
+  assert model.SerializeToString() == before
+  onnx.save(model, tmp_path / "m.onnx")
+  art2 = aot.compile_model(tmp_path / "m.onnx", out_dir=tmp_path / "b")
+  for a in (art, art2): assert "aot_qgemm_run" in (a.dir / "src" / "model.c").read_text()
+  x = np.random.default_rng(2).integers(0, 256, (7, 600)).astype(np.uint8)
+  np.testing.assert_array_equal(aot.load(art)(x), aot.load(art2)(x))
