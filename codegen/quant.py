@@ -280,8 +280,8 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
           const(dtypes.float32, scales.astype(np.float32)), int(scales.size > 1), _QTYPES[out_dt], out_zero, ldc)
   # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
   terms, offset = linear(load.src[1])
-  if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and \
-     not set(terms) - set(m_rows) - set(k) and _group(k, terms) == 1 and (lda := _group(m_rows, terms) if m_rows else K):
+  lda = (_group(m_rows, terms) if m_rows else K) if not set(terms) - set(m_rows) - set(k) else None
+  if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and _group(k, terms) == 1 and lda:
     return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))

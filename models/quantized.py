@@ -6,8 +6,10 @@ deploy on small machines, for the bench (python -m aot.bench) and the int8 tests
   quantized(model, "dynamic")    # quantize_dynamic: int8 weights, DynamicQuantizeLinear + MatMulInteger
 """
 from __future__ import annotations
+
 import tempfile
 from pathlib import Path
+
 import numpy as np
 
 # calibration batches: enough for stable ranges, few enough that quantizing ResNet-50 stays a few seconds
@@ -18,9 +20,16 @@ MIN_OPSET = 13
 def quantized(model, form: str, seed: int = 0):
   """The onnx.ModelProto `model` quantized by onnxruntime.quantization in `form` (qdq, qoperator or dynamic);
   static forms calibrate on CALIBRATION_BATCHES seeded standard normal inputs."""
-  import onnx, onnx.inliner, onnx.version_converter
-  from onnxruntime.quantization import quantize_static, quantize_dynamic, QuantType, QuantFormat, \
-    CalibrationDataReader
+  import onnx
+  import onnx.inliner
+  import onnx.version_converter
+  from onnxruntime.quantization import (
+    CalibrationDataReader,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+  )
   from onnxruntime.quantization.shape_inference import quant_pre_process
   if form not in ("qdq", "qoperator", "dynamic"):
     raise ValueError(f"quantized: form must be qdq, qoperator or dynamic, got {form!r}")

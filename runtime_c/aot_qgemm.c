@@ -83,7 +83,8 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
 
 /* A k-major ([K][M], a convolution's im2col written along its output rows): the slice packed as the row-major path
    packs it, 4 k of QMR rows at a time by a 4 x 8 byte transpose where the tile is whole, bytewise at the edges */
-static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int kin, uint8_t flip, uint8_t *restrict ap) {
+static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int kin, uint8_t flip,
+                        uint8_t *restrict ap) {
   for (int t = 0; t < cdiv(mr, QMR); t++) {
     uint8_t *tile = ap + t * QMR * kc;
     const uint8_t *src = g->a + (long)k0 * g->lda + m0 + t * QMR;

@@ -163,7 +163,7 @@ def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
 def test_qoperator_conv_then_global_average_pool_runs_on_the_int8_microkernel(tmp_path):
   # QLinearConv -> QLinearGlobalAveragePool fuses into one kernel whose pool sums the conv's requantized result (and
   # requantizes again): the conv inside still goes to the microkernel, the pool stays in its epilogue
-  import onnx, onnxruntime as ort
+  import onnxruntime as ort
   from onnx import helper, numpy_helper, TensorProto
   import aot
   from aot.models.quantized import quantized
