@@ -97,9 +97,11 @@ def _multiplier_rows(c: Contraction) -> tuple[UOp, ...] | None:
   if len(back) != 2: return None
   outer, inner = sorted(back, key=lambda r: r.arg[0])
   q, r = back[outer], back[inner]
-  # the split of one kernel range o into (o // m, o % m), its group the batch
+  # the split of one kernel range o into (o // m, o % m), its group the whole batch (a task over o then owns the
+  # planes (o // m, o % m, images), which lie together)
   if not (q.op is Ops.IDIV and r.op is Ops.MOD and q.src[0] is r.src[0] and r.src[0].op is Ops.RANGE and
-          q.src[1].op is Ops.CONST and q.src[1].arg == inner.arg[1] == r.src[1].arg and outer in c.batch): return None
+          q.src[1].op is Ops.CONST and q.src[1].arg == inner.arg[1] == r.src[1].arg and c.batch == (outer,)):
+    return None
   return (inner,)
 
 def match_depthwise(c: Contraction, bufs: list) -> dict | None:
