@@ -179,7 +179,8 @@ def multiplier_model() -> onnx.ModelProto:
     g.output(g.act(g.bn(conv, m * c), act))
   # a batch of two images: planes are (channel, filter, image), not the output's layout, so no fused epilogue
   w = g.const(rng.normal(0, 0.3, (2 * XM2[1], 1, 3, 3)))
-  g.output(g.act(g.node("Conv", "x2", w, group=XM2[1], strides=[2, 2], pads=[1, 1, 1, 1], kernel_shape=[3, 3]), "relu6"))
+  conv = g.node("Conv", "x2", w, group=XM2[1], strides=[2, 2], pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+  g.output(g.act(conv, "relu6"))
   return g.model({"x": XM, "x2": XM2})
 
 def multiplier_block_model(c: int = 16, hw: int = 96) -> onnx.ModelProto:

@@ -133,7 +133,8 @@ def test_flop_count_counts_each_concat_branch_over_its_own_slice():
            for i, (k, r) in enumerate(branches)]
   nodes = [helper.make_node("Conv", ["x", f"w{i}"], [f"y{i}"], pads=[r // 2] * 4) for i, (k, r) in enumerate(branches)]
   nodes.append(helper.make_node("Concat", ["y0", "y1"], ["y"], axis=1))
-  graph = helper.make_graph(nodes, "concat_convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, C, H, W])],
+  x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, C, H, W])
+  graph = helper.make_graph(nodes, "concat_convs", [x],
                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
   model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
   t = resolve(model)
