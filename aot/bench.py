@@ -53,7 +53,7 @@ def bench_model(label: str, what, onnx_model, inputs_for, thread_counts: list[in
   from aot.schedule import schedule
   traced = resolve(what)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-  gflop = sum(flop_count(k.ast) for k in sched.kernels) / 1e9
+  gflop = sum(flop_count(k.ast, live_only=True) for k in sched.kernels) / 1e9
   # the arena against the largest tensor a kernel writes or the model takes or gives, the weights blob against the
   # model's own weights
   largest = max(b.nbytes for k in sched.kernels for b in k.bufs[:1] + sched.inputs + sched.outputs)

@@ -107,6 +107,18 @@ def _zero_when(x: UOp, y: UOp, cmp: UOp, value: bool) -> bool:
   sub = {cmp: UOp.const(dtypes.bool, value)}
   return any((z := graph_rewrite(substitute(s, sub), pm_operand)).op is Ops.CONST and z.arg == 0 for s in (x, y))
 
+def gate_slices(x: UOp, y: UOp, outs: set[UOp]) -> tuple[dict[UOp, int], dict[UOp, int]]:
+  """(start, end) per output range: outside [start, end) of that range the product x * y is zero, because a gate
+  `r < c` on it turns off every load of one operand (a concat's branch)."""
+  start, end = {r: 0 for r in outs}, {r: r.arg[1] for r in outs}
+  cmps = {u for s in (x, y) for u in s.toposort()
+          if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST}
+  for cmp in sorted(cmps, key=lambda u: (u.src[0].arg[0], u.src[1].arg)):
+    r, c = cmp.src[0], cmp.src[1].arg
+    if _zero_when(x, y, cmp, False): end[r] = min(end[r], c)
+    elif _zero_when(x, y, cmp, True): start[r] = max(start[r], c)
+  return start, end
+
 def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict[UOp, UOp], list]:
   """The operands over the contraction's own ranges, those ranges as expressions of the kernel's, and the slices.
   - A gate that confines the product to a slice [start, end) of an output range (a concat's `c < 64 ? a : b` pushed
@@ -117,13 +129,7 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
     (r // d, r % d): the group is the batch, and r % d is M or N."""
   kset = set(k)
   outs = (ranges_of(x) | ranges_of(y)) - kset
-  start, end = {r: 0 for r in outs}, {r: r.arg[1] for r in outs}
-  cmps = {u for s in (x, y) for u in s.toposort()
-          if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST}
-  for cmp in sorted(cmps, key=lambda u: (u.src[0].arg[0], u.src[1].arg)):
-    r, c = cmp.src[0], cmp.src[1].arg
-    if _zero_when(x, y, cmp, False): end[r] = min(end[r], c)
-    elif _zero_when(x, y, cmp, True): start[r] = max(start[r], c)
+  start, end = gate_slices(x, y, outs)
   # an empty slice is a product that is zero everywhere: left to the generic loops
   sliced = [r for r in sorted(outs, key=lambda r: r.arg[0]) if 0 < end[r] - start[r] < r.arg[1]]
   # the slice keeps its range's number (it replaces it) with its own size, so it is a new node

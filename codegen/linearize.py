@@ -7,7 +7,7 @@ The result is a flat instruction list shared by every renderer: ("loop", RANGE) 
 """
 from __future__ import annotations
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops
+from aot.ir import UOp, Ops, prod
 from aot.schedule import CompileError
 
 ROOT = "root"  # the block outside every loop
@@ -128,15 +128,40 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   emit_block(ROOT)
   return out
 
-def flop_count(ast: UOp) -> int:
-  """Floating-point operations one run of the kernel performs (loads, stores and index arithmetic excluded)."""
+def _live_fractions(ast: UOp) -> dict[UOp, float]:
+  """For each accumulator and each node of its summand that varies with its reduction, the fraction of the output
+  where the summand can be nonzero: a concat's branch is zero outside its slice of the channels (its loads are gated
+  off there), though the kernel's loops compute it everywhere. A node several summands share takes the largest."""
+  from aot.codegen.contract import gate_slices
+  live: dict[UOp, float] = {}
+  for acc in ast.toposort():
+    if acc.op is not Ops.ACCUMULATE: continue
+    body, reduce = acc.src[0], set(acc.src[1:])
+    x, y = body.src if body.op is Ops.MUL else (body, body)
+    nodes = body.toposort()
+    outs = {r for r in nodes if r.op is Ops.RANGE} - reduce
+    start, end = gate_slices(x, y, outs)
+    fraction = prod(max(0, end[r] - start[r]) / r.arg[1] for r in outs)
+    inner: set[UOp] = set()
+    for n in nodes:
+      if n in reduce or any(s in inner for s in n.src): inner.add(n)
+    for n in (acc, *inner):
+      live[n] = max(live.get(n, 0.0), fraction)
+  return live
+
+def flop_count(ast: UOp, live_only: bool = False) -> int:
+  """Floating-point operations one run of the kernel performs (loads, stores and index arithmetic excluded).
+  live_only: only those the model needs, each sum counted over the part of the output where it can be nonzero (a
+  concat's branches are computed everywhere by generated loops, but only in their slice by the microkernel): the
+  bench's GFLOP. Without it, what the generated loops execute, which is what deciding a thread split needs."""
   from aot.ir import GroupOp
-  trips, total = [1], 0
+  live = _live_fractions(ast) if live_only else {}
+  trips, total = [1], 0.0
   for kind, u in linearize(widen_index(ast)):
     if kind == "loop": trips.append(trips[-1] * u.size)
     elif kind == "end": trips.pop()
     # arithmetic only: selects and comparisons (padding masks) are not floating-point work
     elif kind in ("value", "acc_update") and u.dtype.is_float and (kind == "acc_update" or
                                                                     (u.op in GroupOp.ALU and u.op is not Ops.WHERE)):
-      total += trips[-1]
-  return total
+      total += trips[-1] * live.get(u, 1.0)
+  return round(total)

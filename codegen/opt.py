@@ -3,7 +3,9 @@
 upcast: the innermost output loop of a reduction kernel is split by a small factor and its inner part unrolled into
 separate accumulators that share one reduction loop. The unrolled lanes read neighbouring elements and do
 independent work, which the C and LLVM vectorisers (SLP) turn into vector loads and vector multiply-adds; loads that
-do not depend on that loop (a matmul's row of A) are read once for all lanes."""
+do not depend on that loop (a matmul's row of A) are read once for all lanes. A kernel whose sums are too short
+for that (a grouped 1x1 convolution's 6 channels per group, under the microkernel's MIN_K) has its plane's loops
+made one, and its lanes over an outer range whose iterations read the same input (a group's output channels)."""
 from __future__ import annotations
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops, prod
@@ -15,26 +17,68 @@ from aot.symbolic import simplify, pm_simplify
 UPCAST = (8, 4)
 # a reduction shorter than this gains nothing worth the bigger kernel
 UPCAST_MIN_REDUCE = 8
+# lanes over an outer range for a shorter reduction (_shared_lanes), and the iterations the outermost loop must keep
+# for the threads when it is the one split
+SHARED_LANES = (4, 2)
+SHARED_LANES_MIN_SPLIT = 16
 
-def upcast(ast: UOp) -> UOp:
-  """STORE -> SINK of STOREs: the innermost output loop r (size S) becomes r' (S/u) with u unrolled lanes."""
-  if ast.op is not Ops.STORE: return ast
-  topo = ast.toposort()
-  accs = [u for u in topo if u.op is Ops.ACCUMULATE]
-  if not accs or max(prod(r.size for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE: return ast
-  outs = sorted((u for u in topo if u.op is Ops.RANGE and u.kind == "loop"), key=lambda r: r.number)
-  if not outs: return ast
-  r = outs[-1]
-  factor = next((f for f in UPCAST if r.size % f == 0 and r.size > f), None)
-  # splitting the outermost loop would leave nothing to share between threads
-  if factor is None or (len(outs) == 1 and r.size // factor < 2): return ast
-  outer = UOp(Ops.RANGE, dtypes.index, (), (r.number, r.size // factor, "loop"))
+def _lanes(ast: UOp, r: UOp, factor: int) -> UOp:
+  """The kernel with range r split into r' (size S/factor) and factor unrolled lanes, one STORE each."""
+  outer = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], r.arg[1] // factor, "loop"))
   stores = []
   for v in range(factor):
     lane = simplify(outer * factor + v)
     stores.append(substitute(ast, {r: lane}))
   # simplify the index arithmetic of each lane (r' * f + v through divisions and modulos)
   return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), pm_simplify)
+
+def _vector_loads(ast: UOp, inner: UOp) -> set[UOp]:
+  """The float loads inside the kernel's sums that vary with its innermost output loop (the vectoriser's)."""
+  return {u for a in ast.toposort() if a.op is Ops.ACCUMULATE for u in a.src[0].toposort()
+          if u.op is Ops.LOAD and u.dtype.is_float and inner in u.toposort()}
+
+def _shared_lanes(ast: UOp, outs: list[UOp]) -> UOp:
+  """A short reduction's kernel with lanes over an outer output range that one of its operands reads only in blocks
+  (a grouped convolution's output channels, which all read their group's input): the lanes load that operand once,
+  and the vectoriser runs them along the innermost loop. Unchanged when no such range exists."""
+  loads = len(_vector_loads(ast, outs[-1]))
+  for r in outs[:-1]:
+    for f in SHARED_LANES:
+      # splitting the outermost loop must leave enough to share between threads
+      if r.arg[1] % f or (r.arg[0] == 0 and r.arg[1] // f < SHARED_LANES_MIN_SPLIT): continue
+      lanes = _lanes(ast, r, f)
+      if len(_vector_loads(lanes, outs[-1])) < f * loads: return lanes
+  return ast
+
+def _merge_inner(ast: UOp, outs: list[UOp]) -> tuple[UOp, list[UOp]]:
+  """The kernel with its two innermost output loops made one wherever every index reads them as one (a plane's rows
+  and columns, r1 * W + r2): one long loop vectorises without a remainder per row (a 28-wide row is 3 vectors of 8
+  and 4 scalars). Repeated while it applies; unchanged when a gate or a window reads a row on its own."""
+  while len(outs) >= 2:
+    hi, lo = outs[-2], outs[-1]
+    if hi.arg[0] == 0: break
+    both = UOp(Ops.RANGE, dtypes.index, (), (hi.arg[0], hi.arg[1] * lo.arg[1], "loop"))
+    merged = graph_rewrite(substitute(ast, {hi: both // lo.arg[1], lo: both % lo.arg[1]}), pm_simplify)
+    if any(u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is both for u in merged.toposort()): break
+    ast, outs = merged, [*outs[:-2], both]
+  return ast, outs
+
+def upcast(ast: UOp) -> UOp:
+  """STORE -> SINK of STOREs: the innermost output loop r (size S) becomes r' (S/u) with u unrolled lanes; a kernel
+  whose sums are short gets its lanes over an outer range instead, where they share loads (_shared_lanes)."""
+  if ast.op is not Ops.STORE: return ast
+  topo = ast.toposort()
+  accs = [u for u in topo if u.op is Ops.ACCUMULATE]
+  if not accs: return ast
+  outs = sorted((u for u in topo if u.op is Ops.RANGE and u.arg[2] == "loop"), key=lambda r: r.arg[0])
+  if not outs: return ast
+  if max(prod(r.arg[1] for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE:
+    return _shared_lanes(*_merge_inner(ast, outs))
+  r = outs[-1]
+  factor = next((f for f in UPCAST if r.arg[1] % f == 0 and r.arg[1] > f), None)
+  # splitting the outermost loop would leave nothing to share between threads
+  if factor is None or (len(outs) == 1 and r.arg[1] // factor < 2): return ast
+  return _lanes(ast, r, factor)
 
 # erf's Taylor series at |x| < 1/2 (2/sqrt(pi) * (-1)^n / (n! (2n+1)), relative error < 1e-8 there), and Numerical
 # Recipes' fit erfc(z) = t exp(-z^2 + P(t)), t = 1/(1 + z/2), elsewhere (fractional error < 1.2e-7)

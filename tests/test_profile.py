@@ -101,3 +101,62 @@ def test_bench_rows_give_weights_and_arena_against_the_model(tmp_path):
   assert rows[0]["arena_x"] == round(aot.compile_model(form, out_dir=tmp_path).arena_bytes / (8 * 784 * 4), 1)
   fast, slow = {"model": "a", "threads": 1, "c_vs_ort": 0.9}, {"model": "b", "threads": 2, "c_vs_ort": 3.0}
   assert slower_note([fast, slow], ["c"]) == "Slower than onnxruntime: b (2t: c 3.0x)."
+
+def _contraction_flops(model) -> int:
+  """2 x the multiply-adds of a model's Conv and Gemm nodes, from ONNX's own shape inference: the analytic count,
+  2 N K (C / groups) R S H W per convolution."""
+  import onnx
+  from onnx import numpy_helper
+  model = onnx.shape_inference.infer_shapes(model)
+  shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*model.graph.value_info, *model.graph.output, *model.graph.input]}
+  shapes |= {t.name: list(t.dims) for t in model.graph.initializer}
+  total = 0
+  for n in model.graph.node:
+    if n.op_type in ("Conv", "Gemm"):
+      w, out = shapes[n.input[1]], shapes[n.output[0]]
+      # a Gemm's weight is (K, N) or, transposed, (N, K): either way the output has N columns and K is the other dim
+      total += 2 * int(np.prod(out)) * (int(np.prod(w[1:])) if n.op_type == "Conv" else int(np.prod(w)) // out[-1])
+  return total
+
+def test_flop_count_counts_each_concat_branch_over_its_own_slice():
+  # a concat of two convolutions is one kernel whose value selects between the two sums; its generated loops compute
+  # both sums at every output element, but the model's work is each branch over its own channels
+  from onnx import TensorProto, helper, numpy_helper
+  from aot.codegen.linearize import flop_count
+  from aot.compiler import resolve
+  from aot.schedule import schedule
+  rng = np.random.default_rng(0)
+  N, C, H, W = 1, 5, 9, 11
+  branches = [(6, 3), (4, 5)]   # (out channels, square window), 'same' padding
+  inits = [numpy_helper.from_array(rng.standard_normal((k, C, r, r)).astype(np.float32), f"w{i}")
+           for i, (k, r) in enumerate(branches)]
+  nodes = [helper.make_node("Conv", ["x", f"w{i}"], [f"y{i}"], pads=[r // 2] * 4) for i, (k, r) in enumerate(branches)]
+  nodes.append(helper.make_node("Concat", ["y0", "y1"], ["y"], axis=1))
+  x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, C, H, W])
+  graph = helper.make_graph(nodes, "concat_convs", [x],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+  t = resolve(model)
+  sched = schedule(t.outputs, t.inputs, t.output_names)
+  analytic = sum(2 * N * C * k * r * r * H * W for k, r in branches)
+  assert analytic == _contraction_flops(model)
+  # one kernel computes both branches, joined by an add per output element (the other branch is zero there); its
+  # loops execute each sum at all 10 channels
+  joins = N * 10 * H * W
+  assert len(sched.kernels) == 1 and flop_count(sched.kernels[0].ast) == 2 * N * C * 10 * (9 + 25) * H * W + joins
+  assert flop_count(sched.kernels[0].ast, live_only=True) == analytic + joins
+
+@pytest.mark.parametrize("name", ["squeezenet", "densenet121"])
+def test_flop_count_of_concat_heavy_light_models_is_their_contractions(name):
+  # densenet121: 2.87 GMAC, 5.7 GFLOP (the count was 26.7 before gated branches were counted over their slices)
+  from test_onnx_light import light_model
+  from aot.codegen.linearize import flop_count
+  from aot.compiler import resolve
+  from aot.schedule import schedule
+  model = light_model(name)
+  t = resolve(model)
+  sched = schedule(t.outputs, t.inputs, t.output_names)
+  ours, contractions = sum(flop_count(k.ast, live_only=True) for k in sched.kernels), _contraction_flops(model)
+  # the rest is elementwise work (bias, batch norm, ReLU, pooling): a few percent
+  assert contractions <= ours <= 1.05 * contractions
