@@ -206,15 +206,17 @@ def test_concat_branches_share_one_window_copy(target, tmp_path):
   assert gemms == 2 and body.count("_dense") == 1
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("groups, shape", [(1, (1, 128, 30, 28)), (2, (1, 64, 40, 40))])
+@pytest.mark.parametrize("groups, shape", [(1, (1, 128, 30, 28)), (2, (1, 64, 40, 40)), (1, (1, 32, 24, 24))])
 def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tmp_path):
-  # a window matrix (im2col) bigger than PANEL_MAX_BYTES is never written whole: each task packs its panel of output
-  # rows into its thread's buffer (30 rows in panels of 8 leave the last one short; a grouped conv's panels run over
-  # the groups too), so the arena holds the input and the output only
-  from aot.codegen.contract import PANEL_MAX_BYTES
+  # a window matrix (im2col) bigger than PANEL_MAX_BYTES, or one under it but many times its input (the third: 663 KB,
+  # 9x), is never written whole: each task packs its panel of output rows into its thread's buffer (30 rows in panels
+  # of 8 leave the last one short; a grouped conv's panels run over the groups too), so the arena holds the input and
+  # the output only
+  from aot.codegen.contract import PANEL_MAX_BYTES, DENSE_SMALL, DENSE_GROWTH
   cin, n = shape[1], shape[2] * shape[3]
   w, x = f32(16 * groups, cin // groups, 3, 3), f32(*shape)
-  assert cin * 9 * n * 4 > PANEL_MAX_BYTES
+  whole = cin * 9 * n * 4
+  assert whole > PANEL_MAX_BYTES or whole > max(DENSE_SMALL, DENSE_GROWTH * x.nbytes)
   art = aot.compile_model(lambda x: x.conv2d(Tensor(w), padding=1, groups=groups).relu(), [x],
                           out_dir=tmp_path / target, target=target, name="m")
   g = cin // groups
