@@ -88,6 +88,17 @@ def test_avx2_tiles(target, tmp_path, split_every_kernel):
   close(out, ref(*fresh))
   assert "6, 16" in (tmp_path / target / "src" / "model.c").read_text()
 
+@pytest.mark.parametrize("n", [41, 48, 49, 169])
+def test_narrow_edge_tiles(n, tmp_path, split_every_kernel):
+  # a last column tile of at most 16 lanes runs the 8x16 microkernel (169 = 5 x 32 + 9, a 13x13 image), one of 17
+  # the full 8x32 one: the same sums either way, read in place (a runtime B) or from a packed constant
+  w, wb = f32(50, 64), f32(64, n)
+  fn = lambda x, y: ((x @ Tensor(w)).relu() @ Tensor(wb)) + (x @ y)
+  out, (x, y), gemms, _ = compiled(fn, [f32(37, 50), f32(50, n)], tmp_path, "c", cpu="x86-64-v4")
+  x64 = x.astype(np.float64)
+  close(out, np.maximum(x64 @ w, 0) @ wb + x64 @ y)
+  assert gemms == 3
+
 def test_bare_product_runs_no_epilogue(tmp_path):
   # the microkernel writes a bare matmul's result in place: reading it back and storing it again would be a wasted pass
   a, b = f32(64, 96), f32(96, 80)
