@@ -59,9 +59,9 @@ PANEL_MAX_BYTES = 3 << 19
 # window matrix is 25x its input): a whole copy that many times an activation makes the arena a multiple of the model's
 # tensors (MNIST's 5x5 conv: a 1.28 MB copy of a 74 KB input, the arena 19.9x the largest tensor), while its panels
 # take one L2-sized buffer per thread, and are written and read there (SqueezeNet's stem, a 1.33 MB copy of a 0.6 MB
-# input: 3% faster in panels, thread CPU time interleaved). Only where the panels fill the microkernel's tiles (PANEL_MIN_TILE_USE): a 13x13
-# image cut into 1-row panels wastes 60% of a 32-lane tile, 27x27 in 3-row panels 16% (SqueezeNet's 3x3 convs: 2%
-# slower than whole copies, measured interleaved), and stays a whole copy.
+# input: 3% faster in panels, thread CPU time interleaved). Only where the panels fill the microkernel's tiles
+# (PANEL_MIN_TILE_USE): a 13x13 image cut into 1-row panels wastes 60% of a 32-lane tile, 27x27 in 3-row panels 16%
+# (SqueezeNet's 3x3 convs: 2% slower than whole copies, measured interleaved), and stays a whole copy.
 DENSE_SMALL, DENSE_GROWTH, PANEL_MIN_TILE_USE = 1 << 18, 1, 0.9
 # panels a B operand is cut into at least (when it can be), so threads have tasks to share
 MIN_PANELS = 8

@@ -27,8 +27,8 @@ COMBINE = {ReduceOp.SUM: Ops.ADD, ReduceOp.PROD: Ops.MUL, ReduceOp.MAX: Ops.MAX,
 def unroll_small_reduces(ast: UOp) -> UOp:
   """Each ACCUMULATE over at most UNROLL_MAX_REDUCE elements -> its terms combined in the loop's own order, from the
   same identity (acc = op(value, acc), as the renderers update an accumulator), so the result is the same."""
+  terms = lambda u: prod(r.arg[1] for r in u.src[1:])
   while True:
-    terms = lambda u: prod(r.arg[1] for r in u.src[1:])
     acc = next((u for u in ast.toposort() if u.op is Ops.ACCUMULATE and u.dtype == u.src[0].dtype
                 and terms(u) <= UNROLL_MAX_REDUCE and terms(u) * len(u.src[0].toposort()) <= UNROLL_MAX_NODES), None)
     if acc is None: return ast
