@@ -55,6 +55,14 @@ PACK_SMALL = 1 << 16
 # bigger than this: each task packs its panel into a buffer of its thread's and runs every row block over it while it
 # sits in L2 (1 MiB per core here), rather than writing the whole matrix to memory and reading it back
 PANEL_MAX_BYTES = 3 << 19
+# ... or when it is bigger than DENSE_SMALL and than DENSE_GROWTH times the runtime tensors it is copied from (a 5x5
+# window matrix is 25x its input): a whole copy that many times an activation makes the arena a multiple of the model's
+# tensors (MNIST's 5x5 conv: a 1.28 MB copy of a 74 KB input, the arena 19.9x the largest tensor), while its panels
+# take one L2-sized buffer per thread, and are written and read there (SqueezeNet's stem, a 1.33 MB copy of a 0.6 MB
+# input: 3% faster in panels, thread CPU time interleaved). Only where the panels fill the microkernel's tiles
+# (PANEL_MIN_TILE_USE): a 13x13 image cut into 1-row panels wastes 60% of a 32-lane tile, 27x27 in 3-row panels 16%
+# (SqueezeNet's 3x3 convs: 2% slower than whole copies, measured interleaved), and stays a whole copy.
+DENSE_SMALL, DENSE_GROWTH, PANEL_MIN_TILE_USE = 1 << 18, 1, 0.9
 # panels a B operand is cut into at least (when it can be), so threads have tasks to share
 MIN_PANELS = 8
 # a panel pays by being read by every row tile of A while it is in cache: with fewer rows than this (a depthwise
@@ -203,16 +211,21 @@ def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh)))
   return graph_rewrite(store, pm_simplify)
 
-def panel_rows(c: Contraction, side: Side, nr: int) -> int | None:
+def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> int | None:
   """Rows h of B's outermost own range per panel (a panel is h whole rows of the rest: for a convolution's input
-  window, h output rows), or None when B is copied whole (small enough to stay in L2)."""
+  window, h output rows), or None when B is copied whole (small enough to stay in L2, and not many times the
+  source_bytes of runtime tensors it is copied from)."""
   outer, inner = side.rows[0].arg[1], prod(r.arg[1] for r in side.rows[1:])
-  if c.B * side.size * c.K * 4 <= PANEL_MAX_BYTES or c.a.size < MIN_PANEL_ROWS: return None
+  whole = c.B * side.size * c.K * 4
+  grown = whole > max(DENSE_SMALL, DENSE_GROWTH * source_bytes)
+  if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS: return None
   fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * c.K * 4 <= PANEL_MAX_BYTES]
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel
-  return max(fits, key=lambda h: (h * inner % nr == 0, c.B * -(-outer // h) >= MIN_PANELS,
-                                  round(_tile_use(1, h * inner, (1, nr)), 2), -h))
+  h = max(fits, key=lambda h: (h * inner % nr == 0, c.B * -(-outer // h) >= MIN_PANELS,
+                                round(_tile_use(1, h * inner, (1, nr)), 2), -h))
+  if whole <= PANEL_MAX_BYTES and _tile_use(1, h * inner, (1, nr)) < PANEL_MIN_TILE_USE: return None
+  return h
 
 def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
   """A kernel writing panel p of a B operand as a dense [k][ld] matrix (columns contiguous, ld a whole number of
@@ -385,7 +398,8 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
   if (view := _readable(c, side, is_b)) is not None:
     slot, offset, (sb, sr, sk) = view
     return Operand(slot, offset, (sb, R * sr, sr, sk), False)
-  if is_b and (h := panel_rows(c, side, R)) is not None:
+  source = sum(bufs[s].nbytes for s in {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD})
+  if is_b and (h := panel_rows(c, side, R, source)) is not None:
     cols = h * prod(r.arg[1] for r in side.rows[1:])
     ld = -(-cols // R) * R
     return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, ld), panel=(cols, ld))

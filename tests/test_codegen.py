@@ -1,11 +1,13 @@
 """The loop nest the codegen produces: placement of values, shared reduction loops of upcast lanes."""
 import numpy as np
+import pytest
 import aot
 from aot import Tensor
 from aot.compiler import resolve
 from aot.schedule import schedule
 from aot.codegen.linearize import linearize, flop_count
 from aot.codegen.opt import optimize
+from conftest import TARGETS
 
 def kernels(fn, *xs):
   t = resolve(fn, list(xs))
@@ -68,3 +70,35 @@ def test_a_short_grouped_sum_matches_onnxruntime(tmp_path):
     loaded = aot.load(aot.compile_model(model, out_dir=tmp_path / target, target=target))
     try: np.testing.assert_allclose(loaded(x), ref, rtol=1e-4, atol=1e-5)
     finally: loaded.close()
+
+def test_a_small_window_is_written_out_inside_the_output_loop():
+  # a 3x3 max pool's 9 terms are combined in the loop over output columns (which the C and LLVM loop vectorisers
+  # then run across), with no 9-step reduction loop inside it; a 7x7 window (49 terms) keeps its loop
+  x = np.zeros((1, 3, 23, 23), np.float32)
+  for window, reduce_loops in ((3, 0), (7, 2)):
+    (k,) = kernels(lambda x: x.max_pool2d(window, 2), x)
+    loops = [u.arg for kind, u in linearize(optimize(k.ast)) if kind == "loop"]
+    assert sum(kind == "reduce" for _, _, kind in loops) == reduce_loops
+    assert loops[-1 - reduce_loops][1] == (23 - window) // 2 + 1
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op, attrs", [("MaxPool", {}), ("AveragePool", {"count_include_pad": 0}),
+                                       ("AveragePool", {"count_include_pad": 1})])
+def test_pools_with_written_out_windows_match_onnxruntime(op, attrs, target, tmp_path):
+  # odd sizes and padding: the edge columns' terms are gated, 1 and 2 threads bitwise equal
+  from onnx import helper
+  from test_contract import onnx_graph, check_against_onnxruntime
+  node = helper.make_node(op, ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], **attrs)
+  x = np.random.default_rng(3).standard_normal((1, 5, 13, 11)).astype(np.float32)
+  check_against_onnxruntime(onnx_graph([node], {"x": x.shape}, {}), {"x": x}, tmp_path, target)
+
+def test_a_kernel_reading_at_a_small_stride_indexes_in_64_bits():
+  # a 3x3/2 pool written out reads every 2nd element along its innermost loop: 64-bit indices let the vectorisers
+  # see one interleaved load per window row; a contiguous elementwise kernel keeps 32-bit ones
+  from aot.codegen.linearize import widen_index
+  from aot.dtype import dtypes
+  x = np.zeros((1, 3, 23, 23), np.float32)
+  (pool,) = kernels(lambda x: x.max_pool2d(3, 2), x)
+  (relu,) = kernels(lambda x: x.relu(), x)
+  wide = lambda k: any(u.dtype == dtypes.index64 for u in widen_index(optimize(k.ast)).toposort())
+  assert wide(pool) and not wide(relu)
