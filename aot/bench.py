@@ -249,9 +249,15 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
     for t in targets:
       out = Path(tempfile.mkdtemp(prefix=f"profile_{t}_"))
       art = aot.compile_model(model, target=t, out_dir=out, profile=True)
+      one = None
       for n in threads:
         p = profile_and_report(art, out / "profile.json", n, args.budget, args.top)
         profiles.append({"what": what, **p})
+        one = p if n == 1 else one
+        if one and n > 1:
+          # from thread CPU times, so that a loaded machine (whose wall-clock speedups mean little) still tells
+          print(f"{n} threads: {one['cpu_ms'] / p['cpu_ms']:.2f}x as fast as 1 on free cores (busiest threads' CPU "
+                f"time), doing {p['cpu_all_ms'] / one['cpu_all_ms']:.2f}x the work")
         print()
   if args.json: Path(args.json).write_text(json.dumps(profiles, indent=1))
   return 0
