@@ -251,7 +251,7 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
       art = aot.compile_model(model, target=t, out_dir=out, profile=True)
       one = None
       for n in threads:
-        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top)
+        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top, cpu=len(threads) > 1)
         profiles.append({"what": what, **p})
         one = p if n == 1 else one
         if one and n > 1:

@@ -90,10 +90,13 @@ def load_calls(art) -> list[CallInfo]:
                      "--profile")
   return [CallInfo(**d) for d in json.loads(path.read_text())]
 
-def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int = 1, budget_s: float = 5.0) -> dict:
+def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int = 1, budget_s: float = 5.0,
+                     cpu: bool = False) -> dict:
   """Run a profile build on seeded inputs (warm-up, then MIN_RUNS..MAX_RUNS runs within budget_s) and return the
   profile: per call its mean time and share of the run, GFLOP/s and bytes, sorted by time, the run's total as the
-  library timed it, and wall_ms, the time per call from Python (the total plus the call's own overhead)."""
+  library timed it, and wall_ms, the time per call from Python (the total plus the call's own overhead).
+  cpu: time each call in thread CPU time too (cpu_ms: on its busiest thread; cpu_all_ms: on all), which a loaded
+  machine inflates far less than wall time; it adds two clock reads (system calls) between calls."""
   import aot
   from aot.cli import random_inputs
   infos = load_calls(art)
@@ -104,6 +107,7 @@ def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int =
     read = getattr(lib, f"{art.name}_profile")
     read.argtypes, read.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_int], ctypes.c_int
     handle = int(model.ffi.cast("uintptr_t", model._model))
+    if cpu: getattr(lib, f"{art.name}_profile_cpu")(ctypes.c_void_p(handle), 1)
     # per call: wall seconds, then (after the run's) thread CPU seconds on its busiest thread and on all its threads
     sums = (ctypes.c_double * (3 * len(infos) + 1))()
     for _ in range(WARMUP_RUNS): model(*xs)
@@ -166,20 +170,24 @@ def busiest_share(call: dict, threads: int) -> float:
   return max(free) / sum(work)
 
 def format_profile(p: dict, top: int | None = None) -> str:
-  """The profile as a table, slowest call first, and a total line."""
-  head = f"{'share':>6} {'ms':>9} {'GFLOP/s':>8} {'MB':>8} {'GB/s':>6} {'tasks':>5}  {'path':<11} {'role':<11} kernel (function)"
+  """The profile as a table, slowest call first (tasks: how many it splits into, - when it runs on one thread), a
+  total line, and for a 1-thread profile the bound on 2 threads (thread_bound)."""
+  head = (f"{'share':>6} {'ms':>9} {'GFLOP/s':>8} {'MB':>8} {'GB/s':>6} {'tasks':>5}  {'path':<11} {'role':<11} "
+          "kernel (function)")
   lines = [f"{p['model']} (target {p['target']}, {p['threads']} thread{'s' if p['threads'] > 1 else ''}, "
            f"mean of {p['runs']} runs)", head]
   for r in p["calls"][:top]:
     gemm = f" {r['gemm'][0]}x{r['gemm'][1]}x{r['gemm'][2]}x{r['gemm'][3]} (BxMxNxK)" if r.get("gemm") else ""
     lines.append(f"{100 * r['share']:5.1f}% {r['ms']:9.3f} {r['gflops']:8.2f} {r['bytes'] / 1e6:8.2f} "
-                 f"{r['gb_per_s']:6.1f} {r['tasks'] if r['parallel'] else '-':>5}  {r['path']:<11} {r['role']:<11} {r['kernel']} ({r['function']}){gemm}")
+                 f"{r['gb_per_s']:6.1f} {r['tasks'] if r['parallel'] else '-':>5}  {r['path']:<11} {r['role']:<11} "
+                 f"{r['kernel']} ({r['function']}){gemm}")
   if top is not None and len(p["calls"]) > top: lines.append(f"  ... {len(p['calls']) - top} more calls")
   lines.append(f"total {p['total_ms']:.3f} ms per run ({p['calls_ms']:.3f} ms in {len(p['calls'])} calls), "
                f"{p['gflop']:.3f} GFLOP, {p['gflops']:.2f} GFLOP/s; by path: " +
                ", ".join(f"{k} {100 * v / p['total_ms']:.1f}%" for k, v in p["by_path_ms"].items()))
-  lines.append(f"thread CPU time: {p['cpu_ms']:.3f} ms on the calls' busiest threads, {p['cpu_all_ms']:.3f} ms on "
-               "all")
+  if p["cpu_all_ms"]:
+    lines.append(f"thread CPU time: {p['cpu_ms']:.3f} ms on the calls' busiest threads, {p['cpu_all_ms']:.3f} ms on "
+                 "all")
   if "bound" in p:
     lines.append(f"on {p['bound_threads']} threads: {100 * p['serial_share']:.1f}% of the run does not split, "
                  f"{100 * p['uneven_share']:.1f}% is lost to uneven splits; at best {p['bound']:.2f}x as fast as 1")
@@ -188,9 +196,10 @@ def format_profile(p: dict, top: int | None = None) -> str:
 def write_profile(p: dict, path: Path) -> None:
   Path(path).write_text(json.dumps(p, indent=1))
 
-def profile_and_report(art, json_path: Path, threads: int = 1, budget_s: float = 5.0, top: int | None = None) -> dict:
+def profile_and_report(art, json_path: Path, threads: int = 1, budget_s: float = 5.0, top: int | None = None,
+                       cpu: bool = False) -> dict:
   """Profile a profile build, print the table, write the profile as JSON to json_path (compile-model and the bench)."""
-  p = profile_artifact(art, threads=threads, budget_s=budget_s)
+  p = profile_artifact(art, threads=threads, budget_s=budget_s, cpu=cpu)
   print(format_profile(p, top))
   write_profile(p, json_path)
   return p
