@@ -159,6 +159,21 @@ def thread_bound(p: dict, threads: int) -> dict:
           "uneven_share": (split - ideal) / total if total else 0.0,
           "bound": total / (serial + split) if serial + split else 1.0}
 
+# the paths whose tasks threads take from a shared counter as they finish (the rest split into one slice per thread)
+SHARED_TASKS = ("microkernel", "int8 microkernel")
+
+def cpu_speedup(one: dict, many: dict) -> float:
+  """How much faster than `one` (a 1-thread profile timed with cpu=True) `many` (the same build on more threads, cpu=True)
+  would run on free cores, from thread CPU times: a slice's CPU time does not grow while its thread waits for a core,
+  so a split call takes its busiest slice; but where tasks go to whichever thread is running (SHARED_TASKS), a thread
+  kept off its core leaves its tasks to the other, so such a call takes its threads' CPU time shared as its tasks
+  allow (busiest_share)."""
+  n = many["threads"]
+  def took(r: dict) -> float:
+    if r["parallel"] and r["path"] in SHARED_TASKS: return r["cpu_all_ms"] * busiest_share(r, n)
+    return r["cpu_ms"]
+  return one["cpu_ms"] / sum(took(r) for r in many["calls"])
+
 def busiest_share(call: dict, threads: int) -> float:
   """The share of a split call's work its busiest thread does: a generated loop's or the depthwise kernel's iterations
   are cut into one slice per thread (ceil(tasks / threads) of them in the biggest); a contraction's tasks go to
