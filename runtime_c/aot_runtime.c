@@ -34,13 +34,17 @@ void *aot_arena_alloc(size_t bytes) {
 void aot_arena_free(void *arena) { free(arena); }
 
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
-/* Between the kernels of one run, waiting threads spin this many rounds before they sleep: waking a sleeping
+/* Between the kernels of one run, waiting threads spin this long (ns) before they sleep: waking a sleeping
    thread costs tens of microseconds, and a ResNet run is ~60 parallel regions (measured: 2 threads went from 1.5x to
-   faster than 1 thread on ResNet-18; see README). ~100 us at most, then the condition variable; and not at all once
+   faster than 1 thread on ResNet-18; see README). 100 us at most, then the condition variable; and not at all once
    a run has ended (aot_pool_rest), so idle models do not take the cores from busy ones. */
-#define AOT_SPIN 20000
+#define AOT_SPIN_NS 100000L
+/* rounds of cpu_relax between looks at the clock: a pause takes from a few to ~150 cycles by CPU (20000 of them
+   were 450 us on a Zen 5), so the spin is bounded in time rather than in rounds */
+#define AOT_SPIN_CHECK 64
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -48,6 +52,19 @@ static inline void cpu_relax(void) {
 #elif defined(__aarch64__)
   __asm__ volatile("yield");
 #endif
+}
+
+static long spin_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* has a spin that started at start (spin_now_ns, taken at round 0) run its time? */
+static int spun_out(long *start, int round) {
+  if (round % AOT_SPIN_CHECK) return 0;
+  if (round == 0) { *start = spin_now_ns(); return 0; }
+  return spin_now_ns() - *start > AOT_SPIN_NS;
 }
 
 struct aot_pool {
@@ -96,7 +113,8 @@ static void *worker_main(void *arg) {
   aot_pool *p = a.pool;
   unsigned seen = 0;
   for (;;) {
-    for (int i = 0; i < AOT_SPIN && job_of(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE)) == seen &&
+    long spin = 0;
+    for (int i = 0; !spun_out(&spin, i) && job_of(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE)) == seen &&
                     !__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE) && !__atomic_load_n(&p->resting, __ATOMIC_ACQUIRE);
          i++) cpu_relax();
     pthread_mutex_lock(&p->lock);
@@ -163,7 +181,9 @@ void aot_parallel(aot_pool *p, aot_task fn, void *ctx, int n) {
   pthread_mutex_unlock(&p->lock);
   run_slices(p, job);
   /* every slice is taken: wait for those other threads are still running */
-  for (int i = 0; i < AOT_SPIN && __atomic_load_n(&p->finished, __ATOMIC_ACQUIRE) < p->threads; i++) cpu_relax();
+  long spin = 0;
+  for (int i = 0; !spun_out(&spin, i) && __atomic_load_n(&p->finished, __ATOMIC_ACQUIRE) < p->threads; i++)
+    cpu_relax();
   pthread_mutex_lock(&p->lock);
   while (__atomic_load_n(&p->finished, __ATOMIC_ACQUIRE) < p->threads) pthread_cond_wait(&p->done, &p->lock);
   pthread_mutex_unlock(&p->lock);
