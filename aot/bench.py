@@ -252,7 +252,7 @@ def main(argv=None) -> int:
 def _profile(models: list[str], targets, threads: list[int], args) -> int:
   """Profile builds of each model for each target and thread count: the tables, and with --json all of them."""
   import aot
-  from aot.profile import profile_and_report
+  from aot.profile import profile_and_report, cpu_speedup
   if not models:
     raise SystemExit("python -m aot.bench --profile: name the models to profile (models:NAME, a file, light:NAME)")
   profiles = []
@@ -261,9 +261,15 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
     for t in targets:
       out = Path(tempfile.mkdtemp(prefix=f"profile_{t}_"))
       art = aot.compile_model(model, target=t, out_dir=out, profile=True)
+      one = None
       for n in threads:
-        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top)
+        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top, cpu=len(threads) > 1)
         profiles.append({"what": what, **p})
+        one = p if n == 1 else one
+        if one and n > 1:
+          # from thread CPU times, so that a loaded machine (whose wall-clock speedups mean little) still tells
+          print(f"{n} threads: {cpu_speedup(one, p):.2f}x as fast as 1 on free cores (from thread CPU times), doing "
+                f"{p['cpu_all_ms'] / one['cpu_all_ms']:.2f}x the work")
         print()
   if args.json: Path(args.json).write_text(json.dumps(profiles, indent=1))
   return 0
