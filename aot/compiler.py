@@ -244,6 +244,7 @@ def _name_functions(name: str, sched: Schedule, low: _Lowered) -> dict[UOp, str]
     for j, last in enumerate(lasts): functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
     for i, q in enumerate(low.qgemms.get(k.name, ([], None))[0]):
       if q.dense is not None: functions.setdefault(q.dense, f"{base}_dense{i}")
+      if q.zero is not None: functions.setdefault(q.zero, f"{base}_zero{i}")
     for i, g in enumerate(gemms):
       for side, o in zip("ab", (g.a, g.b)):
         if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
@@ -266,6 +267,10 @@ def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimi
     if k.name in qgemms:
       qs, epilogue = qgemms[k.name]
       for q in qs:
+        # a zero point computed at run time first: A's copy and the microkernel read it
+        if q.zero is not None:
+          calls.append(call(q.zero, k.bufs[q.zero_slot]))
+          notes.append((k.name, "operand", optimized[q.zero]))
         if q.dense is not None:
           calls.append(call(q.dense, k.bufs[q.a_slot]))
           notes.append((k.name, "operand", optimized[q.dense]))
