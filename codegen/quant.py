@@ -182,24 +182,32 @@ def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
   return data[offset:offset + n] if offset + n <= data.size else None
 
 def _activation(x: UOp):
-  """(gate, load) of an int32 operand that reads a buffer where its gate is on and is zero elsewhere, else None."""
+  """(gate, load, zero) of an int32 operand that reads a buffer where its gate is on and is zero elsewhere: an int32
+  buffer (zero None: its producer says what it holds), or an 8-bit one less a constant zero point (a narrowed
+  producer's, narrow_int8_producers; the load's own gate folded into gate); else None."""
   gate = None
-  if x.op is Ops.WHERE and _const(x.src[2]) == 0: gate, x = x.src[0], x.src[1]
+  while x.op is Ops.WHERE and _const(x.src[2]) == 0:
+    gate, x = x.src[0] if gate is None else gate & x.src[0], x.src[1]
+  if x.op is Ops.SUB and (z := _const(x.src[1])) is not None and x.src[0].op is Ops.CAST and x.dtype == dtypes.int32:
+    load = x.src[0].src[0]
+    if load.op is not Ops.LOAD or load.dtype not in _QTYPES: return None
+    if _const(load.src[2]) is not True: gate = load.src[2] if gate is None else gate & load.src[2]
+    return gate, load, int(z)
   if x.op is not Ops.LOAD or x.dtype != dtypes.int32: return None
-  return gate, x
+  return gate, x, None
 
 def _int8_source(kernel, qresults: dict):
   """(8-bit buffer, zero point) holding what the kernel writes plus the zero point, at the same index, when the kernel
   is x8[i] - zero, read from an 8-bit buffer or from an int8 contraction's requantized result; (x8's dtype, zero
   point) when x8 is computed; else None. The zero point is an int, or an int32 UOp over the kernel's buffers that no
   output index changes (DynamicQuantizeLinear's, computed at run time from the tensor's range)."""
-  value, zero = kernel.ast.src[2], 0
-  if value.op is Ops.SUB and (z := _const(value.src[1])) is not None: value, zero = value.src[0], int(z)
-  elif value.op is Ops.SUB and value.src[1].dtype == dtypes.int32 and \
-       not ranges_of(value.src[1]) & ranges_of(kernel.ast.src[1]):
-    value, zero = value.src[0], value.src[1]
-  if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES: return None
-  x8 = value.src[0]
+  value = kernel.ast.src[2]
+  widened = _widened(value)
+  if widened is None and value.op is Ops.SUB and value.src[1].dtype == dtypes.int32 and \
+     not ranges_of(value.src[1]) & ranges_of(kernel.ast.src[1]) and (w := _widened(value.src[0])) is not None:
+    widened = (w[0], value.src[1])
+  if widened is None: return None
+  x8, zero = widened
   if x8.op is Ops.LOAD and _const(x8.src[2]) is True and linear(x8.src[1]) == linear(kernel.ast.src[1]):
     return kernel.bufs[x8.src[0].arg], zero
   if (r := qresults.get(id(kernel.bufs[0]))) is not None and r[0] is x8: return r[1], zero
@@ -228,9 +236,9 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if not consts(w) or consts(x): return None
   act = _activation(x)
   if act is None: return None
-  gate, load = act
+  gate, load, zero8 = act
   src = producers.get(id(bufs[load.src[0].arg]))
-  source = None if src is None else _int8_source(src, qresults)
+  source = (bufs[load.src[0].arg], zero8) if zero8 is not None else None if src is None else _int8_source(src, qresults)
   if source is None: return None
   x8_buf, p_zero = source
   m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.arg[0]))
@@ -304,6 +312,43 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
                                                        substitute(value, fresh))), pm_simplify)
   return QGemm(M, N, K, a_slot, 0, M if k_major else K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot,
                k_major, **runtime), result
+
+def _widened(value: UOp) -> tuple[UOp, int] | None:
+  """(x8, zero) of CAST(int32, x8) - zero, x8 an 8-bit value and zero a constant (or none), else None."""
+  zero = 0
+  if value.op is Ops.SUB and (z := _const(value.src[1])) is not None: value, zero = value.src[0], int(z)
+  if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES: return None
+  return value.src[0], zero
+
+def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
+  """(kernels, the 8-bit buffers made, the ids of the int32 ones they replace): a kernel writing an 8-bit value widened
+  to int32 less a constant zero point into a scratch (QuantizeLinear's, a requantized residual add's) writes the 8-bit
+  value instead, and its readers widen it where they read it. A quarter of the bytes; an int8 contraction reading it
+  then reads the bytes in place or copies bytes, not int32 it narrows again. Values are unchanged."""
+  from aot.schedule import Kernel
+  narrowed: dict[int, tuple[Buffer, int]] = {}
+  out = []
+  for k in kernels:
+    ast, bufs = k.ast, list(k.bufs)
+    # reads of a narrowed buffer: the byte widened, less the zero; zero where the read's gate is off, as before
+    mapping = {}
+    for u in ast.toposort():
+      if u.op is not Ops.LOAD or (n := narrowed.get(id(k.bufs[u.src[0].arg]))) is None: continue
+      b8, zero = n
+      bufs[u.src[0].arg] = b8
+      read = UOp(Ops.LOAD, b8.dtype, (UOp(Ops.DEFINE_GLOBAL, b8.dtype, (), u.src[0].arg), u.src[1], u.src[2]))
+      v = UOp(Ops.SUB, dtypes.int32, (UOp(Ops.CAST, dtypes.int32, (read,)), UOp.const(dtypes.int32, zero)))
+      mapping[u] = v if _const(u.src[2]) is True else UOp(Ops.WHERE, dtypes.int32, (u.src[2], v, u.const_like(0)))
+    if mapping: ast = substitute(ast, mapping)
+    if k.bufs[0].kind == "scratch" and ast.op is Ops.STORE and (w := _widened(ast.src[2])) is not None:
+      x8, zero = w
+      old = k.bufs[0]
+      b8 = Buffer("scratch", x8.dtype, old.size, old.name, shape=old.shape)
+      narrowed[id(old)] = (b8, zero)
+      bufs[0] = b8
+      ast = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, x8.dtype, (), 0), ast.src[1], x8))
+    out.append(k if ast is k.ast else Kernel(k.name, ast, bufs, k.shape))
+  return out, [b for b, _ in narrowed.values()], set(narrowed)
 
 def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   """(the kernel's buffers with new slots appended, the buffers made for them, its QGemms, the kernel reading their

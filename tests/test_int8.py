@@ -240,3 +240,29 @@ def test_dynamic_quantization_runs_on_the_int8_microkernel(tmp_path):
   np.testing.assert_allclose(got[0][1], want_f, rtol=1e-5, atol=1e-5 * np.abs(want_f).max())
   for other in got[1:]:
     for a, b in zip(other, got[0]): np.testing.assert_array_equal(a, b)
+
+def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tmp_path):
+  # QuantizeLinear's result (x8 - zero in int32) is read by a conv and by the residual add: it is stored as x8, both
+  # widen it as they read it, and no int32 scratch is left for the conv's copy to narrow again
+  import onnxruntime as ort
+  from onnx import helper, numpy_helper, TensorProto
+  import aot
+  from aot.models.quantized import quantized
+  rng = np.random.default_rng(8)
+  w = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "w")
+  b = numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "b")
+  g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                         helper.make_node("Add", ["c", "x"], ["y"])], "g",
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 9])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 9])], [w, b])
+  q = quantized(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "qoperator")
+  art = aot.compile_model(q, out_dir=tmp_path / "art")
+  calls = (art.dir / "src" / "model.c").read_text()
+  assert "aot_qgemm_run(&g" in calls and "(const int32_t *)(A + " not in calls
+  x = rng.standard_normal((1, 8, 9, 9)).astype(np.float32) * 2
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  want = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  # the output dequantizes a uint8 tensor: equal floats are equal integers
+  for threads in (1, 2, 3):
+    np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
