@@ -241,6 +241,8 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   source = (bufs[load.src[0].arg], zero8) if zero8 is not None else None if src is None else _int8_source(src, qresults)
   if source is None: return None
   x8_buf, p_zero = source
+  # a run-time zero point is read back from the int32 the producer wrote (below), not beside an 8-bit buffer
+  if isinstance(p_zero, UOp) and isinstance(x8_buf, Buffer): return None
   m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.arg[0]))
   n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.arg[0]))
   # no m rows is one row (a batch-1 fully connected layer)
@@ -278,15 +280,19 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
           None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
           None if scales is None else const(dtypes.float32, scales.astype(np.float32)),
           int(scales is not None and scales.size > 1), _QTYPES.get(out_dt, 0), out_zero, ldc)
-  # a run-time zero point: a kernel of its own writes it (its expression over the producer's buffers, here appended)
-  # into a 1-element int32 the microkernel and A's copy read
+  # a run-time zero point: a kernel of its own writes it into a 1-element int32 the microkernel and A's copy read.
+  # A read back from int32 x8 - zero is that less its minimum (0..255 whatever x8's type; A's zero point minus the
+  # minimum): one integer reduction, not the producer's float range again
   zero_slot = zero_ast = zero_read = None
   if isinstance(p_zero, UOp):
-    globals_ = {u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), slot(src.bufs[u.arg], new=False))
-                for u in p_zero.toposort() if u.op is Ops.DEFINE_GLOBAL}
+    a_dt = dtypes.uint8
+    every = UOp(Ops.RANGE, dtypes.index, (), (0, bufs[load.src[0].arg].size, "reduce"))
+    v = UOp(Ops.LOAD, dtypes.int32, (load.src[0], every, UOp.const(dtypes.bool, True)))
+    zero = UOp(Ops.SUB, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp(Ops.ACCUMULATE, dtypes.int32, (v, every),
+                                                                        ReduceOp.MIN)))
     zero_slot = slot(Buffer("scratch", dtypes.int32, 1, "qgemm zero"))
     zero_ast = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), 0), UOp.const(dtypes.index, 0),
-                                            substitute(p_zero, globals_)))
+                                            zero))
     zero_read = UOp(Ops.LOAD, dtypes.int32, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), zero_slot),
                                              UOp.const(dtypes.index, 0), UOp.const(dtypes.bool, True)))
     p_zero, runtime = 0, dict(zero_slot=zero_slot, zero=zero_ast)
