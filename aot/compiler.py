@@ -19,7 +19,7 @@ from aot.codegen.host_gpu import render_gpu_host, render_emulated_host
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
 from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices
 from aot.codegen.direct import lower_depthwise, DepthwiseCall
-from aot.codegen.quant import lower_qgemm, QGemmCall
+from aot.codegen.quant import lower_qgemm, narrow_int8_producers, QGemmCall
 from aot.symbolic import linear
 from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
@@ -168,13 +168,15 @@ def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights:
 class _Lowered:
   """The schedule's kernels lowered to calls (_lower_kernels): kernels[i] over its new buffers, plans[i] its generated
   functions (epilogues per slice, and its contractions), directs[i] its depthwise calls, qgemms its int8 calls by
-  kernel name; the scratch buffers the lowering made, and the ids of the packed constants already written."""
+  kernel name; the scratch buffers the lowering made, and the ids of the packed constants already written and of the
+  schedule's scratch buffers it replaced (narrowed to 8 bits)."""
   kernels: list[Kernel]
   plans: list
   directs: list
   qgemms: dict
   scratch_made: list[Buffer]
   packed: set[int]
+  replaced: set[int]
 
 def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
   scratch_made: list[Buffer] = []
@@ -192,9 +194,12 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
   # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
   # depthwise convolutions go to the runtime's direct kernel instead (codegen/direct.py); directs[i] are kernel i's
   kernels, plans, directs = [], [], []
-  # int8 contractions go to the runtime's int8 microkernel (codegen/quant.py), after a kernel writing their A
-  producers, qgemms, qresults = {id(k.bufs[0]): k for k in sched.kernels}, {}, {}
-  for k in sched.kernels:
+  # int8 contractions go to the runtime's int8 microkernel (codegen/quant.py), after a kernel writing their A; 8-bit
+  # values widened to int32 are stored as bytes first
+  narrowed, made8, replaced = narrow_int8_producers(sched.kernels)
+  scratch_made += made8
+  producers, qgemms, qresults = {id(k.bufs[0]): k for k in narrowed}, {}, {}
+  for k in narrowed:
     if (q := lower_qgemm(k.ast, k.bufs, producers, qresults)) is not None:
       for b in q[1]:
         if b.kind == "scratch": scratch_made.append(b)
@@ -218,7 +223,7 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
     # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
     for b in k.bufs:
       if b.kind == "const": release_mapped_pages(b.data)
-  return _Lowered(kernels, plans, directs, qgemms, scratch_made, packed)
+  return _Lowered(kernels, plans, directs, qgemms, scratch_made, packed, replaced)
 
 def _write_weights(low: _Lowered, weights: WeightsWriter) -> None:
   """The model's constants that the generated functions read, after the packed copies written during lowering."""
@@ -244,6 +249,7 @@ def _name_functions(name: str, sched: Schedule, low: _Lowered) -> dict[UOp, str]
     for j, last in enumerate(lasts): functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
     for i, q in enumerate(low.qgemms.get(k.name, ([], None))[0]):
       if q.dense is not None: functions.setdefault(q.dense, f"{base}_dense{i}")
+      if q.zero is not None: functions.setdefault(q.zero, f"{base}_zero{i}")
     for i, g in enumerate(gemms):
       for side, o in zip("ab", (g.a, g.b)):
         if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
@@ -266,6 +272,10 @@ def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimi
     if k.name in qgemms:
       qs, epilogue = qgemms[k.name]
       for q in qs:
+        # a zero point computed at run time first: A's copy and the microkernel read it
+        if q.zero is not None:
+          calls.append(call(q.zero, k.bufs[q.zero_slot]))
+          notes.append((k.name, "operand", optimized[q.zero]))
         if q.dense is not None:
           calls.append(call(q.dense, k.bufs[q.a_slot]))
           notes.append((k.name, "operand", optimized[q.dense]))
@@ -314,7 +324,7 @@ def _render_cpu(name: str, sched: Schedule, target: str, cpu: str, triple: str |
   (_lower_kernels), the weights laid out (_write_weights), the functions named and rendered, and model.c's call
   list over them (_call_list)."""
   low = _lower_kernels(sched, gemm_tile(cpu, triple), weights)
-  scratch = sched.scratch + low.scratch_made
+  scratch = [b for b in sched.scratch if id(b) not in low.replaced] + low.scratch_made
   arena = memory_plan(low.kernels, scratch)
   _write_weights(low, weights)
   external = _finish_weights(weights)

@@ -116,10 +116,10 @@ class QGemm:
   lda: int
   a_signed: bool
   a_zero: int
-  b_slot: int                  # packed weights; col_sum, bias (or None), scale: their own slots
+  b_slot: int                  # packed weights; col_sum, bias (or None), scale (None: int32 out): their own slots
   col_sum_slot: int
   bias_slot: int | None
-  scale_slot: int
+  scale_slot: int | None
   scale_step: int
   out_type: int
   out_zero: int
@@ -127,6 +127,8 @@ class QGemm:
   dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
   c_slot: int = 0              # where the requantized result goes: the output, or a scratch the epilogue reads
   k_major: bool = False        # A lies as [K][M] (lda its k stride), not [M][K]
+  zero_slot: int | None = None # A's zero point computed at run time: a 1-element int32 scratch that zero writes
+  zero: UOp | None = None
 
   @property
   def tasks(self) -> int: return -(-self.M // 64) * -(-self.N // 128)
@@ -139,12 +141,12 @@ class QGemmCall:
   parallel: bool
   def render(self, arg, trampoline=None) -> str:
     q, b = self.q, self.bufs
-    bias = f"(const int32_t *){arg(b[q.bias_slot], q.bias_slot)}" if q.bias_slot is not None else "NULL"
+    ptr = lambda ty, s: f"(const {ty} *){arg(b[s], s)}" if s is not None else "NULL"
     desc = (f"{q.M}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
             f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
-            f"(const int32_t *){arg(b[q.col_sum_slot], q.col_sum_slot)}, {bias}, "
-            f"(const float *){arg(b[q.scale_slot], q.scale_slot)}, {q.scale_step}, {q.out_type}, {q.out_zero}, "
-            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0, {int(q.k_major)}")
+            f"{ptr('int32_t', q.col_sum_slot)}, {ptr('int32_t', q.bias_slot)}, {ptr('float', q.scale_slot)}, "
+            f"{q.scale_step}, {q.out_type}, {q.out_zero}, (void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, "
+            f"{q.ldc[1]}, 0, {int(q.k_major)}, {ptr('int32_t', q.zero_slot)}")
     run = "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))" if self.parallel else \
           "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
     return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
@@ -180,20 +182,32 @@ def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
   return data[offset:offset + n] if offset + n <= data.size else None
 
 def _activation(x: UOp):
-  """(gate, load) of an int32 operand that reads a buffer where its gate is on and is zero elsewhere, else None."""
+  """(gate, load, zero) of an int32 operand that reads a buffer where its gate is on and is zero elsewhere: an int32
+  buffer (zero None: its producer says what it holds), or an 8-bit one less a constant zero point (a narrowed
+  producer's, narrow_int8_producers; the load's own gate folded into gate); else None."""
   gate = None
-  if x.op is Ops.WHERE and _const(x.src[2]) == 0: gate, x = x.src[0], x.src[1]
+  while x.op is Ops.WHERE and _const(x.src[2]) == 0:
+    gate, x = x.src[0] if gate is None else gate & x.src[0], x.src[1]
+  if x.op is Ops.SUB and (z := _const(x.src[1])) is not None and x.src[0].op is Ops.CAST and x.dtype == dtypes.int32:
+    load = x.src[0].src[0]
+    if load.op is not Ops.LOAD or load.dtype not in _QTYPES: return None
+    if _const(load.src[2]) is not True: gate = load.src[2] if gate is None else gate & load.src[2]
+    return gate, load, int(z)
   if x.op is not Ops.LOAD or x.dtype != dtypes.int32: return None
-  return gate, x
+  return gate, x, None
 
 def _int8_source(kernel, qresults: dict):
   """(8-bit buffer, zero point) holding what the kernel writes plus the zero point, at the same index, when the kernel
   is x8[i] - zero, read from an 8-bit buffer or from an int8 contraction's requantized result; (x8's dtype, zero
-  point) when x8 is computed; else None."""
-  value, zero = kernel.ast.src[2], 0
-  if value.op is Ops.SUB and (z := _const(value.src[1])) is not None: value, zero = value.src[0], int(z)
-  if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES: return None
-  x8 = value.src[0]
+  point) when x8 is computed; else None. The zero point is an int, or an int32 UOp over the kernel's buffers that no
+  output index changes (DynamicQuantizeLinear's, computed at run time from the tensor's range)."""
+  value = kernel.ast.src[2]
+  widened = _widened(value)
+  if widened is None and value.op is Ops.SUB and value.src[1].dtype == dtypes.int32 and \
+     not ranges_of(value.src[1]) & ranges_of(kernel.ast.src[1]) and (w := _widened(value.src[0])) is not None:
+    widened = (w[0], value.src[1])
+  if widened is None: return None
+  x8, zero = widened
   if x8.op is Ops.LOAD and _const(x8.src[2]) is True and linear(x8.src[1]) == linear(kernel.ast.src[1]):
     return kernel.bufs[x8.src[0].arg], zero
   if (r := qresults.get(id(kernel.bufs[0]))) is not None and r[0] is x8: return r[1], zero
@@ -206,9 +220,11 @@ def _k_major(m_rows, k) -> bool:
   return bool(m_rows) and k[-1].size < m_rows[-1].size
 
 def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
-  """(QGemm, the load of its result) of one requantized int8 contraction of the kernel, its buffers appended to bufs
-  (and the new ones to made); None when it is not one."""
-  total, scale, out_zero, out_dt = _requant(requant)
+  """(QGemm, the load of its result) of one int8 contraction of the kernel, requantized (requant a _requant node) or
+  its int32 sum (requant the ACCUMULATE: MatMulInteger's, which the epilogue scales to float), its buffers appended to
+  bufs (and the new ones to made); None when it is not one."""
+  if requant.op is Ops.ACCUMULATE: total, scale, out_zero, out_dt = requant, None, 0, dtypes.int32
+  else: total, scale, out_zero, out_dt = _requant(requant)
   bias = None
   if total.op is Ops.ADD: total, bias = total.src
   if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL: return None
@@ -220,11 +236,13 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if not consts(w) or consts(x): return None
   act = _activation(x)
   if act is None: return None
-  gate, load = act
+  gate, load, zero8 = act
   src = producers.get(id(bufs[load.src[0].arg]))
-  source = None if src is None else _int8_source(src, qresults)
+  source = (bufs[load.src[0].arg], zero8) if zero8 is not None else None if src is None else _int8_source(src, qresults)
   if source is None: return None
   x8_buf, p_zero = source
+  # a run-time zero point is read back from the int32 the producer wrote (below), not beside an 8-bit buffer
+  if isinstance(p_zero, UOp) and isinstance(x8_buf, Buffer): return None
   m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.arg[0]))
   n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.arg[0]))
   # no m rows is one row (a batch-1 fully connected layer)
@@ -237,9 +255,9 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   ldc = (flat_stride(m_rows, out_terms), flat_stride(n_rows, out_terms))
   if None in ldc: return None
   M, N, K = (prod(r.arg[1] for r in g) for g in (m_rows, n_rows, k))
-  scales = _per_n(scale, n_rows, bufs)
+  scales = None if scale is None else _per_n(scale, n_rows, bufs)
   biases = None if bias is None else _per_n(bias, n_rows, bufs)
-  if scales is None or (bias is not None and biases is None): return None
+  if (scale is not None and scales is None) or (bias is not None and biases is None): return None
   # the weights as an int8 [K][N] matrix (evaluated with numpy as the float microkernel's constants are)
   from aot.codegen.contract import Contraction, Side, evaluate_operand
   c = Contraction(acc, (), k, Side(x, m_rows), Side(w, n_rows))
@@ -260,27 +278,83 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   result = UOp(Ops.LOAD, out_dt, (UOp(Ops.DEFINE_GLOBAL, out_dt, (), c_slot), at, UOp.const(dtypes.bool, True)))
   tail = (const(dtypes.int8, packed), const(dtypes.int32, col_sum),
           None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
-          const(dtypes.float32, scales.astype(np.float32)), int(scales.size > 1), _QTYPES[out_dt], out_zero, ldc)
+          None if scales is None else const(dtypes.float32, scales.astype(np.float32)),
+          int(scales is not None and scales.size > 1), _QTYPES.get(out_dt, 0), out_zero, ldc)
+  # a run-time zero point: a kernel of its own writes it into a 1-element int32 the microkernel and A's copy read.
+  # A read back from int32 x8 - zero is that less its minimum (0..255 whatever x8's type; A's zero point minus the
+  # minimum): one integer reduction, not the producer's float range again
+  zero_slot = zero_ast = zero_read = None
+  if isinstance(p_zero, UOp):
+    a_dt = dtypes.uint8
+    every = UOp(Ops.RANGE, dtypes.index, (), (0, bufs[load.src[0].arg].size, "reduce"))
+    v = UOp(Ops.LOAD, dtypes.int32, (load.src[0], every, UOp.const(dtypes.bool, True)))
+    zero = UOp(Ops.SUB, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp(Ops.ACCUMULATE, dtypes.int32, (v, every),
+                                                                        ReduceOp.MIN)))
+    zero_slot = slot(Buffer("scratch", dtypes.int32, 1, "qgemm zero"))
+    zero_ast = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), 0), UOp.const(dtypes.index, 0),
+                                            zero))
+    zero_read = UOp(Ops.LOAD, dtypes.int32, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), zero_slot),
+                                             UOp.const(dtypes.index, 0), UOp.const(dtypes.bool, True)))
+    p_zero, runtime = 0, dict(zero_slot=zero_slot, zero=zero_ast)
+  else: runtime = {}
   # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
   terms, offset = linear(load.src[1])
   lda = (flat_stride(m_rows, terms) if m_rows else K) if not set(terms) - set(m_rows) - set(k) else None
   if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and flat_stride(k, terms) == 1 \
      and lda:
-    return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
+    return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, **runtime), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
   k_major = _k_major(m_rows, k)
   order = [*k, *m_rows] if k_major else [*m_rows, *k]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(order)}
-  if from_int32: read = UOp(Ops.CAST, a_dt, (load + p_zero,))
+  if from_int32: read = UOp(Ops.CAST, a_dt, (load + (p_zero if zero_read is None else zero_read),))
   else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
-  value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, UOp.const(a_dt, p_zero)))
+  pad = UOp.const(a_dt, p_zero) if zero_read is None else UOp(Ops.CAST, a_dt, (zero_read,))
+  value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, pad))
   m_flat, k_flat = flat_of([fresh[r] for r in m_rows]), flat_of([fresh[r] for r in k])
   idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
   dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
                                                        substitute(value, fresh))), pm_simplify)
   return QGemm(M, N, K, a_slot, 0, M if k_major else K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot,
-               k_major), result
+               k_major, **runtime), result
+
+def _widened(value: UOp) -> tuple[UOp, int] | None:
+  """(x8, zero) of CAST(int32, x8) - zero, x8 an 8-bit value and zero a constant (or none), else None."""
+  zero = 0
+  if value.op is Ops.SUB and (z := _const(value.src[1])) is not None: value, zero = value.src[0], int(z)
+  if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES: return None
+  return value.src[0], zero
+
+def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
+  """(kernels, the 8-bit buffers made, the ids of the int32 ones they replace): a kernel writing an 8-bit value widened
+  to int32 less a constant zero point into a scratch (QuantizeLinear's, a requantized residual add's) writes the 8-bit
+  value instead, and its readers widen it where they read it. A quarter of the bytes; an int8 contraction reading it
+  then reads the bytes in place or copies bytes, not int32 it narrows again. Values are unchanged."""
+  from aot.schedule import Kernel
+  narrowed: dict[int, tuple[Buffer, int]] = {}
+  out = []
+  for k in kernels:
+    ast, bufs = k.ast, list(k.bufs)
+    # reads of a narrowed buffer: the byte widened, less the zero; zero where the read's gate is off, as before
+    mapping = {}
+    for u in ast.toposort():
+      if u.op is not Ops.LOAD or (n := narrowed.get(id(k.bufs[u.src[0].arg]))) is None: continue
+      b8, zero = n
+      bufs[u.src[0].arg] = b8
+      read = UOp(Ops.LOAD, b8.dtype, (UOp(Ops.DEFINE_GLOBAL, b8.dtype, (), u.src[0].arg), u.src[1], u.src[2]))
+      v = UOp(Ops.SUB, dtypes.int32, (UOp(Ops.CAST, dtypes.int32, (read,)), UOp.const(dtypes.int32, zero)))
+      mapping[u] = v if _const(u.src[2]) is True else UOp(Ops.WHERE, dtypes.int32, (u.src[2], v, u.const_like(0)))
+    if mapping: ast = substitute(ast, mapping)
+    if k.bufs[0].kind == "scratch" and ast.op is Ops.STORE and (w := _widened(ast.src[2])) is not None:
+      x8, zero = w
+      old = k.bufs[0]
+      b8 = Buffer("scratch", x8.dtype, old.size, old.name, shape=old.shape)
+      narrowed[id(old)] = (b8, zero)
+      bufs[0] = b8
+      ast = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, x8.dtype, (), 0), ast.src[1], x8))
+    out.append(k if ast is k.ast else Kernel(k.name, ast, bufs, k.shape))
+  return out, [b for b, _ in narrowed.values()], set(narrowed)
 
 def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   """(the kernel's buffers with new slots appended, the buffers made for them, its QGemms, the kernel reading their
@@ -294,14 +368,22 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   # reading the int8 result
   sums = lambda u: sum(s.op is Ops.ACCUMULATE and s.dtype == dtypes.int32 for s in u.toposort())
   found = [u for u in ast.src[2].toposort() if _requant(u) is not None and sums(u) == 1]
+  # int32 sums outside them (MatMulInteger, ConvInteger: scaled to float after) where they are int8 contractions
+  inside = {id(v) for u in found for v in u.toposort()}
+  found += [u for u in ast.src[2].toposort() if u.op is Ops.ACCUMULATE and u.dtype == dtypes.int32 and
+            id(u) not in inside]
   if not found: return None
-  # a kernel that is one requantized contraction writes it straight to its output; else an epilogue reads them
+  # a kernel that is one int8 contraction writes it straight to its output; else an epilogue reads them
   bare = len(found) == 1 and found[0] is ast.src[2]
   bufs, made, qgemms, results = list(bufs), [], [], {}
-  for requant in found:
-    if (r := _lower_one(ast, requant, bare, bufs, made, producers, qresults)) is None: return None
+  for node in found:
+    if (r := _lower_one(ast, node, bare, bufs, made, producers, qresults)) is None:
+      # a requantized sum that is not one is not lowered; an int32 one stays in the generated code
+      if node.op is not Ops.ACCUMULATE: return None
+      continue
     qgemms.append(r[0])
-    results[requant] = r[1]
+    results[node] = r[1]
+  if not qgemms: return None
   if bare: return bufs, made, qgemms, None
-  if len(found) == 1: qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
+  if len(found) == 1 and found[0].op is not Ops.ACCUMULATE: qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
   return bufs, made, qgemms, graph_rewrite(substitute(ast, results), pm_simplify)

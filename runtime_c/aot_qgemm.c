@@ -116,7 +116,7 @@ void aot_qgemm_run(void *ctx, int start, int end) {
   aot_qgemm *g = ctx;
   const int tasks = aot_qgemm_tasks(g), mblocks = cdiv(g->M, QMC), K4 = (g->K + 3) / 4 * 4;
   const uint32_t flip = g->a_signed ? 0x80 : 0;
-  const int32_t zero = g->a_zero + (g->a_signed ? 128 : 0);
+  const int32_t zero = (g->a_zero_at ? *g->a_zero_at : g->a_zero) + (g->a_signed ? 128 : 0);
   uint8_t ap[QMC * QKC] __attribute__((aligned(64)));
   int32_t acc[QMC * QNC] __attribute__((aligned(64)));
   for (int t; (t = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < tasks;) {

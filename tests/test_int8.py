@@ -24,7 +24,7 @@ class QGemm(ctypes.Structure):
               ("col_sum", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale", ctypes.c_void_p),
               ("scale_step", ctypes.c_int), ("out_type", ctypes.c_int), ("out_zero", ctypes.c_int),
               ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int),
-              ("a_kmajor", ctypes.c_int)]
+              ("a_kmajor", ctypes.c_int), ("a_zero_at", ctypes.c_void_p)]
 
 @pytest.fixture(scope="module", params=["native", "x86-64-v3"])
 def lib(request, tmp_path_factory):
@@ -37,7 +37,7 @@ def lib(request, tmp_path_factory):
                  check=True)
   return ctypes.CDLL(str(so))
 
-def run(lib, a, w, a_zero, bias=None, scale=None, out_zero=0, out_dtype=np.int32, threads=1):
+def run(lib, a, w, a_zero, bias=None, scale=None, out_zero=0, out_dtype=np.int32, threads=1, zero_at=False):
   M, K = a.shape
   N = w.shape[1]
   packed, col_sum = pack_weights(w)
@@ -45,9 +45,12 @@ def run(lib, a, w, a_zero, bias=None, scale=None, out_zero=0, out_dtype=np.int32
   keep = [np.ascontiguousarray(a), packed, col_sum]
   scale = None if scale is None else np.ascontiguousarray(np.atleast_1d(scale), np.float32)
   ptr = lambda x: None if x is None else x.ctypes.data
+  # a zero point computed at run time is read from memory; a_zero is then not used
+  at = np.array([a_zero], np.int32) if zero_at else None
   g = QGemm(M, N, K, ptr(keep[0]), K, int(a.dtype == np.int8), a_zero, ptr(packed), ptr(col_sum), ptr(bias),
             ptr(scale), 0 if scale is None or scale.size == 1 else 1,
-            {np.int32: 0, np.uint8: 1, np.int8: 2}[out_dtype], out_zero, ptr(out), N, 1, 0)
+            {np.int32: 0, np.uint8: 1, np.int8: 2}[out_dtype], out_zero, ptr(out), N, 1, 0, 0, ptr(at))
+  if zero_at: g.a_zero = -12345
   lib.qgemm(ctypes.byref(g), threads)
   return out
 
@@ -70,6 +73,7 @@ def test_int32_products(lib, M, N, K, a_dtype):
   want = reference(a, w, zero, bias)
   for threads in (1, 2, 3):
     np.testing.assert_array_equal(run(lib, a, w, zero, bias, threads=threads), want)
+    np.testing.assert_array_equal(run(lib, a, w, zero, bias, threads=threads, zero_at=True), want)
 
 @pytest.mark.parametrize("out_dtype,out_zero", [(np.uint8, 131), (np.int8, -5)])
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -198,3 +202,67 @@ def test_qdq_fused_in_a_copy_of_a_model_given_and_in_place_of_one_loaded(tmp_pat
   for a in (art, art2): assert "aot_qgemm_run" in (a.dir / "src" / "model.c").read_text()
   x = np.random.default_rng(2).integers(0, 256, (7, 600)).astype(np.uint8)
   np.testing.assert_array_equal(aot.load(art)(x), aot.load(art2)(x))
+
+# *** dynamic quantization: A's zero point computed at run time, the int32 sum scaled to float after ***
+
+def test_dynamic_quantization_runs_on_the_int8_microkernel(tmp_path):
+  # DynamicQuantizeLinear's zero point comes from the tensor's range at run time: the microkernel reads it from a
+  # 1-element buffer a kernel of its own writes. MatMulInteger's int32 sums are exact (equal to onnxruntime's bit for
+  # bit); DynamicQuantizeMatMul's (com.microsoft) are scaled to float by the epilogue as onnxruntime scales them
+  import onnxruntime as ort
+  from onnx import helper, numpy_helper, TensorProto
+  import aot
+  rng = np.random.default_rng(17)
+  # 130 rows and 160 columns: several of the microkernel's tasks, so that 2 and 3 threads split them
+  w = numpy_helper.from_array(rng.integers(-128, 128, (96, 160)).astype(np.int8), "w")
+  wz = numpy_helper.from_array(np.int8(0), "wz")
+  ws = numpy_helper.from_array(np.float32(0.02), "ws")
+  bias = numpy_helper.from_array(rng.standard_normal(160).astype(np.float32), "bias")
+  nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+           helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["y"]),
+           helper.make_node("DynamicQuantizeMatMul", ["x", "w", "ws", "wz", "bias"], ["f"], domain="com.microsoft")]
+  g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 65, 96])],
+                        [helper.make_tensor_value_info("y", TensorProto.INT32, None),
+                         helper.make_tensor_value_info("f", TensorProto.FLOAT, None)], [w, wz, ws, bias])
+  m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+  m.ir_version = 9
+  art = aot.compile_model(m, out_dir=tmp_path / "art")
+  # both products are one int32 sum (the same quantized x by the same w): one call, both outputs read it
+  assert (art.dir / "src" / "model.c").read_text().count("aot_qgemm_run(&g") == 1
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  # shifted off zero, so that the zero point is neither 0 nor 255
+  x = (rng.standard_normal((2, 65, 96)) * 2 + 0.7).astype(np.float32)
+  want_y, want_f = sess.run(None, {"x": x})
+  got = [aot.load(art, threads=threads)(x) for threads in (1, 2, 3)]
+  np.testing.assert_array_equal(got[0][0], want_y)
+  np.testing.assert_allclose(got[0][1], want_f, rtol=1e-5, atol=1e-5 * np.abs(want_f).max())
+  for other in got[1:]:
+    for a, b in zip(other, got[0]): np.testing.assert_array_equal(a, b)
+
+def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tmp_path):
+  # QuantizeLinear's result (x8 - zero in int32) is read by a conv and by the residual add: it is stored as x8, both
+  # widen it as they read it, and no int32 scratch is left for the conv's copy to narrow again
+  import onnxruntime as ort
+  from onnx import helper, numpy_helper, TensorProto
+  import aot
+  from aot.models.quantized import quantized
+  rng = np.random.default_rng(8)
+  w = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "w")
+  b = numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "b")
+  g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                         helper.make_node("Add", ["c", "x"], ["y"])], "g",
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 9])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 9])], [w, b])
+  q = quantized(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "qoperator")
+  art = aot.compile_model(q, out_dir=tmp_path / "art")
+  calls = (art.dir / "src" / "model.c").read_text()
+  assert "aot_qgemm_run(&g" in calls and "(const int32_t *)(A + " not in calls
+  x = rng.standard_normal((1, 8, 9, 9)).astype(np.float32) * 2
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  want = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  # the output dequantizes a uint8 tensor: equal floats are equal integers
+  for threads in (1, 2, 3):
+    np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
