@@ -4,9 +4,7 @@ import functools, hashlib, os, re, shutil, subprocess, tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
-
-class BuildError(Exception):
-  """The C compiler or linker failed on generated code (a compiler bug, not the user's)."""
+from aot.errors import BuildError
 
 # the oldest clang looked for by version (clang-N): Debian 12's default; a plain `clang` of any version comes after
 OLDEST_CLANG = 14

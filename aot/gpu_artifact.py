@@ -28,8 +28,7 @@ KERNEL_SOURCE = {"cuda": "kernels.cu", "hip": "kernels.hip", "metal": "kernels.m
 DEVICE_IMAGE = {"cuda": "kernels.fatbin", "hip": "kernels.hipfb", "metal": "kernels.metal"}
 HOST_GLUE = {"cuda": "aot_cuda.c", "hip": "aot_hip.c", "metal": "aot_metal.m"}
 
-class MissingToolError(RuntimeError):
-  """A compiler or SDK a GPU target needs is not installed."""
+from aot.errors import MissingToolError
 
 def _which(names: tuple[str, ...], what: str) -> str:
   for n in names:

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import cffi
 from aot.artifact import Artifact, api_type
+from aot.errors import InputCountError, InputShapeError, InputDtypeError
 
 _ffi_lock = threading.Lock()
 
@@ -41,15 +42,18 @@ class LoadedModel:
   def __call__(self, *arrays: np.ndarray):
     a = self.artifact
     if len(arrays) != len(a.inputs):
-      raise TypeError(f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), got {len(arrays)}")
+      raise InputCountError(f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), "
+                            f"got {len(arrays)}")
     ins = []
     for t, x in zip(a.inputs, arrays):
       x = np.asarray(x)
       if x.shape != t.shape:
-        raise ValueError(f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}")
+        raise InputShapeError(f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}",
+                              t.name, t.shape, x.shape)
       want = t.narrow.np if t.narrow else t.dtype.np
       if x.dtype != want:
-        raise TypeError(f"{a.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}")
+        raise InputDtypeError(f"{a.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}",
+                              t.name, want, x.dtype)
       # a narrow type crosses the C API as its codes, the 4- and 2-bit ones packed
       ins.append(t.narrow.to_storage(x) if t.narrow else np.ascontiguousarray(x))
     outs = [np.empty(t.narrow.nbytes(math.prod(t.shape)) if t.narrow and t.narrow.packed else t.shape, dtype=t.dtype.np)

@@ -11,13 +11,13 @@ class AotRep(BackendRep):
   the first run and the model is compiled for those values, once per distinct set of values."""
   def __init__(self, model: onnx.ModelProto, **kw):
     from aot.compiler import compile_model
-    from aot.schedule import CompileError
+    from aot.errors import CompileError
     self.onnx_model, self.kw, self.compiled = model, kw, {}
     self.input_names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     self.bound: tuple = ()
     try: self._compile({})
     except CompileError as e:
-      if not getattr(e, "needs_inputs", None): raise
+      if not e.needs_inputs: raise
       self.bound = tuple(sorted(e.needs_inputs))
 
   def _compile(self, bind: dict):
@@ -33,14 +33,14 @@ class AotRep(BackendRep):
   def run(self, inputs, **kwargs):
     if isinstance(inputs, dict): inputs = [inputs[n] for n in self.input_names]
     if isinstance(inputs, np.ndarray): inputs = [inputs]
-    from aot.schedule import CompileError
+    from aot.errors import CompileError
     values = dict(zip(self.input_names, [np.asarray(x) for x in inputs]))
     while True:
       try:
         _, art, model = self._compile({k: values[k] for k in self.bound})
         break
       except CompileError as e:
-        more = set(getattr(e, "needs_inputs", ())) - set(self.bound)
+        more = set(e.needs_inputs) - set(self.bound)
         if not more: raise
         self.bound = tuple(sorted(set(self.bound) | more))
     outs = model(*[values[t.name] for t in art.inputs])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from aot.dtype import DType, dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod
 from aot.codegen.c import CRenderer
-from aot.schedule import CompileError
+from aot.errors import CompileError
 from aot.codegen.linearize import linearize
 
 # threads per block for per-thread kernels: a multiple of both warp (32) and wavefront (64) sizes, and small enough

@@ -8,7 +8,7 @@ The result is a flat instruction list shared by every renderer: ("loop", RANGE) 
 from __future__ import annotations
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops
-from aot.schedule import CompileError
+from aot.errors import CompileError
 
 ROOT = "root"  # the block outside every loop
 # kernels index in 32 bits (as fast as it gets, and enough for most tensors); a kernel whose loop counter or index

@@ -8,7 +8,7 @@ import pytest
 import aot
 import aot.gpu_artifact
 from aot import Tensor
-from aot.build import BuildError
+from aot.errors import BuildError
 from aot.codegen import gpu
 from aot.compiler import resolve
 from aot.gpu_artifact import check_metal_syntax, render_gpu_sources, GPU_TARGETS, DEFAULT_OFFLOAD_ARCH, KERNEL_SOURCE
