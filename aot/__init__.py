@@ -7,5 +7,5 @@ from aot.loader import load
 from aot.errors import AotError, CompileError, BuildError, InternalError
 from aot import testing
 
-__all__ = ["Tensor", "function", "compile_model", "load", "dtypes", "DType", "AotError", "CompileError", "BuildError", "InternalError",
-           "testing"]
+__all__ = ["Tensor", "function", "compile_model", "load", "dtypes", "DType", "AotError", "CompileError", "BuildError",
+           "InternalError", "testing"]

@@ -1,11 +1,48 @@
-"""Building an artifact's sources into libNAME.so with the system C compiler, in parallel, cached by content hash."""
+"""Building an artifact's sources into libNAME.so, one build step per toolchain: the CPU targets' C, assembly and LLVM
+IR with the system C compiler (in parallel, objects and libraries cached by content hash); a GPU target's device code
+with nvcc or clang-19 and its host code with the C compiler (cached by the hash of every source and command); Metal's
+syntax check. Every command goes through run_build_command; every cached file through one cache folder."""
 from __future__ import annotations
-import functools, hashlib, os, re, shutil, subprocess, tempfile
+import functools, hashlib, importlib.resources, json, os, re, shutil, subprocess, tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
-from aot.errors import BuildError
+from aot.errors import BuildError, MissingToolError
+from aot.codegen.gpu import KERNEL_SOURCE, DEVICE_IMAGE, HOST_GLUE
 
+def _which(names: tuple[str, ...], what: str) -> str:
+  for n in names:
+    if p := shutil.which(n): return p
+  raise MissingToolError(f"{what} not found (looked for {', '.join(names)})")
+
+def clang() -> str:
+  return _which((os.environ.get("AOT_CLANG", "clang-19"), "clang-19", "clang"),
+                "clang-19 (Debian: apt-get install clang-19 lld-19)")
+
+def nvcc() -> str:
+  return _which(("nvcc", "/usr/local/cuda/bin/nvcc"), "nvcc (the CUDA toolkit)")
+
+def cuda_include() -> str:
+  """The folder holding cuda.h: beside nvcc's toolkit, or the usual install places."""
+  candidates = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda",
+                *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+  for c in candidates:
+    if c and (Path(c) / "include" / "cuda.h").exists(): return str(Path(c) / "include")
+  raise MissingToolError("cuda.h not found (set CUDA_HOME to the CUDA toolkit, e.g. /usr/local/cuda-13.0)")
+
+def hip_include() -> str:
+  for c in ("/opt/rocm/include", "/usr/include"):
+    if (Path(c) / "hip" / "hip_runtime_api.h").exists(): return c
+  raise MissingToolError("hip/hip_runtime_api.h not found (Debian: apt-get install libamdhip64-dev)")
+
+def emulator_cxx() -> str:
+  """The C++ compiler for emulated kernels: clang (also knows _Float16 in C++), else g++."""
+  return _which(("clang++-19", "clang++", "g++", "c++"), "a C++ compiler (clang++-19 or g++)")
+
+# AMD architectures a hip artifact carries code for: MI200-series (CDNA2) and Radeon RX 7900 (RDNA3)
+DEFAULT_OFFLOAD_ARCH = ("gfx90a", "gfx1100")
+# NVIDIA: a cubin for Hopper (sm_90) and PTX for compute_90, which newer GPUs' drivers JIT-compile
+CUDA_ARCH = "90"
 # the oldest clang looked for by version (clang-N): Debian 12's default; a plain `clang` of any version comes after
 OLDEST_CLANG = 14
 # lines of the compiler's output a BuildError shows: the first error and its context, not a page of notes
@@ -106,7 +143,7 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
   ident = "\0".join(compiler_identity(compiler))
   h = hashlib.sha256(" ".join([ident] + flags).encode() + headers)
   for s in sorted(sources) + ["weights.bin"]:
-    if (src_dir / s).exists(): h.update(s.encode()); h.update((src_dir / s).read_bytes())
+    if (src_dir / s).exists(): h.update(s.encode() + (src_dir / s).read_bytes())
   key = h.hexdigest()[:32]
   cached = _cache_dir() / key / "lib.so"
   if cache and cached.exists():
@@ -148,3 +185,88 @@ def _store(path: Path, cached: Path):
     shutil.copyfile(path, part)
     os.replace(part, cached)
   except OSError: pass  # a read-only cache only costs time
+
+def gpu_build_steps(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str):
+  """The commands that build libNAME.so from src/ (each run in src/), in order."""
+  c_flags = ["-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=gnu11", f"-Wa,-I{src}"]
+  # the host code of a GPU library only launches kernels: built for any x86-64 (or the cpu asked for); an emulated
+  # build runs its kernels on this CPU, so it is built for it, like the CPU targets
+  if cpu != "generic" and (emulate or cpu != "native"): c_flags.append(f"-march={cpu}")
+  tmp = Path(tempfile.mkdtemp(prefix="aot_gpu_build_"))
+  steps, objs = [], []
+  def compile_c(s: str, extra=()):
+    o = str(tmp / (Path(s).stem + ".o"))
+    objs.append(o)
+    steps.append([cc(), *c_flags, *extra, "-c", s, "-o", o])
+  if emulate:
+    o = str(tmp / "emulate.o")
+    objs.append(o)
+    # C++17, not gnu++17: no contraction of a*b+c into fma, so results match the CPU targets' rounding
+    steps.append([emulator_cxx(), "-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=c++17", "-w",
+                  *([f"-march={cpu}"] if cpu != "generic" else []), "-c", "emulate.cpp", "-o", o])
+    compile_c("model.c")
+    compile_c("aot_runtime.c")
+    link = [emulator_cxx(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]
+    return steps + [link], tmp
+  if target == "cuda":
+    # uncompressed: the PTX stays readable in the artifact (and the driver skips a decompression at load)
+    steps.append([nvcc(), "-fatbin", "-O3", "-std=c++17", "--no-compress",
+                  f"-gencode=arch=compute_{CUDA_ARCH},code=sm_{CUDA_ARCH}",
+                  f"-gencode=arch=compute_{CUDA_ARCH},code=compute_{CUDA_ARCH}", "-I.", KERNEL_SOURCE[target],
+                  "-o", DEVICE_IMAGE[target]])
+    glue_flags = [f"-I{cuda_include()}"]
+  else:
+    arches = [f"--offload-arch={a}" for a in (offload_arch or DEFAULT_OFFLOAD_ARCH)]
+    steps.append([clang(), "-x", "hip", *arches, "-nogpulib", "-nogpuinc", "--cuda-device-only", "-O3", "-std=c++17",
+                  "-I.", "-c", KERNEL_SOURCE[target], "-o", DEVICE_IMAGE[target]])
+    glue_flags = [f"-I{hip_include()}"]
+  for s, extra in (("model.c", ()), ("aot_runtime.c", ()), (HOST_GLUE[target], glue_flags)): compile_c(s, extra)
+  # the GPU runtime is dlopen'ed at create time: the library links against nothing of it
+  return steps + [[cc(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]], tmp
+
+def build_gpu_library(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str, cache: bool) -> bool:
+  """Build src/ into out, and the device image into src/ (both cached by the hash of every source and command, with
+  the build's own paths left out). Returns True when they came from the cache."""
+  steps, tmp = gpu_build_steps(target, src, out, emulate, offload_arch, cpu)
+  try:
+    paths = {str(src): "SRC", str(tmp): "TMP", str(out): "OUT"}
+    def portable(arg: str) -> str:
+      for p, name in paths.items(): arg = arg.replace(p, name)
+      return arg
+    # "native" means this machine's CPU, which the command line does not say
+    from aot.codegen.llvm import host_target
+    h = hashlib.sha256(json.dumps([host_target()] + [[portable(a) for a in s] for s in steps]).encode())
+    for f in sorted(src.iterdir()):
+      if f.is_file(): h.update(f.name.encode() + f.read_bytes())
+    cached = _cache_dir() / f"gpu-{h.hexdigest()[:32]}"
+    image = None if emulate else DEVICE_IMAGE[target]
+    if cache and (cached / "lib.so").exists() and (image is None or (cached / image).exists()):
+      shutil.copyfile(cached / "lib.so", out)
+      if image: shutil.copyfile(cached / image, src / image)
+      return True
+    for s in steps: run_build_command(s, src)
+    if cache:
+      if image: _store(src / image, cached / image)
+      _store(out, cached / "lib.so")
+    return False
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+def check_metal_syntax(src: Path) -> None:
+  """Compile kernels.metal as C++ with clang and a stand-in for <metal_stdlib> (runtime_c/aot_metal_shim.h): catches
+  syntax and type errors in the generated source (it cannot catch what only Apple's compiler rejects)."""
+  runtime = importlib.resources.files("aot.runtime_c")
+  with tempfile.TemporaryDirectory(prefix="aot_metal_") as d:
+    (Path(d) / "metal_stdlib").write_text(runtime.joinpath("aot_metal_shim.h").read_text())
+    run_build_command([clang(), "-x", "c++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror",
+                       "-Wno-unknown-attributes",
+          "-Wno-unused-variable", "-Wno-unused-function", "-I", d, str(src / "kernels.metal")], src)
+
+def gpu_manifest(target: str, emulate: bool, launches: list, offload_arch) -> dict:
+  """The manifest's "gpu" field: each kernel's launch, and what device code the build made."""
+  gpu = {"emulated": emulate, "launches": [{"function": fn, "grid": l.grid, "block": l.block,
+                                            "cooperative": l.cooperative} for fn, _, l in launches]}
+  if target == "hip": gpu["offload_arch"] = list(offload_arch or DEFAULT_OFFLOAD_ARCH)
+  if target == "cuda" and not emulate: gpu["cuda_arch"] = [f"sm_{CUDA_ARCH}", f"compute_{CUDA_ARCH}"]
+  if target == "metal": gpu["built"] = "on macOS: sh src/build_macos.sh"
+  return gpu

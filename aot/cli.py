@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
   import aot
-  from aot.compiler import resolve, render_sources, TARGETS
+  from aot.compiler import resolve, render, TARGETS
   # checked here rather than by argparse: an unknown target is one line and exit 1, like a missing toolchain
   if args.target not in TARGETS: raise ValueError(f"unknown target {args.target!r}; available: {', '.join(TARGETS)}")
   from aot.schedule import schedule
@@ -114,10 +114,8 @@ def _run(args) -> int:
     traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
     if args.emit == "graph": print(_graph_text(traced.outputs)); return 0
     sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-    if args.target in ("cuda", "hip", "metal"):
-      from aot.gpu_artifact import render_gpu_sources
-      files, infos, arena, _, _ = render_gpu_sources(traced.name, sched, args.target)
-    else: files, infos, (arena, _), _ = render_sources(traced.name, sched, args.target, args.cpu, args.triple)
+    srcs = render(traced.name, sched, args.target, args.cpu, args.triple)
+    files, infos, arena = srcs.files, srcs.kernels, srcs.arena
     if args.emit == "kernels":
       print(f"{traced.name}: {len(infos)} kernels, arena {arena} bytes")
       print("\n".join(_kernel_lines(infos)))

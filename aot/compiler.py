@@ -1,7 +1,7 @@
 """The driver: trace -> schedule -> memory plan -> render -> build -> artifact."""
 from __future__ import annotations
 import importlib.resources, inspect, os, shutil, time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 import numpy as np
@@ -10,11 +10,13 @@ from aot.ir import UOp, Ops, release_mapped_pages
 from aot.schedule import schedule
 from aot.kernel import Traced, Schedule, Kernel, Buffer
 from aot.memory import memory_plan, align_up
-from aot.artifact import (Artifact, KernelInfo, GemmCall, install, make_stage, place_sources, c_name, render_header,
-                          render_model_c, render_weights_asm, write_manifest, WEIGHTS_INLINE_MAX, WeightsWriter,
-                          ExternalWeights, weights_checksum)
-from aot.build import build_library
+from aot.artifact import (Artifact, KernelInfo, install, make_stage, place_sources, c_name, write_manifest,
+                          WEIGHTS_INLINE_MAX, WeightsWriter, ExternalWeights, weights_checksum)
+from aot.build import build_library, build_gpu_library, check_metal_syntax, gpu_manifest
 from aot.codegen.c import CRenderer, KERNEL_PRELUDE
+from aot.codegen.gpu import GPU_TARGETS, KERNEL_SOURCE, HOST_GLUE, RENDERERS as GPU_RENDERERS, Launch, plan_launch
+from aot.codegen.host_cpu import GemmCall, render_header, render_model_c, render_weights_asm
+from aot.codegen.host_gpu import render_gpu_host, render_emulated_host
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
 from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices
 from aot.codegen.direct import lower_depthwise, DepthwiseCall
@@ -24,9 +26,8 @@ from aot.codegen.opt import optimize
 from aot.frontends.tensor import Tensor
 from aot.profile import CALLS_FILE, calls_json, describe_calls
 
-TARGETS = ("c", "llvm", "cuda", "hip", "metal")
-# rendered by codegen/gpu.py and built by aot/gpu_artifact.py
-GPU_TARGETS = ("cuda", "hip", "metal")
+# the CPU targets, then the GPU ones (rendered by codegen/gpu.py, their host code by codegen/host_gpu.py)
+TARGETS = ("c", "llvm", *GPU_TARGETS)
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
 PARALLEL_MIN_WORK = 1 << 16
 # a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
@@ -40,8 +41,11 @@ KERNELS_PER_FILE = 16
 def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
   specs = []
   for i, x in enumerate(example_inputs):
-    if isinstance(x, np.ndarray) or np.isscalar(x): x = np.asarray(x); specs.append((x.shape, to_dtype(x.dtype)))
-    elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (tuple, list)): specs.append((tuple(x[0]), to_dtype(x[1])))
+    if isinstance(x, np.ndarray) or np.isscalar(x):
+      x = np.asarray(x)
+      specs.append((x.shape, to_dtype(x.dtype)))
+    elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (tuple, list)):
+      specs.append((tuple(x[0]), to_dtype(x[1])))
     else: raise TypeError(f"example input {i}: expected a numpy array or (shape, dtype), got {type(x).__name__}")
   return specs
 
@@ -73,7 +77,8 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
     model = get(what.split(":", 1)[1])
     return trace(model.forward, [(shape, dt) for _, shape, dt in model.inputs], name or model.name)
   if callable(what):
-    if example_inputs is None: raise TypeError("compile_model(fn, example_inputs): example_inputs are needed to trace fn")
+    if example_inputs is None:
+      raise TypeError("compile_model(fn, example_inputs): example_inputs are needed to trace fn")
     return trace(what, example_inputs, name)
   raise TypeError(f"cannot compile {what!r}: expected a Tensor program or 'models:NAME'")
 
@@ -96,14 +101,74 @@ def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
             renderer.render_kernel(fn, ast) for ast, fn in items[i:i + KERNELS_PER_FILE]) + "\n"
           for i in range(0, len(items), KERNELS_PER_FILE)}
 
-def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "native", triple: str | None = None,
-                   profile: bool = False, weights: WeightsWriter | None = None
-                   ) -> tuple[dict[str, str], list[KernelInfo], tuple[int, int], WeightsWriter]:
-  """Source files of the artifact, the kernel list, the arena's size and what it holds (bytes of every buffer placed in
-  it: the size it would have without reuse), and the weights: written by `weights` as they are made (its size, and
-  checksum when external), laid out only when None. profile: time each call (aot/profile.py)."""
-  tile = gemm_tile(cpu, triple)
+@dataclass
+class Sources:
+  """What render makes of a schedule for one target: the artifact's source files, its kernel list, the arena's size
+  and what it holds (bytes of every buffer placed in it: the size it would have without reuse), the weights (written
+  by the WeightsWriter given as they are made: its size, and checksum when external; laid out only when none is given)
+  and, on a GPU target, each kernel's launch (function, buffers, codegen.gpu.Launch); empty on the CPU targets."""
+  files: dict[str, str]
+  kernels: list[KernelInfo]
+  arena: int
+  arena_holds: int
+  weights: WeightsWriter
+  launches: list[tuple[str, list[Buffer], Launch]] = field(default_factory=list)
+
+def render(name: str, sched: Schedule, target: str = "c", cpu: str = "native", triple: str | None = None,
+           profile: bool = False, emulate: bool = False, weights: WeightsWriter | None = None) -> Sources:
+  """The sources of an artifact for any target. cpu, triple: what a CPU target's kernels are tuned for (the gemm
+  tile); profile: time each call (aot/profile.py, CPU targets); emulate: a CUDA or HIP build run on the CPU."""
   weights = weights or WeightsWriter(None)
+  if target in GPU_TARGETS or emulate: return _render_gpu(name, sched, target, emulate, weights)
+  return _render_cpu(name, sched, target, cpu, triple, profile, weights)
+
+def function_name(name: str, i: int) -> str:
+  """The C function of the schedule's kernel i (named ki_...): NAME_fi."""
+  return f"{name}_f{i}"
+
+def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
+  """Close the weights file; above WEIGHTS_INLINE_MAX it is NAME.weights beside the library, checked at create."""
+  weights.close()
+  external = (ExternalWeights(weights.size, weights_checksum(weights.path) if weights.path else 0)
+              if weights.size > WEIGHTS_INLINE_MAX else None)
+  weights.checksum = external.checksum if external else None
+  return external
+
+def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights: WeightsWriter) -> Sources:
+  """The schedule's kernels one launch each (codegen/gpu.py), over the constants as they are."""
+  if emulate and target not in ("cuda", "hip"):
+    raise ValueError("emulate=True runs the CUDA or HIP kernel source on the CPU: target must be cuda or hip")
+  if target not in GPU_TARGETS: raise ValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
+  arena = memory_plan(sched.kernels, sched.scratch)
+  # the model's constants into the weights file one at a time (a mapped weight's pages released after)
+  for b in sched.consts:
+    weights.add(b)
+    release_mapped_pages(b.data)
+  external = _finish_weights(weights)
+  functions: dict[UOp, str] = {}
+  # kernels that do the same work on different buffers share one function
+  for i, k in enumerate(sched.kernels): functions.setdefault(k.ast, function_name(name, i))
+  launch = {ast: plan_launch(ast) for ast in functions}
+  files = {KERNEL_SOURCE[target]: GPU_RENDERERS[target]().render_source(functions)}
+  infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
+  launches = [(functions[k.ast], k.bufs, launch[k.ast]) for k in sched.kernels]
+  if emulate: files |= render_emulated_host(name, sched, arena, functions, launch, target, external)
+  else: files |= render_gpu_host(name, sched, arena, launches, list(functions.values()), target, external, weights.size)
+  return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in sched.scratch), weights, launches)
+
+@dataclass
+class _Lowered:
+  """The schedule's kernels lowered to calls (_lower_kernels): kernels[i] over its new buffers, plans[i] its generated
+  functions (epilogues per slice, and its contractions), directs[i] its depthwise calls, qgemms its int8 calls by
+  kernel name; the scratch buffers the lowering made, and the ids of the packed constants already written."""
+  kernels: list[Kernel]
+  plans: list
+  directs: list
+  qgemms: dict
+  scratch_made: list[Buffer]
+  packed: set[int]
+
+def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
   scratch_made: list[Buffer] = []
   packed: set[int] = set()
   def make_buffer(kind: str, x) -> Buffer:
@@ -145,8 +210,11 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
     for b in k.bufs:
       if b.kind == "const": release_mapped_pages(b.data)
-  scratch = sched.scratch + scratch_made
-  arena = memory_plan(kernels, scratch)
+  return _Lowered(kernels, plans, directs, qgemms, scratch_made, packed)
+
+def _write_weights(low: _Lowered, weights: WeightsWriter) -> None:
+  """The model's constants that the generated functions read, after the packed copies written during lowering."""
+  kernels, plans, packed = low.kernels, low.plans, low.packed
   # constants only a prepacked copy reads are left out of the weights
   used = {id(k.bufs[u.arg]) for k, (lasts, gemms) in zip(kernels, plans)
           for ast in [*lasts, *(x for g in gemms for o in (g.a, g.b) for x in (o.dense, o.pack) if x is not None)]
@@ -158,27 +226,26 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
   for b in {id(b): b for b in consts}.values():
     weights.add(b)
     release_mapped_pages(b.data)
-  weights.close()
+
+def _name_functions(name: str, sched: Schedule, low: _Lowered) -> dict[UOp, str]:
+  """The generated functions' names, by their AST: a kernel's own, its slices', its operands' dense copies and packs."""
   functions: dict[UOp, str] = {}
-  for k, (lasts, gemms) in zip(sched.kernels, plans):
+  for n, (k, (lasts, gemms)) in enumerate(zip(sched.kernels, low.plans)):
     # kernels that do the same work on different buffers share one function
-    base = f"{name}_{k.name.split('_', 1)[0].replace('k', 'f')}"
+    base = function_name(name, n)
     for j, last in enumerate(lasts): functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
-    for i, q in enumerate(qgemms.get(k.name, ([], None))[0]):
+    for i, q in enumerate(low.qgemms.get(k.name, ([], None))[0]):
       if q.dense is not None: functions.setdefault(q.dense, f"{base}_dense{i}")
     for i, g in enumerate(gemms):
       for side, o in zip("ab", (g.a, g.b)):
         if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
         if o.pack is not None: functions.setdefault(o.pack, f"{base}_pack{i}{side}")
-  optimized = {ast: optimize(ast) for ast in functions}
-  functions = {optimized[ast]: fn for ast, fn in functions.items()}
-  files = render_kernels(target, functions)
-  protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
-  infos = [KernelInfo(k.name, functions[optimized[lasts[0]]] if lasts else "aot_qgemm_run", k.shape)
-           for k, (lasts, _) in zip(sched.kernels, plans)]
-  external = (ExternalWeights(weights.size, weights_checksum(weights.path) if weights.path else 0)
-              if weights.size > WEIGHTS_INLINE_MAX else None)
-  weights.checksum = external.checksum if external else None
+  return functions
+
+def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimized: dict[UOp, UOp]
+               ) -> tuple[list, list]:
+  """What model.c runs, in order (render_model_c's calls), and (kernel, role, AST) of each call for a profile build."""
+  kernels, plans, directs, qgemms = low.kernels, low.plans, low.directs, low.qgemms
   calls: list = []
   notes: list = []   # (kernel, role, AST) of each call, for a profile build
   threads = sum(flop_count(k.ast) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
@@ -231,7 +298,27 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
       if not (gemms and _copies_in_place(last)):
         calls.append(call(last, k.bufs[0]))
         notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
-  panel_floats = max([g.c.K * g.b.panel[1] for _, gemms in plans for g in gemms], default=0)
+  return calls, notes
+
+def _render_cpu(name: str, sched: Schedule, target: str, cpu: str, triple: str | None, profile: bool,
+                weights: WeightsWriter) -> Sources:
+  """Contractions, depthwise and int8 kernels lowered to the runtime's kernels plus generated functions
+  (_lower_kernels), the weights laid out (_write_weights), the functions named and rendered, and model.c's call
+  list over them (_call_list)."""
+  low = _lower_kernels(sched, gemm_tile(cpu, triple), weights)
+  scratch = sched.scratch + low.scratch_made
+  arena = memory_plan(low.kernels, scratch)
+  _write_weights(low, weights)
+  external = _finish_weights(weights)
+  functions = _name_functions(name, sched, low)
+  optimized = {ast: optimize(ast) for ast in functions}
+  functions = {optimized[ast]: fn for ast, fn in functions.items()}
+  files = render_kernels(target, functions)
+  protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
+  infos = [KernelInfo(k.name, functions[optimized[lasts[0]]] if lasts else "aot_qgemm_run", k.shape)
+           for k, (lasts, _) in zip(sched.kernels, low.plans)]
+  calls, notes = _call_list(sched, low, functions, optimized)
+  panel_floats = max([g.c.K * g.b.panel[1] for _, gemms in low.plans for g in gemms], default=0)
   model_c = render_model_c(name, sched, calls, protos, external, profile, panel_floats)
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c
   if not external: files["model.c"] += render_weights_asm(name)
@@ -242,7 +329,7 @@ def render_sources(name: str, sched: Schedule, target: str = "c", cpu: str = "na
     files["model.c"] = files.pop("kernels0.c") + "\n" + files["model.c"]
   # dladdr (external weights) needs _GNU_SOURCE before the first system header
   files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
-  return files, infos, (arena, sum(align_up(b.nbytes) for b in scratch)), weights
+  return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in scratch), weights)
 
 def _copies_in_place(ast: UOp) -> bool:
   """Is the kernel out[i] = out[i]?"""
@@ -262,7 +349,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   target: "c" (kernels in C, built with the system compiler) or "llvm" (kernels as LLVM IR through llvmlite).
   cpu: the CPU to compile for ("native" = this machine); triple: cross-compile for another target triple
   (e.g. "aarch64-linux-gnu"; needs that triple's gcc for the runtime and the link).
-  GPU targets "cuda", "hip", "metal" (aot/gpu_artifact.py): offload_arch lists the AMD GPUs of a hip build (default
+  GPU targets "cuda", "hip", "metal" (codegen/gpu.py): offload_arch lists the AMD GPUs of a hip build (default
   gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers.
   profile=True (CPU targets) builds the timed variant aot/profile.py reads.
   sanitize (default: AOT_SANITIZE=1 in the environment) builds the C with AddressSanitizer and UBSan, for a program
@@ -277,27 +364,41 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   sched.formats = traced.formats or {}
   say(f"scheduled {len(sched.kernels)} kernels")
-  if target in GPU_TARGETS or emulate:
-    if triple: raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
-    if sanitize: raise ValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
-    from aot.gpu_artifact import compile_gpu_model
-    return compile_gpu_model(traced.name, sched, target, out_dir, cpu, cache, say, offload_arch, emulate, t0)
+  gpu = target in GPU_TARGETS or emulate
+  if gpu and triple:
+    raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
+  if gpu and sanitize: raise ValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
   out, stage = make_stage(traced.name, out_dir)
   try:
-    files, infos, (arena, holds), weights = render_sources(traced.name, sched, target, cpu, triple, profile,
-                                                           WeightsWriter(stage / "weights.part"))
-    say(f"rendered {len(infos)} kernels")
-    place_sources(stage, traced.name, files, weights.path)
+    srcs = render(traced.name, sched, target, cpu, triple, profile, emulate, WeightsWriter(stage / "weights.part"))
+    if not gpu: say(f"rendered {len(srcs.kernels)} kernels")
+    place_sources(stage, traced.name, srcs.files, srcs.weights.path)
     src = stage / "src"
     runtime = importlib.resources.files("aot.runtime_c")
-    for f in RUNTIME_SOURCES + ("aot_runtime.h",): (src / f).write_text(runtime.joinpath(f).read_text())
-    sources = [f for f in files if f.endswith((".c", ".S", ".ll"))] + list(RUNTIME_SOURCES)
-    build_library(src, sources, stage / f"lib{traced.name}.so", cpu, cache,
-                  progress=lambda d, n: say(f"compiled {d}/{n} sources"), triple=triple, sanitize=sanitize)
+    for f in runtime_files(target, emulate): (src / f).write_text(runtime.joinpath(f).read_text())
+    library = stage / f"lib{traced.name}.so"
+    if target == "metal":
+      check_metal_syntax(src)
+      say("checked the Metal source's syntax (clang, C++ with a metal_stdlib stand-in); build on macOS: "
+          "src/build_macos.sh")
+    elif gpu:
+      build_gpu_library(target, src, library, emulate, offload_arch, cpu, cache)
+      say(f"built lib{traced.name}.so")
+    else:
+      sources = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))] + list(RUNTIME_SOURCES)
+      build_library(src, sources, library, cpu, cache, progress=lambda d, n: say(f"compiled {d}/{n} sources"),
+                    triple=triple, sanitize=sanitize)
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
-    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, infos, arena, holds,
-                   weights.size, time.perf_counter() - t0, weights.checksum)
+    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, srcs.kernels, srcs.arena,
+                   srcs.arena_holds, srcs.weights.size, time.perf_counter() - t0, srcs.weights.checksum,
+                   gpu_manifest(target, emulate, srcs.launches, offload_arch) if gpu else None)
     install(stage, out)
   finally:
     shutil.rmtree(stage, ignore_errors=True)
   return Artifact(out)
+
+def runtime_files(target: str, emulate: bool = False) -> list[str]:
+  """The runtime_c files an artifact's src/ holds: what its build compiles and includes."""
+  if target not in GPU_TARGETS and not emulate: return [*RUNTIME_SOURCES, "aot_runtime.h"]
+  return (["aot_runtime.c", "aot_runtime.h"] + (["aot_hip_math.h"] if target == "hip" else [])
+          + (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]]))

@@ -16,7 +16,8 @@ from typing import Callable
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from aot.fuzz_graphs import Case, generate, merged
+from aot.fuzz_cases import Case, merged
+from aot.fuzz_graphs import generate
 
 # cases per compiled model: the C build is most of a compile's time. CPU per 96 cases on c with an empty build cache:
 # 5.4 s in batches of 12, 4.4 s of 24, 3.6 s of 48; a smaller batch is cheaper to retry case by case when it fails

@@ -2,221 +2,17 @@
 pool of values whose shapes, magnitudes and exactness the generator tracks, so that every node it draws is valid and
 the tolerance each output deserves is known.
 
-A value is exact when it is a multiple of 2**-grain far enough below 2**mantissa that every sum and product of such
-values is representable: any correct evaluation order, FMA included, then gives the same bits, and the fuzzer may
-compare it bit for bit, round it, cast it to an integer or compare it. Rounded values keep an error scale: a function
-of onnxruntime's intermediate values saying what magnitude their rounding errors grow with."""
+The elementwise, reduction, movement and joining ops are here; the contraction and window ops in aot/fuzz_windows.py;
+values, cases and the builder in aot/fuzz_cases.py."""
 from __future__ import annotations
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
-
-OPSET = 18
-IR_VERSION = 8
-# elements per tensor, and rank: small enough that a case compiles and runs in milliseconds
-MAX_NUMEL = 512
-# ... except in a share of big cases, whose matmuls and convs are big enough for the runtime's microkernel
-# (codegen/contract.py: MIN_WORK multiply-adds, MIN_K long)
-BIG_NUMEL, BIG_SHARE = 8192, 0.2
-# slices that come out empty, and cases whose every operand is a constant (the whole graph folds at compile time)
-EMPTY_SHARE, CONSTANT_SHARE = 0.04, 0.06
-MAX_RANK = 5
-# graph inputs per case (further operands are initializers, so constant folding is fuzzed too)
-MAX_INPUTS = 3
-NODES = (3, 10)
-# a bound on |values| beyond which an op is not drawn (keeps exp, products and float16 finite; integers from wrapping)
-MAG_MAX = 1e6
-INT_MAG_MAX = {"int32": 2 ** 30, "int64": 2 ** 62}
-# int64 leaves past int32's range, now and then (an index or accumulator of 32 bits would wrap)
-WIDE_INT64_SHARE = 0.3
-ELEM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "int32": onnx.TensorProto.INT32,
-        "int64": onnx.TensorProto.INT64, "bool": onnx.TensorProto.BOOL}
-MANTISSA = {"float32": 24, "float16": 11}
-INTS = ("int32", "int64")
-
-# constructs the generator leaves out because of a known compiler bug: (what, why). None at present: the two it found
-# (a folded 0-d constant shaped (1,), ceil_mode pools rejected by the shape cross-check) were fixed, and are tests
-KNOWN_BUGS: list[tuple[str, str]] = []
-# constructs it leaves out because onnxruntime, the reference, cannot run them (not compiler bugs)
-REFERENCE_LIMITS = [
-  ("dilated SAME_UPPER/SAME_LOWER convs and pools", "onnxruntime rejects the convs and sizes the pools wrongly"),
-  ("SAME windows with a stride longer than the window", "onnxruntime asks for negative padding and fails"),
-  ("pool padding as large as the window", "onnxruntime rejects it"),
-  ("max, min and mean over an empty axis", "not a number (-inf, +inf, NaN by convention)"),
-]
-
-Err = Callable[[dict], float]
-
-@dataclass
-class Value:
-  name: str
-  shape: tuple[int, ...]
-  dtype: str
-  # a bound on |x| over the elements
-  mag: float
-  # exact values are multiples of 2**-grain below 2**mantissa of that grain: any correct evaluation order gives the
-  # same bits (FMA and reassociation included). None: rounded
-  grain: int | None
-  # how big the absolute rounding error may be, over RTOL: evaluated on onnxruntime's values of the graph
-  err: Err
-  lowp: bool = False
-  leaf: bool = False
-
-  @property
-  def rank(self) -> int: return len(self.shape)
-  @property
-  def numel(self) -> int: return math.prod(self.shape)
-  @property
-  def is_float(self) -> bool: return self.dtype in ("float32", "float16")
-
-def maxabs(x: np.ndarray) -> float:
-  x = np.asarray(x)
-  if x.size == 0 or x.dtype == bool: return 0.0
-  f = np.abs(x.astype(np.float64))
-  f = f[np.isfinite(f)]
-  return float(f.max()) if f.size else 0.0
-
-def exact_grain(dtype: str, mag: float, *grains: int | None) -> int | None:
-  """The grain of a result computed from exact operands, or None when it may round."""
-  if dtype in INTS or dtype == "bool": return 0
-  if any(g is None for g in grains) or dtype not in MANTISSA: return None
-  g = max(grains, default=0)
-  return g if mag * 2.0 ** g < 2.0 ** (MANTISSA[dtype] - 1) else None
-
-def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-  return tuple(np.broadcast_shapes(*shapes))
-
-@dataclass
-class Case:
-  seed: int
-  index: int
-  nodes: list = field(default_factory=list)
-  inputs: list = field(default_factory=list)
-  inits: list = field(default_factory=list)
-  feeds: dict = field(default_factory=dict)
-  outputs: list[Value] = field(default_factory=list)
-  values: list[Value] = field(default_factory=list)
-  ops: list[str] = field(default_factory=list)
-  # are the graph's outputs declared with their shapes (else ONNX's shape inference has the last word)?
-  shaped: bool = True
-
-  def model(self) -> onnx.ModelProto:
-    return merged([self])
-
-  def describe(self) -> str:
-    ins = ", ".join(f"{i.name}: {self.feeds[i.name].dtype}{list(self.feeds[i.name].shape)}" for i in self.inputs)
-    return f"ops: {' '.join(self.ops)}\ninputs: {ins or '(none: every operand is a constant)'}"
-
-def merged(cases: list[Case], extra_outputs: bool = False) -> onnx.ModelProto:
-  """One model holding every case; with extra_outputs, every node output is a graph output (for the error scales)."""
-  outs = [helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape) if c.shaped else None)
-          for c in cases for v in c.outputs]
-  if extra_outputs:
-    named = {v.name for c in cases for v in c.outputs}
-    outs += [helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape))
-             for c in cases for v in c.values if not v.leaf and v.name not in named]
-  name = f"fuzz_{cases[0].seed}_{cases[0].index}" + (f"_{len(cases)}" if len(cases) > 1 else "")
-  g = helper.make_graph([n for c in cases for n in c.nodes], name, [i for c in cases for i in c.inputs], outs,
-                        [t for c in cases for t in c.inits])
-  return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
-
-# *** the generator ***
-
-class Builder:
-  """Grows one case: a pool of values and the nodes that made them."""
-  def __init__(self, seed: int, index: int):
-    self.rng = np.random.default_rng([seed, index])
-    self.case = Case(seed, index)
-    self.prefix = f"c{index}_"
-    self.count = 0
-    self.big = False
-    self.max_numel = MAX_NUMEL
-    self.room = MAX_INPUTS
-
-  def fresh(self, hint: str) -> str:
-    self.count += 1
-    return f"{self.prefix}{hint}{self.count}"
-
-  def pick(self, seq):
-    return seq[int(self.rng.integers(len(seq)))]
-
-  def chance(self, p: float) -> bool:
-    return bool(self.rng.random() < p)
-
-  # leaves: graph inputs (while there is room) and initializers
-  def leaf(self, shape: tuple[int, ...], dtype: str, kind: str | None = None, const: bool | None = None) -> Value:
-    rng, shape = self.rng, tuple(shape)
-    kind = kind or (self.pick(["normal", "grid"]) if dtype in MANTISSA else dtype)
-    grain: int | None = 0
-    if kind == "normal":
-      data, grain = np.clip(rng.standard_normal(shape), -4, 4), None
-    elif kind == "grid": data, grain = rng.integers(-8, 9, shape) / 2, 1
-    elif kind == "denominator": data, grain = rng.choice([-1, 1], shape) * rng.uniform(0.5, 2, shape), None
-    elif kind == "bool": data = rng.random(shape) < 0.5
-    elif dtype == "int64" and self.chance(WIDE_INT64_SHARE): data = rng.integers(-2 ** 33, 2 ** 33, shape)
-    else: data = rng.integers(-5, 6, shape)
-    data = np.asarray(data).astype(dtype)
-    if const is None: const = len(self.case.inputs) >= self.room or self.chance(0.35)
-    name = self.fresh("w" if const else "x")
-    if const: self.case.inits.append(numpy_helper.from_array(data, name))
-    else:
-      self.case.inputs.append(helper.make_tensor_value_info(name, ELEM[dtype], list(shape)))
-      self.case.feeds[name] = data
-    m = maxabs(data)
-    v = Value(name, shape, dtype, max(m, 1e-30), grain if dtype not in MANTISSA else exact_grain(dtype, m, grain),
-              lambda env, m=m: m, leaf=True)
-    self.case.values.append(v)
-    return v
-
-  def ints(self, values, hint: str = "i") -> str:
-    """An int64 initializer (shapes, axes, pads, indices)."""
-    name = self.fresh(hint)
-    self.case.inits.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
-    return name
-
-  def scalar(self, value, dtype: str) -> str:
-    name = self.fresh("s")
-    self.case.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-    return name
-
-  def node(self, op: str, inputs: list, outs: list[dict], **attrs) -> list[Value]:
-    """Add a node; outs give each output's shape, dtype, mag, grain, err (and lowp)."""
-    values = [Value(self.fresh("v"), tuple(o["shape"]), o["dtype"], o["mag"], o["grain"], o["err"],
-                    o.get("lowp", False)) for o in outs]
-    names = [i.name if isinstance(i, Value) else i for i in inputs]
-    self.case.nodes.append(helper.make_node(op, names, [v.name for v in values], name=self.fresh(op.lower()), **attrs))
-    self.case.ops.append(op)
-    self.case.values += values
-    return values
-
-  def partner_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A shape that broadcasts with shape (possibly growing it)."""
-    out = []
-    for d in shape[len(shape) - int(self.rng.integers(0, len(shape) + 1)):]:
-      out.append(self.pick([1, 2, 3]) if d == 1 else self.pick([d, d, 1]))
-    if len(out) == len(shape) < MAX_RANK - 1 and self.chance(0.15): out.insert(0, self.pick([1, 2]))
-    return tuple(out)
-
-  def partner(self, x: Value, dtype: str | None = None, kind: str | None = None) -> Value:
-    """An operand to combine with x: an existing value that broadcasts with it, or a new leaf."""
-    dtype = dtype or x.dtype
-    if kind is None and self.chance(0.35):
-      fits = [v for v in self.case.values if v.dtype == dtype and v is not x and _broadcasts(v.shape, x.shape)
-              and math.prod(broadcast(v.shape, x.shape)) <= self.max_numel]
-      if fits: return self.pick(fits)
-    shape = self.partner_shape(x.shape)
-    if math.prod(broadcast(shape, x.shape)) > self.max_numel: shape = x.shape
-    return self.leaf(shape, dtype, kind)
-
-def _broadcasts(a: tuple, b: tuple) -> bool:
-  try: broadcast(a, b)
-  except ValueError: return False
-  return len(a) <= MAX_RANK
-
-def _mag_ok(mag: float, dtype: str = "float32") -> bool: return mag <= INT_MAG_MAX.get(dtype, MAG_MAX)
+from onnx import helper
+from aot.fuzz_cases import (BIG_NUMEL, BIG_SHARE, CONSTANT_SHARE, ELEM, EMPTY_SHARE, INTS, MAG_MAX, MAX_INPUTS,
+                           MAX_RANK, NODES, Builder, Case, Value, broadcast, broadcastable, exact_grain, mag_ok,
+                           maxabs, moved)
+from aot.fuzz_windows import gen_conv, gen_conv_transpose, gen_gemm, gen_matmul, gen_pool, gen_resize
 
 # *** op generators: each takes the builder and an operand x, adds nodes and returns True, or returns False when x does
 # not suit it ***
@@ -284,7 +80,7 @@ def gen_binary(b: Builder, x: Value) -> bool:
   else:
     mag = x.mag + y.mag if op in ("Add", "Sub") else max(x.mag, y.mag)
     grain, err = exact_grain(x.dtype, mag, x.grain, y.grain), (lambda env, ex=x.err, ey=y.err: ex(env) + ey(env))
-  if not _mag_ok(mag, x.dtype): return False
+  if not mag_ok(mag, x.dtype): return False
   b.node(op, [x, y], [{"shape": shape, "dtype": x.dtype, "mag": mag, "grain": grain, "err": err,
                        "lowp": x.lowp or y.lowp}])
   return True
@@ -313,7 +109,7 @@ def gen_where(b: Builder, x: Value) -> bool:
   if x.dtype not in ("float32", *INTS): return False
   cond = b.partner(x, dtype="bool")
   y = b.partner(x)
-  if not _broadcasts(cond.shape, y.shape): return False
+  if not broadcastable(cond.shape, y.shape): return False
   if math.prod(broadcast(cond.shape, x.shape, y.shape)) > b.max_numel: return False
   if b.chance(0.5): x, y = y, x
   mag = max(x.mag, y.mag)
@@ -340,15 +136,11 @@ def gen_reduce(b: Builder, x: Value) -> bool:
   if op == "ReduceSum": mag, grain, err = x.mag * count, x.grain, (lambda env, e=x.err, n=count: e(env) * n)
   elif op == "ReduceMean": mag, grain, err = x.mag, None, x.err
   else: mag, grain, err = x.mag, x.grain, x.err
-  if not _mag_ok(mag, x.dtype): return False
+  if not mag_ok(mag, x.dtype): return False
   inputs = [x] if axes is None else [x, b.ints(axes, "axes")]
   b.node(op, inputs, [{"shape": shape, "dtype": x.dtype, "mag": mag, "grain": exact_grain(x.dtype, mag, grain),
                        "err": err, "lowp": x.lowp}], keepdims=keep)
   return True
-
-def _same(x: Value, shape) -> dict:
-  """The output description of a movement op: x's values, moved."""
-  return {"shape": tuple(shape), "dtype": x.dtype, "mag": x.mag, "grain": x.grain, "err": x.err, "lowp": x.lowp}
 
 def _factor(b: Builder, n: int, rank: int) -> list[int]:
   dims = [1] * rank
@@ -367,16 +159,16 @@ def gen_reshape(b: Builder, x: Value) -> bool:
   for i in range(min(rank, x.rank)):
     if written[i] == x.shape[i] and b.chance(0.25): written[i] = 0   # 0: copy the input's dim
   if b.chance(0.4): written[int(b.rng.integers(rank))] = -1
-  b.node("Reshape", [x, b.ints(written, "shape")], [_same(x, new)])
+  b.node("Reshape", [x, b.ints(written, "shape")], [moved(x, new)])
   return True
 
 def gen_transpose(b: Builder, x: Value) -> bool:
   if x.rank < 2: return False
   if b.chance(0.15):
-    b.node("Transpose", [x], [_same(x, x.shape[::-1])])
+    b.node("Transpose", [x], [moved(x, x.shape[::-1])])
     return True
   perm = b.rng.permutation(x.rank).tolist()
-  b.node("Transpose", [x], [_same(x, [x.shape[p] for p in perm])], perm=perm)
+  b.node("Transpose", [x], [moved(x, [x.shape[p] for p in perm])], perm=perm)
   return True
 
 def gen_expand(b: Builder, x: Value) -> bool:
@@ -384,7 +176,7 @@ def gen_expand(b: Builder, x: Value) -> bool:
   while len(target) < MAX_RANK and b.chance(0.3): target.insert(0, b.pick([1, 2, 3]))
   shape = broadcast(x.shape, tuple(target))
   if math.prod(shape) > b.max_numel: return False
-  b.node("Expand", [x, b.ints(target, "shape")], [_same(x, shape)])
+  b.node("Expand", [x, b.ints(target, "shape")], [moved(x, shape)])
   return True
 
 def slice_length(d: int, start: int, end: int, step: int) -> int:
@@ -420,7 +212,7 @@ def gen_slice(b: Builder, x: Value) -> bool:
   ins = [x, b.ints(starts, "starts"), b.ints(ends, "ends")]
   if any(s != 1 for s in steps) or b.chance(0.5): ins += [b.ints(axes, "axes"), b.ints(steps, "steps")]
   elif sorted(a % x.rank for a in axes) != list(range(len(axes))) or b.chance(0.5): ins.append(b.ints(axes, "axes"))
-  b.node("Slice", ins, [_same(x, shape)])
+  b.node("Slice", ins, [moved(x, shape)])
   return True
 
 def gen_pad(b: Builder, x: Value) -> bool:
@@ -444,7 +236,7 @@ def gen_pad(b: Builder, x: Value) -> bool:
     ins.append(b.scalar(value, x.dtype))
     mag, grain = max(mag, abs(value)), exact_grain(x.dtype, max(mag, abs(value)), grain, 1 if x.is_float else 0)
   if axes != list(range(x.rank)): ins += [""] * (3 - len(ins)) + [b.ints(axes, "axes")]
-  b.node("Pad", ins, [{**_same(x, shape), "mag": mag, "grain": grain}], mode=mode)
+  b.node("Pad", ins, [{**moved(x, shape), "mag": mag, "grain": grain}], mode=mode)
   return True
 
 def gen_squeeze(b: Builder, x: Value) -> bool:
@@ -454,7 +246,7 @@ def gen_squeeze(b: Builder, x: Value) -> bool:
     axes = sorted(b.rng.choice(ones, k, replace=False).tolist())
     shape = [d for i, d in enumerate(x.shape) if i not in axes]
     ins = [x] if axes == ones and b.chance(0.5) else [x, b.ints([a - x.rank if b.chance(0.3) else a for a in axes])]
-    b.node("Squeeze", ins, [_same(x, shape)])
+    b.node("Squeeze", ins, [moved(x, shape)])
     return True
   if x.rank >= MAX_RANK: return False
   k = 1 if x.rank == MAX_RANK - 1 else int(b.rng.integers(1, 3))
@@ -462,208 +254,14 @@ def gen_squeeze(b: Builder, x: Value) -> bool:
   axes = sorted(b.rng.choice(out_rank, k, replace=False).tolist())
   shape, it = [], iter(x.shape)
   for i in range(out_rank): shape.append(1 if i in axes else next(it))
-  b.node("Unsqueeze", [x, b.ints([a - out_rank if b.chance(0.3) else a for a in axes])], [_same(x, shape)])
+  b.node("Unsqueeze", [x, b.ints([a - out_rank if b.chance(0.3) else a for a in axes])], [moved(x, shape)])
   return True
 
 def gen_flatten(b: Builder, x: Value) -> bool:
   if x.rank == 0: return False
   axis = int(b.rng.integers(-x.rank, x.rank + 1))
   a = axis % x.rank if axis < 0 else axis
-  b.node("Flatten", [x], [_same(x, (math.prod(x.shape[:a]), math.prod(x.shape[a:])))], axis=axis)
-  return True
-
-def _weight(b: Builder, shape, x: Value, const_p: float = 0.7) -> Value:
-  """A contraction's second operand: exact (grid) when x is, mostly a constant."""
-  return b.leaf(shape, "float32", "grid" if x.grain is not None and b.chance(0.7) else "normal",
-                const=True if b.chance(const_p) else None)
-
-def _contraction(x: Value, w: Value, k: int, shape, lowp: bool = False) -> dict:
-  mag = x.mag * w.mag * k
-  grain = None if x.grain is None or w.grain is None else x.grain + w.grain
-  return {"shape": tuple(shape), "dtype": "float32", "mag": mag, "grain": exact_grain("float32", mag, grain),
-          "lowp": lowp or x.lowp, "err": lambda env, ex=x.err, ew=w.err: ex(env) * ew(env) * k}
-
-def gen_matmul(b: Builder, x: Value) -> bool:
-  if x.dtype != "float32" or x.rank == 0 or x.rank > 4: return False
-  n = b.pick([32, 33, 64] if b.big else [1, 2, 3, 5, 8])
-  if x.rank >= 2 and b.chance(0.25):
-    # x on the right: (m, K) @ x with K = x.shape[-2]
-    k, m = x.shape[-2], b.pick([32, 48] if b.big else [1, 2, 4])
-    w = _weight(b, (m, k), x)
-    shape = x.shape[:-2] + (m, x.shape[-1])
-    if math.prod(shape) > b.max_numel: return False
-    out = _contraction(x, w, k, shape)
-    if not _mag_ok(out["mag"]): return False
-    b.node("MatMul", [w, x], [out])
-    return True
-  k = x.shape[-1]
-  form = "2d" if b.big else b.pick(["2d", "2d", "batched", "vector"])
-  if form == "vector": wshape, shape = (k,), x.shape[:-1]
-  elif form == "batched" and x.rank >= 2:
-    batch = tuple(b.pick([d, 1]) for d in x.shape[:-2])
-    wshape, shape = batch + (k, n), x.shape[:-1] + (n,)
-  elif x.rank == 1 and b.chance(0.3): wshape, shape = (2, k, n), (2, n)
-  else: wshape, shape = (k, n), x.shape[:-1] + (n,)
-  if math.prod(shape) > b.max_numel: return False
-  w = _weight(b, wshape, x)
-  out = _contraction(x, w, k, shape)
-  if not _mag_ok(out["mag"]): return False
-  b.node("MatMul", [x, w], [out])
-  return True
-
-def gen_gemm(b: Builder, x: Value) -> bool:
-  if x.dtype != "float32" or x.rank != 2: return False
-  trans_a, trans_b = int(b.chance(0.3)), int(b.chance(0.4))
-  m, k = x.shape[::-1] if trans_a else x.shape
-  n = b.pick([8, 16, 33] if b.big else [1, 3, 4, 7])
-  w = _weight(b, (n, k) if trans_b else (k, n), x)
-  alpha, beta = b.pick([1.0, 1.0, 0.5, 2.0, -1.0]), b.pick([1.0, 1.0, 0.5, -2.0])
-  out = _contraction(x, w, k, (m, n))
-  out["mag"] *= abs(alpha)
-  out["err"] = lambda env, e=out["err"], a=abs(alpha): a * e(env)
-  shift = {0.5: 1}.get(alpha, 0)
-  ins = [x, w]
-  if b.chance(0.7):
-    c = b.leaf(b.pick([(), (n,), (1, n), (m, 1), (m, n)]), "float32", const=True if b.chance(0.7) else None)
-    ins.append(c)
-    out["mag"] += abs(beta) * c.mag
-    cg = None if c.grain is None else c.grain + {0.5: 1}.get(beta, 0)
-    out["err"] = lambda env, e=out["err"], ec=c.err, be=abs(beta): e(env) + be * ec(env)
-  else: cg, beta = 0, 1.0
-  g = out["grain"]
-  out["grain"] = exact_grain("float32", out["mag"], None if g is None else g + shift, cg)
-  if not _mag_ok(out["mag"]): return False
-  b.node("Gemm", ins, [out], alpha=alpha, beta=beta, transA=trans_a, transB=trans_b)
-  return True
-
-def _image(b: Builder, x: Value) -> bool:
-  """Does x suit a conv or a pool: (N, C, L) or (N, C, H, W), small?"""
-  return x.dtype == "float32" and x.rank in (3, 4) and x.shape[0] <= 2 and x.shape[1] <= (16 if b.big else 8) \
-    and min(x.shape[2:]) >= 1 and max(x.shape[2:]) <= (16 if b.big else 12)
-
-def _window(b: Builder, spatial, pool: bool, dilate: bool = True):
-  """Kernel, strides, dilations, pads and auto_pad for a window over these spatial dims, or None."""
-  nd = len(spatial)
-  kernel = [int(b.rng.integers(1, min(3, d) + 1)) for d in spatial]
-  strides = [b.pick([1, 1, 2]) for _ in spatial]
-  dil = [b.pick([1, 1, 2]) if dilate else 1 for _ in spatial]
-  auto = b.pick(["NOTSET"] * 6 + ["SAME_UPPER", "SAME_LOWER", "VALID"])
-  # onnxruntime rejects dilated SAME convs, and sizes dilated SAME pools wrongly: the reference cannot say
-  if auto.startswith("SAME"): dil = [1] * nd
-  eff = [(k - 1) * di + 1 for k, di in zip(kernel, dil)]
-  # ... and SAME windows whose stride is longer than the window (padding them would take a negative amount)
-  if auto.startswith("SAME"): strides = [min(s, e) for s, e in zip(strides, eff)]
-  # a pool's padding stays under its window (onnxruntime rejects more)
-  limits = (kernel if pool else eff) * 2
-  pads = [0] * (2 * nd) if auto != "NOTSET" else [int(b.rng.integers(0, lim)) for lim in limits]
-  return kernel, strides, dil, pads, auto, eff
-
-def _out_size(d: int, k_eff: int, s: int, lo: int, hi: int, auto: str, ceil: bool = False) -> int:
-  if auto in ("SAME_UPPER", "SAME_LOWER"): return -(-d // s)
-  if auto == "VALID": return (d - k_eff) // s + 1 if d >= k_eff else 0
-  span = d + lo + hi - k_eff
-  if span < 0: return 0
-  out = (-(-span // s) if ceil else span // s) + 1
-  # a last window starting in the right padding is dropped
-  if ceil and (out - 1) * s >= d + lo: out -= 1
-  return out
-
-def _window_attrs(kernel, strides, dil, pads, auto, dilations: bool = True) -> dict:
-  attrs: dict = {"kernel_shape": kernel}
-  if any(s != 1 for s in strides): attrs["strides"] = strides
-  if dilations and any(d != 1 for d in dil): attrs["dilations"] = dil
-  if auto != "NOTSET": attrs["auto_pad"] = auto
-  elif any(pads): attrs["pads"] = pads
-  return attrs
-
-def gen_conv(b: Builder, x: Value) -> bool:
-  if not _image(b, x): return False
-  n, c, *spatial = x.shape
-  groups = b.pick([g for g in range(1, c + 1) if c % g == 0] + ([1, 1, 1] if b.big else []))
-  m = groups * b.pick([1, 1, 2]) * (b.pick([4, 8]) if b.big and groups < 4 else 1)
-  kernel, strides, dil, pads, auto, eff = _window(b, spatial, pool=False)
-  nd = len(spatial)
-  out = [_out_size(d, e, s, pads[i], pads[i + nd], auto) for i, (d, e, s) in enumerate(zip(spatial, eff, strides))]
-  if min(out) < 1 or n * m * math.prod(out) > b.max_numel: return False
-  w = _weight(b, (m, c // groups, *kernel), x, const_p=0.85)
-  desc = _contraction(x, w, (c // groups) * math.prod(kernel), (n, m, *out))
-  ins = [x, w]
-  if b.chance(0.6):
-    bias = b.leaf((m,), "float32", const=True if b.chance(0.8) else None)
-    ins.append(bias)
-    desc["mag"] += bias.mag
-    desc["grain"] = exact_grain("float32", desc["mag"], desc["grain"], bias.grain)
-    desc["err"] = lambda env, e=desc["err"], eb=bias.err: e(env) + eb(env)
-  if not _mag_ok(desc["mag"]): return False
-  attrs = _window_attrs(kernel, strides, dil, pads, auto)
-  if b.chance(0.3): del attrs["kernel_shape"]   # taken from the weight's shape
-  b.node("Conv", ins, [desc], group=groups, **attrs)
-  return True
-
-def gen_pool(b: Builder, x: Value) -> bool:
-  if not _image(b, x): return False
-  n, c, *spatial = x.shape
-  op = b.pick(["MaxPool", "MaxPool", "AveragePool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"])
-  if op.startswith("Global"):
-    exact = op == "GlobalMaxPool"
-    b.node(op, [x], [{**_same(x, (n, c) + (1,) * len(spatial)), "grain": x.grain if exact else None}])
-    return True
-  kernel, strides, dil, pads, auto, eff = _window(b, spatial, pool=True, dilate=op == "MaxPool")
-  ceil = b.chance(0.3) and auto == "NOTSET"
-  nd = len(spatial)
-  out = [_out_size(d, e, s, pads[i], pads[i + nd], auto, ceil)
-         for i, (d, e, s) in enumerate(zip(spatial, eff, strides))]
-  if min(out) < 1: return False
-  attrs = _window_attrs(kernel, strides, dil, pads, auto, dilations=op == "MaxPool")
-  if ceil: attrs["ceil_mode"] = 1
-  if op == "AveragePool" and b.chance(0.5): attrs["count_include_pad"] = 1
-  b.node(op, [x], [{**_same(x, (n, c, *out)), "grain": x.grain if op == "MaxPool" else None}], **attrs)
-  return True
-
-def gen_conv_transpose(b: Builder, x: Value) -> bool:
-  if not _image(b, x): return False
-  n, c, *spatial = x.shape
-  groups = b.pick([g for g in range(1, c + 1) if c % g == 0])
-  per_group = b.pick([1, 2, 3])
-  kernel = [int(b.rng.integers(1, 4)) for _ in spatial]
-  strides = [b.pick([1, 2, 2, 3]) for _ in spatial]
-  dil = [b.pick([1, 1, 2]) for _ in spatial]
-  eff = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
-  pads = [int(b.rng.integers(0, e)) for e in eff] + [int(b.rng.integers(0, e)) for e in eff]
-  # output_padding below the stride (the spec allows below the dilation too; onnxruntime does not)
-  extra = [int(b.rng.integers(0, s)) if b.chance(0.3) else 0 for s in strides]
-  nd = len(spatial)
-  out = [s * (i - 1) + o + e - pads[j] - pads[j + nd]
-         for j, (i, s, o, e) in enumerate(zip(spatial, strides, extra, eff))]
-  m = groups * per_group
-  if min(out) < 1 or n * m * math.prod(out) > b.max_numel: return False
-  w = _weight(b, (c, per_group, *kernel), x, const_p=0.85)
-  # each output sums at most C/g * prod(kernel) products
-  desc = _contraction(x, w, (c // groups) * math.prod(kernel), (n, m, *out))
-  if not _mag_ok(desc["mag"]): return False
-  attrs: dict = {"group": groups, "strides": strides, "pads": pads}
-  if any(d != 1 for d in dil): attrs["dilations"] = dil
-  if any(extra): attrs["output_padding"] = extra
-  if b.chance(0.5): attrs["kernel_shape"] = kernel
-  b.node("ConvTranspose", [x, w], [desc], **attrs)
-  return True
-
-def gen_resize(b: Builder, x: Value) -> bool:
-  """Nearest or linear upsampling by whole factors over the spatial dims (as detection and segmentation heads do)."""
-  if not _image(b, x): return False
-  n, c, *spatial = x.shape
-  factors = [b.pick([1, 2, 2, 3]) for _ in spatial]
-  shape = (n, c, *(d * f for d, f in zip(spatial, factors)))
-  if math.prod(shape) > b.max_numel: return False
-  mode = b.pick(["nearest", "nearest", "linear"])
-  attrs: dict = {"mode": mode}
-  if mode == "nearest":
-    attrs.update(b.pick([{"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
-                         {"coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor"}]))
-  else: attrs["coordinate_transformation_mode"] = b.pick(["half_pixel", "asymmetric", "align_corners"])
-  if b.chance(0.5): ins = [x, "", b.scalar([1.0, 1.0, *map(float, factors)], "float32")]
-  else: ins = [x, "", "", b.ints(list(shape), "sizes")]
-  b.node("Resize", ins, [{**_same(x, shape), "grain": x.grain if mode == "nearest" else None}], **attrs)
+  b.node("Flatten", [x], [moved(x, (math.prod(x.shape[:a]), math.prod(x.shape[a:])))], axis=axis)
   return True
 
 def gen_concat(b: Builder, x: Value) -> bool:
@@ -700,7 +298,7 @@ def gen_split(b: Builder, x: Value) -> bool:
     cuts = sorted(b.rng.choice(np.arange(1, d), k - 1, replace=False).tolist())
     sizes = [e - s for s, e in zip([0] + cuts, cuts + [d])]
     ins = [x, b.ints(sizes, "split")]
-  b.node("Split", ins, [_same(x, x.shape[:a] + (s,) + x.shape[a + 1:]) for s in sizes], **attrs)
+  b.node("Split", ins, [moved(x, x.shape[:a] + (s,) + x.shape[a + 1:]) for s in sizes], **attrs)
   return True
 
 def gen_gather(b: Builder, x: Value) -> bool:
@@ -718,11 +316,11 @@ def gen_gather(b: Builder, x: Value) -> bool:
     b.case.inputs.append(helper.make_tensor_value_info(name, ELEM[dt], list(ishape)))
     b.case.feeds[name] = idx.astype(dt)
   else: name = b.ints(idx, "idx")
-  b.node("Gather", [x, name], [_same(x, shape)], axis=a - x.rank if b.chance(0.3) else a)
+  b.node("Gather", [x, name], [moved(x, shape)], axis=a - x.rank if b.chance(0.3) else a)
   return True
 
 def gen_cast(b: Builder, x: Value) -> bool:
-  out = {**_same(x, x.shape)}
+  out = {**moved(x, x.shape)}
   if x.dtype == "float32":
     to = b.pick(["float16", "float16"] + (["int32", "int64", "bool"] if x.grain is not None else []))
     if to == "float16":

@@ -1,7 +1,10 @@
-"""numpy semantics of every tensor-level op: one table used for compile-time constant folding."""
+"""numpy semantics of every op: one table (NP_ALU) and one evaluator, for compile-time constant folding at tensor
+level and for constant operands and index grids at kernel level (codegen/contract.py, codegen/direct.py)."""
 from __future__ import annotations
 import math
+from collections import Counter
 import numpy as np
+from aot.dtype import DType, dtypes
 from aot.ir import UOp, Ops, ReduceOp
 
 def _idiv(a, b):
@@ -29,22 +32,48 @@ NP_ALU = {
 }
 NP_REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.PROD: np.prod, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}
 
-def evaluate(u: UOp, leaf: dict[UOp, np.ndarray] | None = None) -> np.ndarray:
-  """Evaluate a tensor-level graph with numpy. Leaves are constants, or values given in `leaf`."""
+def eval_dtype(dt: DType) -> np.dtype:
+  """The numpy type a value of dt is computed in: the kernel index types in int64 (numpy has no type of theirs, and
+  64 bits do not wrap where the kernel's 32 could not either)."""
+  return np.dtype(np.int64) if dt in (dtypes.index, dtypes.index64) else dt.np
+
+def evaluate(u: UOp, leaf: dict[UOp, np.ndarray] | None = None, axes: list[UOp] | None = None,
+             data: dict[int, np.ndarray] | None = None) -> np.ndarray:
+  """Evaluate a graph with numpy. Tensor level: the leaves are constants, or values given in `leaf`. Kernel level:
+  each RANGE is an arange along its own axis of `axes` (size 1 along the others) and a LOAD reads data[slot], so
+  each node is computed over the ranges it depends on only and the result broadcasts to the grid of axes. Each value
+  is dropped after its last use: the memory is a small multiple of the largest value, not of the whole graph's."""
   vals: dict[UOp, np.ndarray] = dict(leaf or {})
+  nodes = u.toposort(stop=lambda n: n in vals)
+  uses = Counter(s for n in nodes if n not in vals for s in n.src)
   with np.errstate(all="ignore"):
-    for n in u.toposort(stop=lambda n: n in vals):
-      if n not in vals: vals[n] = _eval_node(n, [vals[s] for s in n.src])
+    for n in nodes:
+      if n in vals: continue
+      vals[n] = _eval_node(n, [vals[s] for s in n.src], axes, data)
+      for s in n.src:
+        uses[s] -= 1
+        if uses[s] == 0: del vals[s]
   return vals[u]
 
-def _eval_node(n: UOp, src: list[np.ndarray]) -> np.ndarray:
-  op, arg, npdt = n.op, n.arg, n.dtype.np
+def _eval_node(n: UOp, src: list[np.ndarray], axes: list[UOp] | None, data: dict[int, np.ndarray] | None) -> np.ndarray:
+  op, arg, npdt = n.op, n.arg, eval_dtype(n.dtype)
   if op is Ops.CONST: return np.array(arg, dtype=npdt)
+  if op in NP_ALU: return np.asarray(NP_ALU[op](*src)).astype(npdt, copy=False)
+  if op is Ops.CAST: return src[0].astype(npdt)
+  # kernel level
+  if op is Ops.RANGE: return np.arange(n.size, dtype=np.int64).reshape([-1 if a is n else 1 for a in axes])
+  if op is Ops.DEFINE_GLOBAL:
+    if data is None: raise ValueError(f"{op.name} in an expression of ranges alone")
+    return data[n.slot].reshape(-1)
+  if op is Ops.LOAD:
+    # gathered over the index's own ranges (clamped: out of bounds only where the gate is false), then gated
+    flat, idx, gate = src
+    v = np.take(flat, idx, mode="clip")
+    return v if gate.ndim == 0 and gate else np.where(gate, v, np.zeros((), flat.dtype))
+  # tensor level
   if op is Ops.BUFFER:
     if arg.kind != "const": raise ValueError(f"cannot evaluate input {arg.name} at compile time")
     return arg.data.array
-  if op in NP_ALU: return np.asarray(NP_ALU[op](*src)).astype(npdt, copy=False)
-  if op is Ops.CAST: return src[0].astype(npdt)
   if op is Ops.BITCAST: return np.ascontiguousarray(src[0]).view(npdt)
   if op is Ops.CONTIGUOUS: return src[0]
   if op is Ops.RESHAPE: return src[0].reshape(arg)
@@ -53,9 +82,13 @@ def _eval_node(n: UOp, src: list[np.ndarray]) -> np.ndarray:
   if op is Ops.PAD: return np.pad(src[0], arg[0], constant_values=arg[1])
   if op is Ops.SHRINK: return src[0][tuple(slice(a, b) for a, b in arg)]
   if op is Ops.FLIP: return np.flip(src[0], arg)
-  if op is Ops.REDUCE: return NP_REDUCE[arg[0]](src[0], axis=arg[1], keepdims=True).astype(npdt)
+  if op is Ops.REDUCE: return NP_REDUCE[n.reduce_op](src[0], axis=n.axes, keepdims=True).astype(npdt)
   if op is Ops.GATHER:
     x, idx = src
     idx = np.where(idx < 0, idx + x.shape[arg], idx)
     return np.take_along_axis(x, idx.astype(np.int64), axis=arg)
   raise NotImplementedError(f"cannot evaluate {op}")
+
+def evaluate_grid(u: UOp, axes: list[UOp], data: dict[int, np.ndarray] | None = None) -> np.ndarray:
+  """A kernel-level expression's value at every point of the grid of axes (a read-only broadcast view)."""
+  return np.broadcast_to(evaluate(u, axes=axes, data=data), [a.size for a in axes])

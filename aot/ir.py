@@ -4,7 +4,7 @@ import math, weakref
 from enum import Enum, auto
 from typing import Any
 from aot.errors import InvalidValueError
-from aot.dtype import DType, dtypes
+from aot.dtype import DType, dtypes, min_value, max_value
 
 class Ops(Enum):
   # tensor level: leaves
@@ -42,8 +42,20 @@ class GroupOp:
   # ops whose result is computed (so duplicating them duplicates work)
   Compute = ALU | {Ops.CAST, Ops.BITCAST, Ops.REDUCE, Ops.GATHER}
 
+# the C math library function each unary op is, by its double name (float adds f): the C-family renderers, LLVM's
+# intrinsics and libm calls spell their ops from it (ROUND is rint: halves to even, as numpy rounds)
+LIBM = {Ops.EXP: "exp", Ops.LOG: "log", Ops.SQRT: "sqrt", Ops.SIN: "sin", Ops.COS: "cos", Ops.TANH: "tanh",
+        Ops.ERF: "erf", Ops.FLOOR: "floor", Ops.CEIL: "ceil", Ops.ROUND: "rint", Ops.TRUNC: "trunc", Ops.TAN: "tan",
+        Ops.ASIN: "asin", Ops.ACOS: "acos", Ops.ATAN: "atan", Ops.SINH: "sinh", Ops.COSH: "cosh", Ops.ASINH: "asinh",
+        Ops.ACOSH: "acosh", Ops.ATANH: "atanh"}
+
 class ReduceOp(Enum):
   SUM = auto(); PROD = auto(); MAX = auto(); MIN = auto()
+  def identity(self, dt: DType):
+    """The value a reduce of nothing gives (an empty axis, an accumulator before its first element)."""
+    if self is ReduceOp.SUM: return 0
+    if self is ReduceOp.PROD: return 1
+    return min_value(dt) if self is ReduceOp.MAX else max_value(dt)
 
 class ConstData:
   """A constant array (weights) carried in a BUFFER's arg; equal by identity, so two weights never merge by accident."""
@@ -157,6 +169,23 @@ class UOp:
   def ge(self, o): return UOp(Ops.NOT, dtypes.bool, (self.lt(o),))
   def __and__(self, o): return _binop(Ops.AND, self, o)
 
+  # *** named fields of the args read most; the arg itself stays the plain value the hash-cons table keys on ***
+  # RANGE: (number, size, kind): loops nest in the order of their numbers; kind is "loop", "reduce" or "panel"
+  @property
+  def number(self): return _arg_of(self, Ops.RANGE)[0]
+  @property
+  def size(self) -> int: return _arg_of(self, Ops.RANGE)[1]
+  @property
+  def kind(self) -> str: return _arg_of(self, Ops.RANGE)[2]
+  # REDUCE: (op, axes); ACCUMULATE: op (its ranges are its sources after the first)
+  @property
+  def reduce_op(self) -> ReduceOp: return self.arg if self.op is Ops.ACCUMULATE else _arg_of(self, Ops.REDUCE)[0]
+  @property
+  def axes(self) -> tuple[int, ...]: return _arg_of(self, Ops.REDUCE)[1]
+  # DEFINE_GLOBAL: the kernel's buffer slot (0 is its output)
+  @property
+  def slot(self) -> int: return _arg_of(self, Ops.DEFINE_GLOBAL)
+
   @property
   def vmin(self): return self.vrange[0]
   @property
@@ -167,6 +196,10 @@ class UOp:
       from aot.symbolic import value_range
       self._vrange = value_range(self)
     return self._vrange
+
+def _arg_of(u: UOp, op: Ops):
+  if u.op is not op: raise AttributeError(f"{u.op.name} has no field of {op.name}'s arg")
+  return u.arg
 
 def _sizes(shape: tuple, what: str) -> tuple:
   """shape, if every dim is a size (a negative one would compile into loops that never run, and a kernel named
@@ -189,11 +222,23 @@ def _shape_of(u: UOp) -> tuple[int, ...]:
   if op is Ops.PERMUTE: return tuple(u.src[0].shape[i] for i in arg)
   if op is Ops.PAD: return tuple(s + a + b for s, (a, b) in zip(u.src[0].shape, arg[0]))
   if op is Ops.SHRINK: return tuple(b - a for a, b in arg)
-  if op is Ops.REDUCE: return tuple(1 if i in arg[1] else s for i, s in enumerate(u.src[0].shape))
+  if op is Ops.REDUCE: return tuple(1 if i in u.axes else s for i, s in enumerate(u.src[0].shape))
   if op is Ops.GATHER: return u.src[1].shape
   if op is Ops.WHERE: return u.src[1].shape
   if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.FLIP): return u.src[0].shape
   return ()
+
+# *** kernel-level index helpers ***
+def ranges_of(u: UOp) -> set[UOp]:
+  """The RANGEs u depends on."""
+  return {r for r in u.toposort() if r.op is Ops.RANGE}
+
+def flat_of(ranges) -> UOp:
+  """The row-major flat index of ranges (outer first)."""
+  out, stride = UOp.const(dtypes.index, 0), 1
+  for r in reversed(ranges):
+    out, stride = r * stride + out, stride * r.size
+  return out
 
 class BufferArg:
   """What a tensor-level BUFFER is: a named model input, or constant data (weights). Equal by identity."""

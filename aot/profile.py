@@ -33,7 +33,7 @@ class CallInfo:
 
 def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[CallInfo]:
   """What each call of render_model_c's list is. notes: (kernel name, role, the call's kernel AST or None) per call."""
-  from aot.artifact import GemmCall
+  from aot.codegen.host_cpu import GemmCall
   from aot.codegen.linearize import flop_count
   infos = []
   for call, (kernel, role, ast) in zip(calls, notes, strict=True):

@@ -253,7 +253,7 @@ def finalize(store: UOp) -> tuple[UOp, list[Buffer]]:
       bufs.append(u.arg)
       mapping[u] = UOp(Ops.DEFINE_GLOBAL, u.dtype, (), len(bufs) - 1)
   # ranges keep their creation order (output axes in order, then reductions), which is the loop nesting order
-  for n, r in enumerate(sorted((u for u in topo if u.op is Ops.RANGE), key=lambda r: r.arg[0])):
+  for n, r in enumerate(sorted((u for u in topo if u.op is Ops.RANGE), key=lambda r: r.number)):
     mapping[r] = UOp(Ops.RANGE, dtypes.index, (), (n, *r.arg[1:]))
   return substitute(store, mapping), bufs
 

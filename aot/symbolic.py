@@ -11,7 +11,7 @@ def value_range(u: UOp) -> tuple:
   op, s = u.op, u.src
   if u.dtype.is_float: return (-math.inf, math.inf)
   if op is Ops.CONST: return (int(u.arg), int(u.arg))
-  if op is Ops.RANGE: return (0, u.arg[1] - 1)
+  if op is Ops.RANGE: return (0, u.size - 1)
   if u.dtype == dtypes.bool:
     if op is Ops.CMPLT and s[0].vmax < s[1].vmin: return (1, 1)
     if op is Ops.CMPLT and s[0].vmin >= s[1].vmax: return (0, 0)
@@ -52,6 +52,16 @@ def linear(u: UOp) -> tuple[dict[UOp, int], int]:
     t, c = linear(x)
     return {x: v * k for x, v in t.items()}, c * k
   return {u: 1}, 0
+
+def flat_stride(ranges, terms: dict[UOp, int]) -> int | None:
+  """s when the index terms (linear) hold ranges (outer first) as their row-major flat index times s (0 for no
+  ranges), else None."""
+  if not ranges: return 0
+  inner, size = terms.get(ranges[-1], 0), 1
+  for r in reversed(ranges):
+    if terms.get(r, 0) != inner * size: return None
+    size *= r.size
+  return inner
 
 def from_linear(terms: dict[UOp, int], const: int, dtype=dtypes.index) -> UOp:
   ret = None
@@ -126,16 +136,14 @@ def _fold_mod(x: UOp, d: UOp) -> UOp | None:
   return None if new is x else new % c
 
 def _fold_const(x: UOp) -> UOp | None:
-  from aot.interpret import NP_ALU
+  from aot.interpret import NP_ALU, eval_dtype
   if x.dtype == dtypes.index:
     a = [s.arg for s in x.src]
     if x.op is Ops.IDIV: return x.const_like(int(a[0] / a[1])) if a[1] != 0 else None
     if x.op is Ops.MOD: return x.const_like(int(math.fmod(a[0], a[1]))) if a[1] != 0 else None
-    npdt = np.int64
-  else: npdt = x.dtype.np
   with np.errstate(all="ignore"):
-    v = NP_ALU[x.op](*[np.array(s.arg, dtype=s.dtype.np if s.dtype != dtypes.index else np.int64) for s in x.src])
-  return UOp.const(x.dtype, np.asarray(v).astype(npdt).item())
+    v = NP_ALU[x.op](*[np.array(s.arg, dtype=eval_dtype(s.dtype)) for s in x.src])
+  return UOp.const(x.dtype, np.asarray(v).astype(eval_dtype(x.dtype)).item())
 
 def _is_int(u: UOp) -> bool: return u.dtype.is_int or u.dtype == dtypes.bool
 

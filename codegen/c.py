@@ -2,8 +2,8 @@
 The table of ops is shared by every C-family target (C, CUDA, HIP, Metal): a new target overrides entries."""
 from __future__ import annotations
 import math
-from aot.dtype import DType, dtypes, min_value, max_value
-from aot.ir import UOp, Ops, ReduceOp
+from aot.dtype import DType, dtypes, min_value
+from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
 from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index
 
 def _fn(name: str):
@@ -18,18 +18,19 @@ def _maxmin(cmp: str):
   # numpy's maximum/minimum propagate NaN: keep a when it is NaN
   return lambda dt, a, b: f"((({a}) {cmp} ({b}) || ({a}) != ({a})) ? ({a}) : ({b}))" if dt.is_float else f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
 
+def abs_with(fabs):
+  # a float's through the target's fabs; an integer's by a compare (C's abs() is int only)
+  return lambda dt, a: fabs(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))"
+
 class CRenderer:
   kernel_prefix = "__attribute__((visibility(\"hidden\"))) void"
   restrict = "restrict"
   code_for_op = {
     Ops.NEG: lambda dt, a: f"(-{a})" if dt != dtypes.bool else f"(!{a})",
-    Ops.EXP: _fn("exp"), Ops.LOG: _fn("log"), Ops.SQRT: _fn("sqrt"), Ops.SIN: _fn("sin"), Ops.COS: _fn("cos"),
-    Ops.TANH: _fn("tanh"), Ops.ERF: _fn("erf"), Ops.FLOOR: _fn("floor"), Ops.CEIL: _fn("ceil"), Ops.ROUND: _fn("rint"),
-    Ops.TRUNC: _fn("trunc"), Ops.TAN: _fn("tan"), Ops.ASIN: _fn("asin"), Ops.ACOS: _fn("acos"), Ops.ATAN: _fn("atan"),
-    Ops.SINH: _fn("sinh"), Ops.COSH: _fn("cosh"), Ops.ASINH: _fn("asinh"), Ops.ACOSH: _fn("acosh"), Ops.ATANH: _fn("atanh"),
+    **{op: _fn(name) for op, name in LIBM.items()},
     Ops.SHL: lambda dt, a, b: f"({a}<<{b})", Ops.SHR: lambda dt, a, b: f"({a}>>{b})",
     Ops.RECIP: lambda dt, a: f"(({dt.cname})1/({a}))",
-    Ops.ABS: lambda dt, a: _fn("fabs")(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))",
+    Ops.ABS: abs_with(_fn("fabs")),
     Ops.NOT: lambda dt, a: f"(!{a})" if dt == dtypes.bool else f"(~{a})",
     Ops.ADD: lambda dt, a, b: f"({a}+{b})", Ops.SUB: lambda dt, a, b: f"({a}-{b})", Ops.MUL: lambda dt, a, b: f"({a}*{b})",
     Ops.DIV: lambda dt, a, b: f"({a}/{b})", Ops.IDIV: lambda dt, a, b: f"({a}/{b})",
@@ -64,7 +65,7 @@ class CRenderer:
     return f"({s})" if v < 0 else s
 
   def identity(self, op: ReduceOp, dt: DType) -> str:
-    return self.literal(dt, {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: min_value(dt), ReduceOp.MIN: max_value(dt)}[op])
+    return self.literal(dt, op.identity(dt))
 
   def accumulate(self, op: ReduceOp, dt: DType, acc: str, v: str) -> str:
     if op is ReduceOp.SUM: return f"{acc} += {v};"
@@ -73,8 +74,9 @@ class CRenderer:
 
   def param_decls(self, ast: UOp) -> list[str]:
     # start/end bound the outermost output loop: the slice of it one thread runs
-    return [f"{'' if p.arg == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.arg}" for p in kernel_params(ast)] + \
-           ["int start", "int end"]
+    buffers = [f"{'' if p.slot == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.slot}"
+               for p in kernel_params(ast)]
+    return buffers + ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
     ast = widen_index(ast)
@@ -86,18 +88,18 @@ class CRenderer:
     for kind, u in linearize(ast):
       ind = "  " * depth
       if kind == "loop":
-        names[u] = f"r{u.arg[0]}"
-        lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.arg[1]))
+        names[u] = f"r{u.number}"
+        lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.size))
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{"); depth += 1
       elif kind == "end":
         depth -= 1; lines.append("  " * depth + "}")
       elif kind == "acc_init":
         names[u] = f"acc{len(names)}"
-        lines.append(f"{ind}{u.dtype.cname} {names[u]} = {self.identity(u.arg, u.dtype)};")
+        lines.append(f"{ind}{u.dtype.cname} {names[u]} = {self.identity(u.reduce_op, u.dtype)};")
       elif kind == "acc_update":
-        lines.append(f"{ind}{self.accumulate(u.arg, u.dtype, names[u], r(u.src[0]))}")
+        lines.append(f"{ind}{self.accumulate(u.reduce_op, u.dtype, names[u], r(u.src[0]))}")
       elif kind == "store":
-        lines.append(f"{ind}d{u.src[0].arg}[{r(u.src[1])}] = {r(u.src[2])};")
+        lines.append(f"{ind}d{u.src[0].slot}[{r(u.src[1])}] = {r(u.src[2])};")
       else:
         names[u] = f"v{len(names)}"
         lines.append(f"{ind}const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
@@ -106,14 +108,14 @@ class CRenderer:
   def render_value(self, u: UOp, r) -> str:
     if u.op is Ops.LOAD:
       buf, idx, gate = u.src
-      access = f"d{buf.arg}[{r(idx)}]"
+      access = f"d{buf.slot}[{r(idx)}]"
       return access if gate.op is Ops.CONST and gate.arg else f"({r(gate)} ? {access} : {self.literal(u.dtype, 0)})"
     if u.op is Ops.CAST:
       return f"(({u.dtype.cname})({r(u.src[0])} != 0))" if u.dtype == dtypes.bool else f"(({u.dtype.cname}){r(u.src[0])})"
     if u.op is Ops.BITCAST:
       return f"({{ {u.dtype.cname} t_; {u.src[0].dtype.cname} s_ = {r(u.src[0])}; __builtin_memcpy(&t_, &s_, sizeof t_); t_; }})"
     if u.op in self.code_for_op:
-      dt = u.src[-1].dtype if u.op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE) else u.dtype
+      dt = u.src[-1].dtype if u.op in GroupOp.Compare else u.dtype
       return self.code_for_op[u.op](dt, *[r(s) for s in u.src])
     raise NotImplementedError(f"C renderer: no rule for {u.op.name}")
 

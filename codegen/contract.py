@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops, ReduceOp, prod
-from aot.interpret import NP_ALU
+from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
+from aot.interpret import evaluate
 from aot.rewrite import substitute, graph_rewrite
-from aot.symbolic import pm_simplify, linear
+from aot.symbolic import pm_simplify, linear, flat_stride
 from aot.schedule import pm_gated_off
 
 # a contraction smaller than this (multiply-adds) is not worth a call into the microkernel and its packing
@@ -95,8 +95,6 @@ class Contraction:
   @property
   def K(self) -> int: return prod(r.arg[1] for r in self.k)
 
-def _ranges(u: UOp) -> set[UOp]: return {r for r in u.toposort() if r.op is Ops.RANGE}
-
 def _tile_use(m: int, n: int, tile: tuple[int, int]) -> float:
   """The fraction of the microkernel's tiles that holds real rows and columns (the rest is padding)."""
   return m / (-(-m // tile[0]) * tile[0]) * n / (-(-n // tile[1]) * tile[1])
@@ -118,7 +116,7 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
   - A range both operands read, one of them only through r // d (a grouped convolution's group), splits into
     (r // d, r % d): the group is the batch, and r % d is M or N."""
   kset = set(k)
-  outs = (_ranges(x) | _ranges(y)) - kset
+  outs = (ranges_of(x) | ranges_of(y)) - kset
   start, end = {r: 0 for r in outs}, {r: r.arg[1] for r in outs}
   cmps = {u for s in (x, y) for u in s.toposort()
           if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST}
@@ -133,7 +131,7 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
   back = {fresh[r]: r - start[r] for r in sliced}
   sub = {r: fresh[r] + start[r] for r in sliced}
   x, y = (graph_rewrite(substitute(s, sub), pm_operand) for s in (x, y))
-  for r in sorted((_ranges(x) & _ranges(y)) - kset, key=lambda r: r.arg[0]):
+  for r in sorted((ranges_of(x) & ranges_of(y)) - kset, key=lambda r: r.arg[0]):
     divisors = {u.src[1].arg for s in (x, y) for u in s.toposort()
                 if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is r and u.src[1].op is Ops.CONST}
     for d in sorted(d for d in divisors if 1 < d < r.arg[1] and r.arg[1] % d == 0):
@@ -141,7 +139,7 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
       outer = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], r.arg[1] // d, r.arg[2]))
       inner = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0] + 0.5, d, r.arg[2]))
       nx, ny = (graph_rewrite(substitute(s, {r: outer * d + inner}), pm_operand) for s in (x, y))
-      if inner in _ranges(nx) and inner in _ranges(ny): continue
+      if inner in ranges_of(nx) and inner in ranges_of(ny): continue
       x, y = nx, ny
       e = back.pop(r, r)
       back[outer], back[inner] = e // d, e % d
@@ -160,7 +158,7 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     if any(u.op is Ops.ACCUMULATE or (u.op is Ops.DEFINE_GLOBAL and u.arg == 0) for s in (x, y) for u in s.toposort()): continue
     k = tuple(acc.src[1:])
     x, y, back, bounds = _slice_and_split(x, y, k)
-    dx, dy = _ranges(x) - set(k), _ranges(y) - set(k)
+    dx, dy = ranges_of(x) - set(k), ranges_of(y) - set(k)
     batch = tuple(sorted(dx & dy, key=lambda r: r.arg[0]))
     mx, ny = dx - set(batch), dy - set(batch)
     if not mx | ny: continue
@@ -176,13 +174,6 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
                     Side(y, tuple(sorted(ny, key=lambda r: r.arg[0]))), tuple(back.items()), tuple(bounds))
     if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK: found.append(c)
   return found
-
-def _flat(ranges) -> UOp:
-  """The row-major flat index of ranges (outer first)."""
-  out, stride = UOp.const(dtypes.index, 0), 1
-  for r in reversed(ranges):
-    out, stride = r * stride + out, stride * r.arg[1]
-  return out
 
 def _unflat(flat: UOp, ranges) -> dict[UOp, UOp]:
   """Each range's value at a flat index; the modulo keeps the outermost in bounds past the end (padding rows)."""
@@ -201,7 +192,7 @@ def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
   elif c.k[0].arg[1] < MIN_SPLIT: order = [*c.batch, *side.rows[:-1], *c.k, *side.rows[-1:]]
   else: order = [*c.batch, *c.k, *side.rows]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(order)}
-  batch, own, k = (_flat([fresh[r] for r in g]) for g in (c.batch, side.rows, c.k))
+  batch, own, k = (flat_of([fresh[r] for r in g]) for g in (c.batch, side.rows, c.k))
   idx = (batch * c.K + k) * rows + own if is_b else (batch * rows + own) * c.K + k
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh)))
   return graph_rewrite(store, pm_simplify)
@@ -230,8 +221,8 @@ def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
   # the last panel's rows past the end wrap around to real ones: their columns are packed, never used
   sub = {**{r: fresh[r] for r in (*c.k, *rest)}, **_unflat(p // panels, c.batch),
          outer: ((p % panels) * h + fresh[order[len(c.k)]]) % outer.arg[1]}
-  own = _flat([fresh[r] for r in order[len(c.k):]])
-  idx = _flat([fresh[r] for r in c.k]) * ld + own
+  own = flat_of([fresh[r] for r in order[len(c.k):]])
+  idx = flat_of([fresh[r] for r in c.k]) * ld + own
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, sub)))
   return graph_rewrite(store, pm_simplify)
 
@@ -242,19 +233,13 @@ def _view(side: Side, c: Contraction) -> tuple[int, int, tuple[int, int, int]] |
   if x.op is not Ops.LOAD or not (x.src[2].op is Ops.CONST and x.src[2].arg): return None
   terms, offset = linear(x.src[1])
   if offset < 0 or any(t.op is not Ops.RANGE for t in terms): return None
-  strides = []
-  for group in (c.batch, side.rows, c.k):
-    inner = terms.get(group[-1], 0) if group else 0
-    size = 1
-    for r in reversed(group):
-      if terms.get(r, 0) != inner * size: return None
-      size *= r.arg[1]
-    strides.append(inner)
-  return x.src[0].arg, offset, tuple(strides)
+  strides = tuple(flat_stride(group, terms) for group in (c.batch, side.rows, c.k))
+  if None in strides: return None
+  return x.src[0].arg, offset, strides
 
 def result_index(c: Contraction) -> UOp:
   """Where acc[batch, m, n] lies in the result matrix C[batch][m][n]."""
-  return (_flat(c.batch) * c.a.size + _flat(c.a.rows)) * c.b.size + _flat(c.b.rows)
+  return (flat_of(c.batch) * c.a.size + flat_of(c.a.rows)) * c.b.size + flat_of(c.b.rows)
 
 def _inside(c: Contraction) -> UOp:
   """Where the accumulator can be nonzero: inside its slices of the kernel's output ranges."""
@@ -315,36 +300,12 @@ def _packs(c: Contraction, side: Side, tile: int, consts: list[np.ndarray]) -> b
 
 def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.ndarray]) -> np.ndarray:
   """A constant operand evaluated with numpy and packed as [batch][tiles][K][tile], zero-padded: what the microkernel
-  reads in place of a pack kernel's output. Each node is evaluated over the ranges it depends on only (size-1 axes
-  elsewhere) and dropped after its last use: the work and memory are a small multiple of the packed result's (4x
-  for a conv's weights: the int64 index over (rows, k) is twice the packed floats)."""
-  axes = list(c.batch) + list(side.rows) + list(c.k)
-  shape = tuple(r.arg[1] for r in axes)
-  nodes = side.expr.toposort()
-  uses = {u: 0 for u in nodes}
-  for u in nodes:
-    for s in u.src: uses[s] += 1
-  vals: dict[UOp, np.ndarray] = {}
-  with np.errstate(all="ignore"):
-    for u in nodes:
-      if u.op is Ops.RANGE:
-        vals[u] = np.arange(u.arg[1], dtype=np.int64).reshape([-1 if a is u else 1 for a in axes])
-      elif u.op is Ops.CONST: vals[u] = np.array(u.arg, dtype=np.int64 if u.dtype == dtypes.index else u.dtype.np)
-      elif u.op is Ops.DEFINE_GLOBAL: continue
-      elif u.op is Ops.LOAD:
-        # gathered over the index's own ranges (clamped: out of bounds only where the gate is false), then gated
-        flat, idx, gate = data[u.src[0].arg].reshape(-1), vals[u.src[1]], vals[u.src[2]]
-        vals[u] = np.take(flat, idx, mode="clip")
-        if not (gate.ndim == 0 and gate): vals[u] = np.where(gate, vals[u], np.zeros((), flat.dtype))
-      elif u.op is Ops.CAST: vals[u] = vals[u.src[0]].astype(u.dtype.np)
-      elif u.op in NP_ALU:
-        dt = np.int64 if u.dtype == dtypes.index else u.dtype.np
-        vals[u] = np.asarray(NP_ALU[u.op](*[vals[s] for s in u.src])).astype(dt, copy=False)
-      else: raise NotImplementedError(f"cannot evaluate {u.op.name} in a constant operand")
-      for s in u.src:
-        uses[s] -= 1
-        if uses[s] == 0: vals.pop(s, None)
-  grid = np.broadcast_to(vals.pop(side.expr).astype(np.float32, copy=False), shape).reshape(c.B, side.size, c.K)
+  reads in place of a pack kernel's output. The evaluator computes each node over the ranges it depends on only
+  (size-1 axes elsewhere) and drops it after its last use: the work and memory are a small multiple of the packed
+  result's (4x for a conv's weights: the int64 index over (rows, k) is twice the packed floats)."""
+  axes = [*c.batch, *side.rows, *c.k]
+  value = evaluate(side.expr, axes=axes, data=data).astype(np.float32, copy=False)
+  grid = np.broadcast_to(value, [r.size for r in axes]).reshape(c.B, side.size, c.K)
   tiles, whole = -(-side.size // tile), side.size // tile
   packed = np.zeros((c.B, tiles, c.K, tile), np.float32)
   rows = packed.transpose(0, 1, 3, 2)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops, prod
-from aot.interpret import NP_ALU
+from aot.ir import UOp, Ops, prod, ranges_of
+from aot.interpret import evaluate_grid
 from aot.rewrite import graph_rewrite
 from aot.symbolic import pm_simplify, linear
 from aot.codegen.contract import Contraction, find_contractions, evaluate_operand, epilogue_kernel, result_index
@@ -58,16 +58,6 @@ class Depthwise:
   @property
   def work(self) -> int: return self.planes * self.OH * self.OW * self.KH * self.KW
 
-def _grid(u: UOp, axes: list[UOp]) -> np.ndarray:
-  """An index or boolean expression of ranges evaluated over the grid of axes (numpy broadcasting)."""
-  vals: dict[UOp, np.ndarray] = {}
-  for n in u.toposort():
-    if n.op is Ops.RANGE: vals[n] = np.arange(n.arg[1]).reshape([-1 if a is n else 1 for a in axes])
-    elif n.op is Ops.CONST: vals[n] = np.array(n.arg)
-    elif n.op in NP_ALU: vals[n] = np.asarray(NP_ALU[n.op](*[vals[s] for s in n.src]))
-    else: raise ValueError(f"{n.op.name} in a gate")
-  return np.broadcast_to(vals[u], [a.arg[1] for a in axes])
-
 def _valid_span(valid: np.ndarray) -> tuple[int, int] | None:
   """(first, count) of the valid padded positions when they are one run, else None."""
   idx = np.flatnonzero(valid)
@@ -83,8 +73,6 @@ def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
   if expr.op is not Ops.LOAD: return None
   if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True): gates.append(expr.src[2])
   return expr, gates
-
-def _ranges_of(u: UOp) -> set[UOp]: return {r for r in u.toposort() if r.op is Ops.RANGE}
 
 def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   """The direct kernel's geometry for a contraction that is a depthwise convolution, else None."""
@@ -103,7 +91,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   *extra, oh, ow = image.rows
   planes_of = (*c.batch, *extra)
   # terms in the plane's ranges only may be anything (a channel shuffle's divisions): the plane's offset is a table
-  plane_terms = {t: k for t, k in terms.items() if _ranges_of(t) <= set(planes_of)}
+  plane_terms = {t: k for t, k in terms.items() if ranges_of(t) <= set(planes_of)}
   terms = {t: k for t, k in terms.items() if t not in plane_terms}
   if any(t.op is not Ops.RANGE for t in terms): return None
   ka, kb = c.k
@@ -120,8 +108,8 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
   mask = np.ones((OH, KH, OW, KW), bool)
   for g in gates:
-    if {r for r in g.toposort() if r.op is Ops.RANGE} - set(axes): return None
-    mask &= _grid(g, axes).astype(bool)
+    if ranges_of(g) - set(axes): return None
+    mask &= evaluate_grid(g, axes).astype(bool)
   ih = (np.arange(OH)[:, None] * SH + np.arange(KH)[None, :]).reshape(-1)
   iw = (np.arange(OW)[:, None] * SW + np.arange(KW)[None, :]).reshape(-1)
   row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
@@ -135,7 +123,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   if not np.array_equal(mask, expected): return None
   # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
   shift = np.zeros([r.arg[1] for r in planes_of], np.int64) + offset + PH * x_row + PW
-  for t, k in plane_terms.items(): shift = shift + k * _grid(t, list(planes_of)).astype(np.int64)
+  for t, k in plane_terms.items(): shift = shift + k * evaluate_grid(t, list(planes_of)).astype(np.int64)
   if shift.min() < 0 or shift.max() >= 1 << 31: return None
   # one band of the plane's rows must fit the runtime's buffer
   phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) // SW

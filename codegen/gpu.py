@@ -19,10 +19,10 @@ from __future__ import annotations
 import math, re
 from dataclasses import dataclass
 from aot.dtype import DType, dtypes
-from aot.ir import UOp, Ops, ReduceOp, prod
-from aot.codegen.c import CRenderer
+from aot.ir import UOp, Ops, prod, LIBM
+from aot.codegen.c import CRenderer, abs_with
 from aot.errors import CompileError
-from aot.codegen.linearize import linearize
+from aot.codegen.linearize import linearize, kernel_params
 
 # threads per block for per-thread kernels: a multiple of both warp (32) and wavefront (64) sizes, and small enough
 # that a block's registers fit on every GPU we target
@@ -46,13 +46,13 @@ def _top_level_reductions(ast: UOp) -> list[int]:
   """Sizes (elements reduced per output) of the reductions not nested in another reduction."""
   sizes, inner = [], 0
   for kind, u in linearize(ast):
-    if kind == "loop" and u.arg[2] == "reduce": inner += 1
-    elif kind == "end" and u.arg[2] == "reduce": inner -= 1
-    elif kind == "acc_init" and inner == 0: sizes.append(prod(r.arg[1] for r in u.src[1:]))
+    if kind == "loop" and u.kind == "reduce": inner += 1
+    elif kind == "end" and u.kind == "reduce": inner -= 1
+    elif kind == "acc_init" and inner == 0: sizes.append(prod(r.size for r in u.src[1:]))
   return sizes
 
 def plan_launch(ast: UOp) -> Launch:
-  outputs = prod(r.arg[1] for r in ast.toposort() if r.op is Ops.RANGE and r.arg[2] != "reduce")
+  outputs = prod(r.size for r in ast.toposort() if r.op is Ops.RANGE and r.kind != "reduce")
   reductions = _top_level_reductions(ast)
   if reductions and max(reductions) >= COOP_MIN_REDUCE and outputs <= COOP_MAX_OUTPUTS:
     return Launch(outputs, COOP_THREADS, True, outputs)
@@ -60,11 +60,11 @@ def plan_launch(ast: UOp) -> Launch:
 
 def _unflatten(flat: str, ranges: list[UOp]) -> dict[UOp, str]:
   """Each loop variable of a perfectly nested loop chain, from the flat index over the chain (row-major)."""
-  out, stride = {}, prod(r.arg[1] for r in ranges)
+  out, stride = {}, prod(r.size for r in ranges)
   for i, r in enumerate(ranges):
-    stride //= r.arg[1]
+    stride //= r.size
     e = flat if stride == 1 else f"({flat} / {stride})"
-    out[r] = e if i == 0 else f"({e} % {r.arg[1]})"
+    out[r] = e if i == 0 else f"({e} % {r.size})"
   return out
 
 class GPURenderer(CRenderer):
@@ -81,8 +81,7 @@ class GPURenderer(CRenderer):
   prelude = ""
 
   def param_decls(self, ast: UOp) -> list[str]:
-    params = sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
-    return [self.buffer_param(p.arg, p.dtype) for p in params] + list(self.extra_params)
+    return [self.buffer_param(p.slot, p.dtype) for p in kernel_params(ast)] + list(self.extra_params)
 
   def buffer_param(self, slot: int, dt: DType) -> str:
     return f"{'' if slot == 0 else 'const '}{self.buffer_space}{dt.cname} *{self.restrict} d{slot}"
@@ -92,7 +91,7 @@ class GPURenderer(CRenderer):
     names: dict[UOp, str] = {}
     def r(u: UOp) -> str: return self.literal(u.dtype, u.arg) if u.op is Ops.CONST else names[u]
     instrs = linearize(ast)
-    outer = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[2] != "reduce"), key=lambda r: r.arg[0])
+    outer = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.kind != "reduce"), key=lambda r: r.number)
     out_index = _unflatten("gid", outer)
     head = [f"{self.kernel_prefix} {name}({', '.join(self.param_decls(ast))}) {{"]
     lines: list[str] = []
@@ -108,24 +107,25 @@ class GPURenderer(CRenderer):
     part: dict[UOp, str] = {}      # accumulator -> its shared-memory array of partial results (one per thread)
     reduce_depth = 0
     for i, (kind, u) in enumerate(instrs):
-      if kind == "loop" and u.arg[2] != "reduce":
-        names[u] = f"r{u.arg[0]}"; emit(f"const int {names[u]} = {out_index[u]};")
-      elif kind == "end" and u.arg[2] != "reduce": pass
+      if kind == "loop" and u.kind != "reduce":
+        names[u] = f"r{u.number}"; emit(f"const int {names[u]} = {out_index[u]};")
+      elif kind == "end" and u.kind != "reduce": pass
       elif kind == "loop":
         reduce_depth += 1
-        names[u] = f"r{u.arg[0]}"
+        names[u] = f"r{u.number}"
         if reduce_depth == 1 and launch.cooperative:
           # a top-level reduction: the block's threads take strided turns over its loops, flattened into one
           coop = [a for k, a in instrs[:i] if k == "acc_init" and a.src[1] is u]
           part.update((a, f"part{len(part) + n}") for n, a in enumerate(coop))
-          ranges, fv = list(coop[0].src[1:]), f"f{u.arg[0]}"
+          ranges, fv = list(coop[0].src[1:]), f"f{u.number}"
           flat.update(_unflatten(fv, ranges))
           emit(f"AOT_PHASE_BEGIN({launch.block})"); depth += 1
-          for a in coop: emit(f"{a.dtype.cname} {names[a]} = {self.identity(a.arg, a.dtype)};")
-          emit(f"for (int {fv} = (int){self.thread_id}; {fv} < {prod(x.arg[1] for x in ranges)}; {fv} += {launch.block}) {{")
+          for a in coop: emit(f"{a.dtype.cname} {names[a]} = {self.identity(a.reduce_op, a.dtype)};")
+          trips = prod(x.size for x in ranges)
+          emit(f"for (int {fv} = (int){self.thread_id}; {fv} < {trips}; {fv} += {launch.block}) {{")
           depth += 1
         if u in flat: emit(f"const int {names[u]} = {flat[u]};")
-        else: emit(f"for (int {names[u]} = 0; {names[u]} < {u.arg[1]}; {names[u]}++) {{"); depth += 1
+        else: emit(f"for (int {names[u]} = 0; {names[u]} < {u.size}; {names[u]}++) {{"); depth += 1
       elif kind == "end":
         reduce_depth -= 1
         if u not in flat: depth -= 1; emit("}")
@@ -138,12 +138,12 @@ class GPURenderer(CRenderer):
         names[u] = f"acc{len(names)}"
         # a cooperative accumulator is declared inside its phase (at its first loop)
         if not (launch.cooperative and reduce_depth == 0):
-          emit(f"{u.dtype.cname} {names[u]} = {self.identity(u.arg, u.dtype)};")
+          emit(f"{u.dtype.cname} {names[u]} = {self.identity(u.reduce_op, u.dtype)};")
       elif kind == "acc_update":
-        emit(self.accumulate(u.arg, u.dtype, names[u], r(u.src[0])))
+        emit(self.accumulate(u.reduce_op, u.dtype, names[u], r(u.src[0])))
       elif kind == "store":
         # in a cooperative kernel every thread of the block stores the same (block-uniform) value: harmless
-        emit(f"d{u.src[0].arg}[{r(u.src[1])}] = {r(u.src[2])};")
+        emit(f"d{u.src[0].slot}[{r(u.src[1])}] = {r(u.src[2])};")
       else:
         names[u] = f"v{len(names)}"
         emit(f"const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
@@ -164,7 +164,8 @@ class GPURenderer(CRenderer):
             f"  AOT_PHASE_BEGIN({threads})"]
     for a in accs:
       p = part[a]
-      out.append(f"  if ({t} < (unsigned)s) {{ {self.accumulate(a.arg, a.dtype, f'{p}[{t}]', f'{p}[{t} + s]')} }}")
+      fold = self.accumulate(a.reduce_op, a.dtype, f"{p}[{t}]", f"{p}[{t} + s]")
+      out.append(f"  if ({t} < (unsigned)s) {{ {fold} }}")
     out += ["  AOT_PHASE_END", "  AOT_BARRIER;", "}"]
     for a in accs:
       names[a] = f"{names[a]}_total"
@@ -214,11 +215,6 @@ def _hip_fn(name: str):
     return f"(({dt.cname}){spell}f((float)({a})))"
   return render
 
-_LIBM = {Ops.EXP: "exp", Ops.LOG: "log", Ops.SQRT: "sqrt", Ops.SIN: "sin", Ops.COS: "cos", Ops.TANH: "tanh",
-         Ops.ERF: "erf", Ops.FLOOR: "floor", Ops.CEIL: "ceil", Ops.ROUND: "rint", Ops.TRUNC: "trunc", Ops.TAN: "tan",
-         Ops.ASIN: "asin", Ops.ACOS: "acos", Ops.ATAN: "atan", Ops.SINH: "sinh", Ops.COSH: "cosh", Ops.ASINH: "asinh",
-         Ops.ACOSH: "acosh", Ops.ATANH: "atanh"}
-
 _HIP_PRELUDE = """#include <stdint.h>
 #define INFINITY __builtin_inff()
 #define NAN __builtin_nanf("")
@@ -240,8 +236,8 @@ class HIPRenderer(GPURenderer):
   block_id = "__builtin_amdgcn_workgroup_id_x()"
   thread_id = "__builtin_amdgcn_workitem_id_x()"
   prelude = _HIP_PRELUDE
-  code_for_op = {**CRenderer.code_for_op, **{op: _hip_fn(n) for op, n in _LIBM.items()},
-                 Ops.ABS: lambda dt, a: _hip_fn("fabs")(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))",
+  code_for_op = {**CRenderer.code_for_op, **{op: _hip_fn(n) for op, n in LIBM.items()},
+                 Ops.ABS: abs_with(_hip_fn("fabs")),
                  Ops.MOD: lambda dt, a, b: f"__builtin_fmod{'' if dt == dtypes.float64 else 'f'}({a}, {b})" if dt.is_float
                           else f"({a}%{b})",
                  Ops.POW: lambda dt, a, b: _no_hip_f64("pow") if dt == dtypes.float64 else
@@ -277,8 +273,8 @@ class MetalRenderer(GPURenderer):
   thread_id = "aot_thread.x"
   extra_params = ("uint3 aot_block [[threadgroup_position_in_grid]]", "uint3 aot_thread [[thread_position_in_threadgroup]]")
   prelude = _METAL_PRELUDE
-  code_for_op = {**CRenderer.code_for_op, **{op: _metal_fn(n) for op, n in _LIBM.items()},
-                 Ops.ABS: lambda dt, a: f"metal::precise::fabs({a})" if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))",
+  code_for_op = {**CRenderer.code_for_op, **{op: _metal_fn(n) for op, n in LIBM.items()},
+                 Ops.ABS: abs_with(lambda dt, a: f"metal::precise::fabs({a})"),
                  Ops.MOD: lambda dt, a, b: f"metal::precise::fmod({a}, {b})" if dt.is_float else f"({a}%{b})",
                  Ops.POW: lambda dt, a, b: f"(({dt.cname})metal::precise::pow({a}, {b}))"}
 
@@ -308,3 +304,10 @@ class MetalRenderer(GPURenderer):
     return super().render_value(u, r)
 
 RENDERERS = {"cuda": CUDARenderer, "hip": HIPRenderer, "metal": MetalRenderer}
+# the targets this file renders, in the order every list of them is shown
+GPU_TARGETS = tuple(RENDERERS)
+# per target: the kernel source, the device code built from it (what libNAME.so embeds), the host glue (the API's
+# implementation of runtime_c/aot_gpu.h: which GPU runtime it loads)
+KERNEL_SOURCE = {"cuda": "kernels.cu", "hip": "kernels.hip", "metal": "kernels.metal"}
+DEVICE_IMAGE = {"cuda": "kernels.fatbin", "hip": "kernels.hipfb", "metal": "kernels.metal"}
+HOST_GLUE = {"cuda": "aot_cuda.c", "hip": "aot_hip.c", "metal": "aot_metal.m"}

@@ -18,13 +18,13 @@ INDEX32_MAX = 2**31 - 1
 def is_outer(r: UOp) -> bool:
   """The outermost output loop: the one split across threads (kernels take its [start, end) as arguments). The
   runtime splits in int, so a loop longer than INDEX32_MAX is not split: it runs whole on one thread."""
-  return r.arg[0] == 0 and r.arg[2] != "reduce" and r.arg[1] <= INDEX32_MAX
+  return r.number == 0 and r.kind != "reduce" and r.size <= INDEX32_MAX
 
 def needs_wide_index(ast: UOp) -> bool:
   """Can an index value, or a loop counter (which reaches the loop's size), leave the int32 range?"""
   for u in ast.toposort():
     if u.dtype != dtypes.index: continue
-    if u.op is Ops.RANGE and u.arg[1] > INDEX32_MAX: return True
+    if u.op is Ops.RANGE and u.size > INDEX32_MAX: return True
     if u.vmin < -INDEX32_MAX - 1 or u.vmax > INDEX32_MAX: return True
   return False
 
@@ -38,11 +38,11 @@ def widen_index(ast: UOp) -> UOp:
 
 def parallel_extent(ast: UOp) -> int:
   """How many iterations of the outermost output loop a kernel has (1 when it has none: it runs whole, once)."""
-  return next((r.arg[1] for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)
+  return next((r.size for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)
 
 def kernel_params(ast: UOp) -> list[UOp]:
   """A kernel's buffer arguments (DEFINE_GLOBALs) in slot order; its loop bounds follow them."""
-  return sorted({u.arg: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.arg)
+  return sorted({u.slot: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.slot)
 
 def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   # the C and LLVM renderers widen such a kernel first; a target that cannot must not wrap around silently
@@ -133,7 +133,7 @@ def flop_count(ast: UOp) -> int:
   from aot.ir import GroupOp
   trips, total = [1], 0
   for kind, u in linearize(widen_index(ast)):
-    if kind == "loop": trips.append(trips[-1] * u.arg[1])
+    if kind == "loop": trips.append(trips[-1] * u.size)
     elif kind == "end": trips.pop()
     # arithmetic only: selects and comparisons (padding masks) are not floating-point work
     elif kind in ("value", "acc_update") and u.dtype.is_float and (kind == "acc_update" or

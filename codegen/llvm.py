@@ -9,8 +9,8 @@ from __future__ import annotations
 import math, re
 from llvmlite import ir
 import llvmlite.binding as llvm
-from aot.dtype import DType, dtypes, min_value, max_value
-from aot.ir import UOp, Ops, ReduceOp
+from aot.dtype import DType, dtypes
+from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
 from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index
 
 def ltype(dt: DType) -> ir.Type:
@@ -21,10 +21,17 @@ def ltype(dt: DType) -> ir.Type:
 
 def mtype(dt: DType) -> ir.Type: return ir.IntType(8) if dt == dtypes.bool else ltype(dt)
 
-INTRINSICS = {Ops.EXP: "llvm.exp", Ops.LOG: "llvm.log", Ops.SQRT: "llvm.sqrt", Ops.SIN: "llvm.sin", Ops.COS: "llvm.cos",
-              Ops.FLOOR: "llvm.floor", Ops.CEIL: "llvm.ceil", Ops.ROUND: "llvm.rint", Ops.TRUNC: "llvm.trunc"}
-LIBM = {Ops.TANH: "tanh", Ops.ERF: "erf", Ops.TAN: "tan", Ops.ASIN: "asin", Ops.ACOS: "acos", Ops.ATAN: "atan",
-        Ops.SINH: "sinh", Ops.COSH: "cosh", Ops.ASINH: "asinh", Ops.ACOSH: "acosh", Ops.ATANH: "atanh"}
+# the libm functions LLVM has intrinsics for; the other LIBM entries are calls
+INTRINSICS = {op: f"llvm.{LIBM[op]}" for op in (Ops.EXP, Ops.LOG, Ops.SQRT, Ops.SIN, Ops.COS, Ops.FLOOR, Ops.CEIL,
+                                                Ops.ROUND, Ops.TRUNC)}
+
+# binary ops that are one IRBuilder method
+FLOAT_BINARY = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.DIV: "fdiv", Ops.MOD: "frem"}
+INT_WRAPPING = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul"}  # take the nsw flag on index arithmetic
+INT_BINARY = {Ops.AND: "and_", Ops.OR: "or_", Ops.XOR: "xor", Ops.SHL: "shl"}
+# (signed, unsigned): integer division truncates toward zero, as C's
+INT_SIGNED = {Ops.IDIV: ("sdiv", "udiv"), Ops.DIV: ("sdiv", "udiv"), Ops.MOD: ("srem", "urem"),
+              Ops.SHR: ("ashr", "lshr")}
 
 class LLVMRenderer:
   def __init__(self, module: ir.Module): self.module = module
@@ -50,7 +57,7 @@ class LLVMRenderer:
     return ir.Constant(ltype(dt), int(v) & ((1 << (dt.itemsize * 8)) - 1) if v < 0 and dt.kind == "u" else int(v))
 
   def identity(self, op: ReduceOp, dt: DType):
-    return self.const(dt, {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: min_value(dt), ReduceOp.MIN: max_value(dt)}[op])
+    return self.const(dt, op.identity(dt))
 
   def render_kernel(self, name: str, ast: UOp) -> ir.Function:
     ast = widen_index(ast)
@@ -59,7 +66,7 @@ class LLVMRenderer:
     fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name)
     fn.attributes.add("nounwind")
     for a in fn.args[:-2]: a.add_attribute("noalias")
-    ptr = {p.arg: a for p, a in zip(params, fn.args)}
+    ptr = {p.slot: a for p, a in zip(params, fn.args)}
     start, end = fn.args[-2:]  # the slice of the outermost output loop this call runs
     entry = fn.append_basic_block("entry")
     alloca_b = ir.IRBuilder(entry)
@@ -77,13 +84,13 @@ class LLVMRenderer:
     for kind, u in linearize(ast):
       if kind == "loop":
         it = ltype(u.dtype)
-        counter = alloca_b.alloca(it, name=f"r{u.arg[0]}")
+        counter = alloca_b.alloca(it, name=f"r{u.number}")
         outer = is_outer(u)
         # a 64-bit counter (widen_index) still starts and ends where the int arguments say
         lo, hi = ((b.sext(x, it) if it != i32 else x for x in (start, end)) if outer else
-                  (ir.Constant(it, 0), ir.Constant(it, u.arg[1])))
+                  (ir.Constant(it, 0), ir.Constant(it, u.size)))
         b.store(lo, counter)
-        head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.arg[0]}") for s in ("head", "loop", "exit"))
+        head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.number}") for s in ("head", "loop", "exit"))
         b.branch(head)
         b.position_at_end(head)
         i = b.load(counter)
@@ -98,15 +105,15 @@ class LLVMRenderer:
         b.position_at_end(exit_)
       elif kind == "acc_init":
         accs[u] = alloca_b.alloca(ltype(u.dtype), name=f"acc")
-        b.store(self.identity(u.arg, u.dtype), accs[u])
+        b.store(self.identity(u.reduce_op, u.dtype), accs[u])
       elif kind == "acc_update":
         acc = b.load(accs[u])
-        b.store(self.combine(b, u.arg, u.dtype, acc, r(u.src[0])), accs[u])
+        b.store(self.combine(b, u.reduce_op, u.dtype, acc, r(u.src[0])), accs[u])
       elif kind == "store":
         buf, idx, val = u.src
         v = r(val)
         if buf.dtype == dtypes.bool: v = b.zext(v, ir.IntType(8))
-        b.store(v, b.gep(ptr[buf.arg], [r(idx)], inbounds=True))
+        b.store(v, b.gep(ptr[buf.slot], [r(idx)], inbounds=True))
       else:
         vals[u] = self.render_value(b, u, r, ptr)
     b.ret_void()
@@ -145,7 +152,7 @@ class LLVMRenderer:
       gated = not (gate.op is Ops.CONST and gate.arg)
       # a gated load reads element 0 (always there) when the gate is off, then selects the pad value: no branch
       if gated: i = b.select(r(gate), i, ir.Constant(i.type, 0))
-      v = b.load(b.gep(ptr[buf.arg], [i], inbounds=True))
+      v = b.load(b.gep(ptr[buf.slot], [i], inbounds=True))
       if dt == dtypes.bool: v = b.trunc(v, ir.IntType(1))
       return b.select(r(gate), v, self.const(dt, 0)) if gated else v
     if op is Ops.CAST: return self.cast(b, r(s[0]), s[0].dtype, dt)
@@ -156,18 +163,14 @@ class LLVMRenderer:
       return b.bitcast(r(s[0]), ltype(dt))
     xs = [r(x) for x in s]
     if op is Ops.WHERE: return b.select(*xs)
-    if op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE):
+    if op in GroupOp.Compare:
       sd = s[0].dtype
       pred = {Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}[op]
       if sd.is_float: return b.fcmp_unordered(pred, *xs) if op is Ops.CMPNE else b.fcmp_ordered(pred, *xs)
       return (b.icmp_unsigned if sd.kind in "ub" else b.icmp_signed)(pred, *xs)
     if op in (Ops.MAX, Ops.MIN): return self.maxmin(b, dt, xs[0], xs[1], op is Ops.MAX)
     if dt.is_float:
-      if op is Ops.ADD: return b.fadd(*xs)
-      if op is Ops.SUB: return b.fsub(*xs)
-      if op is Ops.MUL: return b.fmul(*xs)
-      if op is Ops.DIV: return b.fdiv(*xs)
-      if op is Ops.MOD: return b.frem(*xs)
+      if op in FLOAT_BINARY: return getattr(b, FLOAT_BINARY[op])(*xs)
       if op is Ops.NEG: return b.fneg(xs[0])
       if op is Ops.RECIP: return b.fdiv(self.const(dt, 1.0), xs[0])
       if op is Ops.IDIV: return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
@@ -176,18 +179,11 @@ class LLVMRenderer:
     # index arithmetic never wraps (a kernel where it could in 32 bits indexes in 64: linearize.widen_index): saying
     # so lets LLVM see consecutive addresses
     nsw = ["nsw"] if dt in (dtypes.index, dtypes.index64) else []
-    if op is Ops.ADD: return b.add(*xs, flags=nsw)
-    if op is Ops.SUB: return b.sub(*xs, flags=nsw)
-    if op is Ops.MUL: return b.mul(*xs, flags=nsw)
-    if op in (Ops.IDIV, Ops.DIV): return b.udiv(*xs) if unsigned else b.sdiv(*xs)
-    if op is Ops.MOD: return b.urem(*xs) if unsigned else b.srem(*xs)
+    if op in INT_WRAPPING: return getattr(b, INT_WRAPPING[op])(*xs, flags=nsw)
+    if op in INT_BINARY: return getattr(b, INT_BINARY[op])(*xs)
+    if op in INT_SIGNED: return getattr(b, INT_SIGNED[op][unsigned])(*xs)
     if op is Ops.NEG: return b.not_(xs[0]) if dt == dtypes.bool else b.neg(xs[0])
     if op is Ops.NOT: return b.not_(xs[0])
-    if op is Ops.AND: return b.and_(*xs)
-    if op is Ops.OR: return b.or_(*xs)
-    if op is Ops.XOR: return b.xor(*xs)
-    if op is Ops.SHL: return b.shl(*xs)
-    if op is Ops.SHR: return b.lshr(*xs) if unsigned else b.ashr(*xs)
     if op is Ops.ABS: return b.select(b.icmp_signed("<", xs[0], self.const(dt, 0)), b.neg(xs[0]), xs[0]) if not unsigned else xs[0]
     if op is Ops.POW:
       f = self._math(b, Ops.POW, dtypes.float64, self.cast(b, xs[0], dt, dtypes.float64), self.cast(b, xs[1], s[1].dtype, dtypes.float64))

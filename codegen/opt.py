@@ -21,14 +21,14 @@ def upcast(ast: UOp) -> UOp:
   if ast.op is not Ops.STORE: return ast
   topo = ast.toposort()
   accs = [u for u in topo if u.op is Ops.ACCUMULATE]
-  if not accs or max(prod(r.arg[1] for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE: return ast
-  outs = sorted((u for u in topo if u.op is Ops.RANGE and u.arg[2] == "loop"), key=lambda r: r.arg[0])
+  if not accs or max(prod(r.size for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE: return ast
+  outs = sorted((u for u in topo if u.op is Ops.RANGE and u.kind == "loop"), key=lambda r: r.number)
   if not outs: return ast
   r = outs[-1]
-  factor = next((f for f in UPCAST if r.arg[1] % f == 0 and r.arg[1] > f), None)
+  factor = next((f for f in UPCAST if r.size % f == 0 and r.size > f), None)
   # splitting the outermost loop would leave nothing to share between threads
-  if factor is None or (len(outs) == 1 and r.arg[1] // factor < 2): return ast
-  outer = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], r.arg[1] // factor, "loop"))
+  if factor is None or (len(outs) == 1 and r.size // factor < 2): return ast
+  outer = UOp(Ops.RANGE, dtypes.index, (), (r.number, r.size // factor, "loop"))
   stores = []
   for v in range(factor):
     lane = simplify(outer * factor + v)

@@ -94,9 +94,9 @@ def fuse_qdq(model):
 
 from dataclasses import dataclass
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops, ReduceOp, prod
+from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
 from aot.rewrite import substitute, graph_rewrite
-from aot.symbolic import linear, pm_simplify
+from aot.symbolic import linear, pm_simplify, flat_stride
 from aot.kernel import Buffer
 
 _QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
@@ -164,21 +164,12 @@ def _requant(value: UOp):
   if x.op is not Ops.MUL or x.src[0].op is not Ops.CAST or x.src[0].src[0].dtype != dtypes.int32: return None
   return x.src[0].src[0], x.src[1], zero, value.dtype
 
-def _group(ranges, terms) -> int | None:
-  """The stride of ranges (outer first) flattened row-major, when the index terms are that flat index times it."""
-  inner = terms.get(ranges[-1], 0)
-  size = 1
-  for r in reversed(ranges):
-    if terms.get(r, 0) != inner * size: return None
-    size *= r.arg[1]
-  return inner
-
 def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
   """A constant vector over the flat n (a per-channel value), or a scalar constant, as an array; else None."""
   if u.op is Ops.CONST: return np.array([u.arg])
   if u.op is not Ops.LOAD or _const(u.src[2]) is not True or bufs[u.src[0].arg].kind != "const": return None
   terms, offset = linear(u.src[1])
-  if set(terms) - set(n_rows) or _group(n_rows, terms) != 1: return None
+  if set(terms) - set(n_rows) or flat_stride(n_rows, terms) != 1: return None
   n = prod(r.arg[1] for r in n_rows)
   data = np.asarray(bufs[u.src[0].arg].data).reshape(-1)
   return data[offset:offset + n] if offset + n <= data.size else None
@@ -204,13 +195,6 @@ def _int8_source(kernel, qresults: dict):
   # any other 8-bit value (a requantized residual add): read back from the int32 the kernel wrote
   return x8.dtype, zero
 
-def _flat(ranges) -> UOp:
-  """The row-major flat index of ranges (outer first)."""
-  out, stride = UOp.const(dtypes.index, 0), 1
-  for r in reversed(ranges):
-    out, stride = r * stride + out, stride * r.arg[1]
-  return out
-
 def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
   """(QGemm, the load of its result) of one requantized int8 contraction of the kernel, its buffers appended to bufs
   (and the new ones to made); None when it is not one."""
@@ -220,7 +204,6 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL: return None
   acc = total
   k = tuple(sorted(acc.src[1:], key=lambda r: r.arg[0]))
-  ranges = lambda u: {r for r in u.toposort() if r.op is Ops.RANGE}
   x, w = acc.src[0].src
   consts = lambda u: all(bufs[l.src[0].arg].kind == "const" for l in u.toposort() if l.op is Ops.LOAD)
   if consts(x): x, w = w, x
@@ -232,15 +215,15 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   source = None if src is None else _int8_source(src, qresults)
   if source is None: return None
   x8_buf, p_zero = source
-  m_rows = tuple(sorted(ranges(x) - set(k), key=lambda r: r.arg[0]))
-  n_rows = tuple(sorted(ranges(w) - set(k), key=lambda r: r.arg[0]))
+  m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.arg[0]))
+  n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.arg[0]))
   if not m_rows or not n_rows or set(m_rows) & set(n_rows): return None
-  if ranges(requant) - set(k) != set(m_rows) | set(n_rows): return None
+  if ranges_of(requant) - set(k) != set(m_rows) | set(n_rows): return None
   # the result where the output has it (a bare requantized store), else in a scratch in the kernel's loop order
-  at = ast.src[1] if bare else _flat(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
+  at = ast.src[1] if bare else flat_of(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
   out_terms, out_offset = linear(at)
   if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
-  ldc = (_group(m_rows, out_terms), _group(n_rows, out_terms))
+  ldc = (flat_stride(m_rows, out_terms), flat_stride(n_rows, out_terms))
   if None in ldc: return None
   M, N, K = (prod(r.arg[1] for r in g) for g in (m_rows, n_rows, k))
   scales = _per_n(scale, n_rows, bufs)
@@ -270,7 +253,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
   terms, offset = linear(load.src[1])
   if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and \
-     not set(terms) - set(m_rows) - set(k) and _group(k, terms) == 1 and (lda := _group(m_rows, terms)):
+     not set(terms) - set(m_rows) - set(k) and flat_stride(k, terms) == 1 and (lda := flat_stride(m_rows, terms)):
     return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
@@ -278,7 +261,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if from_int32: read = UOp(Ops.CAST, a_dt, (load + p_zero,))
   else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, UOp.const(a_dt, p_zero)))
-  idx = _flat([fresh[r] for r in m_rows]) * K + _flat([fresh[r] for r in k])
+  idx = flat_of([fresh[r] for r in m_rows]) * K + flat_of([fresh[r] for r in k])
   dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
                                                        substitute(value, fresh))), pm_simplify)
   return QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot), result

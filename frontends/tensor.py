@@ -3,7 +3,7 @@ from __future__ import annotations
 import functools, inspect, math
 from typing import Sequence
 import numpy as np
-from aot.dtype import DType, dtypes, to_dtype, promote, min_value, max_value
+from aot.dtype import DType, dtypes, to_dtype, promote, min_value
 from aot.ir import UOp, Ops, ReduceOp, BufferArg, ConstData, prod
 from aot.errors import CompileError, InvalidValueError, InvalidTypeError, InvalidIndexError, Unsupported
 
@@ -180,9 +180,8 @@ class Tensor:
     axes = _axes(axis, self.ndim)
     if any(self.shape[a] == 0 for a in axes):
       # a reduce over an empty axis is its identity
-      ident = {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: min_value(self.dtype), ReduceOp.MIN: max_value(self.dtype)}[op]
       shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-      ret = Tensor(UOp.const(self.dtype, ident))._broadcast_to(shape)
+      ret = Tensor(UOp.const(self.dtype, op.identity(self.dtype)))._broadcast_to(shape)
     else: ret = Tensor(self.uop.reduce(op, axes))
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   def sum(self, axis=None, keepdim=False):

@@ -1,5 +1,5 @@
 /* A stand-in for <metal_stdlib>, so that generated Metal source can be syntax- and type-checked as C++ with clang on
-   machines without Apple's toolchain (aot/gpu_artifact.py: check_metal_syntax). It declares only what the generated
+   machines without Apple's toolchain (aot/build.py: check_metal_syntax). It declares only what the generated
    kernels use: address-space qualifiers, the kernel attribute, vector types for thread positions, barriers, math. */
 #ifndef AOT_METAL_SHIM_H
 #define AOT_METAL_SHIM_H

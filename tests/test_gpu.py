@@ -6,12 +6,13 @@ import ctypes, functools, os, subprocess, sys
 import numpy as np
 import pytest
 import aot
-import aot.gpu_artifact
+import aot.build
 from aot import Tensor
 from aot.errors import BuildError
 from aot.codegen import gpu
-from aot.compiler import resolve
-from aot.gpu_artifact import check_metal_syntax, render_gpu_sources, GPU_TARGETS, DEFAULT_OFFLOAD_ARCH, KERNEL_SOURCE
+from aot.build import check_metal_syntax, DEFAULT_OFFLOAD_ARCH
+from aot.codegen.gpu import GPU_TARGETS, KERNEL_SOURCE
+from aot.compiler import resolve, render
 from aot.schedule import schedule
 from aot.models import NAMES, get
 from aot.testing import assert_kernel_count, kernel_count
@@ -103,9 +104,9 @@ def test_light_model_on_gpu_targets(name, tmp_path):
     traced = resolve(model, name=name)
     sched = schedule(traced.outputs, traced.inputs, traced.output_names)
     for target in GPU_TARGETS:
-      files, infos, _, _, launches = render_gpu_sources(traced.name, sched, target)
-      assert len(infos) == len(launches) == LIGHT_KERNELS[name]
-      assert all(f" {fn}(" in files[KERNEL_SOURCE[target]] for fn, _, _ in launches)
+      srcs = render(traced.name, sched, target)
+      assert len(srcs.kernels) == len(srcs.launches) == LIGHT_KERNELS[name]
+      assert all(f" {fn}(" in srcs.files[KERNEL_SOURCE[target]] for fn, _, _ in srcs.launches)
 
 def test_odd_sized_elementwise_maps_to_guarded_blocks(tmp_path, monkeypatch):
   # 7*37*3 = 777 outputs: three full blocks and a partial one whose extra threads the bounds guard stops
@@ -203,8 +204,8 @@ def test_metal_syntax_check_rejects_broken_source(gpu_model, tmp_path):
     check_metal_syntax(tmp_path)
 
 def test_missing_gpu_toolchain_is_one_line(monkeypatch, capsys, tmp_path):
-  from aot import cli, gpu_artifact
-  monkeypatch.setattr(gpu_artifact.shutil, "which", lambda *a, **k: None)
+  from aot import build, cli
+  monkeypatch.setattr(build.shutil, "which", lambda *a, **k: None)
   assert cli.main(["models:mlp", "-o", str(tmp_path / "mlp"), "--target", "cuda", "--no-cache"]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "nvcc" in err[0]
@@ -265,7 +266,7 @@ def test_hip_device_math_matches_numpy(tmp_path):
   aot_hip_math.h, built from the functions it has. Its accuracy, checked on the CPU (the same header, compiled for
   the host, where the __builtin functions it builds on are libm's)."""
   import math
-  from aot.gpu_artifact import emulator_cxx
+  from aot.build import emulator_cxx
   names = ["tanh", "erf", "tan", "sinh", "cosh", "atan", "asin", "acos", "asinh", "acosh", "atanh"]
   (tmp_path / "m.cpp").write_text('#include "aot_hip_math.h"\n' + "".join(
     f'extern "C" void t_{n}(const float *x, float *y, int k) {{ for (int i = 0; i < k; i++) y[i] = aot_{n}f(x[i]); }}\n'
@@ -320,7 +321,7 @@ int main(void) {
   return 0;
 }
 """)
-  include = {"cuda": f"-I{aot.gpu_artifact.cuda_include()}", "hip": f"-I{aot.gpu_artifact.hip_include()}"}[target]
+  include = {"cuda": f"-I{aot.build.cuda_include()}", "hip": f"-I{aot.build.hip_include()}"}[target]
   subprocess.run(["cc", define, include, f"-I{src}", "main.c", str(src / f"aot_{target}.c"), str(src / "aot_runtime.c"),
                   "-ldl", "-o", "main"], cwd=tmp_path, check=True)
   out = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, check=True).stdout

@@ -114,10 +114,10 @@ def test_an_index_past_2_31_is_computed_in_64_bits(target):
   np.testing.assert_array_equal(got, x[np.arange(7) * STEP // N])
 
 def kernel_sources(fn, example_inputs, target):
-  from aot.compiler import trace, render_sources
+  from aot.compiler import trace, render
   from aot.schedule import schedule
   traced = trace(fn, example_inputs)
-  files = render_sources(traced.name, schedule(traced.outputs, traced.inputs), target)[0]
+  files = render(traced.name, schedule(traced.outputs, traced.inputs), target).files
   return "\n".join(v for k, v in files.items() if k.endswith((".c", ".ll")))
 
 def test_a_buffer_past_2_31_elements_is_indexed_in_64_bits_and_small_ones_in_32():
@@ -137,7 +137,7 @@ def test_a_buffer_past_2_31_elements_is_indexed_in_64_bits_and_small_ones_in_32(
 def test_a_gpu_target_refuses_what_it_would_index_in_32_bits():
   from aot.compiler import trace
   from aot.schedule import schedule
-  from aot.gpu_artifact import render_gpu_sources
+  from aot.compiler import render
   traced = trace(strided, [((3,), np.int64)])
   with pytest.raises(CompileError, match=r"indexes past 2\*\*31-1 elements, which this target computes in 32 bits"):
-    render_gpu_sources(traced.name, schedule(traced.outputs, traced.inputs), "cuda")
+    render(traced.name, schedule(traced.outputs, traced.inputs), "cuda")
