@@ -87,6 +87,8 @@ class Artifact:
     self.inputs = [info(t) for t in m["inputs"]]
     self.outputs = [info(t) for t in m["outputs"]]
     self.compile_seconds: float = m.get("compile_seconds", 0.0)
+    # sequence and optional inputs/outputs: runs of the tensors above that aot.load passes as one list (or None)
+    self.containers: list[dict] = m.get("containers", [])
   @property
   def library_path(self) -> Path: return self.dir / f"lib{self.name}.so"
   @property
@@ -164,4 +166,5 @@ def write_manifest(path: Path, name: str, target: str, cpu: str, triple: str | N
     "weights_file": f"{name}.weights" if weights > WEIGHTS_INLINE_MAX else None,
     **({"weights_checksum": f"{weights_checksum:016x}"} if weights > WEIGHTS_INLINE_MAX and weights_checksum is not None
        else {}),
+    **({"containers": sched.containers} if sched.containers else {}),
     "compile_seconds": round(seconds, 3), **({"gpu": gpu} if gpu is not None else {})}, indent=1))

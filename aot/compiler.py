@@ -363,6 +363,7 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   traced = resolve(what, example_inputs, name, shapes, bind)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   sched.formats = traced.formats or {}
+  sched.containers = traced.containers or []
   say(f"scheduled {len(sched.kernels)} kernels")
   gpu = target in GPU_TARGETS or emulate
   if gpu and triple:

@@ -11,10 +11,12 @@ class AotError(Exception):
 
 class CompileError(AotError):
   """A problem in the user's program or model, stated so they can act on it. needs_inputs names the model inputs
-  whose values would let it compile (pin them with --bind, or compile_model(bind=...))."""
-  def __init__(self, msg: str, needs_inputs: set[str] | frozenset[str] = frozenset()):
+  whose values would let it compile (pin them with --bind, or compile_model(bind=...)); needs_shapes those whose
+  shapes would (a sequence's length, a dim_param: shapes=...), which a caller holding example values can pin."""
+  def __init__(self, msg: str, needs_inputs: set[str] | frozenset[str] = frozenset(),
+               needs_shapes: set[str] | frozenset[str] = frozenset()):
     super().__init__(msg)
-    self.needs_inputs = frozenset(needs_inputs)
+    self.needs_inputs, self.needs_shapes = frozenset(needs_inputs), frozenset(needs_shapes)
 
 class InvalidValueError(CompileError, ValueError):
   """A value an op cannot take: a shape, axis or size that does not fit (a reshape to another element count), an

@@ -14,6 +14,7 @@ class Traced:
   inputs: list[UOp]
   output_names: list[str] | None = None
   formats: dict | None = None  # narrow inputs and outputs (frontends/onnx.py): name -> (type name, logical shape)
+  containers: list | None = None  # sequence/optional inputs and outputs as runs of C API tensors (frontends/onnx.py)
 
 @dataclass(eq=False)
 class Buffer:
@@ -48,3 +49,5 @@ class Schedule:
   # inputs and outputs of a narrow type (aot/dtype.py: NARROW) by name: (type name, logical shape); their buffers hold
   # its codes or packed bytes
   formats: dict = field(default_factory=dict)
+  # sequence and optional inputs and outputs (frontends/onnx_ops_sequence.py): {name, kind, side, start, count} each
+  containers: list = field(default_factory=list)

@@ -41,6 +41,7 @@ class LoadedModel:
 
   def __call__(self, *arrays: np.ndarray):
     a = self.artifact
+    if a.containers: arrays = _flatten_containers(a, arrays)
     if len(arrays) != len(a.inputs):
       raise InputCountError(f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), "
                             f"got {len(arrays)}")
@@ -62,6 +63,7 @@ class LoadedModel:
     if (status := self._run(self._model, *ptrs)) != 0:
       raise RuntimeError(f"{a.name}_run failed (status {status}): {self.ffi.string(self._last_error(self._model)).decode()}")
     outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(a.outputs, outs)]
+    if a.containers: outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   def close(self):
@@ -74,6 +76,44 @@ class LoadedModel:
       with _ffi_lock: self.ffi.dlclose(self.lib)
       self.lib = None
   def __del__(self): self.close()
+
+def _runs(a: Artifact, side: str) -> list[tuple[str, str | None, int, int]]:
+  """The Python-level inputs or outputs over the C API's tensors: (name, container kind or None, first, count)."""
+  tensors = a.inputs if side == "input" else a.outputs
+  runs = sorted((c for c in a.containers if c["side"] == side), key=lambda c: c["start"])
+  out, i = [], 0
+  for c in runs + [{"name": None, "kind": None, "start": len(tensors), "count": 0}]:
+    for j in range(i, c["start"]): out.append((tensors[j].name, None, j, 1))
+    if c["kind"]: out.append((c["name"], c["kind"], c["start"], c["count"]))
+    i = max(i, c["start"] + c["count"])
+  return out
+
+def _flatten_containers(a: Artifact, args: tuple) -> list:
+  """The arguments with each sequence (a list) and optional (an array or None) spread into its C API tensors."""
+  runs = _runs(a, "input")
+  if len(args) != len(runs):
+    raise InputCountError(f"{a.name} takes {len(runs)} inputs ({', '.join(r[0] for r in runs)}), got {len(args)}")
+  flat = []
+  for (name, kind, _, count), x in zip(runs, args):
+    if kind == "sequence":
+      if not isinstance(x, (list, tuple)) or len(x) != count:
+        got = f"{len(x)} tensors" if isinstance(x, (list, tuple)) else type(x).__name__
+        raise InputShapeError(f"{a.name} input '{name}': expected a sequence (list) of {count} tensors, got {got}",
+                              name, count, got)
+      flat += list(x)
+    elif kind == "optional":
+      if (x is None) != (count == 0):
+        raise InputShapeError(f"{a.name} input '{name}': compiled as an optional that is "
+                              f"{'empty: pass None' if count == 0 else 'present: pass its tensor'}", name,
+                              "present" if count else "None", "None" if x is None else "present")
+      flat += [] if x is None else [x]
+    else: flat.append(x)
+  return flat
+
+def _grouped(outs: list, kind: str | None, start: int, count: int):
+  if kind == "sequence": return outs[start:start + count]
+  if kind == "optional": return outs[start] if count else None
+  return outs[start]
 
 def load(what, threads: int | None = None) -> LoadedModel:
   """A callable over a compiled artifact (an Artifact or its folder). threads: how many threads its kernels run on

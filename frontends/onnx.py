@@ -386,13 +386,30 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   g = model.graph
   inits = {i.name for i in g.initializer}
   env: dict = {}
-  inputs, problems, unpinned = [], [], []
+  inputs, problems, unpinned, needs_shapes, containers = [], [], [], set(), []
   formats: dict[str, tuple[str, tuple]] = {}  # narrow inputs and outputs: name -> (type, logical shape)
+  from aot.frontends.onnx_ops_sequence import (container_input, container_kind, container_output, ContainerShapeNeeded,
+                                               NOT_GIVEN)
+  def make_input(name: str, shape: tuple, dt) -> Tensor:
+    t, raw = _narrow_input(name, shape, dt, formats) if isinstance(dt, Narrow) else (Tensor.input(name, shape, dt),) * 2
+    inputs.append(raw)
+    return t
   for vi in g.input:
     if vi.name in inits: continue
     if vi.name in bind:
       tt = vi.type.tensor_type
       env[vi.name] = narrow.from_array(np.asarray(bind[vi.name], dtype=onnx_type(tt.elem_type).np))
+      continue
+    if vi.type.HasField("sequence_type") or vi.type.HasField("optional_type"):
+      start = len(inputs)
+      element = lambda n, s, et: make_input(n, s, onnx_type(et))
+      try: env[vi.name] = container_input(vi, shapes.get(vi.name, NOT_GIVEN), element)
+      except (ValueError, Unsupported, CompileError) as e:
+        problems.append(str(e))
+        if isinstance(e, ContainerShapeNeeded): needs_shapes.add(vi.name)
+        continue
+      containers.append({"name": vi.name, "kind": container_kind(env[vi.name]), "side": "input", "start": start,
+                         "count": len(inputs) - start})
       continue
     if not vi.type.HasField("tensor_type"):
       problems.append(f"input '{vi.name}' is not a tensor"); continue
@@ -412,27 +429,40 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
           shape.append(None)
       shape = tuple(shape)
     if None not in shape:
-      try: env[vi.name], t = _narrow_input(vi.name, shape, dt, formats) if isinstance(dt, Narrow) else \
-        (Tensor.input(vi.name, shape, dt),) * 2
+      try: env[vi.name] = make_input(vi.name, shape, dt)
       except CompileError as e:
         problems.append(str(e))
         continue
-      inputs.append(t)
+    else: needs_shapes.add(vi.name)
   if unpinned:
     problems.append(f"unknown input dims must be pinned: {', '.join(unpinned)} "
                     "(use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
-  if problems: raise CompileError("; ".join(problems))
+  if problems: raise CompileError("; ".join(problems), needs_shapes=needs_shapes)
   tracer = Tracer(model, Path(src).parent if isinstance(src, (str, Path)) else None)
   outs = tracer.run_graph(g, env, tracer.opset_of("", 1))
   if tracer.errors:
     raise CompileError(f"{len(tracer.errors)} ONNX node(s) cannot be compiled: " + "; ".join(tracer.errors),
                        tracer.needs_inputs)
+  flat = []
   for o, vi in zip(outs, g.output):
-    if not isinstance(o, Tensor): raise CompileError(f"output '{vi.name}' is not a tensor")
+    try: kind, parts = container_output(o, vi.name)
+    except ValueError as e: raise CompileError(str(e))
+    if kind != "tensor": containers.append({"name": vi.name, "kind": kind, "side": "output", "start": len(flat),
+                                            "count": len(parts)})
+    elem = vi if kind == "tensor" else _element_info(vi)
+    for n, t in parts:
+      flat.append((n, _narrow_output(t, onnx.helper.make_value_info(n, elem.type) if elem else vi, formats)))
+  if not flat: raise CompileError("the model has no output tensors (each output is an empty optional or sequence)")
   check_inferred_shapes(model, {t.uop.arg.name: formats.get(t.uop.arg.name, (None, t.shape))[1] for t in inputs}, outs)
-  stored = [_narrow_output(o, vi, formats) for o, vi in zip(outs, g.output)]
   name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
-  return Traced(c_name(name), [o.uop for o in stored], [t.uop for t in inputs], [vi.name for vi in g.output], formats)
+  return Traced(c_name(name), [t.uop for _, t in flat], [t.uop for t in inputs], [n for n, _ in flat], formats,
+                containers)
+
+def _element_info(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto | None:
+  """A sequence (or optional) output's element type, as the value info of one element (None: not declared)."""
+  t = vi.type.optional_type.elem_type if vi.type.HasField("optional_type") else vi.type
+  if t.HasField("sequence_type"): t = t.sequence_type.elem_type
+  return onnx.helper.make_value_info(vi.name, t) if t.HasField("tensor_type") else None
 
 def _narrow_input(name: str, shape: tuple, f: Narrow, formats: dict) -> tuple[Tensor, Tensor]:
   """A narrow input: (its Stored tensor, the buffer the caller passes: the codes, or the packed bytes)."""

@@ -177,3 +177,4 @@ import aot.frontends.onnx_ops_sampling  # noqa: E402,F401
 import aot.frontends.onnx_ops_quant  # noqa: E402,F401
 import aot.frontends.onnx_ops_contrib  # noqa: E402,F401
 import aot.frontends.onnx_ops_sequence  # noqa: E402,F401
+import aot.frontends.onnx_ops_signal  # noqa: E402,F401

@@ -15,6 +15,8 @@ def if_(n, cond, then_branch=None, else_branch=None):
   c = _known(n, cond)
   if c is not None: return n.subgraph(then_branch if bool(np.asarray(c).reshape(-1)[0]) else else_branch, [])
   a, b = n.subgraph(then_branch, []), n.subgraph(else_branch, [])
+  if not all(isinstance(x, Tensor) for x in a + b):
+    n.const(cond, "the condition of an If whose branches give sequences or optionals")  # a list is not selected
   for x, y in zip(a, b):
     if x.shape != y.shape or x.dtype != y.dtype:
       raise Unsupported(f"the condition is only known at run time and the branches give different results "

@@ -1,13 +1,16 @@
 """ONNX sequences and optionals, as compile-time containers: a sequence is a list of tensors whose length (and every
 position an op reads or writes) is known when the graph is traced; an optional is a tensor or sequence, or nothing.
-They live only inside the graph: a model input or output must be a tensor."""
+A sequence model input or output is N tensors at the C API (NAME_0 .. NAME_{N-1}), its length and element shapes
+given at compile time (shapes={NAME: [shape, ...]}); an optional one is its value's tensors, none when empty
+(shapes={NAME: None}). The manifest's "containers" say which C API tensors make up each, so aot.load takes and
+returns Python lists (and None)."""
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 from aot.dtype import DType, dtypes
 from aot.frontends.tensor import Tensor
 from aot.errors import InvalidValueError
-from aot.frontends.onnx import op, onnx_dtype, Unsupported
+from aot.frontends.onnx import op, onnx_dtype, onnx_type, Unsupported
 
 @dataclass(frozen=True)
 class Sequence:
@@ -105,3 +108,64 @@ def optional_get_element(n, x):
   if not isinstance(x, Optional): return x
   if x.value is None: raise InvalidValueError("OptionalGetElement of an empty optional")
   return x.value
+
+# *** sequences and optionals as model inputs and outputs ***
+
+class ContainerShapeNeeded(InvalidValueError):
+  """A sequence or optional model input whose length (or presence) and element shapes were not given."""
+
+NOT_GIVEN = object()  # shapes= says nothing of a container input (None says an optional is empty)
+
+def container_input(vi, spec, make_tensor) -> object:
+  """The Sequence / Optional a container input stands for, its elements made by make_tensor(name, shape, onnx elem
+  type). spec: what shapes= gives for it: a list of element shapes (a sequence), a shape or None (an optional)."""
+  t = vi.type
+  if t.HasField("optional_type"):
+    inner = t.optional_type.elem_type
+    if spec is NOT_GIVEN and inner.HasField("tensor_type"):
+      dims = inner.tensor_type.shape.dim
+      if inner.tensor_type.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+        spec = [d.dim_value for d in dims]  # an optional tensor of a static shape: present unless said otherwise
+    if spec is NOT_GIVEN:
+      raise ContainerShapeNeeded(f"input '{vi.name}' is an optional: whether it is present, and its shape, must be "
+                                 f"known at compile time (shapes={{'{vi.name}': shape or None}}, "
+                                 f"or --shape {vi.name}=DIMS|none)")
+    if spec is None: return Optional(None)
+    if inner.HasField("tensor_type"):
+      if _is_shape(spec):
+        return Optional(make_tensor(vi.name, tuple(spec), inner.tensor_type.elem_type))
+      raise ValueError(f"input '{vi.name}' is an optional tensor: give its shape, or None when it is absent")
+    t = inner
+  if not t.HasField("sequence_type") or not t.sequence_type.elem_type.HasField("tensor_type"):
+    raise ValueError(f"input '{vi.name}': only sequences of tensors and optionals of tensors or of sequences are "
+                     "supported")
+  if not isinstance(spec, (list, tuple)) or not all(_is_shape(e) for e in spec):
+    raise ContainerShapeNeeded(f"input '{vi.name}' is a sequence: its length and element shapes must be known at "
+                               f"compile time (shapes={{'{vi.name}': [shape, ...]}}, or --shape {vi.name}=[DIMS,...])")
+  et = t.sequence_type.elem_type.tensor_type.elem_type
+  items = tuple(make_tensor(f"{vi.name}_{i}", tuple(e), et) for i, e in enumerate(spec))
+  seq = Sequence(items, onnx_type(et) if not items else None)
+  return Optional(seq) if vi.type.HasField("optional_type") else seq
+
+def _is_shape(x) -> bool:
+  return isinstance(x, (list, tuple)) and all(isinstance(d, (int, np.integer)) for d in x)
+
+def container_kind(value) -> str:
+  """How aot.load passes a container: 'sequence' (a list) or 'optional' (an array, or None)."""
+  inner = value.value if isinstance(value, Optional) else value
+  return "sequence" if isinstance(inner, Sequence) else "optional"
+
+def container_output(value, name: str) -> tuple[str, list[tuple[str, Tensor]]]:
+  """(kind, [(C API name, tensor)]) of a graph output: 'tensor', 'sequence' (NAME_i) or 'optional' (0 or 1)."""
+  if isinstance(value, Optional) and not isinstance(value.value, Sequence):
+    return "optional", [] if value.value is None else [(name, value.value)]
+  if isinstance(value, Optional): value = value.value
+  if isinstance(value, Sequence): return "sequence", [(f"{name}_{i}", t) for i, t in enumerate(value.items)]
+  if isinstance(value, Tensor): return "tensor", [(name, value)]
+  raise ValueError(f"output '{name}' is not a tensor, a sequence of tensors nor an optional")
+
+def container_spec(value) -> object:
+  """What shapes= takes for a container input's value: the inverse of container_input (lists, arrays, None)."""
+  if value is None: return None
+  if isinstance(value, (list, tuple)): return [list(np.shape(v)) for v in value]
+  return list(np.shape(value))

@@ -683,23 +683,3 @@ def _det(x, rows, cols):
     term = x[..., rows[0], c] * _det(x, rows[1:], cols[:k] + cols[k + 1:])
     out = term if out is None else (out - term if k % 2 else out + term)
   return out
-
-# *** window generators: the size decides the shape, so the whole window is a compile-time constant ***
-
-def _window(n, size, periodic, output_datatype, f):
-  N = int(np.asarray(n.const(size, "size")).reshape(-1)[0])
-  i = np.arange(N, dtype=np.float64)
-  w = f(i, N if periodic else N - 1) if N > 1 else np.ones(N)
-  return Tensor(w.astype(onnx_dtype(output_datatype).np))
-
-@op("HannWindow", since=17)
-def hann_window(n, size, periodic=1, output_datatype=1):
-  return _window(n, size, periodic, output_datatype, lambda i, m: 0.5 - 0.5 * np.cos(2 * np.pi * i / m))
-@op("HammingWindow", since=17)
-def hamming_window(n, size, periodic=1, output_datatype=1):
-  a = 25.0 / 46.0
-  return _window(n, size, periodic, output_datatype, lambda i, m: a - (1 - a) * np.cos(2 * np.pi * i / m))
-@op("BlackmanWindow", since=17)
-def blackman_window(n, size, periodic=1, output_datatype=1):
-  return _window(n, size, periodic, output_datatype,
-                 lambda i, m: 0.42 - 0.5 * np.cos(2 * np.pi * i / m) + 0.08 * np.cos(4 * np.pi * i / m))

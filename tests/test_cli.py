@@ -116,3 +116,32 @@ def test_check_reports_fail_on_a_wrong_artifact(monkeypatch, capsys, tmp_path):
   assert cli.main(["models:mlp", "-o", str(tmp_path / "out"), "--check"]) == 1
   check = capsys.readouterr().out.strip().splitlines()[-1]
   assert check.startswith("check vs numpy reference: ") and "-> FAIL" in check, check
+
+def test_check_a_narrow_model_against_onnx_reference(tmp_path):
+  """onnxruntime has no bfloat16 Mul nor float8 Cast kernels: --check compares with onnx.reference and says so."""
+  from onnx import TensorProto, helper, save
+  BF, F8 = TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN
+  g = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("Cast", ["sq"], ["y"], to=F8)],
+                        "narrow", [helper.make_tensor_value_info("x", BF, [4, 8])],
+                        [helper.make_tensor_value_info("sq", BF, [4, 8]), helper.make_tensor_value_info("y", F8, [4, 8])])
+  save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "narrow.onnx"))
+  p = cli(str(tmp_path / "narrow.onnx"), "-o", str(tmp_path / "out"), "--check")
+  assert p.returncode == 0, p.stderr
+  line = p.stdout.strip().splitlines()[-1]
+  assert re.match(r"check vs onnx\.reference \(onnxruntime cannot run it: .+\): max abs err 0\.000e\+00, .* -> PASS",
+                  line), line
+
+def test_shape_pins_a_sequence_input_and_check_compares_lists(tmp_path):
+  from onnx import TensorProto, helper, save
+  seq = helper.make_tensor_sequence_value_info
+  F = TensorProto.FLOAT
+  g = helper.make_graph([helper.make_node("SequenceInsert", ["x", "t"], ["y"]),
+                         helper.make_node("ConcatFromSequence", ["y"], ["c"], axis=0)], "s",
+                        [seq("x", F, None), helper.make_tensor_value_info("t", F, [1, 4])],
+                        [seq("y", F, None), helper.make_tensor_value_info("c", F, None)])
+  save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "seq.onnx"))
+  p = cli(str(tmp_path / "seq.onnx"), "-o", str(tmp_path / "out"), "--shape", "x=[3x4,2x4]", "--check")
+  assert p.returncode == 0, p.stderr
+  assert "check vs onnxruntime: max abs err 0.000e+00" in p.stdout and "PASS" in p.stdout, p.stdout
+  assert "const float *x_0, const float *x_1, const float *t, float *y_0, float *y_1, float *y_2, float *c" in \
+    (tmp_path / "out" / "seq.h").read_text()
