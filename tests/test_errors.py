@@ -37,6 +37,7 @@ def test_needs_inputs_is_a_constructor_field():
   assert CompileError("x").needs_inputs == frozenset()
   assert CompileError("x", {"a", "b"}).needs_inputs == {"a", "b"}
   assert errors.NeedsConstant("x", "shape").needs_inputs == {"shape"}
+  assert CompileError("x", needs_shapes={"seq"}).needs_shapes == {"seq"} and CompileError("x").needs_shapes == set()
   # a Reshape whose shape is a model input: the error says which input --bind would pin
   m = make([oh.make_node("Reshape", ["x", "shape"], ["y"], name="rs")],
            [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3]), oh.make_tensor_value_info("shape", TP.INT64, [2])],
