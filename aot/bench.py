@@ -5,6 +5,8 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
   python -m aot.bench model.onnx ... --json out.json --threads 1
   python -m aot.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
   python -m aot.bench --zoo --threads 1,2      # the reference models and all nine light models (long)
+  python -m aot.bench --models resnet18:qdq light:resnet50:qdq   # quantized by onnxruntime's quantizer (qdq,
+      # qoperator, dynamic: models/quantized.py), timed beside onnxruntime's own int8 run
   python -m aot.bench --profile light:squeezenet models:resnet18 --targets c   # where each model's run goes
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro
       # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread; unset a forced OpenBLAS core type, which slows numpy)
@@ -15,6 +17,8 @@ import argparse, json, os, statistics, sys, tempfile, time
 from pathlib import Path
 import numpy as np
 
+# the reference models quantized with onnxruntime's quantizer (models/quantized.py), timed by default beside its int8
+INT8_MODELS = ("resnet18:qdq", "resnet18:qoperator", "transformer:dynamic")
 # onnx's light models (backend/test/data/light), the architectures --zoo times beside the reference models
 LIGHT_MODELS = ("squeezenet", "shufflenet", "inception_v1", "inception_v2", "densenet121", "bvlc_alexnet", "resnet50",
                 "zfnet512", "vgg19")
@@ -49,7 +53,7 @@ def bench_model(label: str, what, onnx_model, inputs_for, thread_counts: list[in
   from aot.schedule import schedule
   traced = resolve(what)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-  gflop = sum(flop_count(k.ast) for k in sched.kernels) / 1e9
+  gflop = sum(flop_count(k.ast, live_only=True) for k in sched.kernels) / 1e9
   # the arena against the largest tensor a kernel writes or the model takes or gives, the weights blob against the
   # model's own weights
   largest = max(b.nbytes for k in sched.kernels for b in k.bufs[:1] + sched.inputs + sched.outputs)
@@ -107,9 +111,12 @@ def _onnx_arg(path: str):
   import onnx
   if path.startswith("light:"):
     from aot.testing import randomize_constant_weights
-    name = path.split(":", 1)[1]
+    name, _, quant = path.split(":", 1)[1].partition(":")
     light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
-    return f"light {name}", randomize_constant_weights(onnx.load(light))
+    model = randomize_constant_weights(onnx.load(light))
+    if not quant: return f"light {name}", model
+    from aot.models.quantized import quantized
+    return f"light {name} {quant}", quantized(model, quant)
   return Path(path).stem, onnx.load(path)
 
 def _qlinear_matmul(rng, n: int):
@@ -175,8 +182,9 @@ def slower_note(rows: list[dict], targets) -> str:
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m aot.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("onnx", nargs="*", help="ONNX models to time besides the bundled reference models (a file, or "
-                  "light:NAME for onnx's light models with seeded random weights)")
-  ap.add_argument("--models", default="mlp,mnist,resnet18,transformer", help="bundled models to time ('' for none)")
+                  "light:NAME for onnx's light models with seeded random weights, light:NAME:FORM quantized)")
+  ap.add_argument("--models", default="mlp,mnist,resnet18,transformer," + ",".join(INT8_MODELS),
+                  help="bundled models to time ('' for none); NAME:FORM quantized (qdq, qoperator, dynamic)")
   ap.add_argument("--zoo", action="store_true", help="also time all nine of onnx's light models (light:NAME)")
   ap.add_argument("--targets", default="c,llvm")
   ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
@@ -217,9 +225,13 @@ def main(argv=None) -> int:
   thread_counts = [int(t) for t in args.threads.split(",")]
   rows = []
   for name in [m for m in args.models.split(",") if m]:
-    ref = get(name)
+    base, _, quant = name.partition(":")
+    ref = get(base)
     # the ONNX form, compiled and given to onnxruntime alike (its kernels are the Tensor form's)
-    form = onnx_model(name)
+    form = onnx_model(base)
+    if quant:
+      from aot.models.quantized import quantized
+      form = quantized(form, quant)
     rows += bench_model(name, form, form, lambda art, r=ref: r.example_inputs(0), thread_counts, targets, args.repeats,
                         args.budget)
   for path in args.onnx:
@@ -240,7 +252,7 @@ def main(argv=None) -> int:
 def _profile(models: list[str], targets, threads: list[int], args) -> int:
   """Profile builds of each model for each target and thread count: the tables, and with --json all of them."""
   import aot
-  from aot.profile import profile_and_report
+  from aot.profile import profile_and_report, cpu_speedup
   if not models:
     raise SystemExit("python -m aot.bench --profile: name the models to profile (models:NAME, a file, light:NAME)")
   profiles = []
@@ -249,9 +261,15 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
     for t in targets:
       out = Path(tempfile.mkdtemp(prefix=f"profile_{t}_"))
       art = aot.compile_model(model, target=t, out_dir=out, profile=True)
+      one = None
       for n in threads:
-        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top)
+        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top, cpu=len(threads) > 1)
         profiles.append({"what": what, **p})
+        one = p if n == 1 else one
+        if one and n > 1:
+          # from thread CPU times, so that a loaded machine (whose wall-clock speedups mean little) still tells
+          print(f"{n} threads: {cpu_speedup(one, p):.2f}x as fast as 1 on free cores (from thread CPU times), doing "
+                f"{p['cpu_all_ms'] / one['cpu_all_ms']:.2f}x the work")
         print()
   if args.json: Path(args.json).write_text(json.dumps(profiles, indent=1))
   return 0

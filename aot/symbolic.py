@@ -116,6 +116,9 @@ def _fold_idiv(x: UOp, d: UOp) -> UOp | None:
   terms, const = linear(x)
   if (g := math.gcd(_gcd_of(terms, const), c)) > 1:
     return UOp(Ops.IDIV, x.dtype, (from_linear({t: k // g for t, k in terms.items()}, const // g, x.dtype), x.const_like(c // g)))
+  # (g t + v) // c with g | c and 0 <= v < g is t // (c / g): v never carries (an unrolled lane's offset)
+  if terms and 0 < const < (g := math.gcd(_gcd_of(terms, 0), c)):
+    return from_linear({t: k // g for t, k in terms.items()}, 0, x.dtype) // (c // g)
   quot = {t: k // c for t, k in terms.items() if k % c == 0}
   rest = from_linear({t: k for t, k in terms.items() if k % c != 0}, const % c, x.dtype)
   if not quot and const < c: return None
@@ -132,6 +135,9 @@ def _fold_mod(x: UOp, d: UOp) -> UOp | None:
   if any(t.vmin < 0 or k < 0 for t, k in terms.items()): return None
   if (g := math.gcd(_gcd_of(terms, const), c)) > 1:
     return (from_linear({t: k // g for t, k in terms.items()}, const // g, x.dtype) % (c // g)) * g
+  # (g t + v) % c with g | c and 0 <= v < g is g (t % (c / g)) + v, as above
+  if terms and 0 < const < (g := math.gcd(_gcd_of(terms, 0), c)):
+    return (from_linear({t: k // g for t, k in terms.items()}, 0, x.dtype) % (c // g)) * g + const
   new = from_linear({t: k % c for t, k in terms.items()}, const % c, x.dtype)
   return None if new is x else new % c
 

@@ -55,6 +55,14 @@ PACK_SMALL = 1 << 16
 # bigger than this: each task packs its panel into a buffer of its thread's and runs every row block over it while it
 # sits in L2 (1 MiB per core here), rather than writing the whole matrix to memory and reading it back
 PANEL_MAX_BYTES = 3 << 19
+# ... or when it is bigger than DENSE_SMALL and than DENSE_GROWTH times the runtime tensors it is copied from (a 5x5
+# window matrix is 25x its input): a whole copy that many times an activation makes the arena a multiple of the model's
+# tensors (MNIST's 5x5 conv: a 1.28 MB copy of a 74 KB input, the arena 19.9x the largest tensor), while its panels
+# take one L2-sized buffer per thread, and are written and read there (SqueezeNet's stem, a 1.33 MB copy of a 0.6 MB
+# input: 3% faster in panels, thread CPU time interleaved). Only where the panels fill the microkernel's tiles
+# (PANEL_MIN_TILE_USE): a 13x13 image cut into 1-row panels wastes 60% of a 32-lane tile, 27x27 in 3-row panels 16%
+# (SqueezeNet's 3x3 convs: 2% slower than whole copies, measured interleaved), and stays a whole copy.
+DENSE_SMALL, DENSE_GROWTH, PANEL_MIN_TILE_USE = 1 << 18, 1, 0.9
 # panels a B operand is cut into at least (when it can be), so threads have tasks to share
 MIN_PANELS = 8
 # a panel pays by being read by every row tile of A while it is in cache: with fewer rows than this (a depthwise
@@ -107,6 +115,18 @@ def _zero_when(x: UOp, y: UOp, cmp: UOp, value: bool) -> bool:
   sub = {cmp: UOp.const(dtypes.bool, value)}
   return any((z := graph_rewrite(substitute(s, sub), pm_operand)).op is Ops.CONST and z.arg == 0 for s in (x, y))
 
+def gate_slices(x: UOp, y: UOp, outs: set[UOp]) -> tuple[dict[UOp, int], dict[UOp, int]]:
+  """(start, end) per output range: outside [start, end) of that range the product x * y is zero, because a gate
+  `r < c` on it turns off every load of one operand (a concat's branch)."""
+  start, end = {r: 0 for r in outs}, {r: r.arg[1] for r in outs}
+  cmps = {u for s in (x, y) for u in s.toposort()
+          if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST}
+  for cmp in sorted(cmps, key=lambda u: (u.src[0].arg[0], u.src[1].arg)):
+    r, c = cmp.src[0], cmp.src[1].arg
+    if _zero_when(x, y, cmp, False): end[r] = min(end[r], c)
+    elif _zero_when(x, y, cmp, True): start[r] = max(start[r], c)
+  return start, end
+
 def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict[UOp, UOp], list]:
   """The operands over the contraction's own ranges, those ranges as expressions of the kernel's, and the slices.
   - A gate that confines the product to a slice [start, end) of an output range (a concat's `c < 64 ? a : b` pushed
@@ -117,13 +137,7 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
     (r // d, r % d): the group is the batch, and r % d is M or N."""
   kset = set(k)
   outs = (ranges_of(x) | ranges_of(y)) - kset
-  start, end = {r: 0 for r in outs}, {r: r.arg[1] for r in outs}
-  cmps = {u for s in (x, y) for u in s.toposort()
-          if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST}
-  for cmp in sorted(cmps, key=lambda u: (u.src[0].arg[0], u.src[1].arg)):
-    r, c = cmp.src[0], cmp.src[1].arg
-    if _zero_when(x, y, cmp, False): end[r] = min(end[r], c)
-    elif _zero_when(x, y, cmp, True): start[r] = max(start[r], c)
+  start, end = gate_slices(x, y, outs)
   # an empty slice is a product that is zero everywhere: left to the generic loops
   sliced = [r for r in sorted(outs, key=lambda r: r.arg[0]) if 0 < end[r] - start[r] < r.arg[1]]
   # the slice keeps its range's number (it replaces it) with its own size, so it is a new node
@@ -197,16 +211,21 @@ def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh)))
   return graph_rewrite(store, pm_simplify)
 
-def panel_rows(c: Contraction, side: Side, nr: int) -> int | None:
+def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> int | None:
   """Rows h of B's outermost own range per panel (a panel is h whole rows of the rest: for a convolution's input
-  window, h output rows), or None when B is copied whole (small enough to stay in L2)."""
+  window, h output rows), or None when B is copied whole (small enough to stay in L2, and not many times the
+  source_bytes of runtime tensors it is copied from)."""
   outer, inner = side.rows[0].arg[1], prod(r.arg[1] for r in side.rows[1:])
-  if c.B * side.size * c.K * 4 <= PANEL_MAX_BYTES or c.a.size < MIN_PANEL_ROWS: return None
+  whole = c.B * side.size * c.K * 4
+  grown = whole > max(DENSE_SMALL, DENSE_GROWTH * source_bytes)
+  if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS: return None
   fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * c.K * 4 <= PANEL_MAX_BYTES]
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel
-  return max(fits, key=lambda h: (h * inner % nr == 0, c.B * -(-outer // h) >= MIN_PANELS,
-                                  round(_tile_use(1, h * inner, (1, nr)), 2), -h))
+  h = max(fits, key=lambda h: (h * inner % nr == 0, c.B * -(-outer // h) >= MIN_PANELS,
+                                round(_tile_use(1, h * inner, (1, nr)), 2), -h))
+  if whole <= PANEL_MAX_BYTES and _tile_use(1, h * inner, (1, nr)) < PANEL_MIN_TILE_USE: return None
+  return h
 
 def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
   """A kernel writing panel p of a B operand as a dense [k][ld] matrix (columns contiguous, ld a whole number of
@@ -379,7 +398,8 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
   if (view := _readable(c, side, is_b)) is not None:
     slot, offset, (sb, sr, sk) = view
     return Operand(slot, offset, (sb, R * sr, sr, sk), False)
-  if is_b and (h := panel_rows(c, side, R)) is not None:
+  source = sum(bufs[s].nbytes for s in {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD})
+  if is_b and (h := panel_rows(c, side, R, source)) is not None:
     cols = h * prod(r.arg[1] for r in side.rows[1:])
     ld = -(-cols // R) * R
     return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, ld), panel=(cols, ld))

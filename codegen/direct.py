@@ -18,7 +18,7 @@ import numpy as np
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops, prod, ranges_of
 from aot.interpret import evaluate_grid
-from aot.rewrite import graph_rewrite
+from aot.rewrite import graph_rewrite, substitute
 from aot.symbolic import pm_simplify, linear
 from aot.codegen.contract import Contraction, find_contractions, evaluate_operand, epilogue_kernel, result_index
 
@@ -53,8 +53,9 @@ class Depthwise:
   result: int                  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
   tasks: int                   # planes are split into this many tasks, one epilogue call each
   fused: bool                  # the epilogue runs after each task (its outermost loop is the tasks')
+  # planes per filter side's batch entry: the images, times the filters per input channel (a channel multiplier's m)
   @property
-  def planes(self) -> int: return self.c.B * self.images
+  def planes(self) -> int: return self.c.B * self.c.a.size * self.images
   @property
   def work(self) -> int: return self.planes * self.OH * self.OW * self.KH * self.KW
 
@@ -74,9 +75,28 @@ def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
   if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True): gates.append(expr.src[2])
   return expr, gates
 
+def _multiplier_rows(c: Contraction) -> tuple[UOp, ...] | None:
+  """The ranges a filter side may have as rows: none, or with a channel multiplier (output channel o reads input
+  channel o // m) the filter index o % m of the output channel split into (group, filter): () when there is no
+  such split, None when the contraction is a slice or some other split of the kernel's ranges."""
+  if c.bounds: return None
+  if not c.back: return ()
+  back = dict(c.back)
+  if len(back) != 2: return None
+  outer, inner = sorted(back, key=lambda r: r.arg[0])
+  q, r = back[outer], back[inner]
+  # the split of one kernel range o into (o // m, o % m), its group the whole batch (a task over o then owns the
+  # planes (o // m, o % m, images), which lie together)
+  if not (q.op is Ops.IDIV and r.op is Ops.MOD and q.src[0] is r.src[0] and r.src[0].op is Ops.RANGE and
+          q.src[1].op is Ops.CONST and q.src[1].arg == inner.arg[1] == r.src[1].arg and c.batch == (outer,)):
+    return None
+  return (inner,)
+
 def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   """The direct kernel's geometry for a contraction that is a depthwise convolution, else None."""
-  sides = [s for s in (c.a, c.b) if not s.rows]
+  allowed = _multiplier_rows(c)
+  if allowed is None: return None
+  sides = [s for s in (c.a, c.b) if set(s.rows) <= set(allowed)]
   if not c.batch or len(sides) != 1 or len(c.k) != 2: return None
   filt = sides[0]
   image = c.b if filt is c.a else c.a
@@ -89,7 +109,8 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   terms, offset = linear(load.src[1])
   # rows before (oh, ow) are images (a batch the filter does not vary with)
   *extra, oh, ow = image.rows
-  planes_of = (*c.batch, *extra)
+  # planes in the result's order: batch (group), the filter's rows (a multiplier's filters), images
+  planes_of = (*c.batch, *filt.rows, *extra)
   # terms in the plane's ranges only may be anything (a channel shuffle's divisions): the plane's offset is a table
   plane_terms = {t: k for t, k in terms.items() if ranges_of(t) <= set(planes_of)}
   terms = {t: k for t, k in terms.items() if t not in plane_terms}
@@ -140,30 +161,33 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   if len(found) != 1 or any(u.op is Ops.ACCUMULATE and u is not found[0].acc for u in ast.toposort()): return None
   c = found[0]
   # the direct kernel's planes and tasks are the kernel's own loops: a contraction over a slice or a split of them
-  # (a concat's branch, a grouped range) stays on the microkernel
-  if c.back or c.bounds: return None
+  # (a concat's branch, a grouped range) stays on the microkernel, except a channel multiplier's split of the
+  # output channel (match_depthwise)
   if (g := match_depthwise(c, bufs)) is None: return None
   filt = g.pop("filt")
   extra = g.pop("extra")
   # the filter side evaluated as [planes][KH][KW]: k ordered (kh, kw)
-  c = Contraction(c.acc, c.batch, (g.pop("kh"), g.pop("kw")), filt, c.b if filt is c.a else c.a)
+  c = Contraction(c.acc, c.batch, (g.pop("kh"), g.pop("kw")), filt, c.b if filt is c.a else c.a, c.back)
   bufs = list(bufs)
   w = evaluate_operand(c, filt, 1, {u.src[0].arg: bufs[u.src[0].arg].data
                                     for u in filt.expr.toposort() if u.op is Ops.LOAD})
-  bufs.append(make_buffer("const", w.reshape(c.B, c.K)))
+  bufs.append(make_buffer("const", w.reshape(-1, c.K)))
   w_slot = len(bufs) - 1
   bufs.append(make_buffer("const", g.pop("x_planes").view(np.float32)))
   planes_slot = len(bufs) - 1
   in_place = (ast.op is Ops.STORE and bufs[0].dtype == dtypes.float32 and
-              linear(graph_rewrite(result_index(c), pm_simplify)) == linear(ast.src[1]))
+              linear(graph_rewrite(substitute(result_index(c), dict(c.back)), pm_simplify)) == linear(ast.src[1]))
   if in_place: result = 0
   else:
-    bufs.append(make_buffer("scratch", c.B * c.b.size))
+    bufs.append(make_buffer("scratch", c.B * c.a.size * c.b.size))
     result = len(bufs) - 1
-  # a task is one iteration of the kernel's outermost loop when that is the first batch range: the epilogue then runs
-  # on the task's planes after it; else each plane is a task and the epilogue runs after all
-  fused = c.batch[0].arg[0] == 0
-  tasks = c.batch[0].arg[1] if fused else c.B * prod(r.arg[1] for r in extra)
+  # a task is one iteration of the kernel's outermost loop when that is the first batch range (or the output channel
+  # a multiplier splits, whose iterations are each one batch entry's filter): the epilogue then runs on the task's
+  # planes after it; else each plane is a task and the epilogue runs after all
+  first = dict(c.back).get(c.batch[0], c.batch[0])
+  first = first.src[0] if first.op is Ops.IDIV else first
+  fused = first.arg[0] == 0
+  tasks = first.arg[1] if fused else c.B * c.a.size * prod(r.arg[1] for r in extra)
   last = epilogue_kernel(ast, {c.acc: (c, result, 0)})
   d = Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)
   return last, bufs, [d]

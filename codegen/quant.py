@@ -68,15 +68,19 @@ def _qdq_groups(model) -> list[tuple]:
     groups.append((n, users[0], x, w, b))
   return groups
 
-def fuse_qdq(model):
+def fuse_qdq(model, in_place: bool = False):
   """The model with each QDQ group (_qdq_groups) as one QLinearConv or QLinearMatMul, as onnxruntime's graph
   optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
-  (float products in the dequantized form round differently). The model itself is not changed."""
+  (float products in the dequantized form round differently). The model itself is changed only when in_place (one
+  loaded for this compile); else fused in a copy, made without serialising (which stops at 2 GB)."""
   import onnx
   from onnx import helper
   groups = _qdq_groups(model)
   if not groups: return model
-  model = onnx.ModelProto.FromString(model.SerializeToString())
+  if not in_place:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    model = copy
   g = model.graph
   by_output = {n.output[0]: i for i, n in enumerate(g.node)}
   for n, q, x, w, b in _qdq_groups(model):
@@ -122,6 +126,7 @@ class QGemm:
   ldc: tuple[int, int]
   dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
   c_slot: int = 0              # where the requantized result goes: the output, or a scratch the epilogue reads
+  k_major: bool = False        # A lies as [K][M] (lda its k stride), not [M][K]
 
   @property
   def tasks(self) -> int: return -(-self.M // 64) * -(-self.N // 128)
@@ -139,7 +144,7 @@ class QGemmCall:
             f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
             f"(const int32_t *){arg(b[q.col_sum_slot], q.col_sum_slot)}, {bias}, "
             f"(const float *){arg(b[q.scale_slot], q.scale_slot)}, {q.scale_step}, {q.out_type}, {q.out_zero}, "
-            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0")
+            f"(void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, {q.ldc[1]}, 0, {int(q.k_major)}")
     run = "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))" if self.parallel else \
           "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
     return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
@@ -195,6 +200,11 @@ def _int8_source(kernel, qresults: dict):
   # any other 8-bit value (a requantized residual add): read back from the int32 the kernel wrote
   return x8.dtype, zero
 
+def _k_major(m_rows, k) -> bool:
+  """Is a dense A written k-major ([K][M], the runtime transposing 4x8 byte blocks as it packs)? When k's innermost
+  range is the shorter: the copy's inner loop then runs along a convolution's output row, not its 3-wide window."""
+  return bool(m_rows) and k[-1].size < m_rows[-1].size
+
 def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
   """(QGemm, the load of its result) of one requantized int8 contraction of the kernel, its buffers appended to bufs
   (and the new ones to made); None when it is not one."""
@@ -217,7 +227,8 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   x8_buf, p_zero = source
   m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.arg[0]))
   n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.arg[0]))
-  if not m_rows or not n_rows or set(m_rows) & set(n_rows): return None
+  # no m rows is one row (a batch-1 fully connected layer)
+  if not n_rows or set(m_rows) & set(n_rows): return None
   if ranges_of(requant) - set(k) != set(m_rows) | set(n_rows): return None
   # the result where the output has it (a bare requantized store), else in a scratch in the kernel's loop order
   at = ast.src[1] if bare else flat_of(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
@@ -252,19 +263,24 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
           const(dtypes.float32, scales.astype(np.float32)), int(scales.size > 1), _QTYPES[out_dt], out_zero, ldc)
   # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
   terms, offset = linear(load.src[1])
-  if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and \
-     not set(terms) - set(m_rows) - set(k) and flat_stride(k, terms) == 1 and (lda := flat_stride(m_rows, terms)):
+  lda = (flat_stride(m_rows, terms) if m_rows else K) if not set(terms) - set(m_rows) - set(k) else None
+  if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and flat_stride(k, terms) == 1 \
+     and lda:
     return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate([*m_rows, *k])}
+  k_major = _k_major(m_rows, k)
+  order = [*k, *m_rows] if k_major else [*m_rows, *k]
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(order)}
   if from_int32: read = UOp(Ops.CAST, a_dt, (load + p_zero,))
   else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, UOp.const(a_dt, p_zero)))
-  idx = flat_of([fresh[r] for r in m_rows]) * K + flat_of([fresh[r] for r in k])
+  m_flat, k_flat = flat_of([fresh[r] for r in m_rows]), flat_of([fresh[r] for r in k])
+  idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
   dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
                                                        substitute(value, fresh))), pm_simplify)
-  return QGemm(M, N, K, a_slot, 0, K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot), result
+  return QGemm(M, N, K, a_slot, 0, M if k_major else K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot,
+               k_major), result
 
 def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   """(the kernel's buffers with new slots appended, the buffers made for them, its QGemms, the kernel reading their
@@ -273,10 +289,12 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   None. producers: buffer id -> the kernel writing it; qresults (updated): output buffer id of a lowered kernel ->
   (its requantize node, the 8-bit buffer holding it)."""
   if ast.op is not Ops.STORE: return None
-  found = [u for u in ast.src[2].toposort() if _requant(u) is not None]
-  # every int32 sum must be one of them (other sums, a pooling of the result, stay in the epilogue)
-  sums = [u for u in ast.toposort() if u.op is Ops.ACCUMULATE and u.dtype == dtypes.int32]
-  if not found or len(sums) != len(found): return None
+  # the requantized contractions: each holds one int32 sum, its own; sums around them (a global average pool of a
+  # convolution's requantized result, itself requantized: QOperator ResNet's last layer) stay in the epilogue,
+  # reading the int8 result
+  sums = lambda u: sum(s.op is Ops.ACCUMULATE and s.dtype == dtypes.int32 for s in u.toposort())
+  found = [u for u in ast.src[2].toposort() if _requant(u) is not None and sums(u) == 1]
+  if not found: return None
   # a kernel that is one requantized contraction writes it straight to its output; else an epilogue reads them
   bare = len(found) == 1 and found[0] is ast.src[2]
   bufs, made, qgemms, results = list(bufs), [], [], {}

@@ -380,7 +380,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
   from aot.codegen.quant import fuse_qdq
   # QDQ groups run as onnxruntime runs them: as integer contractions (codegen/quant.py)
-  model = fuse_qdq(load_model(src))
+  model = fuse_qdq(load_model(src), in_place=not isinstance(src, onnx.ModelProto))
   if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None): raise CompileError("; ".join(problems))
   shapes, bind = dict(shapes or {}), dict(bind or {})
   g = model.graph

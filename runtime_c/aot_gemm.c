@@ -52,6 +52,9 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 MICROKERNEL(microkernel_8x32, 8, 32, v16)
 /* 6 x 16 with 8-float vectors: 12 accumulators fit AVX2's 16 registers (and NEON's 32 as 24 halves) */
 MICROKERNEL(microkernel_6x16, 6, 16, v8)
+/* an edge tile of at most 16 columns on the 8 x 32 path: half the work of a full tile (a 13x13 image's 169 columns
+   end in 9, which the full tile computed 32 of; the sums, k ascending, are the same) */
+MICROKERNEL(microkernel_8x16, 8, 16, v16)
 
 typedef void (*microkernel_fn)(int, const float *, long, long, const float *, long, float *, long, int);
 
@@ -158,7 +161,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
               if (mr == MR && nr == NR) { micro(kan, a_, ar, ak, b_, bk, ct, g->N, ka > 0); continue; }
               for (int i = 0; i < MR; i++)
                 for (int j = 0; j < NR; j++) ec[i * NR + j] = i < mr && j < nr && ka > 0 ? ct[(long)i * g->N + j] : 0;
-              micro(kan, a_, ar, ak, b_, bk, ec, NR, 1);
+              (nr <= 16 && MR == 8 ? microkernel_8x16 : micro)(kan, a_, ar, ak, b_, bk, ec, NR, 1);
               for (int i = 0; i < mr; i++) memcpy(ct + (long)i * g->N, ec + i * NR, (size_t)nr * sizeof(float));
             }
           }

@@ -15,6 +15,9 @@
 #include <stdint.h>
 #include <string.h>
 #include "aot_runtime.h"
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 /* rows of A per microkernel call; QNR (aot_runtime.h) columns: 8 x 32 keeps 16 accumulators of 16 int32 lanes plus
    2 B vectors and a broadcast inside AVX-512's 32 registers */
@@ -78,6 +81,35 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
 }
 #endif
 
+/* A k-major ([K][M], a convolution's im2col written along its output rows): the slice packed as the row-major path
+   packs it, 4 k of QMR rows at a time by a 4 x 8 byte transpose where the tile is whole, bytewise at the edges */
+static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int kin, uint8_t flip,
+                        uint8_t *restrict ap) {
+  for (int t = 0; t < cdiv(mr, QMR); t++) {
+    uint8_t *tile = ap + t * QMR * kc;
+    const uint8_t *src = g->a + (long)k0 * g->lda + m0 + t * QMR;
+    const int rows = min(mr - t * QMR, QMR);
+    int k = 0;
+#if defined(__SSE2__)
+    if (rows == QMR) {
+      const __m128i x = _mm_set1_epi8((char)flip);
+      for (; k + 4 <= kin; k += 4) {
+        const uint8_t *s0 = src + (long)k * g->lda;
+        const __m128i r0 = _mm_loadl_epi64((const __m128i *)s0), r1 = _mm_loadl_epi64((const __m128i *)(s0 + g->lda));
+        const __m128i r2 = _mm_loadl_epi64((const __m128i *)(s0 + 2 * g->lda));
+        const __m128i r3 = _mm_loadl_epi64((const __m128i *)(s0 + 3 * g->lda));
+        const __m128i t01 = _mm_unpacklo_epi8(r0, r1), t23 = _mm_unpacklo_epi8(r2, r3);
+        _mm_storeu_si128((__m128i *)(tile + k * QMR), _mm_xor_si128(_mm_unpacklo_epi16(t01, t23), x));
+        _mm_storeu_si128((__m128i *)(tile + k * QMR + 16), _mm_xor_si128(_mm_unpackhi_epi16(t01, t23), x));
+      }
+    }
+#endif
+    for (; k < kc; k++)
+      for (int i = 0; i < QMR; i++)
+        tile[(k / 4) * QMR * 4 + i * 4 + k % 4] = i < rows && k < kin ? (uint8_t)(src[(long)k * g->lda + i] ^ flip) : 0;
+  }
+}
+
 void aot_qgemm_run(void *ctx, int start, int end) {
   /* tasks from a shared counter, as in aot_gemm_run: each computes its block whole, whoever takes it */
   (void)start; (void)end;
@@ -94,7 +126,8 @@ void aot_qgemm_run(void *ctx, int start, int end) {
       const int kc = min(K4 - k0, QKC);
       /* A's slice as [m tile][k/4][QMR][4] bytes, unsigned, zero past M and K (B is zero past K too) */
       const int kin = min(g->K - k0, kc);
-      for (int i = 0; i < cdiv(mr, QMR) * QMR; i++) {
+      if (g->a_kmajor) pack_kmajor(g, m0, mr, k0, kc, kin, (uint8_t)flip, ap);
+      else for (int i = 0; i < cdiv(mr, QMR) * QMR; i++) {
         uint8_t *dst = ap + (i / QMR) * QMR * kc + (i % QMR) * 4;
         const uint8_t *src = g->a + (long)(m0 + i) * g->lda + k0;
         const int whole = i < mr ? kin / 4 * 4 : 0;
@@ -112,33 +145,57 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         for (int m = 0; m < mr; m += QMR) micro(kc / 4, ap + (m / QMR) * QMR * kc, bt, acc + m * QNC + n, QNC, k0 > 0);
       }
     }
-    /* the epilogue walks C along its contiguous axis (a convolution's output positions are m), one line at a time:
-       the sums corrected and requantized into q, then stored (two loops the compiler vectorises) */
-    const int m_inner = g->ldc_m < g->ldc_n, lines = m_inner ? nr : mr, len = m_inner ? mr : nr;
-    const int u8 = g->out_type == AOT_QGEMM_UINT8;
-    const float lo = u8 ? 0.0f : -128.0f, hi = u8 ? 255.0f : 127.0f;
-    int32_t q[QNC] __attribute__((aligned(64)));
-    for (int line = 0; line < lines; line++) {
-      const long step = m_inner ? QNC : 1;
-      const int32_t *sum = acc + (m_inner ? line : line * QNC);
-      char *out = (char *)g->c + ((m_inner ? (long)(n0 + line) * g->ldc_n + (long)m0 * g->ldc_m
-                                            : (long)(m0 + line) * g->ldc_m + (long)n0 * g->ldc_n)
-                                  * (g->out_type == AOT_QGEMM_INT32 ? 4 : 1));
-      const long stride = m_inner ? g->ldc_m : g->ldc_n;
-      for (int e = 0; e < len; e++) {
-        const int n = n0 + (m_inner ? line : e);
-        /* wrapping int32 arithmetic, as vpdpbusd's own */
-        const int32_t v = (int32_t)((uint32_t)sum[e * step] - (uint32_t)zero * (uint32_t)g->col_sum[n]
-                                    + (uint32_t)(g->bias ? g->bias[n] : 0));
-        if (g->out_type == AOT_QGEMM_INT32) { q[e] = v; continue; }
-        /* rint rounds half to even; clamping the integer-valued float to the range less the zero point first
-           keeps the conversion in range */
-        const float r = rintf((float)v * g->scale[n * g->scale_step]);
-        q[e] = (int32_t)fminf(fmaxf(r, lo - (float)g->out_zero), hi - (float)g->out_zero) + g->out_zero;
-      }
-      if (g->out_type == AOT_QGEMM_INT32) for (int e = 0; e < len; e++) ((int32_t *)out)[e * stride] = q[e];
-      else if (u8) for (int e = 0; e < len; e++) ((uint8_t *)out)[e * stride] = (uint8_t)q[e];
-      else for (int e = 0; e < len; e++) ((int8_t *)out)[e * stride] = (int8_t)q[e];
+    /* the epilogue: zero-point correction and bias per column first (corr), then each row of sums requantized
+       along n, as the sums lie (a loop the compiler vectorises); a convolution's output (m contiguous) goes through
+       a byte transpose tb so that each of its lines is written contiguously */
+    const int m_inner = g->ldc_m < g->ldc_n;
+    int32_t corr[QNC] __attribute__((aligned(64)));
+    float sc[QNC] __attribute__((aligned(64)));
+    for (int e = 0; e < nr; e++) {
+      const int n = n0 + e;
+      /* wrapping int32 arithmetic, as vpdpbusd's own */
+      corr[e] = (int32_t)((uint32_t)(g->bias ? g->bias[n] : 0) - (uint32_t)zero * (uint32_t)g->col_sum[n]);
+      sc[e] = g->scale ? g->scale[n * g->scale_step] : 0.0f;
     }
+    if (g->out_type == AOT_QGEMM_INT32) {
+      for (int m = 0; m < mr; m++)
+        for (int e = 0; e < nr; e++)
+          ((int32_t *)g->c)[(long)(m0 + m) * g->ldc_m + (long)(n0 + e) * g->ldc_n] =
+            (int32_t)((uint32_t)acc[m * QNC + e] + (uint32_t)corr[e]);
+      continue;
+    }
+    const int u8 = g->out_type == AOT_QGEMM_UINT8;
+    /* clamping the integer-valued float to the range less the zero point first keeps the conversion in range */
+    const float lo = (u8 ? 0.0f : -128.0f) - (float)g->out_zero, hi = (u8 ? 255.0f : 127.0f) - (float)g->out_zero;
+    const int bias8 = g->out_zero + (u8 ? 0 : 128);
+    uint8_t *c8 = g->c;
+    uint8_t tb[QNC * QMC] __attribute__((aligned(64)));
+    for (int m = 0; m < mr; m++) {
+      const int32_t *sum = acc + m * QNC;
+      uint8_t q[QNC] __attribute__((aligned(64)));
+      /* rint rounds half to even; the result is stored as its byte, int8 as uint8 shifted by 128 and back */
+      for (int e = 0; e < nr; e++) {
+        const int32_t v = (int32_t)((uint32_t)sum[e] + (uint32_t)corr[e]);
+        const float r = __builtin_rintf((float)v * sc[e]);
+        q[e] = (uint8_t)((int32_t)__builtin_fminf(__builtin_fmaxf(r, lo), hi) + bias8);
+      }
+      const uint8_t flip8 = u8 ? 0 : 0x80;
+      if (m_inner)
+        for (int e = 0; e < nr; e++) tb[e * QMC + m] = q[e] ^ flip8;
+      else {
+        uint8_t *out = c8 + (long)(m0 + m) * g->ldc_m + (long)n0 * g->ldc_n;
+        if (g->ldc_n == 1)
+          for (int e = 0; e < nr; e++) out[e] = q[e] ^ flip8;
+        else
+          for (int e = 0; e < nr; e++) out[(long)e * g->ldc_n] = q[e] ^ flip8;
+      }
+    }
+    if (m_inner)
+      for (int e = 0; e < nr; e++) {
+        uint8_t *out = c8 + (long)(n0 + e) * g->ldc_n + (long)m0 * g->ldc_m;
+        if (g->ldc_m == 1) memcpy(out, tb + e * QMC, (size_t)mr);
+        else
+          for (int m = 0; m < mr; m++) out[(long)m * g->ldc_m] = tb[e * QMC + m];
+      }
   }
 }

@@ -34,13 +34,17 @@ void *aot_arena_alloc(size_t bytes) {
 void aot_arena_free(void *arena) { free(arena); }
 
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
-/* Between the kernels of one run, waiting threads spin this many rounds before they sleep: waking a sleeping
+/* Between the kernels of one run, waiting threads spin this long (ns) before they sleep: waking a sleeping
    thread costs tens of microseconds, and a ResNet run is ~60 parallel regions (measured: 2 threads went from 1.5x to
-   faster than 1 thread on ResNet-18; see README). ~100 us at most, then the condition variable; and not at all once
+   faster than 1 thread on ResNet-18; see README). 100 us at most, then the condition variable; and not at all once
    a run has ended (aot_pool_rest), so idle models do not take the cores from busy ones. */
-#define AOT_SPIN 20000
+#define AOT_SPIN_NS 100000L
+/* rounds of cpu_relax between looks at the clock: a pause takes from a few to ~150 cycles by CPU (20000 of them
+   were 450 us on a Zen 5), so the spin is bounded in time rather than in rounds */
+#define AOT_SPIN_CHECK 64
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -50,13 +54,30 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static long spin_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* has a spin that started at start (spin_now_ns, taken at round 0) run its time? */
+static int spun_out(long *start, int round) {
+  if (round % AOT_SPIN_CHECK) return 0;
+  if (round == 0) { *start = spin_now_ns(); return 0; }
+  return spin_now_ns() - *start > AOT_SPIN_NS;
+}
+
 struct aot_pool {
   int threads;               /* including the caller */
   pthread_t *workers;
   pthread_mutex_t lock;
   pthread_cond_t start, done;
-  unsigned long generation;  /* bumped for every job, so a worker never runs one twice */
-  int pending, stop;
+  /* the job (its number in the high 32 bits) and the next of its slices to take: a thread takes slice i by moving
+     i to i + 1 while the job is still this one, so a thread that wakes late (kept off its core on a loaded machine)
+     finds the job's slices taken, or a newer job, and a job never waits for a thread that has not started it */
+  unsigned long long claim;
+  int finished;              /* the job's slices run to the end */
+  int stop;
   int resting;               /* set between runs: waiting workers sleep at once instead of spinning */
   aot_task fn;
   void *ctx;
@@ -65,32 +86,45 @@ struct aot_pool {
 
 typedef struct { aot_pool *pool; int index; } aot_worker_arg;
 
-static void run_slice(aot_pool *p, int i) {
-  int lo = (int)((long long)p->n * i / p->threads), hi = (int)((long long)p->n * (i + 1) / p->threads);
-  if (lo < hi) p->fn(p->ctx, lo, hi);
+static unsigned job_of(unsigned long long claim) { return (unsigned)(claim >> 32); }
+
+/* take and run job's slices (one per thread of the pool, a fixed split of [0, n)) until none is left */
+static void run_slices(aot_pool *p, unsigned job) {
+  const int slices = p->threads;
+  unsigned long long c = __atomic_load_n(&p->claim, __ATOMIC_ACQUIRE);
+  while (job_of(c) == job && (int)(c & 0xffffffffu) < slices) {
+    if (!__atomic_compare_exchange_n(&p->claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+    /* the job cannot end while this slice is unfinished: its function and size stay as they are */
+    const int i = (int)(c & 0xffffffffu), n = __atomic_load_n(&p->n, __ATOMIC_RELAXED);
+    const int lo = (int)((long long)n * i / slices), hi = (int)((long long)n * (i + 1) / slices);
+    if (lo < hi) __atomic_load_n(&p->fn, __ATOMIC_RELAXED)(__atomic_load_n(&p->ctx, __ATOMIC_RELAXED), lo, hi);
+    if (__atomic_add_fetch(&p->finished, 1, __ATOMIC_ACQ_REL) == slices) {
+      pthread_mutex_lock(&p->lock);
+      pthread_cond_signal(&p->done);
+      pthread_mutex_unlock(&p->lock);
+    }
+    c = __atomic_load_n(&p->claim, __ATOMIC_ACQUIRE);
+  }
 }
 
 static void *worker_main(void *arg) {
   aot_worker_arg a = *(aot_worker_arg *)arg;
   free(arg);
   aot_pool *p = a.pool;
-  unsigned long seen = 0;
+  unsigned seen = 0;
   for (;;) {
-    for (int i = 0; i < AOT_SPIN && __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE) == seen &&
+    long spin = 0;
+    for (int i = 0; !spun_out(&spin, i) && job_of(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE)) == seen &&
                     !__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE) && !__atomic_load_n(&p->resting, __ATOMIC_ACQUIRE);
          i++) cpu_relax();
     pthread_mutex_lock(&p->lock);
-    while (!p->stop && p->generation == seen) pthread_cond_wait(&p->start, &p->lock);
+    while (!p->stop && job_of(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE)) == seen)
+      pthread_cond_wait(&p->start, &p->lock);
     int stop = p->stop;
-    seen = p->generation;
+    seen = job_of(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE));
     pthread_mutex_unlock(&p->lock);
     if (stop) break;
-    run_slice(p, a.index);
-    if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_ACQ_REL) == 0) {
-      pthread_mutex_lock(&p->lock);
-      pthread_cond_signal(&p->done);
-      pthread_mutex_unlock(&p->lock);
-    }
+    run_slices(p, seen);
   }
   return NULL;
 }
@@ -137,15 +171,21 @@ void aot_parallel(aot_pool *p, aot_task fn, void *ctx, int n) {
   if (!p || p->threads == 1 || n < 2) { fn(ctx, 0, n); return; }
   pthread_mutex_lock(&p->lock);
   __atomic_store_n(&p->resting, 0, __ATOMIC_RELEASE);
-  p->fn = fn; p->ctx = ctx; p->n = n;
-  __atomic_store_n(&p->pending, p->threads - 1, __ATOMIC_RELEASE);
-  __atomic_add_fetch(&p->generation, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&p->fn, fn, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->ctx, ctx, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->n, n, __ATOMIC_RELAXED);
+  __atomic_store_n(&p->finished, 0, __ATOMIC_RELAXED);
+  const unsigned job = job_of(__atomic_load_n(&p->claim, __ATOMIC_RELAXED)) + 1;
+  __atomic_store_n(&p->claim, (unsigned long long)job << 32, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&p->start);
   pthread_mutex_unlock(&p->lock);
-  run_slice(p, 0);
-  for (int i = 0; i < AOT_SPIN && __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) > 0; i++) cpu_relax();
+  run_slices(p, job);
+  /* every slice is taken: wait for those other threads are still running */
+  long spin = 0;
+  for (int i = 0; !spun_out(&spin, i) && __atomic_load_n(&p->finished, __ATOMIC_ACQUIRE) < p->threads; i++)
+    cpu_relax();
   pthread_mutex_lock(&p->lock);
-  while (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&p->done, &p->lock);
+  while (__atomic_load_n(&p->finished, __ATOMIC_ACQUIRE) < p->threads) pthread_cond_wait(&p->done, &p->lock);
   pthread_mutex_unlock(&p->lock);
 }
 

@@ -103,7 +103,7 @@ __attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start,
    col_sum[n] = sum_k B[k][n]; bias may be NULL. out_type INT32 writes C; UINT8/INT8 write
    clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). C's element (m, n) is at c + m*ldc_m + n*ldc_n. Run
    aot_qgemm_run(g, 0, aot_qgemm_tasks(g)) on any number of threads at once (next = 0 to start); results are the
-   same for any count. */
+   same for any count. a_kmajor: A lies as [K][M] instead (A[m][k] at a + k*lda + m). */
 #define QNR 32
 enum { AOT_QGEMM_INT32 = 0, AOT_QGEMM_UINT8 = 1, AOT_QGEMM_INT8 = 2 };
 typedef struct {
@@ -118,6 +118,7 @@ typedef struct {
   void *c;
   long ldc_m, ldc_n;
   int next;
+  int a_kmajor;
 } aot_qgemm;
 __attribute__((visibility("hidden"))) int aot_qgemm_tasks(const aot_qgemm *g);
 __attribute__((visibility("hidden"))) void aot_qgemm_run(void *g, int start, int end);

@@ -1,11 +1,13 @@
 """The loop nest the codegen produces: placement of values, shared reduction loops of upcast lanes."""
 import numpy as np
+import pytest
 import aot
 from aot import Tensor
 from aot.compiler import resolve
 from aot.schedule import schedule
 from aot.codegen.linearize import linearize, flop_count
 from aot.codegen.opt import optimize
+from conftest import TARGETS
 
 def kernels(fn, *xs):
   t = resolve(fn, list(xs))
@@ -27,3 +29,76 @@ def test_a_value_is_computed_in_the_loop_it_varies_in():
   (_, k) = kernels(lambda x: x.softmax(-1), np.zeros((3, 16), np.float32))
   kinds = [(kind, u.arg[2] if kind == "loop" else None) for kind, u in linearize(k.ast) if kind in ("loop", "end", "acc_init")]
   assert kinds[:2] == [("loop", "loop"), ("acc_init", None)]
+
+def grouped_1x1_model(cin: int = 24, cout: int = 64, groups: int = 4, h: int = 10, w: int = 12):
+  """A grouped 1x1 convolution with 6 input channels per group (ShuffleNet's first stage), batch norm and ReLU: a
+  reduction too short for the microkernel (codegen/contract.py's MIN_K), left to the generated loops."""
+  from onnx import TensorProto, helper, numpy_helper
+  rng = np.random.default_rng(0)
+  c = lambda name, x: numpy_helper.from_array(np.asarray(x, np.float32), name)
+  inits = [c("w", rng.normal(0, 0.3, (cout, cin // groups, 1, 1))), c("s", rng.uniform(0.5, 1.5, cout)),
+           c("b", rng.normal(0, 0.1, cout)), c("mean", rng.normal(0, 0.1, cout)), c("var", rng.uniform(0.5, 1.5, cout))]
+  nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=groups),
+           helper.make_node("BatchNormalization", ["y", "s", "b", "mean", "var"], ["z"]),
+           helper.make_node("Relu", ["z"], ["out"])]
+  graph = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, h, w])],
+                            [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+def test_a_short_grouped_sum_runs_lanes_of_channels_over_the_whole_plane():
+  # the plane's rows and columns are one loop (it vectorises without a remainder per row), and 4 output channels of
+  # a group are lanes of one reduction loop, sharing each load of the group's input (2-3.7x faster, codegen/opt.py)
+  t = resolve(grouped_1x1_model())
+  (k,) = schedule(t.outputs, t.inputs).kernels
+  prog = linearize(optimize(k.ast))
+  loops = [u.arg for kind, u in prog if kind == "loop"]
+  # (64 channels in lanes of 4: 16 iterations left for the threads, SHARED_LANES_MIN_SPLIT)
+  assert [(size, kind) for _, size, kind in loops] == [(16, "loop"), (120, "loop"), (6, "reduce")]
+  start = next(i for i, (kind, u) in enumerate(prog) if kind == "loop" and u.arg[2] == "reduce")
+  body = prog[start:next(i for i, (kind, u) in enumerate(prog) if kind == "end" and u is prog[start][1])]
+  loads = [u for kind, u in body if kind == "value" and u.op.name == "LOAD"]
+  # one input load for the 4 lanes, one weight load each
+  assert sum(kind == "acc_update" for kind, _ in body) == 4 and len(loads) == 5
+  assert flop_count(optimize(k.ast)) == flop_count(k.ast)
+
+def test_a_short_grouped_sum_matches_onnxruntime(tmp_path):
+  ort = __import__("pytest").importorskip("onnxruntime")
+  model = grouped_1x1_model(h=9, w=13)
+  x = np.random.default_rng(1).standard_normal((1, 24, 9, 13), dtype=np.float32)
+  ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  for target in ("c", "llvm"):
+    loaded = aot.load(aot.compile_model(model, out_dir=tmp_path / target, target=target))
+    try: np.testing.assert_allclose(loaded(x), ref, rtol=1e-4, atol=1e-5)
+    finally: loaded.close()
+
+def test_a_small_window_is_written_out_inside_the_output_loop():
+  # a 3x3 max pool's 9 terms are combined in the loop over output columns (which the C and LLVM loop vectorisers
+  # then run across), with no 9-step reduction loop inside it; a 7x7 window (49 terms) keeps its loop
+  x = np.zeros((1, 3, 23, 23), np.float32)
+  for window, reduce_loops in ((3, 0), (7, 2)):
+    (k,) = kernels(lambda x: x.max_pool2d(window, 2), x)
+    loops = [u.arg for kind, u in linearize(optimize(k.ast)) if kind == "loop"]
+    assert sum(kind == "reduce" for _, _, kind in loops) == reduce_loops
+    assert loops[-1 - reduce_loops][1] == (23 - window) // 2 + 1
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op, attrs", [("MaxPool", {}), ("AveragePool", {"count_include_pad": 0}),
+                                       ("AveragePool", {"count_include_pad": 1})])
+def test_pools_with_written_out_windows_match_onnxruntime(op, attrs, target, tmp_path):
+  # odd sizes and padding: the edge columns' terms are gated, 1 and 2 threads bitwise equal
+  from onnx import helper
+  from test_contract import onnx_graph, check_against_onnxruntime
+  node = helper.make_node(op, ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], **attrs)
+  x = np.random.default_rng(3).standard_normal((1, 5, 13, 11)).astype(np.float32)
+  check_against_onnxruntime(onnx_graph([node], {"x": x.shape}, {}), {"x": x}, tmp_path, target)
+
+def test_a_kernel_reading_at_a_small_stride_indexes_in_64_bits():
+  # a 3x3/2 pool written out reads every 2nd element along its innermost loop: 64-bit indices let the vectorisers
+  # see one interleaved load per window row; a contiguous elementwise kernel keeps 32-bit ones
+  from aot.codegen.linearize import widen_index
+  from aot.dtype import dtypes
+  x = np.zeros((1, 3, 23, 23), np.float32)
+  (pool,) = kernels(lambda x: x.max_pool2d(3, 2), x)
+  (relu,) = kernels(lambda x: x.relu(), x)
+  wide = lambda k: any(u.dtype == dtypes.index64 for u in widen_index(optimize(k.ast)).toposort())
+  assert wide(pool) and not wide(relu)

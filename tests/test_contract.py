@@ -88,6 +88,17 @@ def test_avx2_tiles(target, tmp_path, split_every_kernel):
   close(out, ref(*fresh))
   assert "6, 16" in (tmp_path / target / "src" / "model.c").read_text()
 
+@pytest.mark.parametrize("n", [41, 48, 49, 169])
+def test_narrow_edge_tiles(n, tmp_path, split_every_kernel):
+  # a last column tile of at most 16 lanes runs the 8x16 microkernel (169 = 5 x 32 + 9, a 13x13 image), one of 17
+  # the full 8x32 one: the same sums either way, read in place (a runtime B) or from a packed constant
+  w, wb = f32(50, 64), f32(64, n)
+  fn = lambda x, y: ((x @ Tensor(w)).relu() @ Tensor(wb)) + (x @ y)
+  out, (x, y), gemms, _ = compiled(fn, [f32(37, 50), f32(50, n)], tmp_path, "c", cpu="x86-64-v4")
+  x64 = x.astype(np.float64)
+  close(out, np.maximum(x64 @ w, 0) @ wb + x64 @ y)
+  assert gemms == 3
+
 def test_bare_product_runs_no_epilogue(tmp_path):
   # the microkernel writes a bare matmul's result in place: reading it back and storing it again would be a wasted pass
   a, b = f32(64, 96), f32(96, 80)
@@ -207,15 +218,17 @@ def test_concat_branches_share_one_window_copy(target, tmp_path):
   assert gemms == 2 and body.count("_dense") == 1
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("groups, shape", [(1, (1, 128, 30, 28)), (2, (1, 64, 40, 40))])
+@pytest.mark.parametrize("groups, shape", [(1, (1, 128, 30, 28)), (2, (1, 64, 40, 40)), (1, (1, 32, 24, 24))])
 def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tmp_path):
-  # a window matrix (im2col) bigger than PANEL_MAX_BYTES is never written whole: each task packs its panel of output
-  # rows into its thread's buffer (30 rows in panels of 8 leave the last one short; a grouped conv's panels run over
-  # the groups too), so the arena holds the input and the output only
-  from aot.codegen.contract import PANEL_MAX_BYTES
+  # a window matrix (im2col) bigger than PANEL_MAX_BYTES, or one under it but many times its input (the third: 663 KB,
+  # 9x), is never written whole: each task packs its panel of output rows into its thread's buffer (30 rows in panels
+  # of 8 leave the last one short; a grouped conv's panels run over the groups too), so the arena holds the input and
+  # the output only
+  from aot.codegen.contract import PANEL_MAX_BYTES, DENSE_SMALL, DENSE_GROWTH
   cin, n = shape[1], shape[2] * shape[3]
   w, x = f32(16 * groups, cin // groups, 3, 3), f32(*shape)
-  assert cin * 9 * n * 4 > PANEL_MAX_BYTES
+  whole = cin * 9 * n * 4
+  assert whole > PANEL_MAX_BYTES or whole > max(DENSE_SMALL, DENSE_GROWTH * x.nbytes)
   art = aot.compile_model(lambda x: x.conv2d(Tensor(w), padding=1, groups=groups).relu(), [x],
                           out_dir=tmp_path / target, target=target, name="m")
   g = cin // groups

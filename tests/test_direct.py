@@ -133,12 +133,13 @@ def test_depthwise_matches_onnxruntime(artifacts, target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_depthwise_takes_the_direct_kernel(artifacts, target):
   src = model_c(artifacts("direct", target)[1])
-  # one direct call per convolution, its epilogue run on each task's planes; no im2col copy, no microkernel call
-  # the two-filters-per-channel convolution is a grouped contraction (its channel split into (group, filter)), which
-  # the direct kernel does not take yet: it runs on the microkernel as 16 groups of M = 2 over an im2col copy
-  assert src.count("aot_depthwise d =") == len(BRANCHES) + 2
+  # one direct call per convolution, its epilogue run on each task's planes; no im2col copy, no microkernel call.
+  # The two-filters-per-channel convolution (its channel split into (group, filter)) is a direct call too, with no
+  # epilogue (it has none); it ran on the microkernel as 16 groups of M = 2 over an im2col copy before the direct
+  # kernel took channel multipliers
+  assert src.count("aot_depthwise d =") == len(BRANCHES) + 3
   assert src.count(", a}; aot_depthwise_run(&d, 0, d.tasks)") == len(BRANCHES) + 1
-  assert src.count("aot_gemm g =") == 1 and "_dense0b(" in src
+  assert "aot_gemm g =" not in src and "_dense0b(" not in src
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_shapes_left_to_the_microkernel(artifacts, target):
@@ -156,6 +157,64 @@ def test_depthwise_bitwise_same_on_1_and_2_threads(artifacts, target):
   # the direct kernel (and its fused epilogue) runs on the pool
   assert "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" in model_c(art)
   x = np.random.default_rng(4).standard_normal((1, 16, 96, 96), dtype=np.float32)
+  outs = [run_on(art, x, threads) for threads in (1, 2)]
+  np.testing.assert_array_equal(outs[0], outs[1])
+  close(outs[0], reference(model, {"x": x})[0])
+
+# (multiplier, window, stride, pads [top, left, bottom, right], conv bias, epilogue) on odd sizes: partial vectors,
+# asymmetric padding, a band's edge rows; each big enough for a contraction (find_contractions' MIN_WORK)
+MULTIPLIERS = [(2, 3, 1, (1, 1, 1, 1), False, "relu6"), (3, 5, 2, (2, 1, 2, 1), True, "hardswish"),
+               (2, 3, 2, (0, 0, 1, 1), False, "none"), (4, 5, 1, (2, 2, 2, 2), True, "silu")]
+XM, XM2 = (1, 9, 27, 37), (2, 6, 29, 23)
+
+def multiplier_model() -> onnx.ModelProto:
+  """Depthwise convolutions with a channel multiplier: m filters per input channel, output channel o reading input
+  channel o // m."""
+  g = Graph()
+  for m, k, s, pads, bias, act in MULTIPLIERS:
+    c = XM[1]
+    w = g.const(rng.normal(0, 0.3, (m * c, 1, k, k)))
+    ins = ["x", w, g.const(rng.normal(0, 0.1, m * c))] if bias else ["x", w]
+    conv = g.node("Conv", *ins, group=c, strides=[s, s], pads=list(pads), kernel_shape=[k, k])
+    g.output(g.act(g.bn(conv, m * c), act))
+  # a batch of two images: planes are (channel, filter, image), not the output's layout, so no fused epilogue
+  w = g.const(rng.normal(0, 0.3, (2 * XM2[1], 1, 3, 3)))
+  conv = g.node("Conv", "x2", w, group=XM2[1], strides=[2, 2], pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+  g.output(g.act(conv, "relu6"))
+  return g.model({"x": XM, "x2": XM2})
+
+def multiplier_block_model(c: int = 16, hw: int = 96) -> onnx.ModelProto:
+  """A 1x1 expand, a depthwise convolution with two filters per channel, BN, ReLU6, a 1x1 project: 78 MFLOP, enough
+  for the model to run on the pool."""
+  g = Graph()
+  e = 4 * c
+  h = g.act(g.bn(g.node("Conv", "x", g.const(rng.normal(0, 0.2, (e, c, 1, 1)))), e), "relu6")
+  h = g.node("Conv", h, g.const(rng.normal(0, 0.3, (2 * e, 1, 3, 3))), group=e, pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+  h = g.act(g.bn(h, 2 * e), "relu6")
+  g.output(g.node("Conv", h, g.const(rng.normal(0, 0.2, (c, 2 * e, 1, 1)))))
+  return g.model({"x": (1, c, hw, hw)})
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_channel_multiplier_on_the_direct_kernel(tmp_path, target):
+  model = multiplier_model()
+  art = aot.compile_model(model, out_dir=tmp_path / target, target=target)
+  src = model_c(art)
+  # one direct call each, no im2col and no microkernel call; the single-image ones run their epilogue per task
+  assert src.count("aot_depthwise d =") == len(MULTIPLIERS) + 1 and "aot_gemm g =" not in src
+  assert src.count(", a}; aot_depthwise_run(&d, 0, d.tasks)") == len(MULTIPLIERS)
+  loaded = aot.load(art)
+  try:
+    for seed in (1, 2):
+      r = np.random.default_rng(seed)
+      xs = [r.standard_normal(XM, dtype=np.float32), r.standard_normal(XM2, dtype=np.float32)]
+      for out, ref in zip(loaded(*xs), reference(model, {"x": xs[0], "x2": xs[1]}), strict=True): close(out, ref)
+  finally: loaded.close()
+
+def test_channel_multiplier_bitwise_same_on_1_and_2_threads(tmp_path):
+  model = multiplier_block_model()
+  art = aot.compile_model(model, out_dir=tmp_path)
+  assert "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" in model_c(art)
+  x = np.random.default_rng(6).standard_normal((1, 16, 96, 96), dtype=np.float32)
   outs = [run_on(art, x, threads) for threads in (1, 2)]
   np.testing.assert_array_equal(outs[0], outs[1])
   close(outs[0], reference(model, {"x": x})[0])

@@ -23,7 +23,8 @@ class QGemm(ctypes.Structure):
               ("lda", ctypes.c_long), ("a_signed", ctypes.c_int), ("a_zero", ctypes.c_int), ("b", ctypes.c_void_p),
               ("col_sum", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale", ctypes.c_void_p),
               ("scale_step", ctypes.c_int), ("out_type", ctypes.c_int), ("out_zero", ctypes.c_int),
-              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int)]
+              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int),
+              ("a_kmajor", ctypes.c_int)]
 
 @pytest.fixture(scope="module", params=["native", "x86-64-v3"])
 def lib(request, tmp_path_factory):
@@ -100,15 +101,19 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
   from onnx import helper, numpy_helper, TensorProto
   from onnxruntime.quantization import quantize_static, QuantType, QuantFormat, CalibrationDataReader
   rng = np.random.default_rng(11)
-  if kind == "conv":
-    shape, out_shape = [1, 64, 10, 9], [1, 20, 5, 5]
-    w = numpy_helper.from_array((rng.standard_normal((20, 64, 3, 3)) * 0.2).astype(np.float32), "w")
+  if kind in ("conv", "wide conv"):
+    # a wide one spans several of the microkernel's 64-row blocks, its result lines written through the epilogue's
+    # transpose (m contiguous) block by block
+    shape, out_shape, stride = ([1, 64, 10, 9], [1, 20, 5, 5], 2) if kind == "conv" else \
+                               ([1, 16, 21, 18], [1, 20, 21, 18], 1)
+    w = numpy_helper.from_array((rng.standard_normal((20, shape[1], 3, 3)) * 0.2).astype(np.float32), "w")
     b = numpy_helper.from_array((rng.standard_normal(20) * 0.1).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
              helper.make_node("Relu", ["c"], ["y"])]
     inits = [w, b]
   else:
-    shape, out_shape = [7, 600], [7, 45]
+    # a vector by a matrix has no m rows (a batch-1 fully connected layer): one row of the microkernel
+    shape, out_shape = ([7, 600], [7, 45]) if kind == "matmul" else ([600], [45])
     w = numpy_helper.from_array((rng.standard_normal((600, 45)) * 0.2).astype(np.float32), "w")
     nodes, inits = [helper.make_node("MatMul", ["x", "w"], ["y"])], [w]
   g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
@@ -133,7 +138,8 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
 
 @pytest.mark.parametrize("kind,per_channel,activations",
                          [("conv", True, "u8"), ("conv", False, "u8"), ("matmul", True, "u8"), ("matmul", False, "u8"),
-                          ("conv", True, "s8")])
+                          ("conv", True, "s8"), ("wide conv", True, "u8"), ("wide conv", False, "s8"),
+                          ("vector matmul", True, "u8")])
 def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
   import onnxruntime as ort
   import aot
@@ -149,7 +155,46 @@ def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
   # fresh inputs, not the calibration data: the full 8-bit range, so results saturate at both ends
   x = np.random.default_rng(21).integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, shape).astype(dt)
   want = sess.run(None, {name: x})[0]
-  for threads in (1, 2):
+  for threads in (1, 2, 3):
     got = aot.load(art, threads=threads)(x)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+def test_qoperator_conv_then_global_average_pool_runs_on_the_int8_microkernel(tmp_path):
+  # QLinearConv -> QLinearGlobalAveragePool fuses into one kernel whose pool sums the conv's requantized result (and
+  # requantizes again): the conv inside still goes to the microkernel, the pool stays in its epilogue
+  import onnxruntime as ort
+  from onnx import helper, numpy_helper, TensorProto
+  import aot
+  from aot.models.quantized import quantized
+  rng = np.random.default_rng(5)
+  w = numpy_helper.from_array((rng.standard_normal((24, 16, 3, 3)) * 0.2).astype(np.float32), "w")
+  b = numpy_helper.from_array((rng.standard_normal(24) * 0.1).astype(np.float32), "b")
+  g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                         helper.make_node("GlobalAveragePool", ["c"], ["y"])], "g",
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 7, 7])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 1, 1])], [w, b])
+  q = quantized(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "qoperator")
+  assert {"QLinearConv", "QLinearGlobalAveragePool"} <= {n.op_type for n in q.graph.node}
+  art = aot.compile_model(q, out_dir=tmp_path / "art")
+  assert (art.dir / "src" / "model.c").read_text().count("aot_qgemm_run(&g") == 1
+  x = rng.standard_normal((1, 16, 7, 7)).astype(np.float32) * 2
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  want = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  for threads in (1, 2, 3):
+    np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
+
+def test_qdq_fused_in_a_copy_of_a_model_given_and_in_place_of_one_loaded(tmp_path):
+  # fuse_qdq copies a caller's model without serialising it (a model over 2 GB cannot be) and fuses a file's in place
+  import onnx
+  import aot
+  model = _qdq_model("matmul", True, "u8", tmp_path)
+  before = model.SerializeToString()
+  art = aot.compile_model(model, out_dir=tmp_path / "a")
+  assert model.SerializeToString() == before
+  onnx.save(model, tmp_path / "m.onnx")
+  art2 = aot.compile_model(tmp_path / "m.onnx", out_dir=tmp_path / "b")
+  for a in (art, art2): assert "aot_qgemm_run" in (a.dir / "src" / "model.c").read_text()
+  x = np.random.default_rng(2).integers(0, 256, (7, 600)).astype(np.uint8)
+  np.testing.assert_array_equal(aot.load(art)(x), aot.load(art2)(x))

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import aot
 from aot.models import get
-from aot.profile import load_calls, profile_artifact, format_profile
+from aot.frontends.tensor import Tensor
+from aot.profile import load_calls, profile_artifact, format_profile, busiest_share, thread_bound
 
 @pytest.fixture(scope="module")
 def mnist_builds(tmp_path_factory):
@@ -69,7 +70,17 @@ def test_call_times_add_up_to_the_run(mnist_builds):
                                                                                         reverse=True)
   assert abs(sum(r["share"] for r in p["calls"]) - p["calls_ms"] / p["total_ms"]) < 1e-9
   text = format_profile(p)
-  assert text.splitlines()[-1].startswith("total ") and "microkernel" in text and "k4_r_1_10" in text
+  lines = text.splitlines()
+  assert lines[-2].startswith("total ") and lines[-1].startswith("on 2 threads: ")
+  assert "microkernel" in text and "k4_r_1_10" in text
+  assert p["cpu_ms"] == p["cpu_all_ms"] == 0
+
+def test_thread_cpu_times(mnist_builds):
+  _, timed = mnist_builds
+  p = profile_artifact(timed, budget_s=0.2, threads=2, cpu=True)
+  # each call's (serial here: mnist is too small for the pool) on its one thread
+  assert all(r["cpu_ms"] == r["cpu_all_ms"] > 0 for r in p["calls"]) and 0 < p["cpu_ms"] <= 1.2 * p["total_ms"]
+  assert "thread CPU time: " in format_profile(p)
 
 def test_profile_is_for_cpu_targets():
   with pytest.raises(ValueError, match="profile is for the CPU targets"):
@@ -101,3 +112,87 @@ def test_bench_rows_give_weights_and_arena_against_the_model(tmp_path):
   assert rows[0]["arena_x"] == round(aot.compile_model(form, out_dir=tmp_path).arena_bytes / (8 * 784 * 4), 1)
   fast, slow = {"model": "a", "threads": 1, "c_vs_ort": 0.9}, {"model": "b", "threads": 2, "c_vs_ort": 3.0}
   assert slower_note([fast, slow], ["c"]) == "Slower than onnxruntime: b (2t: c 3.0x)."
+
+def _contraction_flops(model) -> int:
+  """2 x the multiply-adds of a model's Conv and Gemm nodes, from ONNX's own shape inference: the analytic count,
+  2 N K (C / groups) R S H W per convolution."""
+  import onnx
+  from onnx import numpy_helper
+  model = onnx.shape_inference.infer_shapes(model)
+  shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*model.graph.value_info, *model.graph.output, *model.graph.input]}
+  shapes |= {t.name: list(t.dims) for t in model.graph.initializer}
+  total = 0
+  for n in model.graph.node:
+    if n.op_type in ("Conv", "Gemm"):
+      w, out = shapes[n.input[1]], shapes[n.output[0]]
+      # a Gemm's weight is (K, N) or, transposed, (N, K): either way the output has N columns and K is the other dim
+      total += 2 * int(np.prod(out)) * (int(np.prod(w[1:])) if n.op_type == "Conv" else int(np.prod(w)) // out[-1])
+  return total
+
+def test_flop_count_counts_each_concat_branch_over_its_own_slice():
+  # a concat of two convolutions is one kernel whose value selects between the two sums; its generated loops compute
+  # both sums at every output element, but the model's work is each branch over its own channels
+  from onnx import TensorProto, helper, numpy_helper
+  from aot.codegen.linearize import flop_count
+  from aot.compiler import resolve
+  from aot.schedule import schedule
+  rng = np.random.default_rng(0)
+  N, C, H, W = 1, 5, 9, 11
+  branches = [(6, 3), (4, 5)]   # (out channels, square window), 'same' padding
+  inits = [numpy_helper.from_array(rng.standard_normal((k, C, r, r)).astype(np.float32), f"w{i}")
+           for i, (k, r) in enumerate(branches)]
+  nodes = [helper.make_node("Conv", ["x", f"w{i}"], [f"y{i}"], pads=[r // 2] * 4) for i, (k, r) in enumerate(branches)]
+  nodes.append(helper.make_node("Concat", ["y0", "y1"], ["y"], axis=1))
+  x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, C, H, W])
+  graph = helper.make_graph(nodes, "concat_convs", [x],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+  t = resolve(model)
+  sched = schedule(t.outputs, t.inputs, t.output_names)
+  analytic = sum(2 * N * C * k * r * r * H * W for k, r in branches)
+  assert analytic == _contraction_flops(model)
+  # one kernel computes both branches, joined by an add per output element (the other branch is zero there); its
+  # loops execute each sum at all 10 channels
+  joins = N * 10 * H * W
+  assert len(sched.kernels) == 1 and flop_count(sched.kernels[0].ast) == 2 * N * C * 10 * (9 + 25) * H * W + joins
+  assert flop_count(sched.kernels[0].ast, live_only=True) == analytic + joins
+
+@pytest.mark.parametrize("name", ["squeezenet", "densenet121"])
+def test_flop_count_of_concat_heavy_light_models_is_their_contractions(name):
+  # densenet121: 2.87 GMAC, 5.7 GFLOP (the count was 26.7 before gated branches were counted over their slices)
+  from test_onnx_light import light_model
+  from aot.codegen.linearize import flop_count
+  from aot.compiler import resolve
+  from aot.schedule import schedule
+  model = light_model(name)
+  t = resolve(model)
+  sched = schedule(t.outputs, t.inputs, t.output_names)
+  ours, contractions = sum(flop_count(k.ast, live_only=True) for k in sched.kernels), _contraction_flops(model)
+  # the rest is elementwise work (bias, batch norm, ReLU, pooling): a few percent
+  assert contractions <= ours <= 1.05 * contractions
+
+def test_big_calls_split_evenly_across_threads(tmp_path):
+  """Every call doing real work splits across the pool into tasks that share out evenly over 2 threads (the bar of
+  2 threads >= 1.7x as fast as 1 needs it): a 3x3 convolution (its im2col panels), a 1x1 one, a pool, a concat and
+  the epilogues and BN-ReLU pass between them, at DenseNet's 28x28 shape."""
+  rng = np.random.default_rng(0)
+  w3 = rng.standard_normal((32, 128, 3, 3)).astype(np.float32)
+  w1 = rng.standard_normal((128, 160, 1, 1)).astype(np.float32)
+  scale, shift = (rng.standard_normal((1, 160, 1, 1)).astype(np.float32) for _ in range(2))
+  def block(x):
+    y = Tensor.cat([x, x.relu().conv2d(Tensor(w3), padding=1)], 1)
+    y = (y * Tensor(scale) + Tensor(shift)).relu().conv2d(Tensor(w1)).relu()
+    return y.avg_pool2d(2)
+  art = aot.compile_model(block, [((1, 128, 28, 28), np.float32)], out_dir=tmp_path, profile=True, name="block")
+  calls = load_calls(art)
+  big = [c for c in calls if c.flops >= 1 << 20 or c.bytes >= 1 << 18]
+  assert {c.path for c in big} == {"microkernel", "loop", "copy"}
+  for c in big:
+    assert c.parallel, f"{c.kernel} ({c.function}, {c.path} {c.role}) runs on one thread"
+    # 0.6: the 3x3 convolution's panels are 8 output rows each (whole tiles of 32 columns), so 28 rows are 8, 8, 8, 4
+    assert busiest_share(vars(c), 2) <= 0.6, f"{c.kernel} ({c.function}): {c.tasks} tasks {c.task_work} share unevenly"
+  # the bound from these calls taken at their flops: near 2 on 2 threads, and exactly 1 on one
+  p = {"total_ms": sum(c.flops + c.bytes for c in calls), "calls": [vars(c) | {"ms": c.flops + c.bytes} for c in calls]}
+  p["calls_ms"] = p["total_ms"]
+  assert thread_bound(p, 2)["bound"] >= 1.8 and thread_bound(p, 1)["bound"] == pytest.approx(1.0)

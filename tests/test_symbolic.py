@@ -64,3 +64,15 @@ def test_mod_and_div_of_a_loop_variable_at_the_boundary(size, d):
             node(Ops.IDIV, node(Ops.ADD, node(Ops.MUL, r, 2), 1), d)):
     s = simplify(e)
     assert [evaluate(s, {r: v}) for v in range(size)] == [evaluate(e, {r: v}) for v in range(size)], f"{e} -> {s}"
+
+def test_an_offset_below_the_stride_never_carries():
+  # (g r + v) // c = r // (c / g) and (g r + v) % c = g (r % (c / g)) + v when g divides c and 0 <= v < g: an
+  # unrolled lane's channel (4 r + v) reads its group (4 r + v) // 28 as r // 7, one load shared by the lanes
+  r, q = (UOp(Ops.RANGE, dtypes.index, (), (i, n, "loop")) for i, n in enumerate((30, 5)))
+  for g, v, c in itertools.product((2, 4, 6), range(7), (4, 12, 24, 28)):
+    for e in (node(Ops.IDIV, node(Ops.ADD, node(Ops.MUL, r, g), v), c),
+              node(Ops.MOD, node(Ops.ADD, node(Ops.ADD, node(Ops.MUL, r, g), node(Ops.MUL, q, 2 * g)), v), c)):
+      s = simplify(e)
+      assert all(evaluate(s, p) == evaluate(e, p) for p in points([r, q])), f"{e} -> {s}"
+  lane = simplify(node(Ops.IDIV, node(Ops.ADD, node(Ops.MUL, r, 4), 3), 28))
+  assert lane.op is Ops.IDIV and lane.src[0] is r and lane.src[1].arg == 7
