@@ -4,7 +4,8 @@ from aot.dtype import dtypes, DType
 from aot.frontends.tensor import Tensor, function
 from aot.compiler import compile_model
 from aot.loader import load
-from aot.schedule import CompileError
+from aot.errors import AotError, CompileError, BuildError, InternalError
 from aot import testing
 
-__all__ = ["Tensor", "function", "compile_model", "load", "dtypes", "DType", "CompileError", "testing"]
+__all__ = ["Tensor", "function", "compile_model", "load", "dtypes", "DType", "AotError", "CompileError", "BuildError",
+           "InternalError", "testing"]

@@ -4,7 +4,7 @@ import json, os, re
 from dataclasses import dataclass
 from pathlib import Path
 from aot.dtype import DType, Narrow, dtypes, to_dtype, narrow_of
-from aot.schedule import Schedule, Buffer
+from aot.kernel import Schedule, Buffer
 
 def c_name(name: str) -> str:
   s = re.sub(r"\W", "_", name)

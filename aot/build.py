@@ -7,13 +7,8 @@ import functools, hashlib, importlib.resources, json, os, re, shutil, subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
+from aot.errors import BuildError, MissingToolError
 from aot.codegen.gpu import KERNEL_SOURCE, DEVICE_IMAGE, HOST_GLUE
-
-class BuildError(Exception):
-  """The C compiler or linker failed on generated code (a compiler bug, not the user's)."""
-
-class MissingToolError(RuntimeError):
-  """A compiler or SDK a GPU target needs is not installed."""
 
 def _which(names: tuple[str, ...], what: str) -> str:
   for n in names:

@@ -92,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
   except KeyboardInterrupt: return 130
   except Exception as e:
     if args.verbose: traceback.print_exc()
-    from aot.build import BuildError
+    from aot.errors import BuildError, InternalError
     lines = str(e).strip().splitlines() or [type(e).__name__]
     # one line, except a compiler's failure: its command and the compiler's own first error lines (bounded by build.py)
     msg = "\n".join(lines) if isinstance(e, BuildError) else lines[0]
+    # a bug of ours: the traceback is what a report needs
+    if isinstance(e, InternalError) and not args.verbose: msg += " (rerun with -v for the traceback)"
     print(f"compile-model: error: {msg}", file=sys.stderr)
     return 1
 

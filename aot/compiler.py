@@ -7,7 +7,8 @@ from typing import Callable, Sequence
 import numpy as np
 from aot.dtype import to_dtype, dtypes
 from aot.ir import UOp, Ops, release_mapped_pages
-from aot.schedule import schedule, Schedule, CompileError, Kernel, Buffer
+from aot.schedule import schedule
+from aot.kernel import Traced, Schedule, Kernel, Buffer
 from aot.memory import memory_plan, align_up
 from aot.artifact import (Artifact, KernelInfo, install, make_stage, place_sources, c_name, write_manifest,
                           WEIGHTS_INLINE_MAX, WeightsWriter, ExternalWeights, weights_checksum)
@@ -36,15 +37,6 @@ MODEL_PARALLEL_MIN_WORK = 1 << 25
 RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c", "aot_qgemm.c")
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
-
-@dataclass
-class Traced:
-  name: str
-  outputs: list[UOp]
-  inputs: list[UOp]
-  output_names: list[str] | None = None
-  formats: dict | None = None  # narrow inputs and outputs (frontends/onnx.py): name -> (type name, logical shape)
-  containers: list | None = None  # sequence/optional inputs and outputs as runs of C API tensors (frontends/onnx.py)
 
 def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
   specs = []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
+from aot.errors import InvalidTypeError
 
 @dataclass(frozen=True, eq=True)
 class DType:
@@ -46,7 +47,7 @@ def to_dtype(x) -> DType:
   """A DType from a DType, a numpy dtype or type, or a name."""
   if isinstance(x, DType): return x
   name = np.dtype(x).name
-  if name not in _BY_NAME: raise TypeError(f"unsupported dtype {name}; supported: {', '.join(_BY_NAME)}")
+  if name not in _BY_NAME: raise InvalidTypeError(f"unsupported dtype {name}; supported: {', '.join(_BY_NAME)}")
   return _BY_NAME[name]
 
 def promote(a: DType, b: DType) -> DType:

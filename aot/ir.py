@@ -3,6 +3,7 @@ from __future__ import annotations
 import math, weakref
 from enum import Enum, auto
 from typing import Any
+from aot.errors import InvalidValueError
 from aot.dtype import DType, dtypes, min_value, max_value
 
 class Ops(Enum):
@@ -203,7 +204,7 @@ def _arg_of(u: UOp, op: Ops):
 def _sizes(shape: tuple, what: str) -> tuple:
   """shape, if every dim is a size (a negative one would compile into loops that never run, and a kernel named
   k0_e_2_-3)."""
-  if any(s < 0 for s in shape): raise ValueError(f"{what} to shape {shape}: a dim is a size, 0 or more")
+  if any(s < 0 for s in shape): raise InvalidValueError(f"{what} to shape {shape}: a dim is a size, 0 or more")
   return shape
 
 def _binop(op: Ops, a, b) -> UOp:

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import cffi
 from aot.artifact import Artifact, api_type
+from aot.errors import InputCountError, InputShapeError, InputDtypeError
 
 _ffi_lock = threading.Lock()
 
@@ -42,15 +43,18 @@ class LoadedModel:
     a = self.artifact
     if a.containers: arrays = _flatten_containers(a, arrays)
     if len(arrays) != len(a.inputs):
-      raise TypeError(f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), got {len(arrays)}")
+      raise InputCountError(f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), "
+                            f"got {len(arrays)}")
     ins = []
     for t, x in zip(a.inputs, arrays):
       x = np.asarray(x)
       if x.shape != t.shape:
-        raise ValueError(f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}")
+        raise InputShapeError(f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}",
+                              t.name, t.shape, x.shape)
       want = t.narrow.np if t.narrow else t.dtype.np
       if x.dtype != want:
-        raise TypeError(f"{a.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}")
+        raise InputDtypeError(f"{a.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}",
+                              t.name, want, x.dtype)
       # a narrow type crosses the C API as its codes, the 4- and 2-bit ones packed
       ins.append(t.narrow.to_storage(x) if t.narrow else np.ascontiguousarray(x))
     outs = [np.empty(t.narrow.nbytes(math.prod(t.shape)) if t.narrow and t.narrow.packed else t.shape, dtype=t.dtype.np)
@@ -88,18 +92,20 @@ def _flatten_containers(a: Artifact, args: tuple) -> list:
   """The arguments with each sequence (a list) and optional (an array or None) spread into its C API tensors."""
   runs = _runs(a, "input")
   if len(args) != len(runs):
-    raise TypeError(f"{a.name} takes {len(runs)} inputs ({', '.join(r[0] for r in runs)}), got {len(args)}")
+    raise InputCountError(f"{a.name} takes {len(runs)} inputs ({', '.join(r[0] for r in runs)}), got {len(args)}")
   flat = []
   for (name, kind, _, count), x in zip(runs, args):
     if kind == "sequence":
       if not isinstance(x, (list, tuple)) or len(x) != count:
         got = f"{len(x)} tensors" if isinstance(x, (list, tuple)) else type(x).__name__
-        raise ValueError(f"{a.name} input '{name}': expected a sequence (list) of {count} tensors, got {got}")
+        raise InputShapeError(f"{a.name} input '{name}': expected a sequence (list) of {count} tensors, got {got}",
+                              name, count, got)
       flat += list(x)
     elif kind == "optional":
       if (x is None) != (count == 0):
-        raise ValueError(f"{a.name} input '{name}': compiled as an optional that is "
-                         f"{'empty: pass None' if count == 0 else 'present: pass its tensor'}")
+        raise InputShapeError(f"{a.name} input '{name}': compiled as an optional that is "
+                              f"{'empty: pass None' if count == 0 else 'present: pass its tensor'}", name,
+                              "present" if count else "None", "None" if x is None else "present")
       flat += [] if x is None else [x]
     else: flat.append(x)
   return flat

@@ -1,7 +1,7 @@
 """The memory plan: every scratch buffer gets an offset in one arena, reusing space between buffers whose lifetimes
 (first write to last read, in kernel order) do not overlap."""
 from __future__ import annotations
-from aot.schedule import Kernel, Buffer
+from aot.kernel import Kernel, Buffer
 
 ALIGN = 64  # a cache line, and enough for any vector load
 

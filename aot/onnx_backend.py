@@ -11,7 +11,7 @@ class AotRep(BackendRep):
   the first run and the model is compiled for those values, once per distinct set of values; inputs whose shapes
   ONNX leaves open (a sequence's length, a dim_param) are pinned the same way, from the shapes of those values."""
   def __init__(self, model: onnx.ModelProto, **kw):
-    from aot.schedule import CompileError
+    from aot.errors import CompileError
     self.onnx_model, self.kw, self.compiled = model, kw, {}
     self.input_names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     self.bound: tuple = ()
@@ -20,9 +20,9 @@ class AotRep(BackendRep):
     if self.by_shape: return
     try: self._compile({})
     except CompileError as e:
-      if not getattr(e, "needs_inputs", None) and not getattr(e, "needs_shapes", None): raise
-      self.bound = tuple(sorted(getattr(e, "needs_inputs", None) or ()))
-      self.by_shape = bool(getattr(e, "needs_shapes", None))
+      if not e.needs_inputs and not e.needs_shapes: raise
+      self.bound = tuple(sorted(e.needs_inputs))
+      self.by_shape = bool(e.needs_shapes)
 
   def _compile(self, bind: dict, shapes: dict | None = None):
     from aot.compiler import compile_model
@@ -37,7 +37,7 @@ class AotRep(BackendRep):
   def run(self, inputs, **kwargs):
     if isinstance(inputs, dict): inputs = [inputs[n] for n in self.input_names]
     if isinstance(inputs, np.ndarray): inputs = [inputs]
-    from aot.schedule import CompileError
+    from aot.errors import CompileError
     from aot.frontends.onnx_ops_sequence import container_spec
     values = dict(zip(self.input_names, [_value(x) for x in inputs]))
     while True:
@@ -46,10 +46,10 @@ class AotRep(BackendRep):
         _, _, model = self._compile({k: values[k] for k in self.bound}, shapes)
         break
       except CompileError as e:
-        more = set(getattr(e, "needs_inputs", None) or ()) - set(self.bound)
-        if not more and (self.by_shape or not getattr(e, "needs_shapes", None)): raise
+        more = set(e.needs_inputs) - set(self.bound)
+        if not more and (self.by_shape or not e.needs_shapes): raise
         self.bound = tuple(sorted(set(self.bound) | more))
-        self.by_shape = self.by_shape or bool(getattr(e, "needs_shapes", None))
+        self.by_shape = self.by_shape or bool(e.needs_shapes)
     outs = model(*[values[n] for n in self.input_names if n not in self.bound])
     return tuple(outs) if isinstance(outs, tuple) else (outs,)
 

@@ -3,12 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 import numpy as np
 from aot.artifact import Artifact
-
-class KernelCountException(AssertionError):
-  """The number of kernels a model compiles to changed."""
-  def __init__(self, expected: int, got: int):
-    super().__init__(f"expected {expected} kernels, got {got}")
-    self.expected, self.got = expected, got
+from aot.errors import KernelCountException
 
 def kernel_count(what, example_inputs=None, **kw) -> int:
   """Kernels of an artifact, an artifact folder, or anything compile_model accepts (scheduled, not built)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from aot.dtype import DType, dtypes
 from aot.ir import UOp, Ops, prod, LIBM
 from aot.codegen.c import CRenderer, abs_with
-from aot.schedule import CompileError
+from aot.errors import CompileError
 from aot.codegen.linearize import linearize, kernel_params
 
 # threads per block for per-thread kernels: a multiple of both warp (32) and wavefront (64) sizes, and small enough

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from aot.dtype import Narrow, narrow_of
-from aot.schedule import Schedule, Buffer
+from aot.kernel import Schedule, Buffer
 from aot.artifact import api_type, param_names, ExternalWeights, WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
 
 def api_args(sched: Schedule) -> list[str]:

@@ -8,7 +8,7 @@ from aot.codegen.c import CRenderer
 from aot.codegen.gpu import Launch, KERNEL_SOURCE, DEVICE_IMAGE
 from aot.codegen.host_cpu import (api_args, null_checks, incbin_asm, render_header, render_model_c, render_weights_asm,
                                   external_weights_c)
-from aot.schedule import Schedule, Buffer
+from aot.kernel import Schedule, Buffer
 
 def render_gpu_model_c(name: str, sched: Schedule, launches: list[tuple[str, list[Buffer], Launch]],
                        functions: list[str], target: str, external_weights: ExternalWeights | None = None) -> str:

@@ -8,7 +8,7 @@ The result is a flat instruction list shared by every renderer: ("loop", RANGE) 
 from __future__ import annotations
 from aot.dtype import dtypes
 from aot.ir import UOp, Ops, prod
-from aot.schedule import CompileError
+from aot.errors import CompileError
 from aot.symbolic import linear
 
 ROOT = "root"  # the block outside every loop

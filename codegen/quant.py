@@ -101,7 +101,7 @@ from aot.dtype import dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
 from aot.rewrite import substitute, graph_rewrite
 from aot.symbolic import linear, pm_simplify, flat_stride
-from aot.schedule import Buffer
+from aot.kernel import Buffer
 
 _QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
 

@@ -3,6 +3,7 @@ Cast says (round to nearest even, saturate on or off, each variant's NaN/Inf cod
 packing of the 4- and 2-bit types. Integer and bit ops only, so every target renders them as it renders any kernel."""
 from __future__ import annotations
 import numpy as np
+from aot.errors import InvalidValueError
 from aot.dtype import Narrow, dtypes, narrow_of
 from aot.frontends.tensor import Tensor
 
@@ -108,7 +109,7 @@ def _encode_e8m0(u: Tensor, saturate: bool, round_mode: str) -> Tensor:
     up = g & (rest | (E > 0))
   elif round_mode == "up": up = (u & 0x7FFFFF) != 0
   elif round_mode == "down": up = E != E
-  else: raise ValueError(f"round_mode '{round_mode}': expected up, down or nearest")
+  else: raise InvalidValueError(f"round_mode '{round_mode}': expected up, down or nearest")
   if saturate: up = up & (E != 0xFE)
   return (E == 0xFF).where(E, E + up.cast(U32))
 

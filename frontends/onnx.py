@@ -10,18 +10,10 @@ import onnx
 from onnx import numpy_helper
 from aot.dtype import to_dtype, DType, Narrow, NARROW, dtypes
 from aot.ir import UOp, Ops
-from aot.schedule import CompileError
+from aot.errors import AotError, CompileError, InternalError, Unsupported, NeedsConstant
+from aot.kernel import Traced
 from aot.frontends.tensor import Tensor, function
 from aot.frontends import narrow
-
-class Unsupported(Exception):
-  """This node cannot be compiled as it is (an attribute, a dtype, a value that must be known at compile time)."""
-
-class NeedsConstant(Unsupported):
-  """A value that must be known at compile time depends on a model input (which --bind can pin)."""
-  def __init__(self, msg: str, input_name: str):
-    super().__init__(msg)
-    self.input_name = input_name
 
 # op_type (with domain prefix for non-default domains) -> [(since_version, fn)], newest first
 OPS: dict[str, list[tuple[int, Callable]]] = {}
@@ -121,10 +113,17 @@ class Tracer:
         outs = [POISON] * len(node.output)
       else:
         try: outs = self.run_node(node, ins, env, opset)
-        except (Unsupported, ValueError, TypeError, NotImplementedError, IndexError) as e:
-          if isinstance(e, NeedsConstant): self.needs_inputs.add(e.input_name)
+        except CompileError as e:
+          self.needs_inputs |= e.needs_inputs
           self.errors.append(f"{node.op_type} node '{node.name or node.output[0]}': {e}")
           outs = [POISON] * len(node.output)
+        # ours but not the model's fault (an InternalError from a subgraph's node already names that node)
+        except AotError: raise
+        except Exception as e:
+          # not one of our errors: a bug in a converter or below it, which the model's author cannot fix
+          raise InternalError(f"internal compiler error in {node.op_type} node '{node.name or node.output[0]}': "
+                              f"{type(e).__name__}: {e} (a bug in the compiler, not in the model: please report it)"
+                              ) from e
       for name, t in zip(node.output, outs):
         if name: env[name] = t
     return [env.get(o.name, _missing(o.name)) for o in g.output]
@@ -184,8 +183,7 @@ class Tracer:
     try:
       if key not in self.functions: self.functions[key] = function(body)
       outs = self.functions[key](*present)
-    except Unsupported as e:
-      if "compile time" not in str(e): raise
+    except NeedsConstant:
       outs = body(*present)  # the body needs an argument's value: trace it inline instead
     return list(outs)
 
@@ -378,7 +376,6 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
 
 def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None):
   """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler."""
-  from aot.compiler import Traced
   from aot.artifact import c_name
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
   from aot.codegen.quant import fuse_qdq
@@ -440,16 +437,12 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   if unpinned:
     problems.append(f"unknown input dims must be pinned: {', '.join(unpinned)} "
                     "(use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
-  if problems:
-    err = CompileError("; ".join(problems))
-    err.needs_shapes = needs_shapes  # what a caller holding example values can pin (aot/onnx_backend.py does)
-    raise err
+  if problems: raise CompileError("; ".join(problems), needs_shapes=needs_shapes)
   tracer = Tracer(model, Path(src).parent if isinstance(src, (str, Path)) else None)
   outs = tracer.run_graph(g, env, tracer.opset_of("", 1))
   if tracer.errors:
-    err = CompileError(f"{len(tracer.errors)} ONNX node(s) cannot be compiled: " + "; ".join(tracer.errors))
-    err.needs_inputs = tracer.needs_inputs
-    raise err
+    raise CompileError(f"{len(tracer.errors)} ONNX node(s) cannot be compiled: " + "; ".join(tracer.errors),
+                       tracer.needs_inputs)
   flat = []
   for o, vi in zip(outs, g.output):
     try: kind, parts = container_output(o, vi.name)

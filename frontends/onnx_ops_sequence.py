@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from aot.dtype import DType, dtypes
 from aot.frontends.tensor import Tensor
+from aot.errors import InvalidValueError
 from aot.frontends.onnx import op, onnx_dtype, onnx_type, Unsupported
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ def _position(n, s: Sequence, position, insert: bool = False) -> int:
   p = int(np.asarray(n.const(position, "position")).reshape(-1)[0])
   hi = length if insert else length - 1
   if not -length <= p <= hi:
-    raise ValueError(f"position {p} is outside a sequence of length {length}")
+    raise InvalidValueError(f"position {p} is outside a sequence of length {length}")
   return p + length if p < 0 else p
 
 @op("SequenceEmpty", since=11)
@@ -72,14 +73,14 @@ def split_to_sequence(n, x, split=None, axis=0, keepdims=1):
   if np.ndim(n.const(split, "split")) == 0:
     k = int(sizes[0])
     sizes = [min(k, d - i) for i in range(0, d, k)]
-  if sum(sizes) != d: raise ValueError(f"split sizes {sizes} do not add up to {d}")
+  if sum(sizes) != d: raise InvalidValueError(f"split sizes {sizes} do not add up to {d}")
   offs = np.cumsum([0] + [int(s) for s in sizes])
   return Sequence(tuple(x.shrink(bounds(int(offs[i]), int(offs[i + 1]))) for i in range(len(sizes))))
 
 @op("ConcatFromSequence", since=11)
 def concat_from_sequence(n, s, axis=0, new_axis=0):
   s = _seq(n, s)
-  if not s.items: raise ValueError("ConcatFromSequence of an empty sequence")
+  if not s.items: raise InvalidValueError("ConcatFromSequence of an empty sequence")
   if new_axis: return Tensor.stack(*s.items, axis=axis % (s.items[0].ndim + 1))
   return Tensor.cat(list(s.items), axis=axis % s.items[0].ndim)
 
@@ -89,7 +90,7 @@ def sequence_map(n, s, *more, body=None):
   s = _seq(n, s)
   for m in more:
     if isinstance(m, Sequence) and len(m.items) != len(s.items):
-      raise ValueError(f"sequences of lengths {len(s.items)} and {len(m.items)}")
+      raise InvalidValueError(f"sequences of lengths {len(s.items)} and {len(m.items)}")
   outs = [n.subgraph(body, [s.items[i]] + [m.items[i] if isinstance(m, Sequence) else m for m in more])
           for i in range(len(s.items))]
   return [Sequence(tuple(o[k] for o in outs)) for k in range(len(body.output))]
@@ -105,12 +106,12 @@ def optional_has_element(n, x=None):
 @op("OptionalGetElement", since=15)
 def optional_get_element(n, x):
   if not isinstance(x, Optional): return x
-  if x.value is None: raise ValueError("OptionalGetElement of an empty optional")
+  if x.value is None: raise InvalidValueError("OptionalGetElement of an empty optional")
   return x.value
 
 # *** sequences and optionals as model inputs and outputs ***
 
-class ContainerShapeNeeded(ValueError):
+class ContainerShapeNeeded(InvalidValueError):
   """A sequence or optional model input whose length (or presence) and element shapes were not given."""
 
 NOT_GIVEN = object()  # shapes= says nothing of a container input (None says an optional is empty)

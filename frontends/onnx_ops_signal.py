@@ -7,6 +7,7 @@ import math
 import numpy as np
 import onnx
 from aot.frontends import narrow
+from aot.errors import InvalidValueError
 from aot.frontends.onnx import Unsupported, op
 from aot.frontends.tensor import Tensor
 from aot.dtype import dtypes
@@ -49,14 +50,14 @@ def dft(x: Tensor, axis: int, size: int | None, inverse: bool, onesided: bool) -
   r = x.ndim
   channels = x.shape[-1] if r else 0
   if r < 2 or channels not in (1, 2):
-    raise ValueError(f"DFT input of shape {x.shape}: needs a trailing axis of 1 (real) or 2 (complex)")
-  if not -r <= axis < r: raise ValueError(f"DFT axis {axis} is outside a rank-{r} input")
+    raise InvalidValueError(f"DFT input of shape {x.shape}: needs a trailing axis of 1 (real) or 2 (complex)")
+  if not -r <= axis < r: raise InvalidValueError(f"DFT axis {axis} is outside a rank-{r} input")
   a = axis % r
-  if a == r - 1: raise ValueError(f"DFT axis {axis} is the trailing real/imaginary axis of a rank-{r} input")
+  if a == r - 1: raise InvalidValueError(f"DFT axis {axis} is the trailing real/imaginary axis of a rank-{r} input")
   length = x.shape[a]
   real_out = inverse and onesided
   if size is None: size = 2 * (length - 1) if real_out else length
-  if size <= 0: raise ValueError(f"DFT length {size}: must be positive")
+  if size <= 0: raise InvalidValueError(f"DFT length {size}: must be positive")
   # bins read (inverse one-sided: the size//2+1 non-redundant ones) and bins written
   used = min(length, size // 2 + 1 if real_out else size)
   out_bins = size if real_out or not onesided else size // 2 + 1
@@ -90,16 +91,16 @@ def dft_v20(n, x, dft_length=None, axis=None, inverse=0, onesided=0):
 @op("STFT", since=17)
 def stft(n, signal, frame_step, window=None, frame_length=None, onesided=1):
   if signal.ndim != 3 or signal.shape[-1] not in (1, 2):
-    raise ValueError(f"STFT signal of shape {signal.shape}: needs (batch, length, 1 or 2)")
+    raise InvalidValueError(f"STFT signal of shape {signal.shape}: needs (batch, length, 1 or 2)")
   step = _scalar(n, frame_step, "frame_step")
   if frame_length is not None: flen = _scalar(n, frame_length, "frame_length")
   elif window is not None: flen = window.shape[0]
-  else: raise ValueError("STFT needs a window or a frame_length")
+  else: raise InvalidValueError("STFT needs a window or a frame_length")
   if window is not None and (window.ndim != 1 or window.shape[0] != flen):
-    raise ValueError(f"STFT window of shape {window.shape} does not match frame_length {flen}")
+    raise InvalidValueError(f"STFT window of shape {window.shape} does not match frame_length {flen}")
   L = signal.shape[1]
   if step <= 0 or not 0 < flen <= L:
-    raise ValueError(f"STFT frame_step {step}, frame_length {flen} over a signal of length {L}")
+    raise InvalidValueError(f"STFT frame_step {step}, frame_length {flen} over a signal of length {L}")
   # frames by movement ops only: (B, C, L) -> (B, C, frames, flen) -> (B, frames, flen, C)
   frames = signal.permute(0, 2, 1)._windows((flen,), (step,), (1,)).permute(0, 2, 3, 1)
   if window is not None: frames = frames * window.cast(signal.dtype).reshape(flen, 1)
@@ -115,7 +116,7 @@ def _window(name: str, fn):
   @op(name, since=17)
   def window(n, size, output_datatype=1, periodic=1):
     count = _scalar(n, size, "size")
-    if count < 0: raise ValueError(f"{name} size {count}: must be 0 or more")
+    if count < 0: raise InvalidValueError(f"{name} size {count}: must be 0 or more")
     with np.errstate(divide="ignore", invalid="ignore"):
       return _store(fn(np.arange(count, dtype=np.float64), count if periodic else count - 1), output_datatype)
 
@@ -134,13 +135,13 @@ def mel_weight_matrix(n, num_mel_bins, dft_length, sample_rate, lower_edge_hertz
   lo, hi = (float(np.asarray(n.const(t, w)).reshape(-1)[0]) for t, w in ((lower_edge_hertz, "lower_edge_hertz"),
                                                                          (upper_edge_hertz, "upper_edge_hertz")))
   if mels <= 0 or size <= 0 or rate <= 0 or not 0 <= lo < hi:
-    raise ValueError(f"MelWeightMatrix num_mel_bins {mels}, dft_length {size}, sample_rate {rate}, "
-                     f"edges {lo}..{hi} Hz: needs positive counts and 0 <= lower < upper")
+    raise InvalidValueError(f"MelWeightMatrix num_mel_bins {mels}, dft_length {size}, sample_rate {rate}, "
+                            f"edges {lo}..{hi} Hz: needs positive counts and 0 <= lower < upper")
   bins = size // 2 + 1
   # mels + 2 points evenly spaced in mel (the step divides by mels + 2, as onnx's reference does), as DFT bin indices
   step = (_hz_to_mel(hi) - _hz_to_mel(lo)) / (mels + 2)
   edges = ((size + 1) * _mel_to_hz(np.arange(mels + 2) * step + _hz_to_mel(lo)) // rate).astype(np.int64)
-  if edges.max() >= bins: raise ValueError(f"MelWeightMatrix: upper_edge_hertz {hi} lies past the last DFT bin")
+  if edges.max() >= bins: raise InvalidValueError(f"MelWeightMatrix: upper_edge_hertz {hi} lies past the last DFT bin")
   out = np.zeros((bins, mels))
   j = np.arange(bins)
   for m in range(mels):

@@ -5,13 +5,13 @@ from typing import Sequence
 import numpy as np
 from aot.dtype import DType, dtypes, to_dtype, promote, min_value
 from aot.ir import UOp, Ops, ReduceOp, BufferArg, ConstData, prod
-from aot.schedule import CompileError
+from aot.errors import CompileError, InvalidValueError, InvalidTypeError, InvalidIndexError, Unsupported
 
 def _axes(axis, ndim: int) -> tuple[int, ...]:
   if axis is None: return tuple(range(ndim))
   axes = (axis,) if isinstance(axis, int) else tuple(axis)
   for a in axes:
-    if not -ndim <= a < max(ndim, 1): raise ValueError(f"axis {a} is out of range for a tensor of rank {ndim}")
+    if not -ndim <= a < max(ndim, 1): raise InvalidValueError(f"axis {a} is out of range for a tensor of rank {ndim}")
   return tuple(sorted({a % max(ndim, 1) for a in axes}))
 
 def _tuple(x, n: int) -> tuple[int, ...]: return (x,) * n if isinstance(x, int) else tuple(x)
@@ -155,7 +155,7 @@ class Tensor:
   def gelu(self, approximate: str = "none"):
     x = self._float()
     if approximate == "tanh": return 0.5 * x * (1.0 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
-    if approximate != "none": raise ValueError(f"gelu approximate must be 'none' or 'tanh', not {approximate!r}")
+    if approximate != "none": raise InvalidValueError(f"gelu approximate must be 'none' or 'tanh', not {approximate!r}")
     return 0.5 * x * (1.0 + (x * (1 / math.sqrt(2))).erf())
   def square(self): return self * self
   def logical_not(self): return self.cast(dtypes.bool)._unary(Ops.NOT)
@@ -170,7 +170,8 @@ class Tensor:
   def cast(self, dtype) -> Tensor: return Tensor(self.uop.cast(to_dtype(dtype)))
   def bitcast(self, dtype) -> Tensor:
     dtype = to_dtype(dtype)
-    if dtype.itemsize != self.dtype.itemsize: raise TypeError(f"bitcast {self.dtype.name} -> {dtype.name} changes the size")
+    if dtype.itemsize != self.dtype.itemsize:
+      raise InvalidTypeError(f"bitcast {self.dtype.name} -> {dtype.name} changes the size")
     return Tensor(UOp(Ops.BITCAST, dtype, (self.uop,)))
   def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
@@ -212,16 +213,18 @@ class Tensor:
   # *** movement ***
   def reshape(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-    if shape.count(-1) > 1: raise ValueError(f"reshape {self.shape} -> {shape}: at most one -1")
+    if shape.count(-1) > 1: raise InvalidValueError(f"reshape {self.shape} -> {shape}: at most one -1")
     if -1 in shape:
       known = prod(s for s in shape if s != -1)
       shape = tuple(self.numel() // known if s == -1 and known else (0 if s == -1 else s) for s in shape)
-    if prod(shape) != self.numel(): raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
+    if prod(shape) != self.numel():
+      raise InvalidValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
     return Tensor(self.uop.reshape(tuple(int(s) for s in shape)))
   def permute(self, *order) -> Tensor:
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
     order = tuple(o % self.ndim for o in order) if self.ndim else order
-    if sorted(order) != list(range(self.ndim)): raise ValueError(f"permute order {order} is not a permutation of {self.ndim} axes")
+    if sorted(order) != list(range(self.ndim)):
+      raise InvalidValueError(f"permute order {order} is not a permutation of {self.ndim} axes")
     return Tensor(self.uop.permute(order))
   def transpose(self, a: int = -2, b: int = -1) -> Tensor:
     order = list(range(self.ndim))
@@ -232,12 +235,12 @@ class Tensor:
   def expand(self, *shape) -> Tensor:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
     shape = tuple(s if s != -1 else self.shape[i - (len(shape) - self.ndim)] for i, s in enumerate(shape))
-    if _broadcast_shape(self.shape, shape) != shape: raise ValueError(f"cannot expand {self.shape} to {shape}")
+    if _broadcast_shape(self.shape, shape) != shape: raise InvalidValueError(f"cannot expand {self.shape} to {shape}")
     return self._broadcast_to(shape)
   def pad(self, pads, value=0.0) -> Tensor:
     """numpy-style pads: one (before, after) per axis; negative amounts remove elements."""
     pads = [(p, p) if isinstance(p, int) else tuple(p) for p in pads]
-    if len(pads) != self.ndim: raise ValueError(f"pad needs {self.ndim} (before, after) pairs, got {len(pads)}")
+    if len(pads) != self.ndim: raise InvalidValueError(f"pad needs {self.ndim} (before, after) pairs, got {len(pads)}")
     x = self
     if any(a < 0 or b < 0 for a, b in pads):
       x = x.shrink([(-min(a, 0), s + min(b, 0)) for (a, b), s in zip(pads, self.shape)])
@@ -245,7 +248,7 @@ class Tensor:
   def shrink(self, bounds) -> Tensor:
     bounds = [(0, s) if b is None else b for b, s in zip(bounds, self.shape)]
     for (a, b), s in zip(bounds, self.shape):
-      if not 0 <= a <= b <= s: raise ValueError(f"shrink {bounds} out of range for shape {self.shape}")
+      if not 0 <= a <= b <= s: raise InvalidValueError(f"shrink {bounds} out of range for shape {self.shape}")
     return Tensor(self.uop.shrink(bounds))
   def flip(self, axis) -> Tensor: return Tensor(self.uop.flip(_axes(axis, self.ndim)))
   def flatten(self, start: int = 0, end: int = -1) -> Tensor:
@@ -255,7 +258,7 @@ class Tensor:
   def squeeze(self, axis=None) -> Tensor:
     axes = [i for i, s in enumerate(self.shape) if s == 1] if axis is None else _axes(axis, self.ndim)
     for a in axes:
-      if self.shape[a] != 1: raise ValueError(f"cannot squeeze axis {a} of size {self.shape[a]}")
+      if self.shape[a] != 1: raise InvalidValueError(f"cannot squeeze axis {a} of size {self.shape[a]}")
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   def unsqueeze(self, axis: int) -> Tensor:
     axis = axis % (self.ndim + 1)
@@ -278,11 +281,11 @@ class Tensor:
   def __getitem__(self, idx) -> Tensor:
     idx = list(idx) if isinstance(idx, tuple) else [idx]
     if any(isinstance(i, Tensor) for i in idx):
-      if len(idx) != 1: raise NotImplementedError("indexing with a tensor works on the first axis only; use take()")
+      if len(idx) != 1: raise Unsupported("indexing with a tensor works on the first axis only; use take()")
       return self.take(idx[0], 0)
-    if (n_ell := sum(i is Ellipsis for i in idx)) > 1: raise IndexError("only one Ellipsis is allowed")
+    if (n_ell := sum(i is Ellipsis for i in idx)) > 1: raise InvalidIndexError("only one Ellipsis is allowed")
     real = sum(i is not None and i is not Ellipsis for i in idx)
-    if real > self.ndim: raise IndexError(f"too many indices ({real}) for a tensor of rank {self.ndim}")
+    if real > self.ndim: raise InvalidIndexError(f"too many indices ({real}) for a tensor of rank {self.ndim}")
     if n_ell: e = idx.index(Ellipsis); idx[e:e + 1] = [slice(None)] * (self.ndim - real)
     idx += [slice(None)] * (self.ndim - real - 0) if not n_ell else []
     x, axis, bounds, flips, steps, out_shape = self, 0, [], [], [], []
@@ -291,7 +294,7 @@ class Tensor:
       n = self.shape[axis]
       if isinstance(i, (int, np.integer)):
         i = int(i)
-        if not -n <= i < n: raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+        if not -n <= i < n: raise InvalidIndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
         bounds.append((i % n, i % n + 1)); out_shape.append(("drop",))
       elif isinstance(i, slice):
         start, stop, step = i.indices(n)
@@ -301,7 +304,7 @@ class Tensor:
           flips.append(axis)
           bounds.append((n - 1 - start, n - 1 - start + max(cnt - 1, 0) * -step + (1 if cnt else 0)))
         steps.append((axis, abs(step))); out_shape.append(("keep",))
-      else: raise TypeError(f"unsupported index {i!r}")
+      else: raise InvalidTypeError(f"unsupported index {i!r}")
       axis += 1
     x = x.flip(flips) if flips else x
     x = x.shrink(bounds)
@@ -323,7 +326,7 @@ class Tensor:
     dt = functools.reduce(promote, [t.dtype for t in tensors])
     for t in tensors:
       if t.ndim != t0.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, t0.shape)) if i != axis):
-        raise ValueError(f"cat: shapes {[t.shape for t in tensors]} differ outside axis {axis}")
+        raise InvalidValueError(f"cat: shapes {[t.shape for t in tensors]} differ outside axis {axis}")
     total, off, parts = sum(t.shape[axis] for t in tensors), 0, []
     for t in tensors:
       if t.shape[axis] == 0: continue
@@ -340,8 +343,9 @@ class Tensor:
   def gather(self, axis: int, index: Tensor) -> Tensor:
     """torch.gather / ONNX GatherElements: out[..., i, ...] = self[..., index[..., i, ...], ...] along axis."""
     axis = axis % self.ndim
-    if index.ndim != self.ndim: raise ValueError(f"gather: index rank {index.ndim} != data rank {self.ndim}")
-    if index.dtype.kind not in "iu": raise TypeError(f"gather: index must be an integer tensor, not {index.dtype.name}")
+    if index.ndim != self.ndim: raise InvalidValueError(f"gather: index rank {index.ndim} != data rank {self.ndim}")
+    if index.dtype.kind not in "iu":
+      raise InvalidTypeError(f"gather: index must be an integer tensor, not {index.dtype.name}")
     x = self.shrink([(0, self.shape[i]) if i == axis else (0, index.shape[i]) for i in range(self.ndim)])
     return Tensor(UOp(Ops.GATHER, self.dtype, (x.uop, index.uop), axis))
   def take(self, indices, axis: int = 0) -> Tensor:
@@ -356,11 +360,11 @@ class Tensor:
   # *** linear algebra and networks ***
   def matmul(self, other: Tensor) -> Tensor:
     a, b = self, other if isinstance(other, Tensor) else Tensor(other)
-    if a.ndim == 0 or b.ndim == 0: raise ValueError("matmul needs tensors of rank >= 1")
+    if a.ndim == 0 or b.ndim == 0: raise InvalidValueError("matmul needs tensors of rank >= 1")
     va, vb = a.ndim == 1, b.ndim == 1
     if va: a = a.reshape(1, -1)
     if vb: b = b.reshape(-1, 1)
-    if a.shape[-1] != b.shape[-2]: raise ValueError(f"matmul: {self.shape} @ {other.shape}: inner sizes differ")
+    if a.shape[-1] != b.shape[-2]: raise InvalidValueError(f"matmul: {self.shape} @ {other.shape}: inner sizes differ")
     # (..., M, 1, K) * (..., 1, N, K) summed over K: the reduce is the innermost loop
     prod_ = a.reshape(a.shape[:-1] + (1, a.shape[-1])) * b.transpose(-1, -2).reshape(b.shape[:-2] + (1, b.shape[-1], b.shape[-2]))
     out = prod_.sum(-1)
@@ -381,7 +385,7 @@ class Tensor:
     for i in reversed(range(n)):
       ax, L, K, s, d = pre + i, x.shape[pre + i], kernel[i], stride[i], dilation[i]
       O = (L - d * (K - 1) - 1) // s + 1
-      if O <= 0: raise ValueError(f"window {K} (dilation {d}) does not fit an axis of size {L}")
+      if O <= 0: raise InvalidValueError(f"window {K} (dilation {d}) does not fit an axis of size {L}")
       m = max(0, -(-(O * s - d) // L))
       W = d + m * L
       R = -(-(K * W) // L)
@@ -404,9 +408,11 @@ class Tensor:
     n = weight.ndim - 2
     N, C = self.shape[:2]
     cout, cg, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
-    if self.ndim != n + 2: raise ValueError(f"conv: input rank {self.ndim} does not match weight rank {weight.ndim}")
+    if self.ndim != n + 2:
+      raise InvalidValueError(f"conv: input rank {self.ndim} does not match weight rank {weight.ndim}")
     if C != cg * groups or cout % groups:
-      raise ValueError(f"conv: input has {C} channels, weight {weight.shape} with groups={groups} expects {cg * groups}")
+      raise InvalidValueError(f"conv: input has {C} channels, weight {weight.shape} with groups={groups} "
+                              f"expects {cg * groups}")
     x = self._pad_spatial(padding, n)._windows(kernel, _tuple(stride, n), _tuple(dilation, n))  # (N, C, *O, *K)
     outs = x.shape[2:2 + n]
     g, coutg = groups, cout // groups
@@ -468,7 +474,7 @@ def _spatial_pads(padding, n: int) -> list[tuple[int, int]]:
   if len(padding) == n and all(isinstance(p, int) for p in padding): return [(p, p) for p in padding]
   if len(padding) == n: return [tuple(p) for p in padding]
   if len(padding) == 2 * n: return [(padding[i], padding[i + n]) for i in range(n)]
-  raise ValueError(f"padding {padding} does not fit {n} spatial axes")
+  raise InvalidValueError(f"padding {padding} does not fit {n} spatial axes")
 
 def _broadcast_shape(*shapes) -> tuple[int, ...]:
   nd = max(len(s) for s in shapes)
@@ -476,7 +482,7 @@ def _broadcast_shape(*shapes) -> tuple[int, ...]:
   out = []
   for dims in zip(*padded):
     big = {d for d in dims if d != 1}
-    if len(big) > 1: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast")
+    if len(big) > 1: raise InvalidValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast")
     out.append(big.pop() if big else 1)
   return tuple(out)
 
@@ -504,11 +510,11 @@ def function(fn):
       state["params"] = [(n, v.shape, v.dtype) for n, v in zip(names, vals)]
     params = state["params"]
     if len(vals) != len(params):
-      raise TypeError(f"{fn.__name__}() was traced with {len(params)} arguments, called with {len(vals)}")
+      raise InvalidTypeError(f"{fn.__name__}() was traced with {len(params)} arguments, called with {len(vals)}")
     for (n, shape, dt), v in zip(params, vals):
       if v.shape != shape or v.dtype != dt:
-        raise TypeError(f"{fn.__name__}() argument '{n}': traced with shape {shape} {dt.name}, "
-                        f"called with shape {v.shape} {v.dtype.name}")
+        raise InvalidTypeError(f"{fn.__name__}() argument '{n}': traced with shape {shape} {dt.name}, "
+                               f"called with shape {v.shape} {v.dtype.name}")
     body = state["body"]
     outs = tuple(Tensor(UOp(Ops.CALL, o.dtype, (body, *(v.uop for v in vals)), i)) for i, o in enumerate(body.src))
     return outs[0] if state["single"] else outs

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 import aot
 from aot import build
-from aot.build import BuildError
+from aot.errors import BuildError
 from aot.models import get
 
 COMPILERS = ("gcc", "clang-14", "clang-19")

@@ -119,7 +119,8 @@ def test_bare_product_runs_no_epilogue(tmp_path):
 def planned(model) -> tuple[list[tuple[int, int, int, int]], int]:
   """((batch, M, N, K) of each microkernel call the compiler plans, accumulators left to the generated loops)."""
   from aot.compiler import resolve
-  from aot.schedule import schedule, Buffer
+  from aot.schedule import schedule
+  from aot.kernel import Buffer
   from aot.ir import Ops
   from aot.dtype import dtypes
   from aot.codegen.contract import lower_contractions

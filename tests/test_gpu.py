@@ -8,7 +8,7 @@ import pytest
 import aot
 import aot.build
 from aot import Tensor
-from aot.build import BuildError
+from aot.errors import BuildError
 from aot.codegen import gpu
 from aot.build import check_metal_syntax, DEFAULT_OFFLOAD_ARCH
 from aot.codegen.gpu import GPU_TARGETS, KERNEL_SOURCE

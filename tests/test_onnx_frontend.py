@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper as oh, TensorProto as TP
 import aot
-from aot.schedule import CompileError
+from aot.errors import CompileError
 from aot.testing import assert_kernel_count
 
 def ort_run(model, feed):

@@ -280,7 +280,7 @@ def test_requantize_rounds_before_adding_the_zero_point(target):
         [("y", TP.UINT8)], domain="", target=target)
 
 def test_a_per_channel_scale_where_onnxruntime_takes_one_is_named():
-  from aot.schedule import CompileError
+  from aot.errors import CompileError
   node = oh.make_node("QLinearSigmoid", ["x", "xs", "xz", "ys", "yz"], ["y"], domain=MS, name="sig")
   m = _model(node, {"x": np.zeros((1, 3), U8)}, {"xs": np.full(3, 0.1, f32), "xz": U8(0), "ys": f32(0.1), "yz": U8(0)},
              [("y", TP.UINT8)])

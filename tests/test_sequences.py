@@ -5,7 +5,7 @@ from onnx import helper, TensorProto
 from onnx.reference import ReferenceEvaluator
 from aot.compiler import compile_model
 from aot.loader import load
-from aot.schedule import CompileError
+from aot.errors import CompileError
 
 F = TensorProto.FLOAT
 

@@ -6,7 +6,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper as oh, numpy_helper, TensorProto as TP
 import aot
-from aot.schedule import CompileError
+from aot.errors import CompileError
 from aot.frontends.onnx import check_inferred_shapes
 from aot.frontends.tensor import Tensor
 

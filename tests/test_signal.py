@@ -6,7 +6,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from aot.compiler import compile_model
 from aot.loader import load
-from aot.schedule import CompileError
+from aot.errors import CompileError
 
 F, D, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64
 ints = lambda name, v: numpy_helper.from_array(np.asarray(v, dtype=np.int64), name)
