@@ -101,7 +101,7 @@ from aot.dtype import dtypes
 from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
 from aot.rewrite import substitute, graph_rewrite
 from aot.symbolic import linear, pm_simplify, flat_stride
-from aot.kernel import Buffer
+from aot.kernel import Buffer, Kernel
 
 _QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
 
@@ -331,7 +331,6 @@ def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
   to int32 less a constant zero point into a scratch (QuantizeLinear's, a requantized residual add's) writes the 8-bit
   value instead, and its readers widen it where they read it. A quarter of the bytes; an int8 contraction reading it
   then reads the bytes in place or copies bytes, not int32 it narrows again. Values are unchanged."""
-  from aot.schedule import Kernel
   narrowed: dict[int, tuple[Buffer, int]] = {}
   out = []
   for k in kernels:
