@@ -3,8 +3,8 @@ The table of ops is shared by every C-family target (C, CUDA, HIP, Metal): a new
 from __future__ import annotations
 import math
 from aot.dtype import DType, dtypes, min_value
-from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
-from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index
+from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM, prod
+from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index, loop_pieces
 
 def _fn(name: str):
   # libm spelling per float type; half computes in float
@@ -22,12 +22,22 @@ def abs_with(fabs):
   # a float's through the target's fabs; an integer's by a compare (C's abs() is int only)
   return lambda dt, a: fabs(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))"
 
+# kept_loops: a row this long (two vectors of floats) is vectorised well on its own; a shorter one is vectorised
+# better across the loops around it unrolled (a fused 2x2 pool's pair of columns: VGG-19's 224x224 packs 0.55 ->
+# 0.98 ms kept; Inception-v2's 8 rows of 28: 0.055 -> 0.078 ms kept)
+NO_UNROLL_MIN_ROW = 32
+# ... and a loop around it is kept when unrolled it would hold more copies of the row than this: ResNet-18's 4 rows
+# of a panel unrolled spill (0.274 -> 0.120 ms kept), VGG-19's 1-row panels' 3 taps do not (28-wide rows: 0.027 ms
+# unrolled, 0.049 kept)
+NO_UNROLL_MAX_COPIES = 3
+
 class CRenderer:
   kernel_prefix = "__attribute__((visibility(\"hidden\"))) void"
   restrict = "restrict"
-  # put before the loops around a copy's innermost loop (KERNEL_PRELUDE): clang unrolls an im2col panel's short window
-  # loops (3x3x4 around a 56-wide row) whole, into code that spills its registers; kept as loops the inner one is
-  # vectorised alone. ResNet-18's 3x3 56x56 panel packs, 14 per conv, clang-19: 0.274 -> 0.128 ms (llvm's 0.129)
+  # put before the loops around a copy's innermost loop (KERNEL_PRELUDE, kept_loops): clang unrolls an im2col panel's
+  # short window loops (3x3 taps x 4 rows around a 56-wide row) whole, into code that spills its registers; kept as
+  # loops the row is vectorised alone. 14 panels of a 3x3 conv, thread CPU time, clang-19: ResNet-18's 64x56x56
+  # 0.274 -> 0.120 ms (llvm's 0.129), VGG-19's 128x56x56 0.301 -> 0.150 ms
   no_unroll = "AOT_NO_UNROLL"
   code_for_op = {
     Ops.NEG: lambda dt, a: f"(-{a})" if dt != dtypes.bool else f"(!{a})",
@@ -91,15 +101,25 @@ class CRenderer:
     lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
     program = linearize(ast)
     kept = self.kept_loops(ast, program)
+    loops = [u for kind, u in program if kind == "loop"]
+    # the innermost loop in pieces (loop_pieces): its body is written once per piece
+    pieces = loop_pieces(ast, loops[-1]) if loops else []
     for kind, u in program:
       ind = "  " * depth
       if kind == "loop":
         names[u] = f"r{u.number}"
         lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.size))
         if u in kept: lines.append(f"{ind}{self.no_unroll}")
+        if len(pieces) > 1 and u is loops[-1]: body_at = len(lines)
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{"); depth += 1
       elif kind == "end":
         depth -= 1; lines.append("  " * depth + "}")
+        if len(pieces) > 1 and u is loops[-1]:
+          body = lines[body_at + 1:]
+          del lines[body_at:]
+          for lo, hi in pieces:
+            lo_, hi_ = self.literal(u.dtype, lo), self.literal(u.dtype, hi)
+            lines += [f"{'  ' * depth}for ({u.dtype.cname} {names[u]} = {lo_}; {names[u]} < {hi_}; {names[u]}++) {{", *body]
       elif kind == "acc_init":
         names[u] = f"acc{len(names)}"
         lines.append(f"{ind}{u.dtype.cname} {names[u]} = {self.identity(u.reduce_op, u.dtype)};")
@@ -113,16 +133,14 @@ class CRenderer:
     return "\n".join(lines + ["}"])
 
   def kept_loops(self, ast: UOp, program: list) -> set[UOp]:
-    """The loops of a kernel without sums (a copy: an operand's pack, a pool written out) that hold another loop and
-    are not the threads' split: kept as loops (no_unroll), so the innermost is the one the compiler works on."""
+    """The loops of a kernel without sums (a copy: an operand's pack, a pool written out; one nest) around an
+    innermost loop of at least NO_UNROLL_MIN_ROW that would repeat it more than NO_UNROLL_MAX_COPIES times unrolled
+    (with the loops between), except the threads' split: kept as loops (no_unroll)."""
     if self.no_unroll is None or any(u.op is Ops.ACCUMULATE for u in ast.toposort()): return set()
-    kept, open_ = set(), []
-    for kind, u in program:
-      if kind == "loop":
-        if open_ and not is_outer(open_[-1]): kept.add(open_[-1])
-        open_.append(u)
-      elif kind == "end": open_.pop()
-    return kept
+    loops = [u for kind, u in program if kind == "loop"]
+    if not loops or loops[-1].size < NO_UNROLL_MIN_ROW: return set()
+    return {r for i, r in enumerate(loops[:-1])
+            if not is_outer(r) and prod(x.size for x in loops[i:-1]) > NO_UNROLL_MAX_COPIES}
 
   def render_value(self, u: UOp, r) -> str:
     if u.op is Ops.LOAD:
