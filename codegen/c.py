@@ -3,7 +3,7 @@ The table of ops is shared by every C-family target (C, CUDA, HIP, Metal): a new
 from __future__ import annotations
 import math
 from aot.dtype import DType, dtypes, min_value
-from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM, prod
+from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
 from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index, loop_pieces
 
 def _fn(name: str):
@@ -22,23 +22,18 @@ def abs_with(fabs):
   # a float's through the target's fabs; an integer's by a compare (C's abs() is int only)
   return lambda dt, a: fabs(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))"
 
-# kept_loops: a row this long (two vectors of floats) is vectorised well on its own; a shorter one is vectorised
-# better across the loops around it unrolled (a fused 2x2 pool's pair of columns: VGG-19's 224x224 packs 0.55 ->
-# 0.98 ms kept; Inception-v2's 8 rows of 28: 0.055 -> 0.078 ms kept)
-NO_UNROLL_MIN_ROW = 32
-# ... and a loop around it is kept when unrolled it would hold more copies of the row than this: ResNet-18's 4 rows
-# of a panel unrolled spill (0.274 -> 0.120 ms kept), VGG-19's 1-row panels' 3 taps do not (28-wide rows: 0.027 ms
-# unrolled, 0.049 kept)
-NO_UNROLL_MAX_COPIES = 3
+# tail_masked: the innermost loop of a kernel without sums (a copy: an im2col panel's pack, a dense operand, a pool
+# written out), at least this long and not a whole number of 16-float vectors, has its remainder run as a masked
+# vector iteration: clang ran the 8 columns left of a 56-wide row as scalar gated loads. 14 panels of a 3x3 conv's
+# pack, thread CPU time, not inlined: ResNet-18's 64x56x56 0.262 -> 0.147 ms (clang-19; the llvm target's 0.129),
+# VGG-19's 128x56x56 0.307 -> 0.174, 512x28x28 0.125 -> 0.074 (clang-14 0.236 -> 0.198, 0.133 -> 0.078)
+TAIL_MASKED_MIN, TAIL_MASKED_VECTOR = 16, 16
 
 class CRenderer:
   kernel_prefix = "__attribute__((visibility(\"hidden\"))) void"
   restrict = "restrict"
-  # put before the loops around a copy's innermost loop (KERNEL_PRELUDE, kept_loops): clang unrolls an im2col panel's
-  # short window loops (3x3 taps x 4 rows around a 56-wide row) whole, into code that spills its registers; kept as
-  # loops the row is vectorised alone. 14 panels of a 3x3 conv, thread CPU time, clang-19: ResNet-18's 64x56x56
-  # 0.274 -> 0.120 ms (llvm's 0.129), VGG-19's 128x56x56 0.301 -> 0.150 ms
-  no_unroll = "AOT_NO_UNROLL"
+  # put before such a loop (KERNEL_PRELUDE); None where the target has no such hint
+  tail_masked = "AOT_TAIL_MASKED"
   code_for_op = {
     Ops.NEG: lambda dt, a: f"(-{a})" if dt != dtypes.bool else f"(!{a})",
     **{op: _fn(name) for op, name in LIBM.items()},
@@ -100,7 +95,7 @@ class CRenderer:
       return names[u]
     lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
     program = linearize(ast)
-    kept = self.kept_loops(ast, program)
+    copy = not any(u.op is Ops.ACCUMULATE for u in ast.toposort())
     loops = [u for kind, u in program if kind == "loop"]
     # the innermost loop in pieces (loop_pieces): its body is written once per piece
     pieces = loop_pieces(ast, loops[-1]) if loops else []
@@ -109,8 +104,9 @@ class CRenderer:
       if kind == "loop":
         names[u] = f"r{u.number}"
         lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.size))
-        if u in kept: lines.append(f"{ind}{self.no_unroll}")
-        if len(pieces) > 1 and u is loops[-1]: body_at = len(lines)
+        if u is loops[-1] and len(pieces) > 1: body_at = len(lines)
+        elif u is loops[-1] and not is_outer(u) and self.masks_tail(copy, 0, u.size):
+          lines.append(f"{ind}{self.tail_masked}")
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{"); depth += 1
       elif kind == "end":
         depth -= 1; lines.append("  " * depth + "}")
@@ -119,7 +115,9 @@ class CRenderer:
           del lines[body_at:]
           for lo, hi in pieces:
             lo_, hi_ = self.literal(u.dtype, lo), self.literal(u.dtype, hi)
-            lines += [f"{'  ' * depth}for ({u.dtype.cname} {names[u]} = {lo_}; {names[u]} < {hi_}; {names[u]}++) {{", *body]
+            if self.masks_tail(copy, lo, hi): lines.append(f"{'  ' * depth}{self.tail_masked}")
+            head = f"for ({u.dtype.cname} {names[u]} = {lo_}; {names[u]} < {hi_}; {names[u]}++) {{"
+            lines += [f"{'  ' * depth}{head}", *body]
       elif kind == "acc_init":
         names[u] = f"acc{len(names)}"
         lines.append(f"{ind}{u.dtype.cname} {names[u]} = {self.identity(u.reduce_op, u.dtype)};")
@@ -132,15 +130,10 @@ class CRenderer:
         lines.append(f"{ind}const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
     return "\n".join(lines + ["}"])
 
-  def kept_loops(self, ast: UOp, program: list) -> set[UOp]:
-    """The loops of a kernel without sums (a copy: an operand's pack, a pool written out; one nest) around an
-    innermost loop of at least NO_UNROLL_MIN_ROW that would repeat it more than NO_UNROLL_MAX_COPIES times unrolled
-    (with the loops between), except the threads' split: kept as loops (no_unroll)."""
-    if self.no_unroll is None or any(u.op is Ops.ACCUMULATE for u in ast.toposort()): return set()
-    loops = [u for kind, u in program if kind == "loop"]
-    if not loops or loops[-1].size < NO_UNROLL_MIN_ROW: return set()
-    return {r for i, r in enumerate(loops[:-1])
-            if not is_outer(r) and prod(x.size for x in loops[i:-1]) > NO_UNROLL_MAX_COPIES}
+  def masks_tail(self, copy: bool, lo: int, hi: int) -> bool:
+    """Does an innermost loop over [lo, hi) of a kernel without sums (copy) run its remainder masked (tail_masked)?"""
+    n = hi - lo
+    return self.tail_masked is not None and copy and n >= TAIL_MASKED_MIN and n % TAIL_MASKED_VECTOR != 0
 
   def render_value(self, u: UOp, r) -> str:
     if u.op is Ops.LOAD:
@@ -165,8 +158,8 @@ KERNEL_PRELUDE = """#include <math.h>
 #define AOT_LOOP_VECTORIZE
 #endif
 #if defined(__clang__)
-#define AOT_NO_UNROLL _Pragma("clang loop unroll(disable)")
+#define AOT_TAIL_MASKED _Pragma("clang loop vectorize_predicate(enable)")
 #else
-#define AOT_NO_UNROLL
+#define AOT_TAIL_MASKED
 #endif
 """
