@@ -51,6 +51,32 @@ def widen_index(ast: UOp) -> UOp:
     new[u] = UOp(u.op, dtypes.index64 if u.dtype == dtypes.index else u.dtype, tuple(new[s] for s in u.src), u.arg)
   return new[ast]
 
+# a kernel without sums (a pool written out) whose innermost loop is gated at its edges (padding: r >= 1, r + 2 < 29)
+# runs that loop in pieces over which every such gate is constant, the same body in each: the compilers fold the
+# gates from the bounds, and the interior's loads are plain ones they vectorise, where masked loads of a padded window
+# stayed scalar (inception_v2's 3x3/1 average pool over 256x28x28, clang-19: 0.252 -> 0.089 ms, thread CPU time);
+# at most this many pieces (a 5x5 window's four edges give five)
+PEEL_MAX_PIECES = 5
+
+def loop_pieces(ast: UOp, r: UOp) -> list[tuple[int, int]]:
+  """[(lo, hi), ...] covering [0, r.size) where each comparison of r alone against a constant (a + b*r < c) keeps
+  one value; [(0, size)] when r is not peeled (a kernel with sums, the threads' loop, no such gate, too many)."""
+  nodes = ast.toposort()
+  if is_outer(r) or any(u.op is Ops.ACCUMULATE for u in nodes): return [(0, r.size)]
+  edges = {0, r.size}
+  for u in nodes:
+    if u.op is not Ops.CMPLT or u.src[0].dtype not in (dtypes.index, dtypes.index64): continue
+    (ta, ca), (tb, cb) = linear(u.src[0]), linear(u.src[1])
+    terms = {t: k for t in {*ta, *tb} if (k := ta.get(t, 0) - tb.get(t, 0))}
+    if set(terms) != {r} or (a := terms[r]) == 0: continue
+    # a*r + c < 0 changes value at the first r past -c/a
+    c = ca - cb
+    edge = -(c // a) if a > 0 else c // -a + 1
+    if 0 < edge < r.size: edges.add(edge)
+  cuts = sorted(edges)
+  if len(cuts) == 2 or len(cuts) - 1 > PEEL_MAX_PIECES: return [(0, r.size)]
+  return list(zip(cuts, cuts[1:]))
+
 def parallel_extent(ast: UOp) -> int:
   """How many iterations of the outermost output loop a kernel has (1 when it has none: it runs whole, once)."""
   return next((r.size for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)

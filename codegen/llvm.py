@@ -11,7 +11,7 @@ from llvmlite import ir
 import llvmlite.binding as llvm
 from aot.dtype import DType, dtypes
 from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
-from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index
+from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index, loop_pieces
 
 def ltype(dt: DType) -> ir.Type:
   """The type of a value in registers (bool is i1; in memory it is i8)."""
@@ -81,14 +81,22 @@ class LLVMRenderer:
       if u.op is Ops.ACCUMULATE: return b.load(accs[u])
       return vals[u]
 
-    for kind, u in linearize(ast):
+    program = linearize(ast)
+    inner = next((u for kind, u in reversed(program) if kind == "loop"), None)
+    # the innermost loop in pieces (loop_pieces): its instructions are emitted once per piece
+    pieces = loop_pieces(ast, inner) if inner is not None else []
+    if len(pieces) > 1:
+      at, to = program.index(("loop", inner)), program.index(("end", inner)) + 1
+      program = program[:at] + program[at:to] * len(pieces) + program[to:]
+    pieces = iter(pieces)
+    for kind, u in program:
       if kind == "loop":
         it = ltype(u.dtype)
         counter = alloca_b.alloca(it, name=f"r{u.number}")
         outer = is_outer(u)
         # a 64-bit counter (widen_index) still starts and ends where the int arguments say
         lo, hi = ((b.sext(x, it) if it != i32 else x for x in (start, end)) if outer else
-                  (ir.Constant(it, 0), ir.Constant(it, u.size)))
+                  (ir.Constant(it, x) for x in (next(pieces) if u is inner else (0, u.size))))
         b.store(lo, counter)
         head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.number}") for s in ("head", "loop", "exit"))
         b.branch(head)

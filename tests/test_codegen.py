@@ -102,3 +102,59 @@ def test_a_kernel_reading_at_a_small_stride_indexes_in_64_bits():
   (relu,) = kernels(lambda x: x.relu(), x)
   wide = lambda k: any(u.dtype == dtypes.index64 for u in widen_index(optimize(k.ast)).toposort())
   assert wide(pool) and not wide(relu)
+
+def test_an_edge_gated_loop_runs_in_pieces_with_constant_gates():
+  # a 3x3/1 average pool padded by 1: the column loop is cut where its gates change (c >= 1, c + 1 < 17), so the
+  # interior piece's loads are plain ones; a kernel with sums is left whole
+  from aot.codegen.linearize import loop_pieces
+  from aot.codegen.c import CRenderer
+  x = np.zeros((1, 3, 17, 17), np.float32)
+  (pool,) = kernels(lambda x: x.avg_pool2d(3, 1, padding=1), x)
+  ast = optimize(pool.ast)
+  inner = [u for kind, u in linearize(ast) if kind == "loop"][-1]
+  assert loop_pieces(ast, inner) == [(0, 1), (1, 16), (16, 17)]
+  src = CRenderer().render_kernel("k", ast)
+  assert [line.strip().split("=")[1].split(";")[0] for line in src.splitlines()
+          if line.strip().startswith(f"for (int r{inner.number} ")] == [" 0", " 1", " 16"]
+  # a 5x5 window keeps its sum loops: its column loop, as gated, stays one loop
+  (big,) = kernels(lambda x: x.avg_pool2d(5, 1, padding=2), x)
+  ast = optimize(big.ast)
+  columns = [u for kind, u in linearize(ast) if kind == "loop" and u.kind == "loop"][-1]
+  assert columns.size == 17 and loop_pieces(ast, columns) == [(0, 17)]
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op, attrs", [("AveragePool", {"count_include_pad": 0}), ("MaxPool", {"ceil_mode": 1})])
+def test_pools_run_in_pieces_match_onnxruntime(op, attrs, target, tmp_path):
+  # a 3x3/1 window padded by 1 (three pieces), or a ceil-mode 3x3/2 one (its right edge gated: two), 1 and 2 threads
+  # bitwise equal
+  from onnx import helper
+  from test_contract import onnx_graph, check_against_onnxruntime
+  shape = dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]) if op == "AveragePool" else \
+    dict(kernel_shape=[3, 3], strides=[2, 2])
+  node = helper.make_node(op, ["x"], ["y"], **shape, **attrs)
+  x = np.random.default_rng(4).standard_normal((1, 4, 14, 19)).astype(np.float32)
+  check_against_onnxruntime(onnx_graph([node], {"x": x.shape}, {}), {"x": x}, tmp_path, target)
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_panel_pack_masks_its_rows_tail(target, tmp_path):
+  # a 3x3 conv over 8x40x40 packs B in panels of 4 rows of 40: in C, the 40-wide row runs its last 8 columns as a
+  # masked vector iteration (AOT_TAIL_MASKED; clang ran them as scalar gated loads), the loops around it as they are
+  from onnx import helper
+  from test_contract import onnx_graph, check_against_onnxruntime
+  rng = np.random.default_rng(5)
+  w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+  node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+  x = rng.standard_normal((1, 8, 40, 40)).astype(np.float32)
+  model = onnx_graph([node], {"x": x.shape}, {"w": w})
+  check_against_onnxruntime(model, {"x": x}, tmp_path, target)
+  if target != "c": return
+  from aot.compiler import render
+  t = resolve(model)
+  files = render("m", schedule(t.outputs, t.inputs, t.output_names), "c").files
+  src = "\n".join(text for f, text in files.items() if f.endswith(".c"))
+  pack = next(src[i:src.index("\n}\n", i)] for i in (src.index(line) for line in src.splitlines()
+                                                      if "_pack0b(" in line and line.endswith("{"))).splitlines()
+  loops = [i for i, line in enumerate(pack) if line.strip().startswith("for (")]
+  masked = [i for i in loops if pack[i - 1].strip() == "AOT_TAIL_MASKED"]
+  # the panel loop (the threads'), then channels, 3 taps, 3 taps, 4 rows, then the 40-wide row
+  assert len(loops) == 6 and masked == loops[-1:] and "< 40" in pack[loops[-1]]
