@@ -357,6 +357,24 @@ class Operand:
   pack: UOp | None = None
   panel: tuple[int, int] = (0, 0)
 
+# the ops of an epilogue step the microkernel applies to each finished tile (aot_gemm_step in runtime_c/aot_runtime.h)
+STEP_OPS = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: 2, Ops.MIN: 3}
+# ... and a multiply whose result the next step adds to, in one expression (AOT_STEP_MUL_ADD)
+STEP_MUL_ADD = 4
+# the fused epilogue is on: off, every epilogue is a kernel pass of its own (the tests compare the two bitwise)
+FUSE_EPILOGUES = True
+
+@dataclass(frozen=True)
+class Step:
+  """v = op(v, x) (op(x, v) when swapped) on an element v of C at (batch, m, n): x is value when slot is None, else
+  slot's element offset + batch * strides[0] + m * strides[1] + n * strides[2]."""
+  op: Ops
+  swapped: bool
+  value: float = 0.0
+  slot: int | None = None
+  offset: int = 0
+  strides: tuple[int, int, int] = (0, 0, 0)
+
 @dataclass
 class Gemm:
   """One contraction as the runtime computes it: sizes, tiles and blocks, its operands, its result's slot."""
@@ -367,6 +385,7 @@ class Gemm:
   b: Operand
   result: int                             # slot of the matrix C[batch][m][n]: a scratch buffer, or the output
   result_offset: int = 0                  # elements into that buffer (a concat's branch writes its slice)
+  steps: tuple[Step, ...] = ()            # the epilogue, applied to each finished tile (fused_steps)
   @property
   def tasks(self) -> int:
     c, (mc, nc) = self.c, self.block
@@ -409,6 +428,42 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
   return Operand(slot, 0, (rows * K, R, 1, rows) if is_b else (rows * K, R * K, K, 1), True,
                  dense_operand(c, side, is_b, rows))
 
+def _step_operand(x: UOp, c: Contraction) -> Step | None:
+  """The leaf of an epilogue step (its op set later): a float constant, or a load of another buffer at an index linear
+  in the flattened batch, m and n (a per-channel bias or scale, a residual read where C's element lies)."""
+  if x.dtype != dtypes.float32: return None
+  if x.op is Ops.CONST: return Step(Ops.ADD, False, float(x.arg)) if np.isfinite(x.arg) else None
+  if x.op is not Ops.LOAD or x.src[0].arg == 0 or not (x.src[2].op is Ops.CONST and x.src[2].arg is True): return None
+  terms, offset = linear(x.src[1])
+  if offset < 0 or any(t.op is not Ops.RANGE for t in terms) or not set(terms) <= {*c.batch, *c.a.rows, *c.b.rows}:
+    return None
+  strides = tuple(flat_stride(group, terms) for group in (c.batch, c.a.rows, c.b.rows))
+  return None if None in strides else Step(Ops.ADD, False, 0.0, x.src[0].arg, offset, strides)
+
+def fused_steps(ast: UOp, g: Gemm) -> tuple[Step, ...] | None:
+  """The epilogue as steps the microkernel applies to each finished tile, when it is out[i] = f(C[i]) in place with f
+  a chain of add, multiply, max and min of C's element with constants, per-row or per-column vectors or another
+  buffer's element (bias, scale, ReLU and clip, a residual): the same ops in the same order, so bitwise the same
+  result (a multiply feeding an add, which a C compiler may contract into one multiply-add, is rendered as the
+  runtime's MUL_ADD on the c target: GemmCall)."""
+  c = g.c
+  if not FUSE_EPILOGUES or ast.op is not Ops.STORE or g.result != 0 or c.bounds or c.back: return None
+  store_at = linear(ast.src[1])
+  if store_at != linear(_result_in_kernel(c) + g.result_offset): return None
+  steps, v = [], ast.src[2]
+  while not (v.op is Ops.LOAD and v.src[0].arg == 0):
+    if v.op not in STEP_OPS or len(v.src) != 2: return None
+    holds = [any(u.op is Ops.DEFINE_GLOBAL and u.arg == 0 for u in s.toposort()) for s in v.src]
+    if holds.count(True) != 1: return None
+    path = holds.index(True)
+    leaf = _step_operand(v.src[1 - path], c)
+    if leaf is None: return None
+    steps.append(replace(leaf, op=v.op, swapped=path == 1))
+    v = v.src[path]
+  if not (v.src[2].op is Ops.CONST and v.src[2].arg is True) or linear(v.src[1]) != store_at: return None
+  steps.reverse()
+  return tuple(steps) if steps else None
+
 def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer) -> tuple[UOp, list, list[Gemm]]:
   """(the kernel that runs last, the kernel's buffers with new slots appended, its gemms). make_buffer(kind, array or
   size) makes a constant buffer holding an array, or a float32 scratch buffer of a size."""
@@ -437,4 +492,7 @@ def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer)
     results[c.acc] = (c, 0, offset) if offset is not None else \
       (c, new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)), 0)
     gemms.append(Gemm(c, tile, blocks(c, mr, nr, b.panel[0]), a, b, *results[c.acc][1:]))
-  return epilogue_kernel(ast, results), bufs, gemms
+  last = epilogue_kernel(ast, results)
+  # one contraction whose epilogue is a chain of steps: the microkernel applies them, and the kernel's own pass goes
+  if len(gemms) == 1 and (steps := fused_steps(last, gemms[0])) is not None: gemms[0].steps = steps
+  return last, bufs, gemms

@@ -87,6 +87,56 @@ GEMV_KERNEL(gemv_16, 16, v8)
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 static int min(int a, int b) { return a < b ? a : b; }
 
+/* The fused epilogue (aot_gemm.steps) over an mr x nr tile of C at (b, m, n), row stride ldc: one pass per step and
+   row, over contiguous columns, so each vectorises; the ops and their argument order are the generated kernel's, one
+   rounding per op (codegen/contract.py fuses only chains no compiler contracts into a multiply-add). */
+#define STEP_MAX(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+#define STEP_MIN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+#define STEP_ROW(EXPR)                                                                                     \
+  do {                                                                                                     \
+    if (!x) for (int j = 0; j < nr; j++) { const float v = row[j], y = s->value; row[j] = (EXPR); }        \
+    else if (s->n == 0) for (int j = 0; j < nr; j++) { const float v = row[j], y = x[0]; row[j] = (EXPR); } \
+    else if (s->n == 1) for (int j = 0; j < nr; j++) { const float v = row[j], y = x[j]; row[j] = (EXPR); } \
+    else for (int j = 0; j < nr; j++) { const float v = row[j], y = x[j * s->n]; row[j] = (EXPR); }          \
+  } while (0)
+/* a step's operand over the row's nr columns */
+static void step_operand(const aot_gemm_step *s, const float *x, int nr, float *restrict y) {
+  for (int j = 0; j < nr; j++) y[j] = !x ? s->value : x[j * s->n];
+}
+static void apply_steps(const aot_gemm *g, int b, int m, int n, int mr, int nr, float *restrict c, long ldc) {
+  float y[32], z[32];
+  for (int i = 0; i < mr; i++) {
+    float *restrict row = c + i * ldc;
+    for (int k = 0; k < g->nsteps; k++) {
+      const aot_gemm_step *s = &g->steps[k];
+      const float *x = s->p ? s->p + (long)b * s->batch + (long)(m + i) * s->m + (long)n * s->n : NULL;
+      if (s->op == AOT_STEP_MUL_ADD) {
+        const aot_gemm_step *t = &g->steps[++k];
+        step_operand(s, x, nr, y);
+        step_operand(t, t->p ? t->p + (long)b * t->batch + (long)(m + i) * t->m + (long)n * t->n : NULL, nr, z);
+        /* one statement per op, as the generated kernel has them */
+        switch (s->swapped * 2 + t->swapped) {
+        case 0: for (int j = 0; j < nr; j++) { const float p = row[j] * y[j]; row[j] = p + z[j]; } break;
+        case 1: for (int j = 0; j < nr; j++) { const float p = row[j] * y[j]; row[j] = z[j] + p; } break;
+        case 2: for (int j = 0; j < nr; j++) { const float p = y[j] * row[j]; row[j] = p + z[j]; } break;
+        default: for (int j = 0; j < nr; j++) { const float p = y[j] * row[j]; row[j] = z[j] + p; } break;
+        }
+        continue;
+      }
+      switch (s->op * 2 + s->swapped) {
+      case AOT_STEP_ADD * 2: STEP_ROW(v + y); break;
+      case AOT_STEP_ADD * 2 + 1: STEP_ROW(y + v); break;
+      case AOT_STEP_MUL * 2: STEP_ROW(v * y); break;
+      case AOT_STEP_MUL * 2 + 1: STEP_ROW(y * v); break;
+      case AOT_STEP_MAX * 2: STEP_ROW(STEP_MAX(v, y)); break;
+      case AOT_STEP_MAX * 2 + 1: STEP_ROW(STEP_MAX(y, v)); break;
+      case AOT_STEP_MIN * 2: STEP_ROW(STEP_MIN(v, y)); break;
+      default: STEP_ROW(STEP_MIN(y, v)); break;
+      }
+    }
+  }
+}
+
 /* a panel's task (pack set) runs all of its row blocks */
 int aot_gemm_tasks(const aot_gemm *g) { return g->batch * cdiv(g->N, g->nc) * (g->pack ? 1 : cdiv(g->M, g->mc)); }
 
@@ -127,6 +177,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
         float *ct = nr == NR ? c + n : ec;
         (NR == 32 ? gemv_32 : gemv_16)(K, at(&g->a, b, 0, MR), g->a.k, at(&g->b, b, n, NR), g->b.k, ct);
         if (nr < NR) memcpy(c + n, ec, (size_t)nr * sizeof(float));
+        if (g->nsteps) apply_steps(g, b, 0, n, 1, nr, c + n, g->N);
       }
       continue;
     }
@@ -158,11 +209,18 @@ void aot_gemm_run(void *ctx, int start, int end) {
                   for (int i = 0; i < MR; i++) ea[k * MR + i] = i < mr ? a_[i * ar + (long)k * ak] : 0;
                 a_ = ea; ar = 1; ak = MR;
               }
-              if (mr == MR && nr == NR) { micro(kan, a_, ar, ak, b_, bk, ct, g->N, ka > 0); continue; }
+              /* the tile's last slice of k: it is final, and goes through the fused epilogue while in L1 */
+              const int last = ka + kan == K && g->nsteps;
+              if (mr == MR && nr == NR) {
+                micro(kan, a_, ar, ak, b_, bk, ct, g->N, ka > 0);
+                if (last) apply_steps(g, b, m, n, MR, NR, ct, g->N);
+                continue;
+              }
               for (int i = 0; i < MR; i++)
                 for (int j = 0; j < NR; j++) ec[i * NR + j] = i < mr && j < nr && ka > 0 ? ct[(long)i * g->N + j] : 0;
               (nr <= 16 && MR == 8 ? microkernel_8x16 : micro)(kan, a_, ar, ak, b_, bk, ec, NR, 1);
               for (int i = 0; i < mr; i++) memcpy(ct + (long)i * g->N, ec + i * NR, (size_t)nr * sizeof(float));
+              if (last) apply_steps(g, b, m, n, mr, nr, ct, g->N);
             }
           }
         }
