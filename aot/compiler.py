@@ -17,7 +17,7 @@ from aot.codegen.gpu import GPU_TARGETS, KERNEL_SOURCE, HOST_GLUE, RENDERERS as 
 from aot.codegen.host_cpu import GemmCall, render_header, render_model_c, render_weights_asm
 from aot.codegen.host_gpu import render_gpu_host, render_emulated_host
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
-from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices
+from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices, fuse_epilogues
 from aot.codegen.direct import lower_depthwise, DepthwiseCall
 from aot.codegen.quant import lower_qgemm, QGemmCall
 from aot.symbolic import linear
@@ -212,8 +212,10 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
     direct = lower_depthwise(k.ast, k.bufs, make_buffer)
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
     kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
-    # a concat's epilogue runs one kernel per branch's slice
-    plans.append((split_by_slices(last, gemms), gemms))
+    # a concat's epilogue runs one kernel per branch's slice; a contraction applies its own to its tiles when it can
+    pieces = split_by_slices(last, gemms)
+    fuse_epilogues(pieces, gemms)
+    plans.append((pieces, gemms))
     directs.append(direct[2] if direct is not None else [])
     # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
     for b in k.bufs:
@@ -304,7 +306,7 @@ def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimi
     # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the
     # microkernel applied to its tiles (Gemm.steps), is not run
     for last in lasts:
-      if not (gemms and (_copies_in_place(last) or any(g.steps for g in gemms))):
+      if not (gemms and (_copies_in_place(last) or any(g.epilogue is last for g in gemms))):
         calls.append(call(last, k.bufs[0]))
         notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
   return calls, notes

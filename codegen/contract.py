@@ -385,7 +385,8 @@ class Gemm:
   b: Operand
   result: int                             # slot of the matrix C[batch][m][n]: a scratch buffer, or the output
   result_offset: int = 0                  # elements into that buffer (a concat's branch writes its slice)
-  steps: tuple[Step, ...] = ()            # the epilogue, applied to each finished tile (fused_steps)
+  steps: tuple[Step, ...] = ()            # the epilogue, applied to each finished tile (fused_steps) ...
+  epilogue: UOp | None = None             # ... in place of this epilogue kernel (fuse_epilogues)
   @property
   def tasks(self) -> int:
     c, (mc, nc) = self.c, self.block
@@ -440,16 +441,17 @@ def _step_operand(x: UOp, c: Contraction) -> Step | None:
   strides = tuple(flat_stride(group, terms) for group in (c.batch, c.a.rows, c.b.rows))
   return None if None in strides else Step(Ops.ADD, False, 0.0, x.src[0].arg, offset, strides)
 
-def fused_steps(ast: UOp, g: Gemm) -> tuple[Step, ...] | None:
+def fused_steps(ast: UOp, g: Gemm, written: set[int] = frozenset()) -> tuple[Step, ...] | None:
   """The epilogue as steps the microkernel applies to each finished tile, when it is out[i] = f(C[i]) in place with f
   a chain of add, multiply, max and min of C's element with constants, per-row or per-column vectors or another
   buffer's element (bias, scale, ReLU and clip, a residual): the same ops in the same order, so bitwise the same
   result (a multiply feeding an add, which a C compiler may contract into one multiply-add, is rendered as the
-  runtime's MUL_ADD on the c target: GemmCall)."""
+  runtime's MUL_ADD on the c target: GemmCall). The kernel runs over the contraction's own ranges (a whole kernel, or
+  a concat's slice: split_by_slices); written: slots the kernel's other contractions write, which no step may read."""
   c = g.c
-  if not FUSE_EPILOGUES or ast.op is not Ops.STORE or g.result != 0 or c.bounds or c.back: return None
+  if not FUSE_EPILOGUES or ast.op is not Ops.STORE or g.result != 0: return None
   store_at = linear(ast.src[1])
-  if store_at != linear(_result_in_kernel(c) + g.result_offset): return None
+  if store_at != linear(result_index(c) + g.result_offset): return None
   steps, v = [], ast.src[2]
   while not (v.op is Ops.LOAD and v.src[0].arg == 0):
     if v.op not in STEP_OPS or len(v.src) != 2: return None
@@ -457,7 +459,7 @@ def fused_steps(ast: UOp, g: Gemm) -> tuple[Step, ...] | None:
     if holds.count(True) != 1: return None
     path = holds.index(True)
     leaf = _step_operand(v.src[1 - path], c)
-    if leaf is None: return None
+    if leaf is None or leaf.slot in written: return None
     steps.append(replace(leaf, op=v.op, swapped=path == 1))
     v = v.src[path]
   if not (v.src[2].op is Ops.CONST and v.src[2].arg is True) or linear(v.src[1]) != store_at: return None
@@ -492,7 +494,15 @@ def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer)
     results[c.acc] = (c, 0, offset) if offset is not None else \
       (c, new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)), 0)
     gemms.append(Gemm(c, tile, blocks(c, mr, nr, b.panel[0]), a, b, *results[c.acc][1:]))
-  last = epilogue_kernel(ast, results)
-  # one contraction whose epilogue is a chain of steps: the microkernel applies them, and the kernel's own pass goes
-  if len(gemms) == 1 and (steps := fused_steps(last, gemms[0])) is not None: gemms[0].steps = steps
-  return last, bufs, gemms
+  return epilogue_kernel(ast, results), bufs, gemms
+
+def fuse_epilogues(pieces: list[UOp], gemms: list[Gemm]) -> None:
+  """Each epilogue piece (split_by_slices) that is one contraction's result through a chain of steps becomes that
+  contraction's steps (Gemm.steps), and the piece its Gemm.epilogue: the microkernel applies them, the piece is not
+  run."""
+  written = {g.result for g in gemms}
+  for piece in pieces:
+    for g in gemms:
+      if g.steps or (steps := fused_steps(piece, g, written)) is None: continue
+      g.steps, g.epilogue = steps, piece
+      break

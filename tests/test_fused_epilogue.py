@@ -31,6 +31,12 @@ def _cases():
     "conv + bias + residual + relu": (onnx_graph([conv, node("Add", ["c", "r"], ["a"]), node("Relu", ["a"], ["y"])],
                                                  x | {"r": (1, 20, 13, 11)}, {k: w[k] for k in ("w", "b")}),
                                       x | {"r": (1, 20, 13, 11)}),
+    # each branch's epilogue is a slice of the kernel's (split_by_slices): each branch's microkernel call applies its own
+    "concat of conv + bias + relu branches": (onnx_graph([
+      node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["y1"]),
+      node("Conv", ["x", "w", "b"], ["c2"], pads=[1, 1, 1, 1]), node("Relu", ["c2"], ["y2"]),
+      node("Concat", ["y1", "y2"], ["y"], axis=1)], x, {"w1": f32(12, 8, 3, 3), "b1": f32(12), "w": w["w"], "b": w["b"]}),
+      x),
     "matmul + bias, odd M, N, K": (onnx_graph([node("MatMul", ["x", "W"], ["c"]), node("Add", ["c", "B"], ["y"])],
                                               {"x": (37, 53)}, {"W": f32(53, 45), "B": f32(45)}), {"x": (37, 53)}),
   }
@@ -57,8 +63,8 @@ def _check_fused(case: str, target: str, tmp_path, monkeypatch):
   model, shapes = CASES[case]
   feeds = {n: np.random.default_rng(3).standard_normal(s, dtype=np.float32) for n, s in shapes.items()}
   fused, body = _run(model, feeds, tmp_path / "fused", target)
-  # the epilogue is steps of the microkernel's call, and its kernel (m_f0) is not called
-  assert ".nsteps =" in body and not _calls_epilogue(body)
+  # the epilogue is steps of the microkernel's calls, and its kernel (m_f0, or its slices) is not called
+  assert ".nsteps =" in body and not _calls_epilogue(body) and "m_f0_slice" not in body
   monkeypatch.setattr(contract, "FUSE_EPILOGUES", False)
   separate, body = _run(model, feeds, tmp_path / "separate", target)
   assert ".nsteps" not in body and _calls_epilogue(body)
