@@ -43,9 +43,9 @@ def _cases():
 
 CASES = _cases()
 
-def _run(model, feeds: dict, out_dir, target: str) -> tuple[list[np.ndarray], str]:
+def _run(model, feeds: dict, out_dir, target: str, cpu: str) -> tuple[list[np.ndarray], str]:
   """The outputs on 1, 2 and 3 threads, and the body of m_run (the calls)."""
-  art = aot.compile_model(model, out_dir=out_dir, target=target, name="m")
+  art = aot.compile_model(model, out_dir=out_dir, target=target, name="m", cpu=cpu)
   src = (art.dir / "src" / "model.c").read_text()
   outs = []
   for threads in (1, 2, 3):
@@ -58,15 +58,15 @@ def _calls_epilogue(body: str) -> bool:
   """Does m_run call the kernel's own function m_f0 (directly, or on the pool through its trampoline)?"""
   return "m_f0(" in body or "run_m_f0," in body
 
-def _check_fused(case: str, target: str, tmp_path, monkeypatch):
+def _check_fused(case: str, target: str, tmp_path, monkeypatch, cpu: str = "native"):
   import onnxruntime as ort
   model, shapes = CASES[case]
   feeds = {n: np.random.default_rng(3).standard_normal(s, dtype=np.float32) for n, s in shapes.items()}
-  fused, body = _run(model, feeds, tmp_path / "fused", target)
+  fused, body = _run(model, feeds, tmp_path / "fused", target, cpu)
   # the epilogue is steps of the microkernel's calls, and its kernel (m_f0, or its slices) is not called
   assert ".nsteps =" in body and not _calls_epilogue(body) and "m_f0_slice" not in body
   monkeypatch.setattr(contract, "FUSE_EPILOGUES", False)
-  separate, body = _run(model, feeds, tmp_path / "separate", target)
+  separate, body = _run(model, feeds, tmp_path / "separate", target, cpu)
   assert ".nsteps" not in body and _calls_epilogue(body)
   for threads, out in zip((1, 2, 3), fused):
     np.testing.assert_array_equal(out, separate[0], err_msg=f"fused on {threads} threads differs from the epilogue pass")
@@ -86,6 +86,11 @@ def test_fused_batch_norm_built_by_gcc(target, tmp_path, monkeypatch, split_ever
   # the kernels of each target do (a c build's as its compiler contracts them, llvm's never)
   monkeypatch.setenv("CC", "gcc")
   _check_fused("conv + batch norm + relu", target, tmp_path, monkeypatch)
+
+@pytest.mark.parametrize("case", ["conv + batch norm + relu", "matmul + bias, odd M, N, K"])
+def test_fused_epilogue_on_avx2_tiles(case, tmp_path, monkeypatch, split_every_kernel):
+  # the 6x16 microkernel applies the steps to its own accumulators (8-float vectors)
+  _check_fused(case, "c", tmp_path, monkeypatch, cpu="x86-64-v3")
 
 def test_unfusable_epilogue_keeps_its_pass(tmp_path):
   # a sigmoid is no chain of add, multiply, max and min: the epilogue stays a kernel pass
