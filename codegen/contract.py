@@ -256,9 +256,9 @@ def _view(side: Side, c: Contraction) -> tuple[int, int, tuple[int, int, int]] |
   if None in strides: return None
   return x.src[0].arg, offset, strides
 
-def result_index(c: Contraction) -> UOp:
-  """Where acc[batch, m, n] lies in the result matrix C[batch][m][n]."""
-  return (flat_of(c.batch) * c.a.size + flat_of(c.a.rows)) * c.b.size + flat_of(c.b.rows)
+def result_index(c: Contraction, ldc: int = 0) -> UOp:
+  """Where acc[batch, m, n] lies in the result matrix C[batch][m][n], its rows ldc apart (0: N, dense)."""
+  return (flat_of(c.batch) * c.a.size + flat_of(c.a.rows)) * (ldc or c.b.size) + flat_of(c.b.rows)
 
 def _inside(c: Contraction) -> UOp:
   """Where the accumulator can be nonzero: inside its slices of the kernel's output ranges."""
@@ -266,23 +266,24 @@ def _inside(c: Contraction) -> UOp:
   for r, start, end in c.bounds: cond = cond & r.ge(start) & r.lt(end)
   return cond
 
-def _result_in_kernel(c: Contraction) -> UOp:
+def _result_in_kernel(c: Contraction, ldc: int = 0) -> UOp:
   """result_index in the kernel's own ranges."""
-  return graph_rewrite(substitute(result_index(c), dict(c.back)), pm_simplify)
+  return graph_rewrite(substitute(result_index(c, ldc), dict(c.back)), pm_simplify)
 
-def epilogue_kernel(ast: UOp, results: dict[UOp, tuple[Contraction, int, int]]) -> UOp:
+def epilogue_kernel(ast: UOp, results: dict[UOp, tuple]) -> UOp:
   """The kernel with each contraction's accumulator read from its result matrix (a new slot, or the output at an
-  offset), gated to its slice: outside it the accumulator is zero."""
-  def index(c: Contraction, slot: int, offset: int) -> UOp:
-    at = _result_in_kernel(c) + offset
+  offset, and a row stride when not 0), gated to its slice: outside it the accumulator is zero. results: by
+  accumulator, (contraction, slot, offset) or (contraction, slot, offset, row stride)."""
+  def index(c: Contraction, slot: int, offset: int, ldc: int = 0) -> UOp:
+    at = _result_in_kernel(c, ldc) + offset
     # in place, the read is at the store's own index node: the same address in the same form, which the C and LLVM
     # vectorisers need to see (an equal index built differently got a runtime overlap check that always failed, and
     # ran the scalar loop: 3x slower on a 128x112x112 batch norm + ReLU6)
     if slot == 0 and ast.op is Ops.STORE and linear(at) == linear(ast.src[1]): return ast.src[1]
     return at
   loads = {c.acc: UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), slot),
-                                                 index(c, slot, offset), _inside(c)))
-           for c, slot, offset in results.values()}
+                                                 index(c, slot, *where), _inside(c)))
+           for c, slot, *where in results.values()}
   return graph_rewrite(substitute(ast, loads), pm_simplify)
 
 def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
@@ -298,16 +299,24 @@ def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
   return [graph_rewrite(substitute(ast, {r: UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], hi - lo, r.arg[2])) + lo}),
                         pm_operand) for lo, hi in zip(edges, edges[1:])]
 
-def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -> int | None:
-  """Where the result matrix starts in the kernel's output, when the kernel writes each element where C has it (a
-  slice's C at the slice's start) and no contraction already placed there writes the same elements; else None."""
+def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -> tuple[int, int] | None:
+  """(where the result matrix starts in the kernel's output, its row stride or 0 for N), when the kernel writes each
+  element where C has it (a slice's C at the slice's start; a slice of the last axis, a concat's branch there, with
+  C's rows as far apart as the output's) and no contraction already placed there writes the same elements; else
+  None."""
   if ast.op is not Ops.STORE or out.dtype != dtypes.float32: return None
-  (terms, const), (out_terms, out_const) = linear(_result_in_kernel(c)), linear(ast.src[1])
-  if terms != out_terms or out_const < const: return None
+  out_terms, out_const = linear(ast.src[1])
+  # the output's row stride, when m's innermost range is one of the kernel's (not sliced or split)
+  ldcs = [0]
+  if c.a.rows and out_terms.get(c.a.rows[-1], 0) > c.b.size: ldcs.append(out_terms[c.a.rows[-1]])
+  for ldc in ldcs:
+    terms, const = linear(_result_in_kernel(c, ldc))
+    if terms == out_terms and out_const >= const: break
+  else: return None
   # contractions in place at once are branches of a concat: slices of one range that do not overlap
   def disjoint(p: Contraction) -> bool:
     return any(r is q and (end <= qs or qe <= start) for r, start, end in c.bounds for q, qs, qe in p.bounds)
-  return out_const - const if all(disjoint(p) for p in placed) else None
+  return (out_const - const, ldc) if all(disjoint(p) for p in placed) else None
 
 def _packed_size(c: Contraction, side: Side, tile: int) -> int:
   """Elements of an operand packed as [batch][tiles][K][tile]."""
@@ -385,6 +394,7 @@ class Gemm:
   b: Operand
   result: int                             # slot of the matrix C[batch][m][n]: a scratch buffer, or the output
   result_offset: int = 0                  # elements into that buffer (a concat's branch writes its slice)
+  ldc: int = 0                            # C's row stride there, 0 for N (a last-axis concat's branch: the output's)
   steps: tuple[Step, ...] = ()            # the epilogue, applied to each finished tile (fused_steps) ...
   epilogue: UOp | None = None             # ... in place of this epilogue kernel (fuse_epilogues)
   @property
@@ -451,7 +461,7 @@ def fused_steps(ast: UOp, g: Gemm, written: set[int] = frozenset()) -> tuple[Ste
   c = g.c
   if not FUSE_EPILOGUES or ast.op is not Ops.STORE or g.result != 0: return None
   store_at = linear(ast.src[1])
-  if store_at != linear(result_index(c) + g.result_offset): return None
+  if store_at != linear(result_index(c, g.ldc) + g.result_offset): return None
   steps, v = [], ast.src[2]
   while not (v.op is Ops.LOAD and v.src[0].arg == 0):
     if v.op not in STEP_OPS or len(v.src) != 2: return None
@@ -490,9 +500,9 @@ def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer)
     a, b = operand(c, c.a, False, mr), operand(c, c.b, True, nr)
     # the output itself holds C when the kernel writes each element where C has it: the epilogue then reads and writes
     # in place, and no scratch matrix is needed
-    offset = _in_place_offset(ast, bufs[0], c, [p for p, slot, _ in results.values() if slot == 0])
-    results[c.acc] = (c, 0, offset) if offset is not None else \
-      (c, new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)), 0)
+    place = _in_place_offset(ast, bufs[0], c, [p for p, slot, *_ in results.values() if slot == 0])
+    results[c.acc] = (c, 0, *place) if place is not None else \
+      (c, new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)), 0, 0)
     gemms.append(Gemm(c, tile, blocks(c, mr, nr, b.panel[0]), a, b, *results[c.acc][1:]))
   return epilogue_kernel(ast, results), bufs, gemms
 

@@ -179,6 +179,8 @@ class GemmCall:
         return f"{{{op}, {int(s.swapped)}, {float(s.value).hex()}f, {where}, {', '.join(map(str, s.strides))}}}"
       steps = f"aot_gemm_step s[] = {{{', '.join(step(s, op) for s, op in zip(g.steps, ops))}}}; "
     tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
+    # C's rows as far apart as the output's (a last-axis concat's branch written in place)
+    tail += f", .ldc = {g.ldc}" if g.ldc else ""
     if self.pack is None:
       run = ("aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))" if self.parallel else
              "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))")

@@ -213,6 +213,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
   aot_gemm *g = ctx;
   const int tasks = aot_gemm_tasks(g);
   const int MR = g->mr, NR = g->nr, K = g->K;
+  const long ldc = g->ldc ? g->ldc : g->N;
   const microkernel_fn micro = MR == 8 ? microkernel_8x32 : microkernel_6x16;
   const int mblocks = cdiv(g->M, g->mc), nblocks = cdiv(g->N, g->nc), vector_steps = steps_vectorise(g);
   /* edge tiles of operands that end at M or N (and B tiles whose lanes are not contiguous) are read through
@@ -229,7 +230,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
     const int b = t / per_batch, nb = g->pack ? t % nblocks : t / mblocks % nblocks;
     const int n0 = nb * g->nc, n1 = min(n0 + g->nc, g->N), bn0 = g->pack ? n0 : 0;
     if (g->pack) g->pack(g->pack_args, panel, t);
-    float *c = g->c + (long)b * g->M * g->N;
+    float *c = g->c + (long)b * g->M * ldc;
     /* one row of A, and B a packed constant (lanes contiguous, whole tiles): the GEMV, over all of K at once */
     if (!g->pack && g->M == 1 && g->b.row == 1 && g->b.padded) {
       for (int n = n0; n < n1; n += NR) {
@@ -237,7 +238,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
         float *ct = nr == NR ? c + n : ec;
         (NR == 32 ? gemv_32 : gemv_16)(K, at(&g->a, b, 0, MR), g->a.k, at(&g->b, b, n, NR), g->b.k, ct);
         if (nr < NR) memcpy(c + n, ec, (size_t)nr * sizeof(float));
-        if (g->nsteps) apply_steps(g, b, 0, n, 1, nr, c + n, g->N);
+        if (g->nsteps) apply_steps(g, b, 0, n, 1, nr, c + n, ldc);
       }
       continue;
     }
@@ -259,7 +260,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
           }
           for (int m = m0; m < m1; m += MR) {
             const int mr = min(m1 - m, MR), a_copy = mr < MR && !g->a.padded;
-            float *ct = c + (long)m * g->N + n;
+            float *ct = c + (long)m * ldc + n;
             for (int ka = kb; ka < kb + kbn; ka += a_copy ? EDGE_KC : kbn) {
               const int kan = min(kb + kbn - ka, a_copy ? EDGE_KC : kbn);
               const float *a_ = at(&g->a, b, m, MR) + (long)ka * g->a.k, *b_ = bt + (ka - kb) * bk;
@@ -272,15 +273,15 @@ void aot_gemm_run(void *ctx, int start, int end) {
               /* the tile's last slice of k: it is final, and goes through the fused epilogue while in L1 */
               const int last = ka + kan == K && g->nsteps;
               if (mr == MR && nr == NR) {
-                micro(kan, a_, ar, ak, b_, bk, ct, g->N, ka > 0, last && vector_steps ? g : NULL, b, m, n);
-                if (last && !vector_steps) apply_steps(g, b, m, n, MR, NR, ct, g->N);
+                micro(kan, a_, ar, ak, b_, bk, ct, ldc, ka > 0, last && vector_steps ? g : NULL, b, m, n);
+                if (last && !vector_steps) apply_steps(g, b, m, n, MR, NR, ct, ldc);
                 continue;
               }
               for (int i = 0; i < MR; i++)
-                for (int j = 0; j < NR; j++) ec[i * NR + j] = i < mr && j < nr && ka > 0 ? ct[(long)i * g->N + j] : 0;
+                for (int j = 0; j < NR; j++) ec[i * NR + j] = i < mr && j < nr && ka > 0 ? ct[i * ldc + j] : 0;
               (nr <= 16 && MR == 8 ? microkernel_8x16 : micro)(kan, a_, ar, ak, b_, bk, ec, NR, 1, NULL, 0, 0, 0);
-              for (int i = 0; i < mr; i++) memcpy(ct + (long)i * g->N, ec + i * NR, (size_t)nr * sizeof(float));
-              if (last) apply_steps(g, b, m, n, mr, nr, ct, g->N);
+              for (int i = 0; i < mr; i++) memcpy(ct + i * ldc, ec + i * NR, (size_t)nr * sizeof(float));
+              if (last) apply_steps(g, b, m, n, mr, nr, ct, ldc);
             }
           }
         }

@@ -73,6 +73,7 @@ typedef struct {
   long panel_floats;
   const aot_gemm_step *steps;
   int nsteps;
+  long ldc;                    /* C's row stride (0: N): C[b][m][n] is c[(b*M + m)*ldc + n] */
 } aot_gemm;
 __attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
 __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);

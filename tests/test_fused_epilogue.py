@@ -37,6 +37,11 @@ def _cases():
       node("Conv", ["x", "w", "b"], ["c2"], pads=[1, 1, 1, 1]), node("Relu", ["c2"], ["y2"]),
       node("Concat", ["y1", "y2"], ["y"], axis=1)], x, {"w1": f32(12, 8, 3, 3), "b1": f32(12), "w": w["w"], "b": w["b"]}),
       x),
+    # a last-axis concat: each branch's C lies in the output with its rows as far apart as the output's (ldc)
+    "last-axis concat of matmul and matmul + bias + relu": (onnx_graph([
+      node("MatMul", ["x", "W1"], ["p1"]), node("MatMul", ["x", "W"], ["p2"]), node("Add", ["p2", "B"], ["q2"]),
+      node("Relu", ["q2"], ["r2"]), node("Concat", ["p1", "r2"], ["y"], axis=1)], {"x": (37, 53)},
+      {"W1": f32(53, 40), "W": f32(53, 45), "B": f32(45)}), {"x": (37, 53)}),
     "matmul + bias, odd M, N, K": (onnx_graph([node("MatMul", ["x", "W"], ["c"]), node("Add", ["c", "B"], ["y"])],
                                               {"x": (37, 53)}, {"W": f32(53, 45), "B": f32(45)}), {"x": (37, 53)}),
   }
@@ -55,8 +60,9 @@ def _run(model, feeds: dict, out_dir, target: str, cpu: str) -> tuple[list[np.nd
   return outs, src[src.index("API int m_run"):src.index("API int m_set_threads")]
 
 def _calls_epilogue(body: str) -> bool:
-  """Does m_run call the kernel's own function m_f0 (directly, or on the pool through its trampoline)?"""
-  return "m_f0(" in body or "run_m_f0," in body
+  """Does m_run call the kernel's own function m_f0 or one of its slices (directly, or on the pool through a
+  trampoline)?"""
+  return "m_f0(" in body or "run_m_f0," in body or "m_f0_slice" in body
 
 def _check_fused(case: str, target: str, tmp_path, monkeypatch, cpu: str = "native"):
   import onnxruntime as ort
@@ -64,7 +70,7 @@ def _check_fused(case: str, target: str, tmp_path, monkeypatch, cpu: str = "nati
   feeds = {n: np.random.default_rng(3).standard_normal(s, dtype=np.float32) for n, s in shapes.items()}
   fused, body = _run(model, feeds, tmp_path / "fused", target, cpu)
   # the epilogue is steps of the microkernel's calls, and its kernel (m_f0, or its slices) is not called
-  assert ".nsteps =" in body and not _calls_epilogue(body) and "m_f0_slice" not in body
+  assert ".nsteps =" in body and not _calls_epilogue(body)
   monkeypatch.setattr(contract, "FUSE_EPILOGUES", False)
   separate, body = _run(model, feeds, tmp_path / "separate", target, cpu)
   assert ".nsteps" not in body and _calls_epilogue(body)
@@ -91,6 +97,16 @@ def test_fused_batch_norm_built_by_gcc(target, tmp_path, monkeypatch, split_ever
 def test_fused_epilogue_on_avx2_tiles(case, tmp_path, monkeypatch, split_every_kernel):
   # the 6x16 microkernel applies the steps to its own accumulators (8-float vectors)
   _check_fused(case, "c", tmp_path, monkeypatch, cpu="x86-64-v3")
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_last_axis_concat_branches_write_in_place(target, tmp_path):
+  # both branches' microkernel calls write their columns of the output (row stride 85): no scratch matrix, no copy
+  model, _ = CASES["last-axis concat of matmul and matmul + bias + relu"]
+  art = aot.compile_model(model, out_dir=tmp_path, target=target, name="m")
+  src = (art.dir / "src" / "model.c").read_text()
+  body = src[src.index("API int m_run"):src.index("API int m_set_threads")]
+  assert body.count(".ldc = 85") == 2 and not _calls_epilogue(body)
+  assert art.arena_bytes == 0
 
 def test_unfusable_epilogue_keeps_its_pass(tmp_path):
   # a sigmoid is no chain of add, multiply, max and min: the epilogue stays a kernel pass
