@@ -18,7 +18,7 @@ from aot.codegen.gpu import GPU_TARGETS, KERNEL_SOURCE, HOST_GLUE, RENDERERS as 
 from aot.codegen.host_cpu import GemmCall, render_header, render_model_c, render_weights_asm
 from aot.codegen.host_gpu import render_gpu_host, render_emulated_host
 from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
-from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices
+from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices, fuse_epilogues
 from aot.codegen.direct import lower_depthwise, DepthwiseCall
 from aot.codegen.quant import lower_qgemm, narrow_int8_producers, QGemmCall
 from aot.symbolic import linear
@@ -209,8 +209,10 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
     direct = lower_depthwise(k.ast, k.bufs, make_buffer)
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
     kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
-    # a concat's epilogue runs one kernel per branch's slice
-    plans.append((split_by_slices(last, gemms), gemms))
+    # a concat's epilogue runs one kernel per branch's slice; a contraction applies its own to its tiles when it can
+    pieces = split_by_slices(last, gemms)
+    fuse_epilogues(pieces, gemms)
+    plans.append((pieces, gemms))
     directs.append(direct[2] if direct is not None else [])
     # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
     for b in k.bufs:
@@ -248,8 +250,8 @@ def _name_functions(name: str, sched: Schedule, low: _Lowered) -> dict[UOp, str]
         if o.pack is not None: functions.setdefault(o.pack, f"{base}_pack{i}{side}")
   return functions
 
-def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimized: dict[UOp, UOp]
-               ) -> tuple[list, list]:
+def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimized: dict[UOp, UOp],
+               target: str = "c") -> tuple[list, list]:
   """What model.c runs, in order (render_model_c's calls), and (kernel, role, AST) of each call for a profile build."""
   kernels, plans, directs, qgemms = low.kernels, low.plans, low.directs, low.qgemms
   calls: list = []
@@ -288,7 +290,7 @@ def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimi
         # B's panels are packed inside the gemm's tasks: the pack kernel is not a call of its own
         ast = optimized[g.b.pack]
         pack = (functions[ast], [(u.arg, None if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)])
-      calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK, pack))
+      calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK, pack, target == "c"))
       notes.append((k.name, "contraction", None))
     if ds:
       # the direct kernel runs its epilogue after each task's planes when their loops agree (no slices: one epilogue)
@@ -303,9 +305,10 @@ def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimi
         calls.append(epilogue)
         notes.append((k.name, "epilogue", optimized[last]))
       continue
-    # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv) is not run
+    # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the
+    # microkernel applied to its tiles (Gemm.steps), is not run
     for last in lasts:
-      if not (gemms and _copies_in_place(last)):
+      if not (gemms and (_copies_in_place(last) or any(g.epilogue is last for g in gemms))):
         calls.append(call(last, k.bufs[0]))
         notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
   return calls, notes
@@ -327,7 +330,7 @@ def _render_cpu(name: str, sched: Schedule, target: str, cpu: str, triple: str |
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
   infos = [KernelInfo(k.name, functions[optimized[lasts[0]]] if lasts else "aot_qgemm_run", k.shape)
            for k, (lasts, _) in zip(sched.kernels, low.plans)]
-  calls, notes = _call_list(sched, low, functions, optimized)
+  calls, notes = _call_list(sched, low, functions, optimized, target)
   panel_floats = max([g.c.K * g.b.panel[1] for _, gemms in low.plans for g in gemms], default=0)
   model_c = render_model_c(name, sched, calls, protos, external, profile, panel_floats)
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass
 from aot.dtype import Narrow, narrow_of
 from aot.kernel import Schedule, Buffer
+from aot.ir import Ops
+from aot.codegen.contract import STEP_OPS, STEP_MUL_ADD
 from aot.artifact import api_type, param_names, ExternalWeights, WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
 
 def api_args(sched: Schedule) -> list[str]:
@@ -155,6 +157,8 @@ class GemmCall:
   parallel: bool
   # the function packing B's panels (Operand.pack) and its arguments [(slot, buffer)], slot 0 being the panel
   pack: tuple[str, list] | None = None
+  # the kernels are C (the c target): the fused epilogue's multiply-adds are contracted where the C compiler would
+  contract: bool = False
   def render(self, arg, tramps: dict) -> str:
     g, c = self.gemm, self.gemm.c
     def operand(o) -> str:
@@ -162,10 +166,25 @@ class GemmCall:
       return f"{{{where}, {', '.join(map(str, o.strides))}, {int(o.padded)}}}"
     desc = (f"{c.B}, {c.a.size}, {c.b.size}, {c.K}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
             f"{operand(g.a)}, {operand(g.b)}, (float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0")
+    # the fused epilogue's steps (contract.Step), an array on the stack that the struct's last fields point to
+    steps = ""
+    if g.steps:
+      # on the c target a multiply feeding an add is MUL_ADD: one expression, contracted where the kernel's would be
+      ops = [STEP_OPS[s.op] for s in g.steps]
+      if self.contract:
+        for i, (s, t) in enumerate(zip(g.steps, g.steps[1:])):
+          if s.op is Ops.MUL and t.op is Ops.ADD: ops[i] = STEP_MUL_ADD
+      def step(s, op: int) -> str:
+        where = "NULL" if s.slot is None else f"{arg(self.bufs[s.slot], s.slot)} + {s.offset}"
+        return f"{{{op}, {int(s.swapped)}, {float(s.value).hex()}f, {where}, {', '.join(map(str, s.strides))}}}"
+      steps = f"aot_gemm_step s[] = {{{', '.join(step(s, op) for s, op in zip(g.steps, ops))}}}; "
+    tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
+    # C's rows as far apart as the output's (a last-axis concat's branch written in place)
+    tail += f", .ldc = {g.ldc}" if g.ldc else ""
     if self.pack is None:
       run = ("aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))" if self.parallel else
              "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))")
-      return f"  {{ aot_gemm g = {{{desc}}}; {run}; }}"
+      return f"  {{ {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
     # the pack kernel is called over one panel [i, i + 1) with the thread's buffer as its slot 0
     fn, fargs = self.pack
     if fn not in tramps:
@@ -176,7 +195,7 @@ class GemmCall:
     # one slice per thread: the slice's start is the thread, whose panel buffer it packs into
     run = ("aot_parallel(m->pool, aot_gemm_run, &g, aot_pool_threads(m->pool))" if self.parallel else
            "aot_gemm_run(&g, 0, 1)")
-    return f"  {{ void *a[] = {{{ptrs}}}; aot_gemm g = {{{desc}}}; {run}; }}"
+    return f"  {{ void *a[] = {{{ptrs}}}; {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
 
 def render_model_c(name: str, sched: Schedule, calls: list, protos: list[str],
                    external_weights: ExternalWeights | None = None, profile: bool = False, panel_floats: int = 0

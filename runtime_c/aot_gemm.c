@@ -21,13 +21,64 @@
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 
+/* The fused epilogue (aot_gemm.steps) on a tile's accumulators, before they are stored: a step's operand is one value
+   (a constant: x points at it, xm = 0) or one per row (ROW: broadcast), or NR contiguous columns per row (COL). An add
+   or a multiply takes its operands in one order (they round the same either way, a NaN's payload aside); max and min
+   keep their first argument when it is NaN, as the generated kernels do. */
+/* (inside a microkernel: vec_t its vector type, TILE_MR its rows, VW and NV its lanes and vectors per row) */
+#define ROW(x, xm) ((x)[i * (xm)] - (vec_t){0})
+#define COL(x, xm) (*(const vec_t *)((x) + i * (xm) + j * VW))
+#define VMAX_MIN(a, b, CMP)                                                                                \
+  ({ const __typeof__((a) > (b)) k_ = ((a) CMP (b)) | ((a) != (a));                                       \
+     (__typeof__(a))((k_ & (__typeof__(k_))(a)) | (~k_ & (__typeof__(k_))(b))); })
+#define ON_TILE(Y, EXPR)                                                                                   \
+  _Pragma("GCC unroll 16") for (int i = 0; i < TILE_MR; i++)                                                    \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) { const vec_t v = acc[i][j], y = Y; acc[i][j] = EXPR; }
+/* a multiply whose result an add takes: one statement per op, as the generated kernel has them */
+#define ON_TILE_MUL_ADD(Y, Z)                                                                              \
+  _Pragma("GCC unroll 16") for (int i = 0; i < TILE_MR; i++)                                                    \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {                                                 \
+      const vec_t y_ = Y, z_ = Z, p_ = acc[i][j] * y_;                                                        \
+      acc[i][j] = p_ + z_;                                                                                 \
+    }
+#define BY_KIND(EXPR) do { if (xcol) { ON_TILE(COL(x, xm), EXPR) } else { ON_TILE(ROW(x, xm), EXPR) } } while (0)
+#define TILE_STEPS                                                                                         \
+  for (int k = 0; k < g->nsteps; k++) {                                                                    \
+    const aot_gemm_step *s = &g->steps[k], *t = s->op == AOT_STEP_MUL_ADD ? &g->steps[++k] : NULL;         \
+    const float *x = step_at(s, gb, gm, gn), *z = t ? step_at(t, gb, gm, gn) : NULL;                       \
+    const long xm = s->p ? s->m : 0, zm = t && t->p ? t->m : 0;                                            \
+    const int xcol = s->p && s->n, zcol = t && t->p && t->n;                                               \
+    if (t) {                                                                                               \
+      if (xcol && zcol) { ON_TILE_MUL_ADD(COL(x, xm), COL(z, zm)) }                                        \
+      else if (xcol) { ON_TILE_MUL_ADD(COL(x, xm), ROW(z, zm)) }                                           \
+      else if (zcol) { ON_TILE_MUL_ADD(ROW(x, xm), COL(z, zm)) }                                           \
+      else { ON_TILE_MUL_ADD(ROW(x, xm), ROW(z, zm)) }                                                     \
+      continue;                                                                                            \
+    }                                                                                                      \
+    switch (s->op * 2 + (s->op >= AOT_STEP_MAX ? s->swapped : 0)) {                                         \
+    case AOT_STEP_ADD * 2: BY_KIND(v + y); break;                                                          \
+    case AOT_STEP_MUL * 2: BY_KIND(v * y); break;                                                          \
+    case AOT_STEP_MAX * 2: BY_KIND(VMAX_MIN(v, y, >)); break;                                              \
+    case AOT_STEP_MAX * 2 + 1: BY_KIND(VMAX_MIN(y, v, >)); break;                                          \
+    case AOT_STEP_MIN * 2: BY_KIND(VMAX_MIN(v, y, <)); break;                                              \
+    default: BY_KIND(VMAX_MIN(y, v, <)); break;                                                            \
+    }                                                                                                      \
+  }
+
+/* where a step's operand for C's element (b, m, n) is: its value for a constant */
+static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) {
+  return s->p ? s->p + (long)b * s->batch + (long)m * s->m + (long)n * s->n : &s->value;
+}
+
 /* One microkernel per (MR, NR, vector type): an MR x NR tile of C in MR x NR/VW vector accumulators over kc steps of
    k. A's element (i, k) is a[i*ar + k*ak] (broadcast); B's row k is NR contiguous floats at b + k*bk. C is read (when
-   `accumulate`) and written with row stride ldc. */
+   `accumulate`) and written with row stride ldc. With g set, the tile is final: g's steps for C's element
+   (gb, gm, gn) at the tile's corner are applied before it is stored (steps_vectorise says they can be). */
 #define MICROKERNEL(NAME, MR, NR, V)                                                                      \
   static void NAME(int kc, const float *restrict a, long ar, long ak, const float *restrict b, long bk,    \
-                   float *restrict c, long ldc, int accumulate) {                                          \
-    enum { VW = (int)(sizeof(V) / sizeof(float)), NV = NR / VW };                                          \
+                   float *restrict c, long ldc, int accumulate, const aot_gemm *g, int gb, int gm, int gn) { \
+    enum { VW = (int)(sizeof(V) / sizeof(float)), NV = NR / VW, TILE_MR = MR };                            \
+    typedef V vec_t;                                                                                       \
     V acc[MR][NV];                                                                                         \
     const float *ai[MR];                                                                                   \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
@@ -44,6 +95,7 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[i][j] += bv[j] * av;                      \
       }                                                                                                    \
     }                                                                                                      \
+    if (g) { TILE_STEPS }                                                                                  \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                                                  \
       _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) *(V *)(c + i * ldc + j * VW) = acc[i][j];      \
   }
@@ -56,7 +108,8 @@ MICROKERNEL(microkernel_6x16, 6, 16, v8)
    end in 9, which the full tile computed 32 of; the sums, k ascending, are the same) */
 MICROKERNEL(microkernel_8x16, 8, 16, v16)
 
-typedef void (*microkernel_fn)(int, const float *, long, long, const float *, long, float *, long, int);
+typedef void (*microkernel_fn)(int, const float *, long, long, const float *, long, float *, long, int,
+                               const aot_gemm *, int, int, int);
 
 /* M = 1 (a batch-1 fully connected layer): c[0, NR) = sum over k of a[k * ak] * b[k * bk + (0, NR)], reading each
    element of B once (the microkernel would fill 1 of its MR rows, compute-bound at MR x the work). The sum runs in
@@ -87,6 +140,63 @@ GEMV_KERNEL(gemv_16, 16, v8)
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 static int min(int a, int b) { return a < b ? a : b; }
 
+/* The fused epilogue (aot_gemm.steps) over an mr x nr tile of C at (b, m, n), row stride ldc: one pass per step and
+   row, over contiguous columns, so each vectorises; the ops and their argument order are the generated kernel's, one
+   rounding per op (codegen/contract.py fuses only chains no compiler contracts into a multiply-add). */
+#define STEP_MAX(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+#define STEP_MIN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+#define STEP_ROW(EXPR)                                                                                     \
+  do {                                                                                                     \
+    if (!x) for (int j = 0; j < nr; j++) { const float v = row[j], y = s->value; row[j] = (EXPR); }        \
+    else if (s->n == 0) for (int j = 0; j < nr; j++) { const float v = row[j], y = x[0]; row[j] = (EXPR); } \
+    else if (s->n == 1) for (int j = 0; j < nr; j++) { const float v = row[j], y = x[j]; row[j] = (EXPR); } \
+    else for (int j = 0; j < nr; j++) { const float v = row[j], y = x[j * s->n]; row[j] = (EXPR); }          \
+  } while (0)
+/* a step's operand over the row's nr columns */
+static void step_operand(const aot_gemm_step *s, const float *x, int nr, float *restrict y) {
+  for (int j = 0; j < nr; j++) y[j] = !x ? s->value : x[j * s->n];
+}
+static void apply_steps(const aot_gemm *g, int b, int m, int n, int mr, int nr, float *restrict c, long ldc) {
+  float y[32], z[32];
+  for (int i = 0; i < mr; i++) {
+    float *restrict row = c + i * ldc;
+    for (int k = 0; k < g->nsteps; k++) {
+      const aot_gemm_step *s = &g->steps[k];
+      const float *x = s->p ? s->p + (long)b * s->batch + (long)(m + i) * s->m + (long)n * s->n : NULL;
+      if (s->op == AOT_STEP_MUL_ADD) {
+        const aot_gemm_step *t = &g->steps[++k];
+        step_operand(s, x, nr, y);
+        step_operand(t, t->p ? t->p + (long)b * t->batch + (long)(m + i) * t->m + (long)n * t->n : NULL, nr, z);
+        /* one statement per op, as the generated kernel has them */
+        switch (s->swapped * 2 + t->swapped) {
+        case 0: for (int j = 0; j < nr; j++) { const float p = row[j] * y[j]; row[j] = p + z[j]; } break;
+        case 1: for (int j = 0; j < nr; j++) { const float p = row[j] * y[j]; row[j] = z[j] + p; } break;
+        case 2: for (int j = 0; j < nr; j++) { const float p = y[j] * row[j]; row[j] = p + z[j]; } break;
+        default: for (int j = 0; j < nr; j++) { const float p = y[j] * row[j]; row[j] = z[j] + p; } break;
+        }
+        continue;
+      }
+      switch (s->op * 2 + s->swapped) {
+      case AOT_STEP_ADD * 2: STEP_ROW(v + y); break;
+      case AOT_STEP_ADD * 2 + 1: STEP_ROW(y + v); break;
+      case AOT_STEP_MUL * 2: STEP_ROW(v * y); break;
+      case AOT_STEP_MUL * 2 + 1: STEP_ROW(y * v); break;
+      case AOT_STEP_MAX * 2: STEP_ROW(STEP_MAX(v, y)); break;
+      case AOT_STEP_MAX * 2 + 1: STEP_ROW(STEP_MAX(y, v)); break;
+      case AOT_STEP_MIN * 2: STEP_ROW(STEP_MIN(v, y)); break;
+      default: STEP_ROW(STEP_MIN(y, v)); break;
+      }
+    }
+  }
+}
+
+/* can the microkernel apply every step (operands of one value, one per row, or contiguous columns)? */
+static int steps_vectorise(const aot_gemm *g) {
+  for (int k = 0; k < g->nsteps; k++)
+    if (g->steps[k].p && g->steps[k].n != 0 && g->steps[k].n != 1) return 0;
+  return 1;
+}
+
 /* a panel's task (pack set) runs all of its row blocks */
 int aot_gemm_tasks(const aot_gemm *g) { return g->batch * cdiv(g->N, g->nc) * (g->pack ? 1 : cdiv(g->M, g->mc)); }
 
@@ -103,8 +213,9 @@ void aot_gemm_run(void *ctx, int start, int end) {
   aot_gemm *g = ctx;
   const int tasks = aot_gemm_tasks(g);
   const int MR = g->mr, NR = g->nr, K = g->K;
+  const long ldc = g->ldc ? g->ldc : g->N;
   const microkernel_fn micro = MR == 8 ? microkernel_8x32 : microkernel_6x16;
-  const int mblocks = cdiv(g->M, g->mc), nblocks = cdiv(g->N, g->nc);
+  const int mblocks = cdiv(g->M, g->mc), nblocks = cdiv(g->N, g->nc), vector_steps = steps_vectorise(g);
   /* edge tiles of operands that end at M or N (and B tiles whose lanes are not contiguous) are read through
      zero-padded copies of EDGE_KC steps of k at a time; C's edge tiles through a full-size one */
   float ea[EDGE_KC * 8] __attribute__((aligned(64))), eb[EDGE_KC * 32] __attribute__((aligned(64)));
@@ -119,7 +230,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
     const int b = t / per_batch, nb = g->pack ? t % nblocks : t / mblocks % nblocks;
     const int n0 = nb * g->nc, n1 = min(n0 + g->nc, g->N), bn0 = g->pack ? n0 : 0;
     if (g->pack) g->pack(g->pack_args, panel, t);
-    float *c = g->c + (long)b * g->M * g->N;
+    float *c = g->c + (long)b * g->M * ldc;
     /* one row of A, and B a packed constant (lanes contiguous, whole tiles): the GEMV, over all of K at once */
     if (!g->pack && g->M == 1 && g->b.row == 1 && g->b.padded) {
       for (int n = n0; n < n1; n += NR) {
@@ -127,6 +238,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
         float *ct = nr == NR ? c + n : ec;
         (NR == 32 ? gemv_32 : gemv_16)(K, at(&g->a, b, 0, MR), g->a.k, at(&g->b, b, n, NR), g->b.k, ct);
         if (nr < NR) memcpy(c + n, ec, (size_t)nr * sizeof(float));
+        if (g->nsteps) apply_steps(g, b, 0, n, 1, nr, c + n, ldc);
       }
       continue;
     }
@@ -148,7 +260,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
           }
           for (int m = m0; m < m1; m += MR) {
             const int mr = min(m1 - m, MR), a_copy = mr < MR && !g->a.padded;
-            float *ct = c + (long)m * g->N + n;
+            float *ct = c + (long)m * ldc + n;
             for (int ka = kb; ka < kb + kbn; ka += a_copy ? EDGE_KC : kbn) {
               const int kan = min(kb + kbn - ka, a_copy ? EDGE_KC : kbn);
               const float *a_ = at(&g->a, b, m, MR) + (long)ka * g->a.k, *b_ = bt + (ka - kb) * bk;
@@ -158,11 +270,18 @@ void aot_gemm_run(void *ctx, int start, int end) {
                   for (int i = 0; i < MR; i++) ea[k * MR + i] = i < mr ? a_[i * ar + (long)k * ak] : 0;
                 a_ = ea; ar = 1; ak = MR;
               }
-              if (mr == MR && nr == NR) { micro(kan, a_, ar, ak, b_, bk, ct, g->N, ka > 0); continue; }
+              /* the tile's last slice of k: it is final, and goes through the fused epilogue while in L1 */
+              const int last = ka + kan == K && g->nsteps;
+              if (mr == MR && nr == NR) {
+                micro(kan, a_, ar, ak, b_, bk, ct, ldc, ka > 0, last && vector_steps ? g : NULL, b, m, n);
+                if (last && !vector_steps) apply_steps(g, b, m, n, MR, NR, ct, ldc);
+                continue;
+              }
               for (int i = 0; i < MR; i++)
-                for (int j = 0; j < NR; j++) ec[i * NR + j] = i < mr && j < nr && ka > 0 ? ct[(long)i * g->N + j] : 0;
-              (nr <= 16 && MR == 8 ? microkernel_8x16 : micro)(kan, a_, ar, ak, b_, bk, ec, NR, 1);
-              for (int i = 0; i < mr; i++) memcpy(ct + (long)i * g->N, ec + i * NR, (size_t)nr * sizeof(float));
+                for (int j = 0; j < NR; j++) ec[i * NR + j] = i < mr && j < nr && ka > 0 ? ct[i * ldc + j] : 0;
+              (nr <= 16 && MR == 8 ? microkernel_8x16 : micro)(kan, a_, ar, ak, b_, bk, ec, NR, 1, NULL, 0, 0, 0);
+              for (int i = 0; i < mr; i++) memcpy(ct + i * ldc, ec + i * NR, (size_t)nr * sizeof(float));
+              if (last) apply_steps(g, b, m, n, mr, nr, ct, ldc);
             }
           }
         }

@@ -51,9 +51,17 @@ __attribute__((visibility("hidden"))) int aot_default_threads(void);
    With pack set, B is written a panel of nc columns at a time: a task is one panel (batch b, columns from nb * nc),
    which pack(pack_args, buffer, b * ceil(N / nc) + nb) writes into the calling thread's buffer as [K][b.k] (B's strides
    are the panel's, its pointer unused), and every row block of C then runs over it. The thread's buffer is
-   panels + start * panel_floats: run it with aot_parallel over the thread count, so that start is the thread. */
+   panels + start * panel_floats: run it with aot_parallel over the thread count, so that start is the thread.
+   With steps set, each finished tile of C goes through them in order while it is in L1 (the kernel's epilogue, fused:
+   codegen/contract.py fused_steps): element v = c[b][m][n] becomes op(v, x), or op(x, v) when swapped, x being value
+   when p is NULL, else p[b*batch + m*m_stride + n*n_stride]; max and min keep their first argument when it is NaN,
+   as the generated kernels do. MUL_ADD is a multiply whose result the next step (an add) takes in the same
+   expression, as a C kernel computes it: the compiler contracts the two into one multiply-add where it would in that
+   kernel (gcc does, clang does not); a MUL step then an ADD step are always two roundings, as LLVM IR computes them. */
 typedef struct { const float *p; long batch, tile, row, k; int padded; } aot_operand;
 typedef void (*aot_pack)(void *args, float *panel, int index);
+enum { AOT_STEP_ADD = 0, AOT_STEP_MUL = 1, AOT_STEP_MAX = 2, AOT_STEP_MIN = 3, AOT_STEP_MUL_ADD = 4 };
+typedef struct { int op, swapped; float value; const float *p; long batch, m, n; } aot_gemm_step;
 typedef struct {
   int batch, M, N, K, mr, nr, mc, nc;
   aot_operand a, b;
@@ -63,6 +71,9 @@ typedef struct {
   void *pack_args;
   float *panels;
   long panel_floats;
+  const aot_gemm_step *steps;
+  int nsteps;
+  long ldc;                    /* C's row stride (0: N): C[b][m][n] is c[(b*M + m)*ldc + n] */
 } aot_gemm;
 __attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
 __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);
