@@ -84,7 +84,7 @@ class Side:
   expr: UOp                    # the operand's value, a function of (batch, rows, k) ranges
   rows: tuple[UOp, ...]        # its own free ranges (m for A, n for B), outer first
   @property
-  def size(self) -> int: return prod(r.arg[1] for r in self.rows)
+  def size(self) -> int: return prod(r.size for r in self.rows)
 
 @dataclass(frozen=True)
 class Contraction:
@@ -99,9 +99,9 @@ class Contraction:
   # (kernel range, start, end): outside this slice of an output range the accumulator is zero (a concat's branch)
   bounds: tuple[tuple[UOp, int, int], ...] = ()
   @property
-  def B(self) -> int: return prod(r.arg[1] for r in self.batch)
+  def B(self) -> int: return prod(r.size for r in self.batch)
   @property
-  def K(self) -> int: return prod(r.arg[1] for r in self.k)
+  def K(self) -> int: return prod(r.size for r in self.k)
 
 def _tile_use(m: int, n: int, tile: tuple[int, int]) -> float:
   """The fraction of the microkernel's tiles that holds real rows and columns (the rest is padding)."""
@@ -118,10 +118,10 @@ def _zero_when(x: UOp, y: UOp, cmp: UOp, value: bool) -> bool:
 def gate_slices(x: UOp, y: UOp, outs: set[UOp]) -> tuple[dict[UOp, int], dict[UOp, int]]:
   """(start, end) per output range: outside [start, end) of that range the product x * y is zero, because a gate
   `r < c` on it turns off every load of one operand (a concat's branch)."""
-  start, end = {r: 0 for r in outs}, {r: r.arg[1] for r in outs}
+  start, end = {r: 0 for r in outs}, {r: r.size for r in outs}
   cmps = {u for s in (x, y) for u in s.toposort()
           if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST}
-  for cmp in sorted(cmps, key=lambda u: (u.src[0].arg[0], u.src[1].arg)):
+  for cmp in sorted(cmps, key=lambda u: (u.src[0].number, u.src[1].arg)):
     r, c = cmp.src[0], cmp.src[1].arg
     if _zero_when(x, y, cmp, False): end[r] = min(end[r], c)
     elif _zero_when(x, y, cmp, True): start[r] = max(start[r], c)
@@ -139,19 +139,19 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
   outs = (ranges_of(x) | ranges_of(y)) - kset
   start, end = gate_slices(x, y, outs)
   # an empty slice is a product that is zero everywhere: left to the generic loops
-  sliced = [r for r in sorted(outs, key=lambda r: r.arg[0]) if 0 < end[r] - start[r] < r.arg[1]]
+  sliced = [r for r in sorted(outs, key=lambda r: r.number) if 0 < end[r] - start[r] < r.size]
   # the slice keeps its range's number (it replaces it) with its own size, so it is a new node
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], end[r] - start[r], r.arg[2])) for r in sliced}
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (r.number, end[r] - start[r], r.kind)) for r in sliced}
   back = {fresh[r]: r - start[r] for r in sliced}
   sub = {r: fresh[r] + start[r] for r in sliced}
   x, y = (graph_rewrite(substitute(s, sub), pm_operand) for s in (x, y))
-  for r in sorted((ranges_of(x) & ranges_of(y)) - kset, key=lambda r: r.arg[0]):
+  for r in sorted((ranges_of(x) & ranges_of(y)) - kset, key=lambda r: r.number):
     divisors = {u.src[1].arg for s in (x, y) for u in s.toposort()
                 if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is r and u.src[1].op is Ops.CONST}
-    for d in sorted(d for d in divisors if 1 < d < r.arg[1] and r.arg[1] % d == 0):
+    for d in sorted(d for d in divisors if 1 < d < r.size and r.size % d == 0):
       # the inner range numbers between r and the next range, so the loop order is kept
-      outer = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], r.arg[1] // d, r.arg[2]))
-      inner = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0] + 0.5, d, r.arg[2]))
+      outer = UOp(Ops.RANGE, dtypes.index, (), (r.number, r.size // d, r.kind))
+      inner = UOp(Ops.RANGE, dtypes.index, (), (r.number + 0.5, d, r.kind))
       nx, ny = (graph_rewrite(substitute(s, {r: outer * d + inner}), pm_operand) for s in (x, y))
       if inner in ranges_of(nx) and inner in ranges_of(ny): continue
       x, y = nx, ny
@@ -173,19 +173,19 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     k = tuple(acc.src[1:])
     x, y, back, bounds = _slice_and_split(x, y, k)
     dx, dy = ranges_of(x) - set(k), ranges_of(y) - set(k)
-    batch = tuple(sorted(dx & dy, key=lambda r: r.arg[0]))
+    batch = tuple(sorted(dx & dy, key=lambda r: r.number))
     mx, ny = dx - set(batch), dy - set(batch)
     if not mx | ny: continue
     # the side holding the innermost output loop is n: the microkernel's vector lanes run along it
-    if max(mx | ny, key=lambda r: r.arg[0]) in mx: (x, mx), (y, ny) = (y, ny), (x, mx)
+    if max(mx | ny, key=lambda r: r.number) in mx: (x, mx), (y, ny) = (y, ny), (x, mx)
     # ... unless the other way round wastes fewer lanes on padding (a 7x7 image's 49 positions fill two 32-lane tiles
     # to 77%, 512 channels fill them all), by enough to pay for the epilogue reading the result across its loops
-    size = lambda rs: prod(r.arg[1] for r in rs)
+    size = lambda rs: prod(r.size for r in rs)
     gain = _tile_use(size(ny), size(mx), tile) - _tile_use(size(mx), size(ny), tile)
-    if gain * prod(r.arg[1] for r in k) > SWAP_GAIN:
+    if gain * prod(r.size for r in k) > SWAP_GAIN:
       (x, mx), (y, ny) = (y, ny), (x, mx)
-    c = Contraction(acc, batch, k, Side(x, tuple(sorted(mx, key=lambda r: r.arg[0]))),
-                    Side(y, tuple(sorted(ny, key=lambda r: r.arg[0]))), tuple(back.items()), tuple(bounds))
+    c = Contraction(acc, batch, k, Side(x, tuple(sorted(mx, key=lambda r: r.number))),
+                    Side(y, tuple(sorted(ny, key=lambda r: r.number))), tuple(back.items()), tuple(bounds))
     if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK: found.append(c)
   return found
 
@@ -193,8 +193,8 @@ def _unflat(flat: UOp, ranges) -> dict[UOp, UOp]:
   """Each range's value at a flat index; the modulo keeps the outermost in bounds past the end (padding rows)."""
   out, stride = {}, 1
   for r in reversed(ranges):
-    out[r] = (flat // stride) % r.arg[1]
-    stride *= r.arg[1]
+    out[r] = (flat // stride) % r.size
+    stride *= r.size
   return out
 
 def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
@@ -203,9 +203,9 @@ def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
   # B's rows are written whole (n innermost: contiguous writes, reads along a convolution's rows), except that a k
   # too short to split across threads (an RGB input's 3 channels) goes inside n's outer ranges
   if not is_b: order = [*c.batch, *side.rows, *c.k]
-  elif c.k[0].arg[1] < MIN_SPLIT: order = [*c.batch, *side.rows[:-1], *c.k, *side.rows[-1:]]
+  elif c.k[0].size < MIN_SPLIT: order = [*c.batch, *side.rows[:-1], *c.k, *side.rows[-1:]]
   else: order = [*c.batch, *c.k, *side.rows]
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(order)}
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(order)}
   batch, own, k = (flat_of([fresh[r] for r in g]) for g in (c.batch, side.rows, c.k))
   idx = (batch * c.K + k) * rows + own if is_b else (batch * rows + own) * c.K + k
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh)))
@@ -215,7 +215,7 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
   """Rows h of B's outermost own range per panel (a panel is h whole rows of the rest: for a convolution's input
   window, h output rows), or None when B is copied whole (small enough to stay in L2, and not many times the
   source_bytes of runtime tensors it is copied from)."""
-  outer, inner = side.rows[0].arg[1], prod(r.arg[1] for r in side.rows[1:])
+  outer, inner = side.rows[0].size, prod(r.size for r in side.rows[1:])
   whole = c.B * side.size * c.K * 4
   grown = whole > max(DENSE_SMALL, DENSE_GROWTH * source_bytes)
   if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS: return None
@@ -232,14 +232,14 @@ def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
   tiles): its outermost loop runs over the panels (batch, then h-row slices of B's outermost row range, the last one
   cut short), and a call over [p, p + 1) writes that one panel to its slot 0."""
   outer, rest = side.rows[0], side.rows[1:]
-  panels = -(-outer.arg[1] // h)
+  panels = -(-outer.size // h)
   p = UOp(Ops.RANGE, dtypes.index, (), (0, c.B * panels, "loop"))
   # a placeholder for the h rows in the panel, unlike any of the operand's ranges
   order = [*c.k, UOp(Ops.RANGE, dtypes.index, (), (-1, h, "panel")), *rest]
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i + 1, r.arg[1], "loop")) for i, r in enumerate(order)}
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i + 1, r.size, "loop")) for i, r in enumerate(order)}
   # the last panel's rows past the end wrap around to real ones: their columns are packed, never used
   sub = {**{r: fresh[r] for r in (*c.k, *rest)}, **_unflat(p // panels, c.batch),
-         outer: ((p % panels) * h + fresh[order[len(c.k)]]) % outer.arg[1]}
+         outer: ((p % panels) * h + fresh[order[len(c.k)]]) % outer.size}
   own = flat_of([fresh[r] for r in order[len(c.k):]])
   idx = flat_of([fresh[r] for r in c.k]) * ld + own
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, sub)))
@@ -293,10 +293,10 @@ def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
   cut = {r for g in gemms for r, _, _ in g.c.bounds}
   if len(cut) != 1 or any(not g.c.bounds for g in gemms): return [ast]
   (r,) = cut
-  edges = sorted({0, r.arg[1]} | {x for g in gemms for q, start, end in g.c.bounds for x in (start, end)})
+  edges = sorted({0, r.size} | {x for g in gemms for q, start, end in g.c.bounds for x in (start, end)})
   if len(edges) == 2: return [ast]
   # each piece's range keeps r's number with the piece's size (the loop order stays), so it is a new node
-  return [graph_rewrite(substitute(ast, {r: UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], hi - lo, r.arg[2])) + lo}),
+  return [graph_rewrite(substitute(ast, {r: UOp(Ops.RANGE, dtypes.index, (), (r.number, hi - lo, r.kind)) + lo}),
                         pm_operand) for lo, hi in zip(edges, edges[1:])]
 
 def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -> tuple[int, int] | None:
@@ -433,7 +433,7 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
     return Operand(slot, offset, (sb, R * sr, sr, sk), False)
   source = sum(bufs[s].nbytes for s in {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD})
   if is_b and (h := panel_rows(c, side, R, source)) is not None:
-    cols = h * prod(r.arg[1] for r in side.rows[1:])
+    cols = h * prod(r.size for r in side.rows[1:])
     ld = -(-cols // R) * R
     return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, ld), panel=(cols, ld))
   # rows padded to whole tiles, so the microkernel reads edge tiles in place
@@ -492,7 +492,7 @@ def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer)
   def operand(c: Contraction, side: Side, is_b: bool, R: int) -> Operand:
     # each reduce has its own ranges: the operand is compared over positional ones
     axes = [*c.batch, *side.rows, *c.k]
-    canon = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(axes)}
+    canon = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(axes)}
     key = (substitute(side.expr, canon), len(c.batch), len(side.rows), is_b)
     if key in copies: return copies[key]
     o = _operand(c, side, is_b, R, bufs, new_slot, make_buffer)

@@ -83,12 +83,12 @@ def _multiplier_rows(c: Contraction) -> tuple[UOp, ...] | None:
   if not c.back: return ()
   back = dict(c.back)
   if len(back) != 2: return None
-  outer, inner = sorted(back, key=lambda r: r.arg[0])
+  outer, inner = sorted(back, key=lambda r: r.number)
   q, r = back[outer], back[inner]
   # the split of one kernel range o into (o // m, o % m), its group the whole batch (a task over o then owns the
   # planes (o // m, o % m, images), which lie together)
   if not (q.op is Ops.IDIV and r.op is Ops.MOD and q.src[0] is r.src[0] and r.src[0].op is Ops.RANGE and
-          q.src[1].op is Ops.CONST and q.src[1].arg == inner.arg[1] == r.src[1].arg and c.batch == (outer,)):
+          q.src[1].op is Ops.CONST and q.src[1].arg == inner.size == r.src[1].arg and c.batch == (outer,)):
     return None
   return (inner,)
 
@@ -122,7 +122,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   x_row = terms.get(kh, 0)
   if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw}: return None
   SH, SW = terms.get(oh, 0) // x_row, terms[ow]
-  KH, KW, OH, OW = kh.arg[1], kw.arg[1], oh.arg[1], ow.arg[1]
+  KH, KW, OH, OW = kh.size, kw.size, oh.size, ow.size
   if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE: return None
   # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
   axes = [oh, kh, ow, kw]
@@ -143,14 +143,14 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
              col_ok[(np.arange(OW)[:, None] * SW + np.arange(KW))][None, None, :, :]
   if not np.array_equal(mask, expected): return None
   # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
-  shift = np.zeros([r.arg[1] for r in planes_of], np.int64) + offset + PH * x_row + PW
+  shift = np.zeros([r.size for r in planes_of], np.int64) + offset + PH * x_row + PW
   for t, k in plane_terms.items(): shift = shift + k * evaluate_grid(t, list(planes_of)).astype(np.int64)
   if shift.min() < 0 or shift.max() >= 1 << 31: return None
   # one band of the plane's rows must fit the runtime's buffer
   phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) // SW
   if KH * SW * phase > BAND_BUFFER: return None
   return dict(filt=filt, kh=kh, kw=kw, x_slot=load.src[0].arg, x_planes=shift.reshape(-1).astype(np.int32),
-              images=prod(r.arg[1] for r in extra), extra=extra, x_row=x_row,
+              images=prod(r.size for r in extra), extra=extra, x_row=x_row,
               H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, OH=OH, OW=OW)
 
 def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[Depthwise]] | None:
@@ -186,8 +186,8 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   # planes after it; else each plane is a task and the epilogue runs after all
   first = dict(c.back).get(c.batch[0], c.batch[0])
   first = first.src[0] if first.op is Ops.IDIV else first
-  fused = first.arg[0] == 0
-  tasks = first.arg[1] if fused else c.B * c.a.size * prod(r.arg[1] for r in extra)
+  fused = first.number == 0
+  tasks = first.size if fused else c.B * c.a.size * prod(r.size for r in extra)
   last = epilogue_kernel(ast, {c.acc: (c, result, 0)})
   d = Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)
   return last, bufs, [d]

@@ -37,7 +37,7 @@ SCALAR_CALLS = {Ops.POW, Ops.EXP, Ops.LOG, Ops.SIN, Ops.COS, Ops.TAN, Ops.TANH, 
 def unroll_small_reduces(ast: UOp) -> UOp:
   """Each ACCUMULATE over at most UNROLL_MAX_REDUCE elements -> its terms combined in the loop's own order, from the
   same identity (acc = op(value, acc), as the renderers update an accumulator), so the result is the same."""
-  terms = lambda u: prod(r.arg[1] for r in u.src[1:])
+  terms = lambda u: prod(r.size for r in u.src[1:])
   if any(u.op in SCALAR_CALLS for u in ast.toposort()): return ast
   while True:
     acc = next((u for u in ast.toposort() if u.op is Ops.ACCUMULATE and u.dtype == u.src[0].dtype
@@ -45,17 +45,17 @@ def unroll_small_reduces(ast: UOp) -> UOp:
     if acc is None: return ast
     ranges = acc.src[1:]
     total = UOp.const(acc.dtype, acc.reduce_op.identity(acc.dtype))
-    for flat in range(prod(r.arg[1] for r in ranges)):
+    for flat in range(prod(r.size for r in ranges)):
       at, stride = {}, 1
       for r in reversed(ranges):
-        at[r] = UOp.const(dtypes.index, flat // stride % r.arg[1])
-        stride *= r.arg[1]
+        at[r] = UOp.const(dtypes.index, flat // stride % r.size)
+        stride *= r.size
       total = substitute(acc.src[0], at).alu(COMBINE[acc.reduce_op], total)
     ast = graph_rewrite(substitute(ast, {acc: total}), pm_simplify)
 
 def _lanes(ast: UOp, r: UOp, factor: int) -> UOp:
   """The kernel with range r split into r' (size S/factor) and factor unrolled lanes, one STORE each."""
-  outer = UOp(Ops.RANGE, dtypes.index, (), (r.arg[0], r.arg[1] // factor, "loop"))
+  outer = UOp(Ops.RANGE, dtypes.index, (), (r.number, r.size // factor, "loop"))
   stores = []
   for v in range(factor):
     lane = simplify(outer * factor + v)
@@ -76,7 +76,7 @@ def _shared_lanes(ast: UOp, outs: list[UOp]) -> UOp | None:
   for r in outs[:-1]:
     for f in SHARED_LANES:
       # splitting the outermost loop must leave enough to share between threads
-      if r.arg[1] % f or (r.arg[0] == 0 and r.arg[1] // f < SHARED_LANES_MIN_SPLIT): continue
+      if r.size % f or (r.number == 0 and r.size // f < SHARED_LANES_MIN_SPLIT): continue
       lanes = _lanes(ast, r, f)
       if len(_vector_loads(lanes, outs[-1])) < f * loads: return lanes
   return None
@@ -87,9 +87,9 @@ def _merge_inner(ast: UOp, outs: list[UOp]) -> tuple[UOp, list[UOp]]:
   and 4 scalars). Repeated while it applies; unchanged when a gate or a window reads a row on its own."""
   while len(outs) >= 2:
     hi, lo = outs[-2], outs[-1]
-    if hi.arg[0] == 0: break
-    both = UOp(Ops.RANGE, dtypes.index, (), (hi.arg[0], hi.arg[1] * lo.arg[1], "loop"))
-    merged = graph_rewrite(substitute(ast, {hi: both // lo.arg[1], lo: both % lo.arg[1]}), pm_simplify)
+    if hi.number == 0: break
+    both = UOp(Ops.RANGE, dtypes.index, (), (hi.number, hi.size * lo.size, "loop"))
+    merged = graph_rewrite(substitute(ast, {hi: both // lo.size, lo: both % lo.size}), pm_simplify)
     if any(u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is both for u in merged.toposort()): break
     ast, outs = merged, [*outs[:-2], both]
   return ast, outs
@@ -98,14 +98,14 @@ def _loops_and_sums(ast: UOp) -> tuple[list[UOp], list[UOp]]:
   """A STORE kernel's output loops (outer first) and its sums."""
   if ast.op is not Ops.STORE: return [], []
   topo = ast.toposort()
-  outs = sorted((u for u in topo if u.op is Ops.RANGE and u.arg[2] == "loop"), key=lambda r: r.arg[0])
+  outs = sorted((u for u in topo if u.op is Ops.RANGE and u.kind == "loop"), key=lambda r: r.number)
   return outs, [u for u in topo if u.op is Ops.ACCUMULATE]
 
 def short_sum_lanes(ast: UOp) -> UOp | None:
   """A kernel whose sums are all too short to upcast, with its plane's loops merged and lanes over an outer range
   that share loads (_shared_lanes); None when it has no such range."""
   outs, accs = _loops_and_sums(ast)
-  if not outs or not accs or max(prod(r.arg[1] for r in a.src[1:]) for a in accs) >= UPCAST_MIN_REDUCE: return None
+  if not outs or not accs or max(prod(r.size for r in a.src[1:]) for a in accs) >= UPCAST_MIN_REDUCE: return None
   return _shared_lanes(*_merge_inner(ast, outs))
 
 def upcast(ast: UOp) -> UOp:
@@ -114,13 +114,13 @@ def upcast(ast: UOp) -> UOp:
   range (_shared_lanes)."""
   outs, accs = _loops_and_sums(ast)
   if not outs or not accs: return ast
-  if max(prod(r.arg[1] for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE:
+  if max(prod(r.size for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE:
     merged, outs = _merge_inner(ast, outs)
     return _shared_lanes(merged, outs) or merged
   r = outs[-1]
-  factor = next((f for f in UPCAST if r.arg[1] % f == 0 and r.arg[1] > f), None)
+  factor = next((f for f in UPCAST if r.size % f == 0 and r.size > f), None)
   # splitting the outermost loop would leave nothing to share between threads
-  if factor is None or (len(outs) == 1 and r.arg[1] // factor < 2): return ast
+  if factor is None or (len(outs) == 1 and r.size // factor < 2): return ast
   return _lanes(ast, r, factor)
 
 # erf's Taylor series at |x| < 1/2 (2/sqrt(pi) * (-1)^n / (n! (2n+1)), relative error < 1e-8 there), and Numerical

@@ -177,7 +177,7 @@ def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
   if u.op is not Ops.LOAD or _const(u.src[2]) is not True or bufs[u.src[0].arg].kind != "const": return None
   terms, offset = linear(u.src[1])
   if set(terms) - set(n_rows) or flat_stride(n_rows, terms) != 1: return None
-  n = prod(r.arg[1] for r in n_rows)
+  n = prod(r.size for r in n_rows)
   data = np.asarray(bufs[u.src[0].arg].data).reshape(-1)
   return data[offset:offset + n] if offset + n <= data.size else None
 
@@ -229,7 +229,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if total.op is Ops.ADD: total, bias = total.src
   if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL: return None
   acc = total
-  k = tuple(sorted(acc.src[1:], key=lambda r: r.arg[0]))
+  k = tuple(sorted(acc.src[1:], key=lambda r: r.number))
   x, w = acc.src[0].src
   consts = lambda u: all(bufs[l.src[0].arg].kind == "const" for l in u.toposort() if l.op is Ops.LOAD)
   if consts(x): x, w = w, x
@@ -243,18 +243,18 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   x8_buf, p_zero = source
   # a run-time zero point is read back from the int32 the producer wrote (below), not beside an 8-bit buffer
   if isinstance(p_zero, UOp) and isinstance(x8_buf, Buffer): return None
-  m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.arg[0]))
-  n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.arg[0]))
+  m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.number))
+  n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.number))
   # no m rows is one row (a batch-1 fully connected layer)
   if not n_rows or set(m_rows) & set(n_rows): return None
   if ranges_of(requant) - set(k) != set(m_rows) | set(n_rows): return None
   # the result where the output has it (a bare requantized store), else in a scratch in the kernel's loop order
-  at = ast.src[1] if bare else flat_of(sorted(set(m_rows) | set(n_rows), key=lambda r: r.arg[0]))
+  at = ast.src[1] if bare else flat_of(sorted(set(m_rows) | set(n_rows), key=lambda r: r.number))
   out_terms, out_offset = linear(at)
   if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
   ldc = (flat_stride(m_rows, out_terms), flat_stride(n_rows, out_terms))
   if None in ldc: return None
-  M, N, K = (prod(r.arg[1] for r in g) for g in (m_rows, n_rows, k))
+  M, N, K = (prod(r.size for r in g) for g in (m_rows, n_rows, k))
   scales = None if scale is None else _per_n(scale, n_rows, bufs)
   biases = None if bias is None else _per_n(bias, n_rows, bufs)
   if (scale is not None and scales is None) or (bias is not None and biases is None): return None
@@ -307,7 +307,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
   k_major = _k_major(m_rows, k)
   order = [*k, *m_rows] if k_major else [*m_rows, *k]
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.arg[1], "loop")) for i, r in enumerate(order)}
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(order)}
   if from_int32: read = UOp(Ops.CAST, a_dt, (load + (p_zero if zero_read is None else zero_read),))
   else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   pad = UOp.const(a_dt, p_zero) if zero_read is None else UOp(Ops.CAST, a_dt, (zero_read,))
