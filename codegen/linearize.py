@@ -37,9 +37,9 @@ def needs_wide_index(ast: UOp) -> bool:
 def reads_strided(ast: UOp) -> bool:
   """Does a kernel without reductions load at a stride of 2..STRIDED_MAX along its innermost output loop?"""
   nodes = ast.toposort()
-  loops = [u for u in nodes if u.op is Ops.RANGE and u.arg[2] != "reduce"]
+  loops = [u for u in nodes if u.op is Ops.RANGE and u.kind != "reduce"]
   if not loops or any(u.op is Ops.ACCUMULATE for u in nodes): return False
-  inner = max(loops, key=lambda r: r.arg[0])
+  inner = max(loops, key=lambda r: r.number)
   return any(u.op is Ops.LOAD and 1 < abs(linear(u.src[1])[0].get(inner, 0)) <= STRIDED_MAX for u in nodes)
 
 def widen_index(ast: UOp) -> UOp:
@@ -100,7 +100,7 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   # the loop tree: output loops nest in order; a reduction's loops nest inside the loop its accumulator is placed in
   depth: dict = {ROOT: 0}
   parent_child: dict = {}
-  outer = sorted((r for r in topo if r.op is Ops.RANGE and r.arg[2] != "reduce"), key=lambda r: r.arg[0])
+  outer = sorted((r for r in topo if r.op is Ops.RANGE and r.kind != "reduce"), key=lambda r: r.number)
   prev = ROOT
   for r in outer:
     depth[r], parent_child[prev] = depth[prev] + 1, r
@@ -182,7 +182,7 @@ def _live_fractions(ast: UOp) -> dict[UOp, float]:
     nodes = body.toposort()
     outs = {r for r in nodes if r.op is Ops.RANGE} - reduce
     start, end = gate_slices(x, y, outs)
-    fraction = prod(max(0, end[r] - start[r]) / r.arg[1] for r in outs)
+    fraction = prod(max(0, end[r] - start[r]) / r.size for r in outs)
     inner: set[UOp] = set()
     for n in nodes:
       if n in reduce or any(s in inner for s in n.src): inner.add(n)
