@@ -1,6 +1,8 @@
 """ONNX operators, one small function each: (node, *inputs, **attributes) -> Tensor(s). Attribute defaults are the
-ONNX defaults. Elementwise math, logic, casts and reductions here; movement/indexing in onnx_ops_tensor.py, neural
-network layers in onnx_ops_nn.py, control flow in onnx_ops_control.py."""
+ONNX defaults. Elementwise math, logic, casts and reductions here; movement and shapes in onnx_ops_tensor.py, gathering,
+scattering and index maps in onnx_ops_index.py, neural network layers in onnx_ops_nn.py (attention in
+onnx_ops_attention.py, recurrent layers in onnx_ops_rnn.py, quantisation in onnx_ops_quant.py), control flow in
+onnx_ops_control.py."""
 from __future__ import annotations
 import math
 import numpy as np
@@ -171,7 +173,10 @@ def _arg(x, axis, keepdims, last, largest):
   return (x.argmax(axis, bool(keepdims)) if largest else x.argmin(axis, bool(keepdims))).cast(dtypes.int64)
 
 import aot.frontends.onnx_ops_tensor  # noqa: E402,F401
+import aot.frontends.onnx_ops_index  # noqa: E402,F401
 import aot.frontends.onnx_ops_nn  # noqa: E402,F401
+import aot.frontends.onnx_ops_attention  # noqa: E402,F401
+import aot.frontends.onnx_ops_rnn  # noqa: E402,F401
 import aot.frontends.onnx_ops_control  # noqa: E402,F401
 import aot.frontends.onnx_ops_sampling  # noqa: E402,F401
 import aot.frontends.onnx_ops_quant  # noqa: E402,F401

@@ -3,13 +3,16 @@ DynamicQuantizeMatMul, ...). Each one is lowered as onnxruntime computes it: int
 where it accumulates in int32, otherwise dequantize to float32, compute, and requantize (round half to even, then
 add the zero point, then saturate). onnxruntime's float parts are not all ours: it has a fixed-point QLinearAdd
 on some CPUs and MLAS's approximate logistic in QLinearSigmoid's lookup table, so a value can land one step apart
-there (tests/test_quant_ops.py finds none on an AVX-512 x86 machine)."""
+there (tests/test_quant_ops.py finds none on an AVX-512 x86 machine). The ai.onnx quantisation ops (QuantizeLinear,
+DequantizeLinear, QLinearMatMul, QLinearConv) are here too."""
 from __future__ import annotations
 import numpy as np
 from aot.dtype import dtypes, min_value, max_value
 from aot.frontends.tensor import Tensor
-from aot.frontends.onnx import op, Unsupported
-from aot.frontends.onnx_ops_nn import avg_pool, lstm_cell, _zp32, _activations, _rnn_setup, _run_dirs, _rnn_outputs
+from aot.frontends import narrow
+from aot.frontends.onnx import op, onnx_type, Unsupported
+from aot.frontends.onnx_ops_nn import avg_pool, conv_integer, _zp32
+from aot.frontends.onnx_ops_rnn import lstm_cell, _activations, _rnn_setup, _run_dirs, _rnn_outputs
 
 MS = "com.microsoft"
 F32 = dtypes.float32
@@ -156,8 +159,84 @@ def dynamic_quantize_matmul(n, a, b, b_scale, b_zp=None, bias=None):
   qa = _requant(_f(a), scale, zp, dtypes.uint8)
   return matmul_integer_to_float(n, qa, b, scale, b_scale, zp, b_zp, bias)
 
-# QLinearMatMul and QLinearConv stay in onnx_ops_nn.py: int32 accumulation, then one float multiplier, as onnxruntime
-# computes them (a float product of dequantized values would round differently near half steps).
+# *** the ai.onnx quantisation ops: QuantizeLinear, DequantizeLinear, QLinearMatMul, QLinearConv ***
+
+def _qparam(s, x, axis, block_size):
+  """A scale/zero point shaped to broadcast against x: per tensor, per axis, or blocked along axis."""
+  if s.ndim == 0 or s.numel() == 1 and block_size == 0: return s.reshape(())
+  axis = axis % x.ndim
+  if s.ndim == 1 and not block_size: return s.reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+  # blocked: repeat each entry block_size times along axis, then cut to x's length
+  rep = s.unsqueeze(axis + 1)
+  rep = rep.expand(rep.shape[:axis + 1] + (block_size,) + rep.shape[axis + 2:])
+  rep = rep.reshape(s.shape[:axis] + (s.shape[axis] * block_size,) + s.shape[axis + 1:])
+  return rep.shrink([(0, x.shape[axis]) if i == axis else None for i in range(x.ndim)])
+
+_QTYPES = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32)
+
+# the range a quantized narrow int saturates to
+_NARROW_INT_RANGE = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
+
+def _quantize(x, scale, zp, out_dt, saturate: bool = True):
+  """out_dt: a DType or a narrow type (aot/dtype.py: NARROW); the narrow floats round and saturate as Cast does."""
+  f = narrow.narrow_of(out_dt)
+  if f is None and out_dt not in _QTYPES: raise Unsupported(f"quantize to {out_dt.name}")
+  q = x.cast(dtypes.float32) / scale.cast(dtypes.float32)
+  if f is not None and f.is_float:
+    if zp is not None: q = q + zp
+    return narrow.Stored(narrow.encode(q, f, saturate), f)
+  q = q.round()
+  if zp is not None: q = q + zp.cast(dtypes.float32)
+  lo, hi = _NARROW_INT_RANGE[f.name] if f is not None else (min_value(out_dt), max_value(out_dt))
+  q = q.maximum(float(lo)).minimum(float(hi))
+  return narrow.Stored(q.cast(f.storage), f) if f is not None else q.cast(out_dt)
+
+def _wide(t):
+  """A quantization parameter or input in its computing type: a narrow float decoded, a narrow int's values."""
+  f = narrow.fmt_of(t)
+  return narrow.decode(t, f) if f is not None and f.is_float else t
+
+@op("QuantizeLinear", since=10)
+def quantize_linear(n, x, y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, precision=0):
+  zp_type = None if y_zero_point is None else narrow.fmt_of(y_zero_point) or y_zero_point.dtype
+  out_dt = zp_type or (onnx_type(output_dtype) if output_dtype else dtypes.uint8)
+  x, y_scale = _wide(x), _wide(y_scale)
+  s = _qparam(y_scale, x, axis, block_size)
+  z = _qparam(_wide(y_zero_point), x, axis, block_size) if y_zero_point is not None else None
+  return _quantize(x, s, z, out_dt, bool(saturate))
+
+@op("DequantizeLinear", since=10)
+def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0):
+  out = onnx_type(output_dtype) if output_dtype else narrow.fmt_of(x_scale) or x_scale.dtype
+  x, x_scale = _wide(x), _wide(x_scale)
+  s = _qparam(x_scale, x, axis, block_size)
+  xf = x.cast(dtypes.float32)
+  if x_zero_point is not None: xf = xf - _qparam(_wide(x_zero_point), x, axis, block_size).cast(dtypes.float32)
+  return narrow.convert(xf * s.cast(dtypes.float32), out)
+
+# QLinearMatMul and QLinearConv: int32 accumulation, then one float multiplier, as onnxruntime computes them (a float
+# product of dequantized values would round differently near half steps).
+@op("QLinearMatMul", since=10)
+def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+  acc = (a.cast(dtypes.int32) - _zp32(a_zp)).matmul(b.cast(dtypes.int32) - _zp32(b_zp))
+  return _requant_acc(acc, a_scale.cast(dtypes.float32) * b_scale.cast(dtypes.float32) / y_scale.cast(dtypes.float32), y_zp, a.dtype)
+
+def _requant_acc(acc, mult, y_zp, fallback):
+  """The int32 accumulator acc scaled by the float multiplier mult into y_zp's type (fallback without one)."""
+  # onnxruntime rounds the scaled accumulator and then adds the zero point (adding it first can round a fraction away)
+  d = (acc.cast(dtypes.float32) * mult).round()
+  if y_zp is not None: d = d + y_zp.cast(dtypes.float32)
+  dt = y_zp.dtype if y_zp is not None else fallback
+  return d.maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
+
+@op("QLinearConv", since=10)
+def qlinear_conv(n, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None, auto_pad="NOTSET", dilations=None,
+                 group=1, kernel_shape=None, pads=None, strides=None):
+  acc = conv_integer(n, x, w, x_zp, w_zp, auto_pad, dilations, group, kernel_shape, pads, strides)
+  if b is not None: acc = acc + b.cast(dtypes.int32).reshape((1, -1) + (1,) * (x.ndim - 2))
+  ws = w_scale.cast(dtypes.float32)
+  if ws.ndim == 1 and ws.shape[0] > 1: ws = ws.reshape((1, -1) + (1,) * (x.ndim - 2))
+  return _requant_acc(acc, x_scale.cast(dtypes.float32) * ws / y_scale.cast(dtypes.float32), y_zp, x.dtype)
 
 # *** DynamicQuantizeLSTM: an LSTM whose two products quantize their float operand on the fly ***
 
