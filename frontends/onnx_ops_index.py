@@ -2,26 +2,43 @@
 sums and products, OneHot, Hardmax, TopK, ReverseSequence, NonZero, Compress). The IR has no gather-by-address
 beyond take/gather and no scatter: index maps known at compile time are computed in numpy, runtime ones become
 one-hot comparisons and reductions."""
+
 from __future__ import annotations
+
 import numpy as np
-from aot.dtype import dtypes, min_value, max_value
+
+from aot.dtype import dtypes, max_value, min_value
+from aot.frontends.onnx import NeedsConstant, Unsupported, op
+from aot.frontends.onnx_ops_tensor import (
+  _along,
+  _axis,
+  _const,
+  _ints,
+  _maybe_const,
+  _move_back,
+  _move_last,
+  _reduce,
+  _scalar,
+)
 from aot.frontends.tensor import Tensor
-from aot.frontends.onnx import op, Unsupported, NeedsConstant
-from aot.frontends.onnx_ops_tensor import (_const, _scalar, _ints, _maybe_const, _axis, _reduce, _move_last, _move_back,
-                                           _along)
 
 # *** gathering ***
 
+
 @op("Gather")
-def gather(n, x, indices, axis=0): return x.take(indices, _axis(axis, x.ndim))
+def gather(n, x, indices, axis=0):
+  return x.take(indices, _axis(axis, x.ndim))
+
 
 @op("GatherElements")
-def gather_elements(n, x, indices, axis=0): return x.gather(_axis(axis, x.ndim), indices)
+def gather_elements(n, x, indices, axis=0):
+  return x.gather(_axis(axis, x.ndim), indices)
+
 
 @op("GatherND")
 def gather_nd(n, x, indices, batch_dims=0):
   b, k = batch_dims, indices.shape[-1]
-  bshape, dims, rest = x.shape[:b], x.shape[b:b + k], x.shape[b + k:]
+  bshape, dims, rest = x.shape[:b], x.shape[b : b + k], x.shape[b + k :]
   B, L, R = int(np.prod(bshape)), int(np.prod(dims)), int(np.prod(rest))
   lin = _linear_index(indices, dims)  # (*bshape, *M)
   M = lin.shape[b:]
@@ -29,25 +46,35 @@ def gather_nd(n, x, indices, batch_dims=0):
   out = x.reshape(B, L, R).gather(1, lin)
   return out.reshape(bshape + M + rest)
 
+
 def _linear_index(indices: Tensor, dims) -> Tensor:
-  """Row-major linear index of the coordinate rows in indices[..., k] over dims (negative entries count from the end)."""
+  """Row-major linear index of the coordinate rows in indices[..., k] over dims (negative entries count from the
+  end)."""
   idx = indices.cast(dtypes.int64)
   dims_t = _const(np.asarray(dims, dtype=np.int64))
   idx = (idx < 0).where(idx + dims_t, idx)
   strides = np.cumprod((list(dims[1:]) + [1])[::-1])[::-1].astype(np.int64)
   return _reduce(idx * _const(strides.copy()), "sum", -1)
 
+
 # *** scattering: the IR has no scatter, so every output element selects or reduces the updates aimed at it ***
 
 _IDENT = {"add": lambda dt: 0, "mul": lambda dt: 1, "max": min_value, "min": max_value}
 
+
 def _combine(reduction: str, a: Tensor, b: Tensor) -> Tensor:
-  if reduction == "none": return b
-  if reduction == "add": return a | b if a.dtype == dtypes.bool else a + b
-  if reduction == "mul": return a & b if a.dtype == dtypes.bool else a * b
-  if reduction == "max": return a.maximum(b)
-  if reduction == "min": return a.minimum(b)
+  if reduction == "none":
+    return b
+  if reduction == "add":
+    return a | b if a.dtype == dtypes.bool else a + b
+  if reduction == "mul":
+    return a & b if a.dtype == dtypes.bool else a * b
+  if reduction == "max":
+    return a.maximum(b)
+  if reduction == "min":
+    return a.minimum(b)
   raise Unsupported(f"reduction {reduction!r}")
+
 
 def _scatter_flat(data: Tensor, targets: np.ndarray, updates: Tensor, reduction: str) -> Tensor:
   """Known targets: data.flat[targets[i]] (op)= updates.flat[i], in order. Each round handles one update per target,
@@ -56,6 +83,7 @@ def _scatter_flat(data: Tensor, targets: np.ndarray, updates: Tensor, reduction:
   for src in _rounds(targets, flat.shape[0]):
     flat = _const(src >= 0).where(_combine(reduction, flat, upd.take(np.maximum(src, 0)).cast(flat.dtype)), flat)
   return flat.reshape(data.shape)
+
 
 def _rounds(targets: np.ndarray, size: int):
   """Source maps src[p] (-1: none), round r holding the r-th source (in index order) aimed at each target p."""
@@ -67,6 +95,7 @@ def _rounds(targets: np.ndarray, size: int):
     src = np.full(size, -1, dtype=np.int64)
     src[ts[rank == r]] = order[rank == r]
     yield src
+
 
 def _scatter_runtime(data: Tensor, idx: Tensor, upd: Tensor, axis: int, reduction: str) -> Tensor:
   """Runtime indices: out[.., p, ..] reduces over k the updates with idx[.., k, ..] == p (ScatterElements)."""
@@ -86,24 +115,31 @@ def _scatter_runtime(data: Tensor, idx: Tensor, upd: Tensor, axis: int, reductio
     ident = _scalar(_IDENT[reduction](data.dtype), data.dtype)
     red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[reduction]
     new = _combine(reduction, region, _reduce(hit.where(uk, ident), red, -1).cast(data.dtype))
-  else: raise Unsupported(f"reduction {reduction!r}")
-  if region_shape == data.shape: return new
+  else:
+    raise Unsupported(f"reduction {reduction!r}")
+  if region_shape == data.shape:
+    return new
   width = [(0, d - s) for d, s in zip(data.shape, region_shape)]
   inside = _const(np.ones(region_shape, bool)).pad(width, False)
   return inside.where(new.pad(width, 0), data)
+
 
 @op("ScatterElements")
 def scatter_elements(n, data, indices, updates, axis=0, reduction="none"):
   a = _axis(axis, data.ndim)
   idx = _maybe_const(n, indices)
-  if idx is None: return _scatter_runtime(data, indices, updates, a, reduction)
+  if idx is None:
+    return _scatter_runtime(data, indices, updates, a, reduction)
   idx = np.where(idx < 0, idx + data.shape[a], idx).astype(np.int64)
   coords = list(np.indices(idx.shape, dtype=np.int64))
   coords[a] = idx
   return _scatter_flat(data, np.ravel_multi_index(tuple(coords), data.shape), updates, reduction)
 
+
 @op("Scatter")
-def scatter(n, data, indices, updates, axis=0): return scatter_elements(n, data, indices, updates, axis)
+def scatter(n, data, indices, updates, axis=0):
+  return scatter_elements(n, data, indices, updates, axis)
+
 
 @op("ScatterND")
 def scatter_nd(n, data, indices, updates, reduction="none"):
@@ -122,6 +158,7 @@ def scatter_nd(n, data, indices, updates, reduction="none"):
   out = _scatter_runtime(data.reshape(L, R), lin.expand(M, R), updates.reshape(M, R), 0, reduction)
   return out.reshape(data.shape)
 
+
 @op("TensorScatter", since=24)
 def tensor_scatter(n, past, update, write_indices=None, mode="linear", axis=-2):
   a = _axis(axis, past.ndim)
@@ -130,14 +167,18 @@ def tensor_scatter(n, past, update, write_indices=None, mode="linear", axis=-2):
   # output position p along axis reads update[p - w[b]] where that lies in [0, T) (mod S when circular)
   p = _along(a, past.ndim, np.arange(S, dtype=np.int64))
   off = p - w.reshape((B,) + (1,) * (past.ndim - 1))
-  if mode == "circular": off = (off % S + S) % S
-  elif mode != "linear": raise Unsupported(f"mode {mode!r}")
+  if mode == "circular":
+    off = (off % S + S) % S
+  elif mode != "linear":
+    raise Unsupported(f"mode {mode!r}")
   hit = (off >= 0) & (off < T)
   shape = tuple(S if i == a else s for i, s in enumerate(update.shape))
   idx = hit.where(off, 0).expand(shape)
   return hit.where(update.pad([(0, S - T) if i == a else (0, 0) for i in range(update.ndim)]).gather(a, idx), past)
 
+
 # *** index-map ops ***
+
 
 @op("Trilu")
 def trilu(n, x, k=None, upper=1):
@@ -146,6 +187,7 @@ def trilu(n, x, k=None, upper=1):
   i, j = np.arange(r)[:, None], np.arange(c)[None, :]
   mask = (j - i >= k) if upper else (j - i <= k)
   return _const(mask).where(x, _scalar(0, x.dtype))
+
 
 def _cumulative(n, x, axis, exclusive, reverse, ident, how):
   a = _axis(_ints(n, axis, "axis")[0], x.ndim)
@@ -156,10 +198,16 @@ def _cumulative(n, x, axis, exclusive, reverse, ident, how):
   out = _reduce(_const(mask).where(xs, _scalar(ident, x.dtype)), how, -1).cast(x.dtype)
   return _move_back(out, a)
 
+
 @op("CumSum")
-def cumsum(n, x, axis, exclusive=0, reverse=0): return _cumulative(n, x, axis, exclusive, reverse, 0, "sum")
+def cumsum(n, x, axis, exclusive=0, reverse=0):
+  return _cumulative(n, x, axis, exclusive, reverse, 0, "sum")
+
+
 @op("CumProd")
-def cumprod(n, x, axis, exclusive=0, reverse=0): return _cumulative(n, x, axis, exclusive, reverse, 1, "prod")
+def cumprod(n, x, axis, exclusive=0, reverse=0):
+  return _cumulative(n, x, axis, exclusive, reverse, 1, "prod")
+
 
 @op("OneHot")
 def one_hot(n, indices, depth, values, axis=-1):
@@ -170,16 +218,23 @@ def one_hot(n, indices, depth, values, axis=-1):
   hit = idx == _along(a, indices.ndim + 1, np.arange(d, dtype=np.int64))
   return hit.where(values[1], values[0])
 
+
 @op("Hardmax", since=1)
 def hardmax_v1(n, x, axis=1):
   a = _axis(axis, x.ndim)
   flat = x.reshape(int(np.prod(x.shape[:a])), int(np.prod(x.shape[a:])))
   return _hardmax(flat, 1).reshape(x.shape)
+
+
 @op("Hardmax", since=13)
-def hardmax(n, x, axis=-1): return _hardmax(x, _axis(axis, x.ndim))
+def hardmax(n, x, axis=-1):
+  return _hardmax(x, _axis(axis, x.ndim))
+
+
 def _hardmax(x, a):
   am = x.argmax(a, keepdim=True).cast(dtypes.int64)
   return (am == _along(a, x.ndim, np.arange(x.shape[a], dtype=np.int64))).cast(x.dtype)
+
 
 @op("TopK", since=1)
 def topk(n, x, K=None, axis=-1, largest=1, sorted=1, k=None):
@@ -189,6 +244,7 @@ def topk(n, x, K=None, axis=-1, largest=1, sorted=1, k=None):
   xl = _move_last(x, a)
   vals, inds = _topk_select(xl, k, largest) if k <= 8 and d > 32 else _topk_rank(xl, k, largest)
   return _move_back(vals, a), _move_back(inds, a)
+
 
 def _topk_rank(xl: Tensor, k: int, largest) -> tuple[Tensor, Tensor]:
   """All k at once, O(d^2): output r takes the element with exactly r elements before it."""
@@ -203,6 +259,7 @@ def _topk_rank(xl: Tensor, k: int, largest) -> tuple[Tensor, Tensor]:
   inds = _reduce(sel.where(_const(np.arange(d, dtype=np.int64).reshape(d, 1)), _scalar(0, dtypes.int64)), "sum", -2)
   return vals, inds
 
+
 def _topk_select(xl: Tensor, k: int, largest) -> tuple[Tensor, Tensor]:
   """One extreme at a time, O(k*d) for small k: the first index holding the extreme among those not yet taken."""
   d = xl.shape[-1]
@@ -213,9 +270,11 @@ def _topk_select(xl: Tensor, k: int, largest) -> tuple[Tensor, Tensor]:
     cand = taken.where(fill, xl)
     v = cand.max(-1, keepdim=True) if largest else cand.min(-1, keepdim=True)
     i = _reduce(((xl == v) & taken.logical_not()).where(pos, d), "min", -1)
-    vals.append(v); inds.append(i.unsqueeze(-1))
+    vals.append(v)
+    inds.append(i.unsqueeze(-1))
     taken = taken | (pos == i.unsqueeze(-1))
   return Tensor.cat(vals, -1), Tensor.cat(inds, -1)
+
 
 @op("ReverseSequence")
 def reverse_sequence(n, x, sequence_lens, batch_axis=1, time_axis=0):
@@ -225,25 +284,34 @@ def reverse_sequence(n, x, sequence_lens, batch_axis=1, time_axis=0):
   src = (t < L).where(L - 1 - t, t)
   return x.gather(time_axis, src.expand(x.shape))
 
+
 @op("NonZero")
 def nonzero(n, x):
   v = _values_deciding_shape(n, x, "NonZero")
   return _const(np.array(np.nonzero(v), dtype=np.int64).reshape(v.ndim, -1))
 
+
 @op("Compress")
 def compress(n, x, condition, axis=None):
   keep = np.nonzero(_values_deciding_shape(n, condition, "Compress").reshape(-1))[0]
-  if axis is None: return x.reshape(-1).take(keep, 0)
+  if axis is None:
+    return x.reshape(-1).take(keep, 0)
   a = _axis(axis, x.ndim)
   return x.take(keep[keep < x.shape[a]], a)
 
+
 def _values_deciding_shape(n, t, what):
-  try: return n.const(t)
+  try:
+    return n.const(t)
   except NeedsConstant as e:
-    raise NeedsConstant(f"{what}'s output shape depends on the values of its input, which must be known at compile "
-                        f"time ({e})", e.input_name)
+    raise NeedsConstant(
+      f"{what}'s output shape depends on the values of its input, which must be known at compile time ({e})",
+      e.input_name,
+    )
+
 
 # *** Col2Im: a constant scatter-add of the column entries into the image ***
+
 
 @op("Col2Im")
 def col2im(n, x, image_shape, block_shape, dilations=None, pads=None, strides=None):
@@ -263,6 +331,7 @@ def col2im(n, x, image_shape, block_shape, dilations=None, pads=None, strides=No
   out = _col2im_sum(x.reshape(N * C, -1), target, int(np.prod(padded)))
   out = out.reshape([N, C] + padded)
   return out.shrink([None, None] + [(pads[i], pads[i] + img[i]) for i in range(nd)])
+
 
 def _col2im_sum(cols: Tensor, target: np.ndarray, P: int) -> Tensor:
   """out[:, p] = sum of cols[:, j] over the j with target[j] == p."""

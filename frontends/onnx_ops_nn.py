@@ -1,25 +1,32 @@
 """ONNX neural-network operators: matmul/gemm, convolutions, pooling, normalisations, softmax family and losses. One
 small function per op (and per opset range where semantics changed). Attention is in onnx_ops_attention.py, recurrent
 layers in onnx_ops_rnn.py, quantisation in onnx_ops_quant.py."""
+
 from __future__ import annotations
-import functools, itertools, operator
+
 import numpy as np
+
 from aot.dtype import dtypes, min_value
+from aot.frontends.onnx import Unsupported, onnx_dtype, op
 from aot.frontends.tensor import Tensor
-from aot.frontends.onnx import op, onnx_dtype, Unsupported
 
 # *** helpers ***
+
 
 def _iota(n: int, axis: int, ndim: int, dtype=np.int64) -> Tensor:
   """0..n-1 laid along `axis` of an otherwise all-ones shape: compared with a runtime index it makes a one-hot mask."""
   return Tensor(np.arange(n, dtype=dtype).reshape([n if i == axis else 1 for i in range(ndim)]))
 
-def _f32(x: Tensor) -> Tensor: return x if x.dtype in (dtypes.float32, dtypes.float64) else x.cast(dtypes.float32)
+
+def _f32(x: Tensor) -> Tensor:
+  return x if x.dtype in (dtypes.float32, dtypes.float64) else x.cast(dtypes.float32)
+
 
 def _spatial(x, kernel_shape, w=None):
   n = x.ndim - 2
   kernel = tuple(kernel_shape) if kernel_shape else tuple(w.shape[2:])
   return n, kernel
+
 
 def _pads(auto_pad, pads, shape, kernel, strides, dilations) -> list[tuple[int, int]]:
   """(lo, hi) per spatial axis from ONNX pads/auto_pad (SAME_* pads so that out = ceil(in / stride))."""
@@ -31,9 +38,12 @@ def _pads(auto_pad, pads, shape, kernel, strides, dilations) -> list[tuple[int, 
       small = total // 2
       out.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
     return out
-  if auto_pad == "VALID" or not pads: return [(0, 0)] * n
-  if auto_pad not in ("NOTSET", ""): raise Unsupported(f"auto_pad {auto_pad!r}")
+  if auto_pad == "VALID" or not pads:
+    return [(0, 0)] * n
+  if auto_pad not in ("NOTSET", ""):
+    raise Unsupported(f"auto_pad {auto_pad!r}")
   return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+
 
 def _reduce(x: Tensor, method: str, axes, keepdim=False) -> Tensor:
   """x.sum/max/... over axes, leaving out size-1 axes (a reduce over only size-1 axes trips the code generator)."""
@@ -42,38 +52,60 @@ def _reduce(x: Tensor, method: str, axes, keepdim=False) -> Tensor:
   y = getattr(x, method)(big, keepdim=True) if big else x
   return y if keepdim else y.reshape(tuple(s for i, s in enumerate(y.shape) if i not in axes))
 
-def _defaults(n, strides, dilations): return tuple(strides or (1,) * n), tuple(dilations or (1,) * n)
+
+def _defaults(n, strides, dilations):
+  return tuple(strides or (1,) * n), tuple(dilations or (1,) * n)
+
 
 # *** matmul and gemm ***
 
+
 @op("MatMul")
-def matmul(n, a, b): return _mm(a, b)
+def matmul(n, a, b):
+  return _mm(a, b)
+
 
 @op("Gemm")
 def gemm(n, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):
-  if transA: a = a.T
-  if transB: b = b.T
+  if transA:
+    a = a.T
+  if transB:
+    b = b.T
   y = _mm(a, b)
-  if alpha != 1.0: y = (y * alpha).cast(a.dtype)
-  if c is not None: y = y + (c * beta if beta != 1.0 else c).cast(y.dtype)
+  if alpha != 1.0:
+    y = (y * alpha).cast(a.dtype)
+  if c is not None:
+    y = y + (c * beta if beta != 1.0 else c).cast(y.dtype)
   return y
+
 
 def _mm(a, b):
   if a.ndim >= 2 and b.ndim >= 2 and a.shape[-1] == 1:
     # an outer product: no reduction (one over a size-1 axis trips the code generator)
     return a * b.reshape(b.shape[:-2] + (1, b.shape[-1]))
   # half precision accumulates in float (as numpy does); a half accumulator drifts by ulps
-  return a.cast(dtypes.float32).matmul(b.cast(dtypes.float32)).cast(a.dtype) if a.dtype == dtypes.float16 else a.matmul(b)
+  return (
+    a.cast(dtypes.float32).matmul(b.cast(dtypes.float32)).cast(a.dtype) if a.dtype == dtypes.float16 else a.matmul(b)
+  )
+
 
 @op("MatMulInteger")
 def matmul_integer(n, a, b, a_zero_point=None, b_zero_point=None):
-  a = a.cast(dtypes.int32) - (a_zero_point.cast(dtypes.int32).reshape(-1, 1) if a_zero_point is not None and a_zero_point.ndim == 1 and a_zero_point.shape[0] > 1 else _zp32(a_zero_point))
+  a = a.cast(dtypes.int32) - (
+    a_zero_point.cast(dtypes.int32).reshape(-1, 1)
+    if a_zero_point is not None and a_zero_point.ndim == 1 and a_zero_point.shape[0] > 1
+    else _zp32(a_zero_point)
+  )
   b = b.cast(dtypes.int32) - _zp32(b_zero_point)
   return a.matmul(b)
 
-def _zp32(zp): return zp.cast(dtypes.int32) if zp is not None else 0
+
+def _zp32(zp):
+  return zp.cast(dtypes.int32) if zp is not None else 0
+
 
 # *** convolution ***
+
 
 @op("Conv")
 def conv(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
@@ -82,47 +114,81 @@ def conv(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
   p = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
   return _conv(x, w, b, strides, p, dilations, group)
 
+
 def _conv(x, w, b, strides, pads, dilations, group):
   if x.dtype == dtypes.float16:
     # half accumulates in float, as numpy does
     f = dtypes.float32
-    return _conv(x.cast(f), w.cast(f), b.cast(f) if b is not None else None, strides, pads, dilations, group).cast(x.dtype)
-  if int(np.prod(w.shape[1:])) != 1: return x.conv(w, b, strides, pads, dilations, group)
+    return _conv(x.cast(f), w.cast(f), b.cast(f) if b is not None else None, strides, pads, dilations, group).cast(
+      x.dtype
+    )
+  if int(np.prod(w.shape[1:])) != 1:
+    return x.conv(w, b, strides, pads, dilations, group)
   # one tap per output (1x1 kernel, one channel per group): no reduction at all, so don't ask for one (a reduce over
   # only size-1 axes trips the code generator); each output channel scales its group's input channel
   nd, (N, C), cout = x.ndim - 2, x.shape[:2], w.shape[0]
   xs = x._pad_spatial(pads, nd)._windows((1,) * nd, strides, dilations)
-  xs = xs.reshape(xs.shape[:2 + nd]).unsqueeze(2)
+  xs = xs.reshape(xs.shape[: 2 + nd]).unsqueeze(2)
   xs = xs.expand((N, C, cout // C) + xs.shape[3:]).reshape((N, cout) + xs.shape[3:])
   out = xs * w.reshape((1, cout) + (1,) * nd)
   return out + b.reshape((1, cout) + (1,) * nd) if b is not None else out
 
+
 @op("ConvInteger")
-def conv_integer(n, x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", dilations=None, group=1,
-                 kernel_shape=None, pads=None, strides=None):
+def conv_integer(
+  n,
+  x,
+  w,
+  x_zero_point=None,
+  w_zero_point=None,
+  auto_pad="NOTSET",
+  dilations=None,
+  group=1,
+  kernel_shape=None,
+  pads=None,
+  strides=None,
+):
   wz = _zp32(w_zero_point)
-  if isinstance(wz, Tensor) and wz.ndim == 1: wz = wz.reshape((-1,) + (1,) * (w.ndim - 1))
+  if isinstance(wz, Tensor) and wz.ndim == 1:
+    wz = wz.reshape((-1,) + (1,) * (w.ndim - 1))
   nd, kernel = _spatial(x, kernel_shape, w)
   strides, dilations = _defaults(nd, strides, dilations)
   p = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
   # padding must be the zero point, i.e. zero after the shift: shift first, then pad with 0
-  return _conv(x.cast(dtypes.int32) - _zp32(x_zero_point), w.cast(dtypes.int32) - wz, None, strides, p, dilations, group)
+  return _conv(
+    x.cast(dtypes.int32) - _zp32(x_zero_point), w.cast(dtypes.int32) - wz, None, strides, p, dilations, group
+  )
+
 
 def _dilate(x: Tensor, strides) -> Tensor:
   """Insert stride-1 zeros between the elements of each spatial axis."""
   nd = len(strides)
   for i, s in enumerate(strides):
-    if s == 1: continue
+    if s == 1:
+      continue
     ax = x.ndim - nd + i
     L = x.shape[ax]
     x = x.unsqueeze(ax + 1).pad([(0, s - 1) if j == ax + 1 else (0, 0) for j in range(x.ndim + 1)])
-    x = x.reshape(x.shape[:ax] + (L * s,) + x.shape[ax + 2:])
+    x = x.reshape(x.shape[:ax] + (L * s,) + x.shape[ax + 2 :])
     x = x.shrink([(0, (L - 1) * s + 1) if j == ax else None for j in range(x.ndim)])
   return x
 
+
 @op("ConvTranspose")
-def conv_transpose(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, output_padding=None,
-                   output_shape=None, pads=None, strides=None):
+def conv_transpose(
+  n,
+  x,
+  w,
+  b=None,
+  auto_pad="NOTSET",
+  dilations=None,
+  group=1,
+  kernel_shape=None,
+  output_padding=None,
+  output_shape=None,
+  pads=None,
+  strides=None,
+):
   nd, kernel = _spatial(x, kernel_shape, w)
   strides, dilations = _defaults(nd, strides, dilations)
   op_ = tuple(output_padding or (0,) * nd)
@@ -145,7 +211,9 @@ def conv_transpose(n, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, 
   xp = xp.pad([(0, 0), (0, 0)] + cp)
   return _conv(xp, wt, b, (1,) * nd, 0, dilations, group)
 
+
 # *** pooling ***
+
 
 def _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode):
   """Explicit pads, extra trailing pads that ceil_mode needs, and the output sizes."""
@@ -156,15 +224,18 @@ def _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode):
     O = (L + lo + hi - span) // s + 1
     if ceil_mode:
       O = -(-(L + lo + hi - span) // s) + 1
-      if (O - 1) * s >= L + lo: O -= 1
+      if (O - 1) * s >= L + lo:
+        O -= 1
     outs.append(O)
     extra.append(max(0, (O - 1) * s + span - (L + lo + hi)))
   return p, extra, outs
+
 
 def _pool_windows(x, kernel, strides, dilations, p, extra, value):
   nd = len(kernel)
   xp = x.pad([(0, 0)] * (x.ndim - nd) + [(lo, hi + e) for (lo, hi), e in zip(p, extra)], value)
   return xp._windows(kernel, strides, dilations)
+
 
 def _window_counts(shape, kernel, strides, dilations, p, extra, outs, include_pad):
   """How many window taps fall on real elements (or explicit padding): the averaging divisor, a constant."""
@@ -175,40 +246,52 @@ def _window_counts(shape, kernel, strides, dilations, p, extra, outs, include_pa
     cnt = cnt[..., None] * ok.sum(1)
   return cnt
 
+
 def _pool_args(x, kernel_shape, strides, dilations):
   nd = x.ndim - 2
   kernel = tuple(kernel_shape)
   strides, dilations = _defaults(nd, strides, dilations)
   return nd, kernel, strides, dilations
 
+
 @op("MaxPool")
-def max_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None, storage_order=0, strides=None):
+def max_pool(
+  n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None, storage_order=0, strides=None
+):
   nd, kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
   p, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
   win = _pool_windows(x, kernel, strides, dilations, p, extra, min_value(x.dtype))
   axes = tuple(range(-nd, 0))
   y = _reduce(win, "max", axes)
-  if not n.output_used(1): return y
+  if not n.output_used(1):
+    return y
   # the flat index of each window's first maximum: windows over an index tensor, picked where x hits the max
   sp = x.shape[2:]
   idx = np.arange(int(np.prod(sp)), dtype=np.int64).reshape(sp)
-  if storage_order: idx = np.arange(int(np.prod(sp)), dtype=np.int64).reshape(sp[::-1]).T
+  if storage_order:
+    idx = np.arange(int(np.prod(sp)), dtype=np.int64).reshape(sp[::-1]).T
   iw = _pool_windows(Tensor(idx).reshape((1, 1) + sp), kernel, strides, dilations, p, extra, -1)
   flat = win.reshape(win.shape[:-nd] + (-1,))
   first = flat.argmax(-1).unsqueeze(-1) if flat.shape[-1] > 1 else Tensor(np.zeros((), np.int64))
   k = int(np.prod(kernel))
-  pick = _reduce((_iota(k, flat.ndim - 1, flat.ndim) == first).where(iw.reshape(iw.shape[:-nd] + (k,)), 0), "sum", (-1,))
+  pick = _reduce(
+    (_iota(k, flat.ndim - 1, flat.ndim) == first).where(iw.reshape(iw.shape[:-nd] + (k,)), 0), "sum", (-1,)
+  )
   N, C = x.shape[:2]
   base = Tensor((np.arange(N * C, dtype=np.int64) * int(np.prod(sp))).reshape((N, C) + (1,) * nd))
   return y, pick + base
 
+
 @op("AveragePool")
-def avg_pool(n, x, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape=None, pads=None, strides=None):
+def avg_pool(
+  n, x, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape=None, pads=None, strides=None
+):
   nd, kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
   p, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
   total = _reduce(_pool_windows(x, kernel, strides, dilations, p, extra, 0.0), "sum", range(-nd, 0))
   cnt = _window_counts(x.shape[2:], kernel, strides, dilations, p, extra, outs, count_include_pad)
   return (total / Tensor(cnt.astype(np.float32))).cast(x.dtype)
+
 
 @op("LpPool")
 def lp_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2, pads=None, strides=None):
@@ -217,13 +300,21 @@ def lp_pool(n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=N
   s = _reduce(_pool_windows(x.abs().pow(float(p)), kernel, strides, dilations, pp, extra, 0.0), "sum", range(-nd, 0))
   return s.pow(1.0 / p).cast(x.dtype)
 
+
 @op("GlobalAveragePool")
-def global_avg_pool(n, x): return x.mean(tuple(range(2, x.ndim)), keepdim=True).cast(x.dtype)
+def global_avg_pool(n, x):
+  return x.mean(tuple(range(2, x.ndim)), keepdim=True).cast(x.dtype)
+
+
 @op("GlobalMaxPool")
-def global_max_pool(n, x): return x.max(tuple(range(2, x.ndim)), keepdim=True)
+def global_max_pool(n, x):
+  return x.max(tuple(range(2, x.ndim)), keepdim=True)
+
+
 @op("GlobalLpPool")
 def global_lp_pool(n, x, p=2):
   return x.abs().pow(float(p)).sum(tuple(range(2, x.ndim)), keepdim=True).pow(1.0 / p).cast(x.dtype)
+
 
 @op("LRN")
 def lrn(n, x, size=None, alpha=0.0001, beta=0.75, bias=1.0):
@@ -234,16 +325,25 @@ def lrn(n, x, size=None, alpha=0.0001, beta=0.75, bias=1.0):
   s = win.permute((0, x.ndim - 1) + tuple(range(1, x.ndim - 1)))
   return (x / (bias + (alpha / size) * s).pow(beta)).cast(x.dtype)
 
+
 # *** normalisation ***
 
+
 @op("BatchNormalization")
-def batch_norm(n, x, scale, b, mean, var, epsilon=1e-5, momentum=0.9, training_mode=0, spatial=1, is_test=0,
-               consumed_inputs=None):
-  if not training_mode: return x.batchnorm(mean, var, scale, b, epsilon).cast(x.dtype)
+def batch_norm(
+  n, x, scale, b, mean, var, epsilon=1e-5, momentum=0.9, training_mode=0, spatial=1, is_test=0, consumed_inputs=None
+):
+  if not training_mode:
+    return x.batchnorm(mean, var, scale, b, epsilon).cast(x.dtype)
   axes = (0,) + tuple(range(2, x.ndim))
   bm, bv = x.mean(axes), x.var(axes)
   y = x.batchnorm(bm, bv, scale, b, epsilon).cast(x.dtype)
-  return y, (mean * momentum + bm * (1 - momentum)).cast(mean.dtype), (var * momentum + bv * (1 - momentum)).cast(var.dtype)
+  return (
+    y,
+    (mean * momentum + bm * (1 - momentum)).cast(mean.dtype),
+    (var * momentum + bv * (1 - momentum)).cast(var.dtype),
+  )
+
 
 @op("InstanceNormalization")
 def instance_norm(n, x, scale, b, epsilon=1e-5):
@@ -254,6 +354,7 @@ def instance_norm(n, x, scale, b, epsilon=1e-5):
   shape = (1, -1) + (1,) * (x.ndim - 2)
   return (y * scale.reshape(shape) + b.reshape(shape)).cast(x.dtype)
 
+
 @op("LayerNormalization", since=17)
 def layer_norm(n, x, scale, b=None, axis=-1, epsilon=1e-5, stash_type=1):
   axes = tuple(range(axis % x.ndim, x.ndim))
@@ -262,8 +363,10 @@ def layer_norm(n, x, scale, b=None, axis=-1, epsilon=1e-5, stash_type=1):
   d = xs - mean
   inv = ((d * d).mean(axes, keepdim=True) + epsilon).rsqrt()
   y = (d * inv).cast(x.dtype) * scale
-  if b is not None: y = y + b
+  if b is not None:
+    y = y + b
   return y, mean, inv
+
 
 @op("RMSNormalization", since=23)
 def rms_norm(n, x, scale, axis=-1, epsilon=1e-5, stash_type=1):
@@ -272,6 +375,7 @@ def rms_norm(n, x, scale, axis=-1, epsilon=1e-5, stash_type=1):
   y = xs * ((xs * xs).mean(axes, keepdim=True) + epsilon).rsqrt()
   return y.cast(x.dtype) * scale
 
+
 def _group_norm(x, scale, b, num_groups, epsilon, per_channel, stash):
   N, C = x.shape[:2]
   g = x.cast(stash).reshape(N, num_groups, -1)
@@ -279,16 +383,23 @@ def _group_norm(x, scale, b, num_groups, epsilon, per_channel, stash):
   y = (d * ((d * d).mean(-1, keepdim=True) + epsilon).rsqrt()).reshape(x.shape).cast(x.dtype)
   if not per_channel:
     # opset 18: one scale per group, spread over its channels
-    scale, b = scale.reshape(-1, 1).expand(num_groups, C // num_groups).reshape(C), b.reshape(-1, 1).expand(num_groups, C // num_groups).reshape(C)
+    scale, b = (
+      scale.reshape(-1, 1).expand(num_groups, C // num_groups).reshape(C),
+      b.reshape(-1, 1).expand(num_groups, C // num_groups).reshape(C),
+    )
   shape = (1, C) + (1,) * (x.ndim - 2)
   return y * scale.reshape(shape) + b.reshape(shape)
+
 
 @op("GroupNormalization", since=18)
 def group_norm_18(n, x, scale, b, num_groups=None, epsilon=1e-5):
   return _group_norm(x, scale, b, num_groups, epsilon, False, dtypes.float32)
+
+
 @op("GroupNormalization", since=21)
 def group_norm_21(n, x, scale, b, num_groups=None, epsilon=1e-5, stash_type=1):
   return _group_norm(x, scale, b, num_groups, epsilon, True, onnx_dtype(stash_type))
+
 
 @op("MeanVarianceNormalization")
 def mvn(n, x, axes=(0, 2, 3)):
@@ -296,76 +407,109 @@ def mvn(n, x, axes=(0, 2, 3)):
   d = x - x.mean(axes, keepdim=True)
   return (d / ((d * d).mean(axes, keepdim=True).sqrt() + 1e-9)).cast(x.dtype)
 
+
 @op("LpNormalization")
 def lp_norm(n, x, axis=-1, p=2):
-  if p == 1: norm = x.abs().sum(axis, keepdim=True)
-  elif p == 2: norm = (x * x).sum(axis, keepdim=True).sqrt()
-  else: raise Unsupported(f"p={p}")
+  if p == 1:
+    norm = x.abs().sum(axis, keepdim=True)
+  elif p == 2:
+    norm = (x * x).sum(axis, keepdim=True).sqrt()
+  else:
+    raise Unsupported(f"p={p}")
   return (norm == 0).where(0.0, x / norm).cast(x.dtype)
+
 
 # *** softmax family ***
 
+
 def _flat2d(fn):
   """Before opset 13: the input is viewed as 2-D at `axis` and the op runs over the whole second half."""
+
   def run(n, x, axis=1):
     a = axis % x.ndim
     return fn(x.reshape(int(np.prod(x.shape[:a])), -1), 1).reshape(x.shape)
+
   return run
+
 
 def _hardmax(x, axis):
   am = x.argmax(axis, keepdim=True)
   return (_iota(x.shape[axis % x.ndim], axis % x.ndim, x.ndim) == am).cast(x.dtype)
 
+
 def _sum_acc(x, axis):
   # half sums accumulate in float, as numpy's do
-  return x.cast(dtypes.float32).sum(axis, keepdim=True).cast(x.dtype) if x.dtype == dtypes.float16 else x.sum(axis, keepdim=True)
+  return (
+    x.cast(dtypes.float32).sum(axis, keepdim=True).cast(x.dtype)
+    if x.dtype == dtypes.float16
+    else x.sum(axis, keepdim=True)
+  )
+
 
 def _softmax(x, axis):
   e = (x - x.max(axis, keepdim=True)).exp()
   return (e / _sum_acc(e, axis)).cast(x.dtype)
 
+
 def _log_softmax(x, axis):
   d = x - x.max(axis, keepdim=True)
   return (d - _sum_acc(d.exp(), axis).log()).cast(x.dtype)
 
-for _name, _fn in {"Softmax": _softmax, "LogSoftmax": _log_softmax,
-                   "Hardmax": _hardmax}.items():
+
+for _name, _fn in {"Softmax": _softmax, "LogSoftmax": _log_softmax, "Hardmax": _hardmax}.items():
   op(_name, since=1)(_flat2d(_fn))
   op(_name, since=13)(lambda n, x, axis=-1, _f=_fn: _f(x, axis))
+
 
 @op("Dropout", since=1)
 def dropout_old(n, x, ratio=0.5, is_test=0, consumed_inputs=None, seed=None):
   return x, Tensor(np.ones(x.shape, dtype=bool))
+
+
 @op("Dropout", since=12)
 def dropout(n, x, ratio=None, training_mode=None, seed=None):
   train = training_mode is not None and bool(n.const(training_mode, "training_mode"))
   if train and ratio is not None and float(n.const(ratio, "ratio")) != 0.0:
     raise Unsupported("training-mode dropout with a nonzero ratio draws random numbers")
-  if train and ratio is None: raise Unsupported("training-mode dropout with the default ratio draws random numbers")
+  if train and ratio is None:
+    raise Unsupported("training-mode dropout with the default ratio draws random numbers")
   return x, Tensor(np.ones(x.shape, dtype=bool))
 
+
 @op("SwiGLU", since=28)
-def swiglu(n, a, b, alpha=1.0): return (a * (a * alpha).sigmoid().cast(a.dtype) * b).cast(a.dtype)
+def swiglu(n, a, b, alpha=1.0):
+  return (a * (a * alpha).sigmoid().cast(a.dtype) * b).cast(a.dtype)
+
 
 # *** losses: labels are runtime values, picked with a one-hot mask rather than a gather ***
+
 
 def _nll(x, target, weight, ignore_index, reduction):
   C = x.shape[1]
   onehot = _iota(C, 1, x.ndim) == target.cast(dtypes.int64).unsqueeze(1)
   picked = _reduce(onehot.where(x, 0.0), "sum", (1,))
-  w = _reduce(onehot.where(weight.reshape((1, C) + (1,) * (x.ndim - 2)), 0.0), "sum", (1,)) if weight is not None \
+  w = (
+    _reduce(onehot.where(weight.reshape((1, C) + (1,) * (x.ndim - 2)), 0.0), "sum", (1,))
+    if weight is not None
     else Tensor(np.ones((), dtype=x.dtype.np))
-  if ignore_index is not None: w = (target == ignore_index).where(0.0, w)
+  )
+  if ignore_index is not None:
+    w = (target == ignore_index).where(0.0, w)
   w = w.cast(x.dtype)._broadcast_to(picked.shape)
   loss = -picked * w
-  if reduction == "none": return loss.cast(x.dtype)
-  if reduction == "sum": return loss.sum().cast(x.dtype)
-  if reduction == "mean": return (loss.sum() / w.sum()).cast(x.dtype)
+  if reduction == "none":
+    return loss.cast(x.dtype)
+  if reduction == "sum":
+    return loss.sum().cast(x.dtype)
+  if reduction == "mean":
+    return (loss.sum() / w.sum()).cast(x.dtype)
   raise Unsupported(f"reduction {reduction!r}")
+
 
 @op("NegativeLogLikelihoodLoss", since=12)
 def nll_loss(n, x, target, weight=None, ignore_index=None, reduction="mean"):
   return _nll(x, target, weight, ignore_index, reduction)
+
 
 @op("SoftmaxCrossEntropyLoss", since=12)
 def sce_loss(n, scores, labels, weights=None, ignore_index=None, reduction="mean"):
@@ -387,7 +531,8 @@ def max_unpool(n, x, indices, output_shape=None, kernel_shape=None, pads=None, s
   hit = rel == _iota(lout, 3, 4)
   out = _reduce(hit.where(x.reshape(N, C, lin, 1), 0), "sum", (2,))
   out = out.reshape((N, C) + out_sp).cast(x.dtype)
-  if output_shape is None: return out
+  if output_shape is None:
+    return out
   # a given output shape holds the inferred one in its leading corner
   want = tuple(int(v) for v in n.const(output_shape, "output_shape"))[2:]
   return out.pad([(0, 0), (0, 0)] + [(0, w - o) for w, o in zip(want, out_sp)])
