@@ -1,27 +1,39 @@
 """The artifact: libNAME.so, NAME.h (the C API with a per-model prefix), NAME.json (the manifest), src/."""
+
 from __future__ import annotations
-import json, os, re
+
+import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from aot.dtype import DType, Narrow, dtypes, to_dtype, narrow_of
-from aot.kernel import Schedule, Buffer
+
+from aot.dtype import DType, Narrow, dtypes, narrow_of, to_dtype
+from aot.kernel import Buffer, Schedule
+
 
 def c_name(name: str) -> str:
   s = re.sub(r"\W", "_", name)
   return s if s and not s[0].isdigit() else f"m_{s}"
 
+
 def api_type(dt: DType) -> str:
   # the header must be valid C and C++ everywhere: half crosses the API as its bits
   return "uint16_t" if dt == dtypes.float16 else dt.cname
 
+
 def param_names(sched: Schedule) -> tuple[list[str], list[str]]:
   used: set = set()
+
   def unique(n: str) -> str:
     n = c_name(n)
-    while n in used or n in ("m", "A", "W"): n += "_"
+    while n in used or n in ("m", "A", "W"):
+      n += "_"
     used.add(n)
     return n
+
   return [unique(b.name) for b in sched.inputs], [unique(b.name) for b in sched.outputs]
+
 
 # weights above this size go to NAME.weights beside the library and are mmapped at create time, rather than linked in:
 # a library of hundreds of MB is slow to link, copy and cache
@@ -32,26 +44,33 @@ WEIGHTS_INLINE_MAX = 64 << 20
 WEIGHTS_CHECK_BLOCKS = 64
 WEIGHTS_CHECK_BLOCK_BYTES = 4096
 
+
 @dataclass(frozen=True)
 class ExternalWeights:
   """NAME.weights as the library expects it at create."""
+
   nbytes: int
   checksum: int
+
 
 def weights_checksum(data) -> int:
   """The checksum NAME_create computes (load_weights below): the 64-bit words of the sampled blocks, each times an odd
   number that grows with its place (so a changed or moved word changes the sum), added modulo 2**64. data: the
   weights' bytes, or a path to them (only the blocks are read)."""
   import numpy as np
+
   size = Path(data).stat().st_size if isinstance(data, (str, Path)) else len(data)
   n, block = WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
   spans = [(0, size)] if size <= n * block else [(i * (size - block) // (n - 1) // 8 * 8, block) for i in range(n)]
   if isinstance(data, (str, Path)):
-    with open(data, "rb") as f: chunks = [os.pread(f.fileno(), m - m % 8, a) for a, m in spans]
-  else: chunks = [bytes(data[a:a + m - m % 8]) for a, m in spans]
+    with open(data, "rb") as f:
+      chunks = [os.pread(f.fileno(), m - m % 8, a) for a, m in spans]
+  else:
+    chunks = [bytes(data[a : a + m - m % 8]) for a, m in spans]
   words = np.frombuffer(b"".join(chunks), dtype="<u8")
   odd = np.arange(len(words), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
   return int(np.sum(words * odd, dtype=np.uint64))
+
 
 @dataclass(frozen=True)
 class KernelInfo:
@@ -59,20 +78,24 @@ class KernelInfo:
   function: str
   shape: tuple
 
+
 @dataclass(frozen=True)
 class TensorInfo:
   name: str
   shape: tuple
-  dtype: DType                 # of the buffer the C API takes: for a narrow type, its storage
+  dtype: DType  # of the buffer the C API takes: for a narrow type, its storage
   narrow: Narrow | None = None
+
 
 class Artifact:
   """A compiled model on disk, described by its manifest."""
+
   def __init__(self, path):
     self.dir = Path(path)
     # the manifest is the NAME.json beside NAME.h (a profile build's folder also holds profile.json)
     manifests = [p for p in self.dir.glob("*.json") if p.with_suffix(".h").exists()]
-    if len(manifests) != 1: raise FileNotFoundError(f"{self.dir} is not an artifact folder (expected one NAME.json)")
+    if len(manifests) != 1:
+      raise FileNotFoundError(f"{self.dir} is not an artifact folder (expected one NAME.json)")
     m = json.loads(manifests[0].read_text())
     self.manifest = m
     self.name: str = m["name"]
@@ -82,47 +105,63 @@ class Artifact:
     self.arena_holds_bytes: int = m.get("arena_holds_bytes", m["arena_bytes"])
     self.weights_bytes: int = m["weights_bytes"]
     self.kernels = [KernelInfo(k["name"], k["function"], tuple(k["shape"])) for k in m["kernels"]]
-    info = lambda t: TensorInfo(t["name"], tuple(t["shape"]), to_dtype(t.get("storage", t["dtype"])),
-                                narrow_of(t["dtype"]))
+    info = lambda t: TensorInfo(
+      t["name"], tuple(t["shape"]), to_dtype(t.get("storage", t["dtype"])), narrow_of(t["dtype"])
+    )
     self.inputs = [info(t) for t in m["inputs"]]
     self.outputs = [info(t) for t in m["outputs"]]
     self.compile_seconds: float = m.get("compile_seconds", 0.0)
     # sequence and optional inputs/outputs: runs of the tensors above that aot.load passes as one list (or None)
     self.containers: list[dict] = m.get("containers", [])
+
   @property
-  def library_path(self) -> Path: return self.dir / f"lib{self.name}.so"
+  def library_path(self) -> Path:
+    return self.dir / f"lib{self.name}.so"
+
   @property
-  def header_path(self) -> Path: return self.dir / f"{self.name}.h"
+  def header_path(self) -> Path:
+    return self.dir / f"{self.name}.h"
+
   @property
-  def num_kernels(self) -> int: return len(self.kernels)
+  def num_kernels(self) -> int:
+    return len(self.kernels)
+
   def __repr__(self) -> str:
     return f"<Artifact {self.name} {self.target} {len(self.kernels)} kernels, arena {self.arena_bytes} B at {self.dir}>"
+
 
 def make_stage(name: str, out_dir) -> tuple[Path, Path]:
   """(out, stage): the artifact's folder, and a staging folder beside it with an empty src/. The build happens there,
   and install() moves it into place only when everything worked: a failure leaves nothing behind."""
   import tempfile
+
   out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"aot_{name}_"))
   stage = Path(tempfile.mkdtemp(prefix=".aot_stage_", dir=out.parent if out.parent.exists() else None))
   (stage / "src").mkdir()
   return out, stage
 
+
 class WeightsWriter:
   """The weights blob written to a file as its constants are made: each goes to its offset and can then be dropped,
   so the blob is never in memory as a whole. path None: only the layout (offsets and size), nothing written."""
+
   def __init__(self, path: Path | None):
     self.path, self.size = path, 0
-    self.checksum: int | None = None   # of the finished file, when it is NAME.weights (weights_checksum)
+    self.checksum: int | None = None  # of the finished file, when it is NAME.weights (weights_checksum)
     self.file = open(path, "wb") if path is not None else None
+
   def add(self, b: Buffer) -> None:
     """Place the constant b at the end of the blob (b.offset) and write its data there."""
     import numpy as np
+
     from aot.memory import align_up
+
     b.offset = self.size
     self.size = align_up(b.offset + b.nbytes)
     if self.file is not None and b.nbytes:
       self.file.seek(b.offset)
       self.file.write(np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1).view(np.uint8).data)
+
   def close(self) -> None:
     """Finish the file: the padding after the last constant is zeros, like the gaps between them."""
     if self.file is not None:
@@ -130,41 +169,82 @@ class WeightsWriter:
       self.file.close()
       self.file = None
 
+
 def place_sources(stage: Path, name: str, files: dict[str, str], blob: bytes | Path) -> None:
   """The sources into stage/src/, and the weights (bytes, or a file a WeightsWriter wrote, moved) to src/weights.bin,
   linked in, or to NAME.weights beside the library when bigger than WEIGHTS_INLINE_MAX."""
-  for fname, text in files.items(): (stage / "src" / fname).write_text(text)
+  for fname, text in files.items():
+    (stage / "src" / fname).write_text(text)
   size = blob.stat().st_size if isinstance(blob, Path) else len(blob)
   dest = stage / "src" / "weights.bin" if size <= WEIGHTS_INLINE_MAX else stage / f"{name}.weights"
-  if isinstance(blob, Path): blob.replace(dest)
-  else: dest.write_bytes(blob)
+  if isinstance(blob, Path):
+    blob.replace(dest)
+  else:
+    dest.write_bytes(blob)
+
 
 def install(stage: Path, out: Path):
   """Move a built artifact from its staging folder into out, replacing the artifact there: a failed build never
   leaves a mix of old and new files."""
   import shutil
+
   out.mkdir(parents=True, exist_ok=True)
   for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):
     old.unlink()
-  if (out / "src").exists(): shutil.rmtree(out / "src")
-  for p in stage.iterdir(): shutil.move(str(p), str(out / p.name))
+  if (out / "src").exists():
+    shutil.rmtree(out / "src")
+  for p in stage.iterdir():
+    shutil.move(str(p), str(out / p.name))
 
-def write_manifest(path: Path, name: str, target: str, cpu: str, triple: str | None, sched: Schedule,
-                   kernels: list[KernelInfo], arena: int, arena_holds: int, weights: int, seconds: float,
-                   weights_checksum: int | None = None, gpu: dict | None = None):
+
+def write_manifest(
+  path: Path,
+  name: str,
+  target: str,
+  cpu: str,
+  triple: str | None,
+  sched: Schedule,
+  kernels: list[KernelInfo],
+  arena: int,
+  arena_holds: int,
+  weights: int,
+  seconds: float,
+  weights_checksum: int | None = None,
+  gpu: dict | None = None,
+):
   """NAME.json; gpu: a GPU target's own fields (aot/build.py gpu_manifest)."""
   from aot import __version__
+
   def t(b: Buffer) -> dict:
-    if b.name not in sched.formats: return {"name": b.name, "shape": list(b.shape), "dtype": b.dtype.name}
+    if b.name not in sched.formats:
+      return {"name": b.name, "shape": list(b.shape), "dtype": b.dtype.name}
     fmt, shape = sched.formats[b.name]
     return {"name": b.name, "shape": list(shape), "dtype": fmt, "storage": b.dtype.name, "storage_shape": list(b.shape)}
-  path.write_text(json.dumps({
-    "name": name, "target": target, "cpu": cpu, "triple": triple, "compiler": f"aot-compiler {__version__}",
-    "inputs": [t(b) for b in sched.inputs], "outputs": [t(b) for b in sched.outputs],
-    "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in kernels],
-    "arena_bytes": arena, "arena_holds_bytes": arena_holds, "weights_bytes": weights,
-    "weights_file": f"{name}.weights" if weights > WEIGHTS_INLINE_MAX else None,
-    **({"weights_checksum": f"{weights_checksum:016x}"} if weights > WEIGHTS_INLINE_MAX and weights_checksum is not None
-       else {}),
-    **({"containers": sched.containers} if sched.containers else {}),
-    "compile_seconds": round(seconds, 3), **({"gpu": gpu} if gpu is not None else {})}, indent=1))
+
+  path.write_text(
+    json.dumps(
+      {
+        "name": name,
+        "target": target,
+        "cpu": cpu,
+        "triple": triple,
+        "compiler": f"aot-compiler {__version__}",
+        "inputs": [t(b) for b in sched.inputs],
+        "outputs": [t(b) for b in sched.outputs],
+        "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in kernels],
+        "arena_bytes": arena,
+        "arena_holds_bytes": arena_holds,
+        "weights_bytes": weights,
+        "weights_file": f"{name}.weights" if weights > WEIGHTS_INLINE_MAX else None,
+        **(
+          {"weights_checksum": f"{weights_checksum:016x}"}
+          if weights > WEIGHTS_INLINE_MAX and weights_checksum is not None
+          else {}
+        ),
+        **({"containers": sched.containers} if sched.containers else {}),
+        "compile_seconds": round(seconds, 3),
+        **({"gpu": gpu} if gpu is not None else {}),
+      },
+      indent=1,
+    )
+  )

@@ -12,19 +12,39 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
       # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread; unset a forced OpenBLAS core type, which slows numpy)
   python -m aot.bench --scale 1               # an MLP with 1 GB of weights in external data (aot/scale_bench.py)
 """
+
 from __future__ import annotations
-import argparse, json, os, statistics, sys, tempfile, time
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
 from pathlib import Path
+
 import numpy as np
 
 # the reference models quantized with onnxruntime's quantizer (models/quantized.py), timed by default beside its int8
 INT8_MODELS = ("resnet18:qdq", "resnet18:qoperator", "transformer:dynamic")
 # onnx's light models (backend/test/data/light), the architectures --zoo times beside the reference models
-LIGHT_MODELS = ("squeezenet", "shufflenet", "inception_v1", "inception_v2", "densenet121", "bvlc_alexnet", "resnet50",
-                "zfnet512", "vgg19")
+LIGHT_MODELS = (
+  "squeezenet",
+  "shufflenet",
+  "inception_v1",
+  "inception_v2",
+  "densenet121",
+  "bvlc_alexnet",
+  "resnet50",
+  "zfnet512",
+  "vgg19",
+)
+
 
 def _ort_session(model, threads: int):
   import onnxruntime as ort
+
   ort.set_default_logger_severity(3)
   so = ort.SessionOptions()
   so.intra_op_num_threads = so.inter_op_num_threads = threads
@@ -33,24 +53,33 @@ def _ort_session(model, threads: int):
   data = model.SerializeToString() if not isinstance(model, (str, Path)) else str(model)
   return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
+
 def _time(fns: dict, repeats: int, budget_s: float) -> dict[str, float]:
   """Median seconds per call of each fn, calls interleaved round-robin so load changes hit all of them alike."""
-  for f in fns.values(): f(); f()  # warm-up
+  for f in fns.values():
+    f()
+    f()  # warm-up
   times = {k: [] for k in fns}
   t_end = time.perf_counter() + budget_s
   for i in range(repeats):
     for k, f in fns.items():
-      t = time.perf_counter(); f(); times[k].append(time.perf_counter() - t)
-    if i >= 2 and time.perf_counter() > t_end: break
+      t = time.perf_counter()
+      f()
+      times[k].append(time.perf_counter() - t)
+    if i >= 2 and time.perf_counter() > t_end:
+      break
   return {k: statistics.median(v) for k, v in times.items()}
 
-def bench_model(label: str, what, onnx_model, inputs_for, thread_counts: list[int], targets, repeats: int,
-                budget_s: float) -> list[dict]:
+
+def bench_model(
+  label: str, what, onnx_model, inputs_for, thread_counts: list[int], targets, repeats: int, budget_s: float
+) -> list[dict]:
   """One row per thread count; the model is compiled once for each target."""
   import aot
   from aot.codegen.linearize import flop_count
   from aot.compiler import resolve
   from aot.schedule import schedule
+
   traced = resolve(what)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   gflop = sum(flop_count(k.ast, live_only=True) for k in sched.kernels) / 1e9
@@ -68,17 +97,26 @@ def bench_model(label: str, what, onnx_model, inputs_for, thread_counts: list[in
   models = {t: aot.load(arts[t]) for t in targets}
   rows = []
   for threads in thread_counts:
-    for m in models.values(): m.set_threads(threads)
+    for m in models.values():
+      m.set_threads(threads)
     runners = {t: (lambda m=m: m(*xs)) for t, m in models.items()}
     sess = _ort_session(onnx_model, threads) if onnx_model is not None else None
     feed = {i.name: x for i, x in zip(sess.get_inputs(), xs)} if sess else None
-    if sess: runners["onnxruntime"] = lambda: sess.run(None, feed)
+    if sess:
+      runners["onnxruntime"] = lambda: sess.run(None, feed)
     med = _time(runners, repeats, budget_s)
     ref = sess.run(None, feed)[0] if sess else None
-    row = {"model": label, "gflop": round(gflop, 4), "threads": threads, "kernels": art.num_kernels,
-           "weights_mb": round(art.weights_bytes / 1e6, 2), "arena_mb": round(art.arena_bytes / 1e6, 2),
-           "arena_x": round(art.arena_bytes / largest, 1)}
-    if own_weights: row["weights_x"] = round(art.weights_bytes / own_weights, 2)
+    row = {
+      "model": label,
+      "gflop": round(gflop, 4),
+      "threads": threads,
+      "kernels": art.num_kernels,
+      "weights_mb": round(art.weights_bytes / 1e6, 2),
+      "arena_mb": round(art.arena_bytes / 1e6, 2),
+      "arena_x": round(art.arena_bytes / largest, 1),
+    }
+    if own_weights:
+      row["weights_x"] = round(art.weights_bytes / own_weights, 2)
     for t in targets:
       out = runners[t]()
       out = out[0] if isinstance(out, tuple) else out
@@ -88,61 +126,100 @@ def bench_model(label: str, what, onnx_model, inputs_for, thread_counts: list[in
       if ref is not None:
         row[f"{t}_rel_err"] = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-30))
         row[f"{t}_vs_ort"] = round(med[t] / med["onnxruntime"], 2)
-    if sess: row["ort_ms"] = round(med["onnxruntime"] * 1e3, 3)
-    if "c" in targets and "llvm" in targets: row["llvm_over_c"] = round(med["llvm"] / med["c"], 2)
+    if sess:
+      row["ort_ms"] = round(med["onnxruntime"] * 1e3, 3)
+    if "c" in targets and "llvm" in targets:
+      row["llvm_over_c"] = round(med["llvm"] / med["c"], 2)
     rows.append(row)
     print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
-  for m in models.values(): m.close()
+  for m in models.values():
+    m.close()
   return rows
+
 
 def _onnx_weight_bytes(model) -> int:
   """Bytes of an ONNX model's initializers and Constant tensors: the weights it ships."""
   import onnx
   from onnx import helper
-  if isinstance(model, (str, Path)): model = onnx.load(str(model))
-  tensors = list(model.graph.initializer) + [a.t for n in model.graph.node if n.op_type == "Constant"
-                                             for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
-  return sum(int(np.prod(t.dims, dtype=np.int64)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-             for t in tensors)
+
+  if isinstance(model, (str, Path)):
+    model = onnx.load(str(model))
+  tensors = list(model.graph.initializer) + [
+    a.t
+    for n in model.graph.node
+    if n.op_type == "Constant"
+    for a in n.attribute
+    if a.type == onnx.AttributeProto.TENSOR
+  ]
+  return sum(
+    int(np.prod(t.dims, dtype=np.int64)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    for t in tensors
+  )
+
 
 def _onnx_arg(path: str):
   """(label, ModelProto) of a command-line model: a file, or light:NAME, one of the architectures that ship with onnx
   (backend/test/data/light) with seeded random weights in place of their constant ones."""
   import onnx
+
   if path.startswith("light:"):
     from aot.testing import randomize_constant_weights
+
     name, _, quant = path.split(":", 1)[1].partition(":")
     light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
     model = randomize_constant_weights(onnx.load(light))
-    if not quant: return f"light {name}", model
+    if not quant:
+      return f"light {name}", model
     from aot.models.quantized import quantized
+
     return f"light {name} {quant}", quantized(model, quant)
   return Path(path).stem, onnx.load(path)
+
 
 def _qlinear_matmul(rng, n: int):
   """A QLinearMatMul of uint8 [n, n] inputs by constant int8 [n, n] weights (per-column scales): the int8
   microkernel."""
-  from onnx import helper, numpy_helper, TensorProto
+  from onnx import TensorProto, helper, numpy_helper
+
   c = lambda name, x: numpy_helper.from_array(np.asarray(x), name)
-  inits = [c("xs", np.float32(0.02)), c("xz", np.uint8(128)), c("w", rng.integers(-127, 128, (n, n)).astype(np.int8)),
-           c("ws", rng.uniform(1e-3, 2e-3, n).astype(np.float32)), c("wz", np.zeros(n, np.int8)),
-           c("ys", np.float32(8.0)), c("yz", np.uint8(128))]
+  inits = [
+    c("xs", np.float32(0.02)),
+    c("xz", np.uint8(128)),
+    c("w", rng.integers(-127, 128, (n, n)).astype(np.int8)),
+    c("ws", rng.uniform(1e-3, 2e-3, n).astype(np.float32)),
+    c("wz", np.zeros(n, np.int8)),
+    c("ys", np.float32(8.0)),
+    c("yz", np.uint8(128)),
+  ]
   node = helper.make_node("QLinearMatMul", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
-  g = helper.make_graph([node], "qmatmul", [helper.make_tensor_value_info("x", TensorProto.UINT8, [n, n])],
-                        [helper.make_tensor_value_info("y", TensorProto.UINT8, [n, n])], inits)
+  g = helper.make_graph(
+    [node],
+    "qmatmul",
+    [helper.make_tensor_value_info("x", TensorProto.UINT8, [n, n])],
+    [helper.make_tensor_value_info("y", TensorProto.UINT8, [n, n])],
+    inits,
+  )
   return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
 
 def micro(targets, threads: int, budget_s: float) -> list[dict]:
   """The two kernels that decide CNN and transformer speed, against numpy's matmul (its BLAS) in the same run."""
   import aot
   from aot.frontends.tensor import Tensor
+
   rng = np.random.default_rng(0)
   a, b = rng.standard_normal((1024, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
   x, w = rng.standard_normal((1, 64, 56, 56), dtype=np.float32), rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
-  cases = [("matmul 1024^3", lambda p: p @ Tensor(b), [a], 2 * 1024 ** 3),
-           ("conv 3x3 56x56x64->64", lambda p: p.conv2d(Tensor(w), padding=1), [x], 2 * 56 * 56 * 64 * 64 * 9),
-           ("int8 matmul 1024^3", _qlinear_matmul(rng, 1024), [rng.integers(0, 256, (1024, 1024)).astype(np.uint8)],
-            2 * 1024 ** 3)]
+  cases = [
+    ("matmul 1024^3", lambda p: p @ Tensor(b), [a], 2 * 1024**3),
+    ("conv 3x3 56x56x64->64", lambda p: p.conv2d(Tensor(w), padding=1), [x], 2 * 56 * 56 * 64 * 64 * 9),
+    (
+      "int8 matmul 1024^3",
+      _qlinear_matmul(rng, 1024),
+      [rng.integers(0, 256, (1024, 1024)).astype(np.uint8)],
+      2 * 1024**3,
+    ),
+  ]
   rows = []
   for label, fn, xs, flops in cases:
     runners = {"numpy matmul": lambda: a @ b}
@@ -150,41 +227,65 @@ def micro(targets, threads: int, budget_s: float) -> list[dict]:
       m = aot.load(aot.compile_model(fn, xs, target=t, out_dir=tempfile.mkdtemp(prefix="micro_")), threads=threads)
       runners[t] = lambda m=m, xs=xs: m(*xs)
     med = _time(runners, 10, budget_s)
-    row = {"kernel": label, "threads": threads, "numpy_matmul_gflops": round(2 * 1024 ** 3 / med["numpy matmul"] / 1e9, 1)}
+    row = {
+      "kernel": label,
+      "threads": threads,
+      "numpy_matmul_gflops": round(2 * 1024**3 / med["numpy matmul"] / 1e9, 1),
+    }
     for t in targets:
       row[f"{t}_gflops"] = round(flops / med[t] / 1e9, 2)
       row[f"{t}_pct_of_numpy"] = round(100 * row[f"{t}_gflops"] / row["numpy_matmul_gflops"], 1)
     rows.append(row)
   return rows
 
+
 def table(rows: list[dict], targets) -> str:
-  cols = ["model", "gflop", "threads", "kernels", "weights_mb", "weights_x", "arena_mb", "arena_x"] + \
-         [f"{t}_ms" for t in targets] + ["ort_ms"] + \
-         [f"{t}_vs_ort" for t in targets] + [f"{t}_gflops" for t in targets] + ["llvm_over_c"] + \
-         [f"{t}_compile_s" for t in targets] + [f"{t}_rel_err" for t in targets]
+  cols = (
+    ["model", "gflop", "threads", "kernels", "weights_mb", "weights_x", "arena_mb", "arena_x"]
+    + [f"{t}_ms" for t in targets]
+    + ["ort_ms"]
+    + [f"{t}_vs_ort" for t in targets]
+    + [f"{t}_gflops" for t in targets]
+    + ["llvm_over_c"]
+    + [f"{t}_compile_s" for t in targets]
+    + [f"{t}_rel_err" for t in targets]
+  )
   cols = [c for c in cols if any(c in r for r in rows)]
   fmt = lambda v: f"{v:.1e}" if isinstance(v, float) and abs(v) < 1e-2 and v != 0 else str(v)
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
   return "\n".join(lines)
 
+
 # slower than onnxruntime by more than this is named under the table (run-to-run noise on a shared machine is ~5%)
 SLOWER_NOTE_RATIO = 1.05
+
 
 def slower_note(rows: list[dict], targets) -> str:
   """One line naming the rows where we are slower than onnxruntime, slowest first."""
   slow = [(max(r.get(f"{t}_vs_ort", 0) for t in targets), r) for r in rows]
   slow = sorted(((x, r) for x, r in slow if x > SLOWER_NOTE_RATIO), key=lambda xr: -xr[0])
-  if not slow: return "Nowhere slower than onnxruntime (by more than 5%)."
+  if not slow:
+    return "Nowhere slower than onnxruntime (by more than 5%)."
   ratios = lambda r: ", ".join(f"{t} {r[f'{t}_vs_ort']}x" for t in targets if f"{t}_vs_ort" in r)
   return "Slower than onnxruntime: " + ", ".join(f"{r['model']} ({r['threads']}t: {ratios(r)})" for _, r in slow) + "."
 
+
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m aot.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("onnx", nargs="*", help="ONNX models to time besides the bundled reference models (a file, or "
-                  "light:NAME for onnx's light models with seeded random weights, light:NAME:FORM quantized)")
-  ap.add_argument("--models", default="mlp,mnist,resnet18,transformer," + ",".join(INT8_MODELS),
-                  help="bundled models to time ('' for none); NAME:FORM quantized (qdq, qoperator, dynamic)")
+  ap = argparse.ArgumentParser(
+    prog="python -m aot.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  ap.add_argument(
+    "onnx",
+    nargs="*",
+    help="ONNX models to time besides the bundled reference models (a file, or "
+    "light:NAME for onnx's light models with seeded random weights, light:NAME:FORM quantized)",
+  )
+  ap.add_argument(
+    "--models",
+    default="mlp,mnist,resnet18,transformer," + ",".join(INT8_MODELS),
+    help="bundled models to time ('' for none); NAME:FORM quantized (qdq, qoperator, dynamic)",
+  )
   ap.add_argument("--zoo", action="store_true", help="also time all nine of onnx's light models (light:NAME)")
   ap.add_argument("--targets", default="c,llvm")
   ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
@@ -192,36 +293,61 @@ def main(argv=None) -> int:
   ap.add_argument("--budget", type=float, default=20.0, help="seconds of timing per model at most (after 3 rounds)")
   ap.add_argument("--json", help="write the rows here as JSON")
   ap.add_argument("--readme", help="replace the table between the bench markers of this README")
-  ap.add_argument("--profile", action="store_true", help="profile the models given (models:NAME, a file or light:NAME) "
-                  "instead: each kernel call's time, GFLOP/s, bytes and path (aot/profile.py); --json writes them")
+  ap.add_argument(
+    "--profile",
+    action="store_true",
+    help="profile the models given (models:NAME, a file or light:NAME) "
+    "instead: each kernel call's time, GFLOP/s, bytes and path (aot/profile.py); --json writes them",
+  )
   ap.add_argument("--top", type=int, default=20, help="--profile: show this many of the slowest calls")
-  ap.add_argument("--micro", action="store_true", help="time the 1024^3 matmul (float, int8) and "
-                  "3x3 conv kernels against numpy instead")
-  ap.add_argument("--scale", type=float, metavar="GB", help="instead: compile an MLP with GB of weights in external data "
-                  "in a subprocess; its compile time and peak RSS, the artifact's size and create time, its error vs "
-                  "onnxruntime (--json writes the row)")
+  ap.add_argument(
+    "--micro",
+    action="store_true",
+    help="time the 1024^3 matmul (float, int8) and 3x3 conv kernels against numpy instead",
+  )
+  ap.add_argument(
+    "--scale",
+    type=float,
+    metavar="GB",
+    help="instead: compile an MLP with GB of weights in external data "
+    "in a subprocess; its compile time and peak RSS, the artifact's size and create time, its error vs "
+    "onnxruntime (--json writes the row)",
+  )
   args = ap.parse_args(argv)
+  from aot.cli import random_inputs
   from aot.models import get
   from aot.models.onnx_forms import onnx_model
-  from aot.cli import random_inputs
+
   targets = [t for t in args.targets.split(",") if t]
   if args.scale is not None:
     from aot.scale_bench import scale
+
     row = scale(args.scale)
-    print("\n".join(["| " + " | ".join(row) + " |", "|" + "---|" * len(row), "| " + " | ".join(map(str, row.values())) + " |"]))
-    if args.json: Path(args.json).write_text(json.dumps(row, indent=1))
+    print(
+      "\n".join(
+        ["| " + " | ".join(row) + " |", "|" + "---|" * len(row), "| " + " | ".join(map(str, row.values())) + " |"]
+      )
+    )
+    if args.json:
+      Path(args.json).write_text(json.dumps(row, indent=1))
     return 0
   if args.micro:
     rows = [r for n in args.threads.split(",") for r in micro(targets, int(n), args.budget)]
     cols = list(rows[0])
-    text = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
-                     ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
+    text = "\n".join(
+      ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+      + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    )
     print(text)
-    if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
-    if args.readme: _replace_between(Path(args.readme), "micro", f"`python -m aot.bench --micro` (OpenBLAS {_openblas()}):\n\n{text}")
+    if args.json:
+      Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.readme:
+      _replace_between(Path(args.readme), "micro", f"`python -m aot.bench --micro` (OpenBLAS {_openblas()}):\n\n{text}")
     return 0
-  if args.zoo: args.onnx += [f"light:{n}" for n in LIGHT_MODELS if f"light:{n}" not in args.onnx]
-  if args.profile: return _profile(args.onnx, targets, [int(t) for t in args.threads.split(",")], args)
+  if args.zoo:
+    args.onnx += [f"light:{n}" for n in LIGHT_MODELS if f"light:{n}" not in args.onnx]
+  if args.profile:
+    return _profile(args.onnx, targets, [int(t) for t in args.threads.split(",")], args)
   thread_counts = [int(t) for t in args.threads.split(",")]
   rows = []
   for name in [m for m in args.models.split(",") if m]:
@@ -231,28 +357,37 @@ def main(argv=None) -> int:
     form = onnx_model(base)
     if quant:
       from aot.models.quantized import quantized
+
       form = quantized(form, quant)
-    rows += bench_model(name, form, form, lambda art, r=ref: r.example_inputs(0), thread_counts, targets, args.repeats,
-                        args.budget)
+    rows += bench_model(
+      name, form, form, lambda art, r=ref: r.example_inputs(0), thread_counts, targets, args.repeats, args.budget
+    )
   for path in args.onnx:
     label, model = _onnx_arg(path)
-    rows += bench_model(label, model, model, lambda art: random_inputs(art.inputs), thread_counts, targets,
-                        args.repeats, args.budget)
+    rows += bench_model(
+      label, model, model, lambda art: random_inputs(art.inputs), thread_counts, targets, args.repeats, args.budget
+    )
   # the table by thread count, then in the order the models were given
   rows = sorted(rows, key=lambda r: r["threads"])
   print(table(rows, targets))
   print(slower_note(rows, targets))
-  if args.json: Path(args.json).write_text(json.dumps(rows, indent=1))
+  if args.json:
+    Path(args.json).write_text(json.dumps(rows, indent=1))
   if args.readme:
     command = f"python -m aot.bench --threads {args.threads}{' --zoo' if args.zoo else ''}"
-    _replace_between(Path(args.readme), "bench", f"`{command}` on {os.cpu_count()} cores:\n\n" +
-                     table(rows, targets) + "\n\n" + slower_note(rows, targets))
+    _replace_between(
+      Path(args.readme),
+      "bench",
+      f"`{command}` on {os.cpu_count()} cores:\n\n" + table(rows, targets) + "\n\n" + slower_note(rows, targets),
+    )
   return 0
+
 
 def _profile(models: list[str], targets, threads: list[int], args) -> int:
   """Profile builds of each model for each target and thread count: the tables, and with --json all of them."""
   import aot
-  from aot.profile import profile_and_report, cpu_speedup
+  from aot.profile import cpu_speedup, profile_and_report
+
   if not models:
     raise SystemExit("python -m aot.bench --profile: name the models to profile (models:NAME, a file, light:NAME)")
   profiles = []
@@ -268,21 +403,35 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
         one = p if n == 1 else one
         if one and n > 1:
           # from thread CPU times, so that a loaded machine (whose wall-clock speedups mean little) still tells
-          print(f"{n} threads: {cpu_speedup(one, p):.2f}x as fast as 1 on free cores (from thread CPU times), doing "
-                f"{p['cpu_all_ms'] / one['cpu_all_ms']:.2f}x the work")
+          print(
+            f"{n} threads: {cpu_speedup(one, p):.2f}x as fast as 1 on free cores (from thread CPU times), doing "
+            f"{p['cpu_all_ms'] / one['cpu_all_ms']:.2f}x the work"
+          )
         print()
-  if args.json: Path(args.json).write_text(json.dumps(profiles, indent=1))
+  if args.json:
+    Path(args.json).write_text(json.dumps(profiles, indent=1))
   return 0
+
 
 def _replace_between(readme: Path, marker: str, text: str):
   """The README's text between <!-- marker:start --> and <!-- marker:end --> becomes text."""
   import re
-  readme.write_text(re.sub(rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)", lambda m: m.group(1) + text + "\n" + m.group(2),
-                           readme.read_text(), flags=re.S))
+
+  readme.write_text(
+    re.sub(
+      rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)",
+      lambda m: m.group(1) + text + "\n" + m.group(2),
+      readme.read_text(),
+      flags=re.S,
+    )
+  )
+
 
 def _openblas() -> str:
   # OPENBLAS_CORETYPE pins numpy's BLAS to an older kernel on some machines (and slows it): say which one ran
   core = os.environ.get("OPENBLAS_CORETYPE")
   return f"core type forced to {core}: numpy is slower than it can be" if core else "core type auto-detected"
 
-if __name__ == "__main__": sys.exit(main())
+
+if __name__ == "__main__":
+  sys.exit(main())

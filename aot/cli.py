@@ -1,18 +1,28 @@
 """compile-model: the command line."""
+
 from __future__ import annotations
-import argparse, re, signal, sys, time, traceback
+
+import argparse
+import re
+import signal
+import sys
+import time
+import traceback
 from pathlib import Path
 from typing import TextIO
+
 import numpy as np
 
 # a compile shorter than this shows no progress bar: a bar that flashes up and is erased at once is only noise
 PROGRESS_DELAY_S = 2.0
 PROGRESS_BAR_WIDTH = 24
 
+
 class Progress:
   """What compile-model says on stderr while it works: with -v every step on its own line; on a terminal, once the
   compile has taken PROGRESS_DELAY_S, one line (the step, and a bar of the sources compiled) rewritten in place and
   erased at the end; otherwise (a pipe, a log, -q) nothing."""
+
   def __init__(self, stream: TextIO, verbose: bool = False, quiet: bool = False, clock=time.perf_counter):
     self.stream, self.verbose, self.clock, self.t0 = stream, verbose and not quiet, clock, clock()
     self.bar = not quiet and not verbose and stream.isatty()
@@ -23,7 +33,8 @@ class Progress:
       print(f"  .. {step}", file=self.stream, flush=True)
       return
     elapsed = self.clock() - self.t0
-    if not self.bar or elapsed < PROGRESS_DELAY_S: return
+    if not self.bar or elapsed < PROGRESS_DELAY_S:
+      return
     line = f"{step}  {elapsed:.0f} s"
     if m := re.fullmatch(r"compiled (\d+)/(\d+) sources", step):
       filled = PROGRESS_BAR_WIDTH * int(m.group(1)) // max(int(m.group(2)), 1)
@@ -40,11 +51,13 @@ class Progress:
       self.stream.flush()
       self.shown = False
 
+
 def _graph_text(outputs) -> str:
-  from aot.ir import UOp, Ops
-  from aot.schedule import pm_prepare
-  from aot.rewrite import graph_rewrite
   from aot.dtype import dtypes
+  from aot.ir import Ops, UOp
+  from aot.rewrite import graph_rewrite
+  from aot.schedule import pm_prepare
+
   sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outputs)), pm_prepare)
   names: dict = {}
   lines = []
@@ -52,68 +65,109 @@ def _graph_text(outputs) -> str:
     names[u] = f"%{len(names)}"
     arg = u.arg if u.op is not Ops.BUFFER else u.arg
     src = " ".join(names[s] for s in u.src)
-    lines.append(f"{names[u]:>6} = {u.op.name:<11} {u.dtype.name:<8} {str(u.shape) if u.op is not Ops.SINK else '':<18} {src} {'' if arg is None else arg}")
+    shape = str(u.shape) if u.op is not Ops.SINK else ""
+    lines.append(f"{names[u]:>6} = {u.op.name:<11} {u.dtype.name:<8} {shape:<18} {src} {'' if arg is None else arg}")
   return "\n".join(lines)
+
 
 def _kernel_lines(kernels) -> list[str]:
   return [f"  {i:3d}  {k.name:<32} shape {tuple(k.shape)}  fn {k.function}" for i, k in enumerate(kernels)]
 
+
 def main(argv: list[str] | None = None) -> int:
   # `compile-model ... | head` closing the pipe is not an error
   signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-  p = argparse.ArgumentParser(prog="compile-model", description="Compile a model ahead of time into libNAME.so + NAME.h.")
-  p.add_argument("model", help="an ONNX file (model.onnx), or a bundled reference model: models:NAME "
-                                "(mlp, mnist, resnet18, transformer)")
+  p = argparse.ArgumentParser(
+    prog="compile-model", description="Compile a model ahead of time into libNAME.so + NAME.h."
+  )
+  p.add_argument(
+    "model",
+    help="an ONNX file (model.onnx), or a bundled reference model: models:NAME (mlp, mnist, resnet18, transformer)",
+  )
   p.add_argument("-o", "--out", required=True, help="output folder for the artifact")
   p.add_argument("--name", help="C prefix of the artifact's API (default: the model's name)")
-  p.add_argument("--target", default="c", metavar="{c,llvm,cuda,hip,metal}",
-                 help="code generator: c (C kernels, system compiler) or llvm (LLVM IR through llvmlite); GPU: cuda (nvcc), "
-                      "hip (clang-19, AMD), metal (sources + build_macos.sh); default c")
+  p.add_argument(
+    "--target",
+    default="c",
+    metavar="{c,llvm,cuda,hip,metal}",
+    help="code generator: c (C kernels, system compiler) or llvm (LLVM IR through llvmlite); GPU: cuda (nvcc), "
+    "hip (clang-19, AMD), metal (sources + build_macos.sh); default c",
+  )
   p.add_argument("--offload-arch", help="hip: comma-separated AMD GPU architectures (default gfx90a,gfx1100)")
-  p.add_argument("--cpu", default="native",
-                 help="CPU to compile for (default: native, this machine; e.g. x86-64-v3 for a portable build)")
+  p.add_argument(
+    "--cpu",
+    default="native",
+    help="CPU to compile for (default: native, this machine; e.g. x86-64-v3 for a portable build)",
+  )
   p.add_argument("--triple", help="cross-compile for a target triple, e.g. aarch64-linux-gnu (needs TRIPLE-gcc)")
-  p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
-                 help="pin an input's shape (input=1x3x224x224) or a symbolic dim (batch=1); a sequence input's "
-                      "length and element shapes (seq=[3x4,2x4]); an optional input's as absent (opt=none); repeatable")
-  p.add_argument("--bind", action="append", default=[], metavar="NAME=VALUE",
-                 help="pin a scalar input to a value at compile time (sr=16000), so control flow on it folds; repeatable")
+  p.add_argument(
+    "--shape",
+    action="append",
+    default=[],
+    metavar="NAME=DIMS",
+    help="pin an input's shape (input=1x3x224x224) or a symbolic dim (batch=1); a sequence input's "
+    "length and element shapes (seq=[3x4,2x4]); an optional input's as absent (opt=none); repeatable",
+  )
+  p.add_argument(
+    "--bind",
+    action="append",
+    default=[],
+    metavar="NAME=VALUE",
+    help="pin a scalar input to a value at compile time (sr=16000), so control flow on it folds; repeatable",
+  )
   p.add_argument("--emit", choices=["graph", "kernels", "source"], help="stop after this stage and show it")
-  p.add_argument("--check", action="store_true", help="run the artifact on a seeded input and compare with the reference")
-  p.add_argument("--profile", action="store_true",
-                 help="build a timed variant, run it on a seeded input and show each kernel call's time "
-                      "(also OUT/profile.json)")
+  p.add_argument(
+    "--check", action="store_true", help="run the artifact on a seeded input and compare with the reference"
+  )
+  p.add_argument(
+    "--profile",
+    action="store_true",
+    help="build a timed variant, run it on a seeded input and show each kernel call's time (also OUT/profile.json)",
+  )
   p.add_argument("--no-cache", action="store_true", help="always run the C compiler (ignore the build cache)")
   talk = p.add_mutually_exclusive_group()
   talk.add_argument("-v", "--verbose", action="store_true", help="show every step and full tracebacks")
   talk.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors (and what --emit asks for)")
   args = p.parse_args(argv)
-  try: return _run(args)
-  except KeyboardInterrupt: return 130
+  try:
+    return _run(args)
+  except KeyboardInterrupt:
+    return 130
   except Exception as e:
-    if args.verbose: traceback.print_exc()
+    if args.verbose:
+      traceback.print_exc()
     from aot.errors import BuildError, InternalError
+
     lines = str(e).strip().splitlines() or [type(e).__name__]
     # one line, except a compiler's failure: its command and the compiler's own first error lines (bounded by build.py)
     msg = "\n".join(lines) if isinstance(e, BuildError) else lines[0]
     # a bug of ours: the traceback is what a report needs
-    if isinstance(e, InternalError) and not args.verbose: msg += " (rerun with -v for the traceback)"
+    if isinstance(e, InternalError) and not args.verbose:
+      msg += " (rerun with -v for the traceback)"
     print(f"compile-model: error: {msg}", file=sys.stderr)
     return 1
 
+
 def _run(args) -> int:
   import aot
-  from aot.compiler import resolve, render, TARGETS
+  from aot.compiler import TARGETS, render, resolve
+
   # checked here rather than by argparse: an unknown target is one line and exit 1, like a missing toolchain
-  if args.target not in TARGETS: raise ValueError(f"unknown target {args.target!r}; available: {', '.join(TARGETS)}")
+  if args.target not in TARGETS:
+    raise ValueError(f"unknown target {args.target!r}; available: {', '.join(TARGETS)}")
   from aot.schedule import schedule
+
   if not args.model.startswith("models:") and not args.model.endswith(".onnx"):
-    raise ValueError(f"{args.model!r}: expected an .onnx file or models:NAME (one of mlp, mnist, resnet18, transformer)")
+    raise ValueError(
+      f"{args.model!r}: expected an .onnx file or models:NAME (one of mlp, mnist, resnet18, transformer)"
+    )
   shapes, bind = _pins(args.shape, "--shape", _dims), _pins(args.bind, "--bind", _number)
   out = Path(args.out)
   if args.emit in ("graph", "kernels", "source"):
     traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
-    if args.emit == "graph": print(_graph_text(traced.outputs)); return 0
+    if args.emit == "graph":
+      print(_graph_text(traced.outputs))
+      return 0
     sched = schedule(traced.outputs, traced.inputs, traced.output_names)
     srcs = render(traced.name, sched, args.target, args.cpu, args.triple)
     files, infos, arena = srcs.files, srcs.kernels, srcs.arena
@@ -122,55 +176,82 @@ def _run(args) -> int:
       print("\n".join(_kernel_lines(infos)))
       return 0
     (out / "src").mkdir(parents=True, exist_ok=True)
-    for f, text in files.items(): (out / "src" / f).write_text(text)
+    for f, text in files.items():
+      (out / "src" / f).write_text(text)
     print(f"{traced.name}: wrote {len(files)} sources to {out / 'src'}")
     return 0
-  if args.check and args.triple: raise ValueError("--check runs the artifact here: it cannot check a cross-compiled one")
+  if args.check and args.triple:
+    raise ValueError("--check runs the artifact here: it cannot check a cross-compiled one")
   t0 = time.perf_counter()
   progress = Progress(sys.stderr, args.verbose, args.quiet)
   try:
-    art = aot.compile_model(args.model, target=args.target, out_dir=out, name=args.name, cpu=args.cpu,
-                            cache=not args.no_cache, progress=progress, shapes=shapes, bind=bind, triple=args.triple,
-                            offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None,
-                            profile=args.profile)
+    art = aot.compile_model(
+      args.model,
+      target=args.target,
+      out_dir=out,
+      name=args.name,
+      cpu=args.cpu,
+      cache=not args.no_cache,
+      progress=progress,
+      shapes=shapes,
+      bind=bind,
+      triple=args.triple,
+      offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None,
+      profile=args.profile,
+    )
   finally:
     progress.close()
-  if not args.quiet: _summary(art, time.perf_counter() - t0)
+  if not args.quiet:
+    _summary(art, time.perf_counter() - t0)
   if args.profile:
-    if args.triple: raise ValueError("--profile runs the artifact here: it cannot profile a cross-compiled one")
+    if args.triple:
+      raise ValueError("--profile runs the artifact here: it cannot profile a cross-compiled one")
     from aot.profile import profile_and_report
+
     profile_and_report(art, out / "profile.json")
   return _check(art, args.model, bind, args.quiet) if args.check else 0
+
 
 def _summary(art, seconds: float) -> None:
   print(f"{art.name}: {art.num_kernels} kernels (target {art.target}), compiled in {seconds:.1f} s")
   print("\n".join(_kernel_lines(art.kernels)))
   print(f"arena: {art.arena_bytes} bytes ({art.arena_bytes / 2**20:.2f} MiB); weights: {art.weights_bytes} bytes")
-  print(f"wrote {art.library_path if art.library_path.exists() else '(no library here; ' + art.manifest.get('gpu', {}).get('built', '') + ')'}, "
-        f"{art.header_path}, {art.dir / (art.name + '.json')}, {art.dir / 'src'}/")
+  built = art.manifest.get("gpu", {}).get("built", "")
+  library = art.library_path if art.library_path.exists() else f"(no library here; {built})"
+  print(f"wrote {library}, {art.header_path}, {art.dir / (art.name + '.json')}, {art.dir / 'src'}/")
+
 
 def _pins(items: list[str], flag: str, parse) -> dict:
   out = {}
   for it in items:
     name, eq, value = it.partition("=")
-    if not eq or not name: raise ValueError(f"{flag} {it!r}: expected NAME=VALUE")
+    if not eq or not name:
+      raise ValueError(f"{flag} {it!r}: expected NAME=VALUE")
     out[name] = parse(value, f"{flag} {it}")
   return out
 
+
 def _dims(v: str, where: str):
-  if v.lower() == "none": return None
+  if v.lower() == "none":
+    return None
   if v.startswith("[") and v.endswith("]"):
     items = [e.strip() for e in v[1:-1].split(",") if e.strip()]
     return [(d,) if isinstance(d := _dims(e, where), int) else d for e in items]
-  try: dims = tuple(int(d) for d in v.lower().split("x"))
-  except ValueError: raise ValueError(f"{where}: dims must be integers separated by x, like 1x3x224x224") from None
+  try:
+    dims = tuple(int(d) for d in v.lower().split("x"))
+  except ValueError:
+    raise ValueError(f"{where}: dims must be integers separated by x, like 1x3x224x224") from None
   return dims[0] if len(dims) == 1 else dims
+
 
 def _number(v: str, where: str):
   for parse in (int, float):
-    try: return parse(v)
-    except ValueError: pass
+    try:
+      return parse(v)
+    except ValueError:
+      pass
   raise ValueError(f"{where}: the value must be a number")
+
 
 def random_inputs(inputs, seed: int = 0) -> list[np.ndarray]:
   """Seeded inputs of the right shapes and dtypes: normal floats, small non-negative integers, random bools."""
@@ -178,28 +259,38 @@ def random_inputs(inputs, seed: int = 0) -> list[np.ndarray]:
   out = []
   for t in inputs:
     dt = t.narrow.np if getattr(t, "narrow", None) else t.dtype.np
-    if getattr(t, "narrow", None): out.append(rng.integers(0, 2, t.shape).astype(np.float32).astype(dt))
-    elif t.dtype.is_float: out.append(rng.standard_normal(t.shape).astype(dt))
-    elif t.dtype.kind == "b": out.append(rng.random(t.shape) < 0.5)
-    else: out.append(rng.integers(0, 4, t.shape).astype(dt))
+    if getattr(t, "narrow", None):
+      out.append(rng.integers(0, 2, t.shape).astype(np.float32).astype(dt))
+    elif t.dtype.is_float:
+      out.append(rng.standard_normal(t.shape).astype(dt))
+    elif t.dtype.kind == "b":
+      out.append(rng.random(t.shape) < 0.5)
+    else:
+      out.append(rng.integers(0, 4, t.shape).astype(dt))
   return out
+
 
 def _check(art, model: str, bind: dict, quiet: bool = False) -> int:
   import aot
+
   run = aot.load(art)
   if model.startswith("models:"):
     from aot.models import get
+
     ref = get(model.split(":", 1)[1])
     xs = ref.example_inputs(seed=0)
     want, against = [ref.reference(*xs)], "numpy reference"
   else:
-    try: import onnxruntime as ort
-    except ImportError: raise RuntimeError("--check on an ONNX model needs onnxruntime (pip install onnxruntime)") from None
+    try:
+      import onnxruntime as ort
+    except ImportError:
+      raise RuntimeError("--check on an ONNX model needs onnxruntime (pip install onnxruntime)") from None
     xs = random_inputs(art.inputs)
     feed = {t.name: x for t, x in zip(art.inputs, xs)}
     if art.containers:
       # a sequence input is one list (an optional one array or None) for the artifact and both references
       from aot.loader import _grouped, _runs
+
       runs = _runs(art, "input")
       xs = [_grouped(xs, kind, start, count) for _, kind, start, count in runs]
       feed = {name: x for (name, *_), x in zip(runs, xs)}
@@ -211,6 +302,7 @@ def _check(art, model: str, bind: dict, quiet: bool = False) -> int:
       # onnxruntime has no kernels for most narrow types (bfloat16 arithmetic, float8, 4- and 2-bit): onnx's
       # reference implementation has them all
       from onnx.reference import ReferenceEvaluator
+
       why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
       feed.update({k: np.asarray(v, dtype=_onnx_input_dtype(model, k)) for k, v in bind.items()})
       want, against = ReferenceEvaluator(model).run(None, feed), f"onnx.reference (onnxruntime cannot run it: {why})"
@@ -221,36 +313,57 @@ def _check(art, model: str, bind: dict, quiet: bool = False) -> int:
   got, want = flat(got), flat(want)
   times = []
   for _ in range(5):
-    t = time.perf_counter(); run(*xs); times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    run(*xs)
+    times.append(time.perf_counter() - t)
   want = [np.asarray(w).astype(np.float64) for w in want]
   err = max(float(np.max(np.abs(g.astype(np.float64) - w), initial=0)) for g, w in zip(got, want))
   scale = max(max(float(np.max(np.abs(w), initial=0)) for w in want), 1e-30)
   rel = err / scale
   ok = rel <= _check_tolerance(art.outputs) and all(g.shape == np.shape(w) for g, w in zip(got, want))
-  line = (f"check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e} -> {'PASS' if ok else 'FAIL'}; "
-          f"latency {np.median(times) * 1e3:.2f} ms (median of 5)")
+  line = (
+    f"check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e} -> {'PASS' if ok else 'FAIL'}; "
+    f"latency {np.median(times) * 1e3:.2f} ms (median of 5)"
+  )
   # -q: a failed check is an error, a passed one is not
-  if not quiet: print(line)
-  elif not ok: print(f"compile-model: error: {line}", file=sys.stderr)
+  if not quiet:
+    print(line)
+  elif not ok:
+    print(f"compile-model: error: {line}", file=sys.stderr)
   return 0 if ok else 1
+
 
 # relative error --check accepts: float32 rounding in a different order; a narrow float output may differ by one of
 # its own steps (2**-7 for bfloat16, 2**-3 for float8e4m3) where the two round a float32 value lying between codes
 CHECK_RTOL = 1e-4
 
+
 def _check_tolerance(outputs) -> float:
-  steps = [2.0 ** -t.narrow.man_bits for t in outputs if getattr(t, "narrow", None) and t.narrow.kind == "float"]
-  steps += [2.0 ** -7 for t in outputs if getattr(t, "narrow", None) and t.narrow.kind == "bf16"]
+  steps = [2.0**-t.narrow.man_bits for t in outputs if getattr(t, "narrow", None) and t.narrow.kind == "float"]
+  steps += [2.0**-7 for t in outputs if getattr(t, "narrow", None) and t.narrow.kind == "bf16"]
   return max([CHECK_RTOL] + steps)
+
 
 def _onnx_input_dtype(model: str, name: str):
   import onnx
+
   vi = next(i for i in onnx.load(model, load_external_data=False).graph.input if i.name == name)
   return onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
 
+
 def _ort_inputs(sess):
-  types = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
-           "tensor(bool)": np.bool_, "tensor(float16)": np.float16, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}
+  types = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+    "tensor(float16)": np.float16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+  }
   return [(i.name, types.get(i.type, np.float32)) for i in sess.get_inputs()]
 
-if __name__ == "__main__": sys.exit(main())
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -4,66 +4,90 @@ option); a BuildError or an InternalError is ours (a C compiler failing on gener
 Where a builtin exception was raised before a class here existed, the class also derives from it (ValueError,
 TypeError, IndexError), so that callers catching the builtin keep working.
 """
+
 from __future__ import annotations
+
 
 class AotError(Exception):
   """Anything aot raises on purpose; any other exception escaping aot is a bug."""
+
 
 class CompileError(AotError):
   """A problem in the user's program or model, stated so they can act on it. needs_inputs names the model inputs
   whose values would let it compile (pin them with --bind, or compile_model(bind=...)); needs_shapes those whose
   shapes would (a sequence's length, a dim_param: shapes=...), which a caller holding example values can pin."""
-  def __init__(self, msg: str, needs_inputs: set[str] | frozenset[str] = frozenset(),
-               needs_shapes: set[str] | frozenset[str] = frozenset()):
+
+  def __init__(
+    self,
+    msg: str,
+    needs_inputs: set[str] | frozenset[str] = frozenset(),
+    needs_shapes: set[str] | frozenset[str] = frozenset(),
+  ):
     super().__init__(msg)
     self.needs_inputs, self.needs_shapes = frozenset(needs_inputs), frozenset(needs_shapes)
+
 
 class InvalidValueError(CompileError, ValueError):
   """A value an op cannot take: a shape, axis or size that does not fit (a reshape to another element count), an
   unknown mode."""
 
+
 class InvalidTypeError(CompileError, TypeError):
   """An argument of the wrong type or count: a dtype an op does not take, a call with the wrong number of arguments."""
 
+
 class InvalidIndexError(CompileError, IndexError):
   """A Tensor index that does not fit its shape."""
+
 
 class Unsupported(CompileError):
   """This node cannot be compiled as it is (an attribute, a dtype, a value that must be known at compile time); the
   ONNX frontend collects one per node and reports them together."""
 
+
 class NeedsConstant(Unsupported):
   """A value that must be known at compile time depends on a model input (which --bind can pin)."""
+
   def __init__(self, msg: str, input_name: str):
     super().__init__(msg, {input_name})
     self.input_name = input_name
 
+
 class InternalError(AotError):
   """A bug in the compiler (an exception from our own code while compiling one node, say), not the user's fault."""
+
 
 class BuildError(AotError):
   """The C compiler or linker failed on generated code (a compiler bug, not the user's)."""
 
+
 class MissingToolError(BuildError, RuntimeError):
   """A compiler or SDK a target needs is not installed."""
 
+
 class InputError(AotError):
   """An array passed to a loaded model does not fit the input it is passed as."""
+
   def __init__(self, msg: str, input_name: str, expected, got):
     super().__init__(msg)
     self.input_name, self.expected, self.got = input_name, expected, got
 
+
 class InputShapeError(InputError, ValueError):
   """An input array of the wrong shape."""
+
 
 class InputDtypeError(InputError, TypeError):
   """An input array of the wrong dtype."""
 
+
 class InputCountError(AotError, TypeError):
   """A loaded model called with the wrong number of inputs."""
 
+
 class KernelCountException(AotError, AssertionError):
   """The number of kernels a model compiles to changed (aot.testing.assert_kernel_count)."""
+
   def __init__(self, expected: int, got: int):
     super().__init__(f"expected {expected} kernels, got {got}")
     self.expected, self.got = expected, got

@@ -8,14 +8,22 @@ build is most of a compile's time; a batch that fails to compile or run is retri
 fault. Tolerances follow each value's history: a value the generator knows to be exact (integers, and floats on a grid
 of 2**-grain small enough that every sum and product is representable) must match bit for bit; a rounded one within
 RTOL of the magnitudes its rounding errors scale with, measured on onnxruntime's own intermediate values."""
+
 from __future__ import annotations
-import argparse, sys, tempfile, time, warnings
+
+import argparse
+import sys
+import tempfile
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
 from aot.fuzz_cases import Case, merged
 from aot.fuzz_graphs import generate
 
@@ -27,24 +35,28 @@ RTOL = {"float32": 1e-4, "float16": 1e-2}
 
 # *** running and comparing ***
 
+
 def graph_text(case: Case) -> str:
   # printable_graph names initializers without printing their values (onnx.printer.to_text, its successor, prints them)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     return helper.printable_graph(case.model().graph)
 
+
 @dataclass
 class Failure:
   case: Case
   target: str
-  kind: str       # "mismatch", "compile", "run", "reference"
+  kind: str  # "mismatch", "compile", "run", "reference"
   message: str
 
   def report(self) -> str:
     c = self.case
-    return (f"FAIL seed {c.seed} case {c.index} (target {self.target}): {self.kind}\n{c.describe()}\n"
-            f"{graph_text(c)}\n{self.message}\n"
-            f"reproduce: python -m aot.fuzz --seed {c.seed} --case {c.index} --target {self.target}")
+    return (
+      f"FAIL seed {c.seed} case {c.index} (target {self.target}): {self.kind}\n{c.describe()}\n"
+      f"{graph_text(c)}\n{self.message}\n"
+      f"reproduce: python -m aot.fuzz --seed {c.seed} --case {c.index} --target {self.target}"
+    )
 
   def save(self, folder: Path) -> Path:
     """The case as an ONNX model, its inputs (.npz) and the report, in folder; returns the model's path."""
@@ -55,12 +67,15 @@ class Failure:
     Path(f"{stem}.txt").write_text(self.report() + "\n")
     return Path(f"{stem}.onnx")
 
+
 def compare(got: np.ndarray, want: np.ndarray, exact: bool, rtol: float, scale: float) -> str | None:
   """Why got is not want, or None. NaN must meet NaN and an infinity the same infinity; finite values must be equal
   when exact, else within rtol * (|want| + scale), scale being the magnitude rounding errors grew with."""
   got, want = np.asarray(got), np.asarray(want)
-  if got.shape != want.shape: return f"shape {got.shape}, onnxruntime {want.shape}"
-  if got.dtype != want.dtype: return f"dtype {got.dtype}, onnxruntime {want.dtype}"
+  if got.shape != want.shape:
+    return f"shape {got.shape}, onnxruntime {want.shape}"
+  if got.dtype != want.dtype:
+    return f"dtype {got.dtype}, onnxruntime {want.dtype}"
   if want.dtype.kind not in "fc":
     bad = got != want
     tol = np.zeros(want.shape)
@@ -70,19 +85,24 @@ def compare(got: np.ndarray, want: np.ndarray, exact: bool, rtol: float, scale: 
     inf = (np.isinf(g) | np.isinf(w)) & ~(g == w)
     finite = np.isfinite(g) & np.isfinite(w)
     tol = np.zeros(want.shape) if exact else rtol * (np.abs(w) + scale)
-    with np.errstate(invalid="ignore"):   # inf - inf, where finite is False anyway
+    with np.errstate(invalid="ignore"):  # inf - inf, where finite is False anyway
       bad = nan | inf | (finite & (np.abs(g - w) > tol))
-  if not bad.any(): return None
+  if not bad.any():
+    return None
   i = tuple(int(j) for j in np.argwhere(bad)[0])
-  with np.errstate(invalid="ignore"):   # inf - inf
+  with np.errstate(invalid="ignore"):  # inf - inf
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
   worst = f", max |diff| {np.nanmax(np.where(bad, diff, 0)):.3g}"
-  return (f"{int(bad.sum())} of {bad.size} elements differ{worst}; first at {list(i)}: got {got[i]!r}, "
-          f"onnxruntime {want[i]!r} (tolerance {'exact' if exact else f'{float(tol[i]):.3g}'})")
+  return (
+    f"{int(bad.sum())} of {bad.size} elements differ{worst}; first at {list(i)}: got {got[i]!r}, "
+    f"onnxruntime {want[i]!r} (tolerance {'exact' if exact else f'{float(tol[i]):.3g}'})"
+  )
+
 
 def reference(cases: list[Case]) -> dict[str, np.ndarray]:
   """onnxruntime's value of every input, constant and node output of the cases."""
   import onnxruntime as ort
+
   ort.set_default_logger_severity(3)
   opts = ort.SessionOptions()
   opts.intra_op_num_threads = opts.inter_op_num_threads = 1
@@ -96,40 +116,56 @@ def reference(cases: list[Case]) -> dict[str, np.ndarray]:
   env.update({t.name: numpy_helper.to_array(t) for c in cases for t in c.inits})
   return env
 
+
 def compiled(cases: list[Case], target: str, folder: Path) -> dict[str, np.ndarray]:
   """The artifact's outputs for the cases, compiled as one model."""
   import aot
+
   art = aot.compile_model(merged(cases), target=target, out_dir=folder)
   feeds = {k: v for c in cases for k, v in c.feeds.items()}
   model = aot.load(art, threads=1)
   try:
     outs = model(*[feeds[t.name] for t in art.inputs])
-  finally: model.close()
+  finally:
+    model.close()
   outs = outs if isinstance(outs, tuple) else (outs,)
   return dict(zip([t.name for t in art.outputs], outs))
+
 
 def check(case: Case, got: dict, env: dict, target: str) -> Failure | None:
   problems = []
   for v in case.outputs:
     scale = v.err(env)
-    why = compare(got[v.name], env[v.name], v.grain is not None, RTOL["float16" if v.lowp else v.dtype] if v.is_float
-                  else 0.0, scale)
-    if why: problems.append(f"output {v.name} ({v.dtype}{list(v.shape)}): {why}")
+    why = compare(
+      got[v.name],
+      env[v.name],
+      v.grain is not None,
+      RTOL["float16" if v.lowp else v.dtype] if v.is_float else 0.0,
+      scale,
+    )
+    if why:
+      problems.append(f"output {v.name} ({v.dtype}{list(v.shape)}): {why}")
   return Failure(case, target, "mismatch", "\n".join(problems)) if problems else None
+
 
 def _first_lines(e: Exception, n: int = 6) -> str:
   text = f"{type(e).__name__}: {e}".strip().splitlines()
   return "\n".join(text[:n]) + ("\n..." if len(text) > n else "")
 
+
 def run_batch(cases: list[Case], target: str, folder: Path) -> list[Failure]:
   """Compile and check the cases as one model; when that fails as a whole, one case at a time."""
-  try: env = reference(cases)
+  try:
+    env = reference(cases)
   except Exception as e:
-    if len(cases) > 1: return [f for c in cases for f in run_batch([c], target, folder)]
+    if len(cases) > 1:
+      return [f for c in cases for f in run_batch([c], target, folder)]
     return [Failure(cases[0], target, "reference", f"onnxruntime rejects the case (a fuzzer bug): {_first_lines(e)}")]
-  try: got = compiled(cases, target, folder / f"b{cases[0].index}_{len(cases)}")
+  try:
+    got = compiled(cases, target, folder / f"b{cases[0].index}_{len(cases)}")
   except Exception as e:
-    if len(cases) > 1: return [f for c in cases for f in run_batch([c], target, folder)]
+    if len(cases) > 1:
+      return [f for c in cases for f in run_batch([c], target, folder)]
     return [Failure(cases[0], target, "compile or run", _first_lines(e))]
   failures = [f for c in cases if (f := check(c, got, env, target))]
   if len(cases) > 1:
@@ -141,8 +177,10 @@ def run_batch(cases: list[Case], target: str, folder: Path) -> list[Failure]:
     failures = alone
   return failures
 
-def fuzz(seed: int, n: int, target: str = "c", start: int = 0, batch: int = BATCH,
-         say: Callable[[str], None] | None = None) -> list[Failure]:
+
+def fuzz(
+  seed: int, n: int, target: str = "c", start: int = 0, batch: int = BATCH, say: Callable[[str], None] | None = None
+) -> list[Failure]:
   """Cases start .. start+n-1 of seed, compiled for target and compared with onnxruntime; the failures."""
   failures: list[Failure] = []
   with tempfile.TemporaryDirectory(prefix="aot_fuzz_") as tmp:
@@ -150,8 +188,10 @@ def fuzz(seed: int, n: int, target: str = "c", start: int = 0, batch: int = BATC
       cases = [generate(seed, i) for i in range(lo, min(lo + batch, start + n))]
       found = run_batch(cases, target, Path(tmp))
       failures += found
-      if say: say(f"cases {lo}..{lo + len(cases) - 1}: {len(found)} failed")
+      if say:
+        say(f"cases {lo}..{lo + len(cases) - 1}: {len(found)} failed")
   return failures
+
 
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m aot.fuzz", description=__doc__.splitlines()[0])
@@ -174,10 +214,14 @@ def main(argv: list[str] | None = None) -> int:
   failures = fuzz(args.seed, n, args.target, start, args.batch, None if args.quiet else lambda s: print(s, flush=True))
   for f in failures:
     print("\n" + f.report())
-    if args.save: print(f"saved: {f.save(args.save)}")
-  print(f"\n{n - len({f.case.index for f in failures})}/{n} cases match onnxruntime (seed {args.seed}, target "
-        f"{args.target}, {time.perf_counter() - t0:.1f} s)")
+    if args.save:
+      print(f"saved: {f.save(args.save)}")
+  print(
+    f"\n{n - len({f.case.index for f in failures})}/{n} cases match onnxruntime (seed {args.seed}, target "
+    f"{args.target}, {time.perf_counter() - t0:.1f} s)"
+  )
   return 1 if failures else 0
+
 
 if __name__ == "__main__":
   sys.exit(main())

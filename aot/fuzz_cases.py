@@ -6,10 +6,13 @@ A value is exact when it is a multiple of 2**-grain far enough below 2**mantissa
 values is representable: any correct evaluation order, FMA included, then gives the same bits, and the fuzzer may
 compare it bit for bit, round it, cast it to an integer or compare it. Rounded values keep an error scale: a function
 of onnxruntime's intermediate values saying what magnitude their rounding errors grow with."""
+
 from __future__ import annotations
+
 import math
 from dataclasses import dataclass, field
 from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -29,11 +32,16 @@ MAX_INPUTS = 3
 NODES = (3, 10)
 # a bound on |values| beyond which an op is not drawn (keeps exp, products and float16 finite; integers from wrapping)
 MAG_MAX = 1e6
-INT_MAG_MAX = {"int32": 2 ** 30, "int64": 2 ** 62}
+INT_MAG_MAX = {"int32": 2**30, "int64": 2**62}
 # int64 leaves past int32's range, now and then (an index or accumulator of 32 bits would wrap)
 WIDE_INT64_SHARE = 0.3
-ELEM = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "int32": onnx.TensorProto.INT32,
-        "int64": onnx.TensorProto.INT64, "bool": onnx.TensorProto.BOOL}
+ELEM = {
+  "float32": onnx.TensorProto.FLOAT,
+  "float16": onnx.TensorProto.FLOAT16,
+  "int32": onnx.TensorProto.INT32,
+  "int64": onnx.TensorProto.INT64,
+  "bool": onnx.TensorProto.BOOL,
+}
 MANTISSA = {"float32": 24, "float16": 11}
 INTS = ("int32", "int64")
 
@@ -49,6 +57,7 @@ REFERENCE_LIMITS = [
 ]
 
 Err = Callable[[dict], float]
+
 
 @dataclass
 class Value:
@@ -66,28 +75,40 @@ class Value:
   leaf: bool = False
 
   @property
-  def rank(self) -> int: return len(self.shape)
+  def rank(self) -> int:
+    return len(self.shape)
+
   @property
-  def numel(self) -> int: return math.prod(self.shape)
+  def numel(self) -> int:
+    return math.prod(self.shape)
+
   @property
-  def is_float(self) -> bool: return self.dtype in ("float32", "float16")
+  def is_float(self) -> bool:
+    return self.dtype in ("float32", "float16")
+
 
 def maxabs(x: np.ndarray) -> float:
   x = np.asarray(x)
-  if x.size == 0 or x.dtype == bool: return 0.0
+  if x.size == 0 or x.dtype == bool:
+    return 0.0
   f = np.abs(x.astype(np.float64))
   f = f[np.isfinite(f)]
   return float(f.max()) if f.size else 0.0
 
+
 def exact_grain(dtype: str, mag: float, *grains: int | None) -> int | None:
   """The grain of a result computed from exact operands, or None when it may round."""
-  if dtype in INTS or dtype == "bool": return 0
-  if any(g is None for g in grains) or dtype not in MANTISSA: return None
+  if dtype in INTS or dtype == "bool":
+    return 0
+  if any(g is None for g in grains) or dtype not in MANTISSA:
+    return None
   g = max(grains, default=0)
-  return g if mag * 2.0 ** g < 2.0 ** (MANTISSA[dtype] - 1) else None
+  return g if mag * 2.0**g < 2.0 ** (MANTISSA[dtype] - 1) else None
+
 
 def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(np.broadcast_shapes(*shapes))
+
 
 @dataclass
 class Case:
@@ -110,23 +131,39 @@ class Case:
     ins = ", ".join(f"{i.name}: {self.feeds[i.name].dtype}{list(self.feeds[i.name].shape)}" for i in self.inputs)
     return f"ops: {' '.join(self.ops)}\ninputs: {ins or '(none: every operand is a constant)'}"
 
+
 def merged(cases: list[Case], extra_outputs: bool = False) -> onnx.ModelProto:
   """One model holding every case; with extra_outputs, every node output is a graph output (for the error scales)."""
-  outs = [helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape) if c.shaped else None)
-          for c in cases for v in c.outputs]
+  outs = [
+    helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape) if c.shaped else None)
+    for c in cases
+    for v in c.outputs
+  ]
   if extra_outputs:
     named = {v.name for c in cases for v in c.outputs}
-    outs += [helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape))
-             for c in cases for v in c.values if not v.leaf and v.name not in named]
+    outs += [
+      helper.make_tensor_value_info(v.name, ELEM[v.dtype], list(v.shape))
+      for c in cases
+      for v in c.values
+      if not v.leaf and v.name not in named
+    ]
   name = f"fuzz_{cases[0].seed}_{cases[0].index}" + (f"_{len(cases)}" if len(cases) > 1 else "")
-  g = helper.make_graph([n for c in cases for n in c.nodes], name, [i for c in cases for i in c.inputs], outs,
-                        [t for c in cases for t in c.inits])
+  g = helper.make_graph(
+    [n for c in cases for n in c.nodes],
+    name,
+    [i for c in cases for i in c.inputs],
+    outs,
+    [t for c in cases for t in c.inits],
+  )
   return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
 
 # *** the generator ***
 
+
 class Builder:
   """Grows one case: a pool of values and the nodes that made them."""
+
   def __init__(self, seed: int, index: int):
     self.rng = np.random.default_rng([seed, index])
     self.case = Case(seed, index)
@@ -153,21 +190,35 @@ class Builder:
     grain: int | None = 0
     if kind == "normal":
       data, grain = np.clip(rng.standard_normal(shape), -4, 4), None
-    elif kind == "grid": data, grain = rng.integers(-8, 9, shape) / 2, 1
-    elif kind == "denominator": data, grain = rng.choice([-1, 1], shape) * rng.uniform(0.5, 2, shape), None
-    elif kind == "bool": data = rng.random(shape) < 0.5
-    elif dtype == "int64" and self.chance(WIDE_INT64_SHARE): data = rng.integers(-2 ** 33, 2 ** 33, shape)
-    else: data = rng.integers(-5, 6, shape)
+    elif kind == "grid":
+      data, grain = rng.integers(-8, 9, shape) / 2, 1
+    elif kind == "denominator":
+      data, grain = rng.choice([-1, 1], shape) * rng.uniform(0.5, 2, shape), None
+    elif kind == "bool":
+      data = rng.random(shape) < 0.5
+    elif dtype == "int64" and self.chance(WIDE_INT64_SHARE):
+      data = rng.integers(-(2**33), 2**33, shape)
+    else:
+      data = rng.integers(-5, 6, shape)
     data = np.asarray(data).astype(dtype)
-    if const is None: const = len(self.case.inputs) >= self.room or self.chance(0.35)
+    if const is None:
+      const = len(self.case.inputs) >= self.room or self.chance(0.35)
     name = self.fresh("w" if const else "x")
-    if const: self.case.inits.append(numpy_helper.from_array(data, name))
+    if const:
+      self.case.inits.append(numpy_helper.from_array(data, name))
     else:
       self.case.inputs.append(helper.make_tensor_value_info(name, ELEM[dtype], list(shape)))
       self.case.feeds[name] = data
     m = maxabs(data)
-    v = Value(name, shape, dtype, max(m, 1e-30), grain if dtype not in MANTISSA else exact_grain(dtype, m, grain),
-              lambda env, m=m: m, leaf=True)
+    v = Value(
+      name,
+      shape,
+      dtype,
+      max(m, 1e-30),
+      grain if dtype not in MANTISSA else exact_grain(dtype, m, grain),
+      lambda env, m=m: m,
+      leaf=True,
+    )
     self.case.values.append(v)
     return v
 
@@ -184,8 +235,10 @@ class Builder:
 
   def node(self, op: str, inputs: list, outs: list[dict], **attrs) -> list[Value]:
     """Add a node; outs give each output's shape, dtype, mag, grain, err (and lowp)."""
-    values = [Value(self.fresh("v"), tuple(o["shape"]), o["dtype"], o["mag"], o["grain"], o["err"],
-                    o.get("lowp", False)) for o in outs]
+    values = [
+      Value(self.fresh("v"), tuple(o["shape"]), o["dtype"], o["mag"], o["grain"], o["err"], o.get("lowp", False))
+      for o in outs
+    ]
     names = [i.name if isinstance(i, Value) else i for i in inputs]
     self.case.nodes.append(helper.make_node(op, names, [v.name for v in values], name=self.fresh(op.lower()), **attrs))
     self.case.ops.append(op)
@@ -195,28 +248,43 @@ class Builder:
   def partner_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A shape that broadcasts with shape (possibly growing it)."""
     out = []
-    for d in shape[len(shape) - int(self.rng.integers(0, len(shape) + 1)):]:
+    for d in shape[len(shape) - int(self.rng.integers(0, len(shape) + 1)) :]:
       out.append(self.pick([1, 2, 3]) if d == 1 else self.pick([d, d, 1]))
-    if len(out) == len(shape) < MAX_RANK - 1 and self.chance(0.15): out.insert(0, self.pick([1, 2]))
+    if len(out) == len(shape) < MAX_RANK - 1 and self.chance(0.15):
+      out.insert(0, self.pick([1, 2]))
     return tuple(out)
 
   def partner(self, x: Value, dtype: str | None = None, kind: str | None = None) -> Value:
     """An operand to combine with x: an existing value that broadcasts with it, or a new leaf."""
     dtype = dtype or x.dtype
     if kind is None and self.chance(0.35):
-      fits = [v for v in self.case.values if v.dtype == dtype and v is not x and broadcastable(v.shape, x.shape)
-              and math.prod(broadcast(v.shape, x.shape)) <= self.max_numel]
-      if fits: return self.pick(fits)
+      fits = [
+        v
+        for v in self.case.values
+        if v.dtype == dtype
+        and v is not x
+        and broadcastable(v.shape, x.shape)
+        and math.prod(broadcast(v.shape, x.shape)) <= self.max_numel
+      ]
+      if fits:
+        return self.pick(fits)
     shape = self.partner_shape(x.shape)
-    if math.prod(broadcast(shape, x.shape)) > self.max_numel: shape = x.shape
+    if math.prod(broadcast(shape, x.shape)) > self.max_numel:
+      shape = x.shape
     return self.leaf(shape, dtype, kind)
 
+
 def broadcastable(a: tuple, b: tuple) -> bool:
-  try: broadcast(a, b)
-  except ValueError: return False
+  try:
+    broadcast(a, b)
+  except ValueError:
+    return False
   return len(a) <= MAX_RANK
 
-def mag_ok(mag: float, dtype: str = "float32") -> bool: return mag <= INT_MAG_MAX.get(dtype, MAG_MAX)
+
+def mag_ok(mag: float, dtype: str = "float32") -> bool:
+  return mag <= INT_MAG_MAX.get(dtype, MAG_MAX)
+
 
 def moved(x: Value, shape) -> dict:
   """The output description of a movement op: x's values, moved."""

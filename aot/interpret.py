@@ -1,30 +1,66 @@
 """numpy semantics of every op: one table (NP_ALU) and one evaluator, for compile-time constant folding at tensor
 level and for constant operands and index grids at kernel level (codegen/contract.py, codegen/direct.py)."""
+
 from __future__ import annotations
+
 import math
 from collections import Counter
+
 import numpy as np
+
 from aot.dtype import DType, dtypes
-from aot.ir import UOp, Ops, ReduceOp
+from aot.ir import Ops, ReduceOp, UOp
+
 
 def _idiv(a, b):
   # C semantics (truncate toward zero), as the generated kernels compute it
-  if np.issubdtype(np.result_type(a, b), np.integer): return (a - np.fmod(a, b)) // b
+  if np.issubdtype(np.result_type(a, b), np.integer):
+    return (a - np.fmod(a, b)) // b
   return np.trunc(a / b)
+
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 NP_ALU = {
-  Ops.NEG: np.negative, Ops.EXP: np.exp, Ops.LOG: np.log, Ops.SQRT: np.sqrt, Ops.RECIP: np.reciprocal,
-  Ops.SIN: np.sin, Ops.COS: np.cos, Ops.TANH: np.tanh, Ops.ABS: np.abs, Ops.FLOOR: np.floor, Ops.CEIL: np.ceil,
-  Ops.ROUND: np.round, Ops.ERF: lambda x: _erf(x).astype(x.dtype), Ops.TRUNC: np.trunc, Ops.TAN: np.tan,
-  Ops.ASIN: np.arcsin, Ops.ACOS: np.arccos, Ops.ATAN: np.arctan, Ops.SINH: np.sinh, Ops.COSH: np.cosh,
-  Ops.ASINH: np.arcsinh, Ops.ACOSH: np.arccosh, Ops.ATANH: np.arctanh,
-  Ops.SHL: np.left_shift, Ops.SHR: np.right_shift,
+  Ops.NEG: np.negative,
+  Ops.EXP: np.exp,
+  Ops.LOG: np.log,
+  Ops.SQRT: np.sqrt,
+  Ops.RECIP: np.reciprocal,
+  Ops.SIN: np.sin,
+  Ops.COS: np.cos,
+  Ops.TANH: np.tanh,
+  Ops.ABS: np.abs,
+  Ops.FLOOR: np.floor,
+  Ops.CEIL: np.ceil,
+  Ops.ROUND: np.round,
+  Ops.ERF: lambda x: _erf(x).astype(x.dtype),
+  Ops.TRUNC: np.trunc,
+  Ops.TAN: np.tan,
+  Ops.ASIN: np.arcsin,
+  Ops.ACOS: np.arccos,
+  Ops.ATAN: np.arctan,
+  Ops.SINH: np.sinh,
+  Ops.COSH: np.cosh,
+  Ops.ASINH: np.arcsinh,
+  Ops.ACOSH: np.arccosh,
+  Ops.ATANH: np.arctanh,
+  Ops.SHL: np.left_shift,
+  Ops.SHR: np.right_shift,
   Ops.NOT: lambda x: np.logical_not(x) if x.dtype == bool else np.invert(x),
-  Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.DIV: np.true_divide, Ops.IDIV: _idiv,
-  Ops.MOD: np.fmod, Ops.MAX: np.maximum, Ops.MIN: np.minimum, Ops.POW: np.power,
-  Ops.CMPLT: np.less, Ops.CMPLE: np.less_equal, Ops.CMPEQ: np.equal, Ops.CMPNE: np.not_equal,
+  Ops.ADD: np.add,
+  Ops.SUB: np.subtract,
+  Ops.MUL: np.multiply,
+  Ops.DIV: np.true_divide,
+  Ops.IDIV: _idiv,
+  Ops.MOD: np.fmod,
+  Ops.MAX: np.maximum,
+  Ops.MIN: np.minimum,
+  Ops.POW: np.power,
+  Ops.CMPLT: np.less,
+  Ops.CMPLE: np.less_equal,
+  Ops.CMPEQ: np.equal,
+  Ops.CMPNE: np.not_equal,
   Ops.AND: lambda a, b: np.logical_and(a, b) if a.dtype == bool else np.bitwise_and(a, b),
   Ops.OR: lambda a, b: np.logical_or(a, b) if a.dtype == bool else np.bitwise_or(a, b),
   Ops.XOR: lambda a, b: np.logical_xor(a, b) if a.dtype == bool else np.bitwise_xor(a, b),
@@ -32,13 +68,19 @@ NP_ALU = {
 }
 NP_REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.PROD: np.prod, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}
 
+
 def eval_dtype(dt: DType) -> np.dtype:
   """The numpy type a value of dt is computed in: the kernel index types in int64 (numpy has no type of theirs, and
   64 bits do not wrap where the kernel's 32 could not either)."""
   return np.dtype(np.int64) if dt in (dtypes.index, dtypes.index64) else dt.np
 
-def evaluate(u: UOp, leaf: dict[UOp, np.ndarray] | None = None, axes: list[UOp] | None = None,
-             data: dict[int, np.ndarray] | None = None) -> np.ndarray:
+
+def evaluate(
+  u: UOp,
+  leaf: dict[UOp, np.ndarray] | None = None,
+  axes: list[UOp] | None = None,
+  data: dict[int, np.ndarray] | None = None,
+) -> np.ndarray:
   """Evaluate a graph with numpy. Tensor level: the leaves are constants, or values given in `leaf`. Kernel level:
   each RANGE is an arange along its own axis of `axes` (size 1 along the others) and a LOAD reads data[slot], so
   each node is computed over the ranges it depends on only and the result broadcasts to the grid of axes. Each value
@@ -48,22 +90,30 @@ def evaluate(u: UOp, leaf: dict[UOp, np.ndarray] | None = None, axes: list[UOp] 
   uses = Counter(s for n in nodes if n not in vals for s in n.src)
   with np.errstate(all="ignore"):
     for n in nodes:
-      if n in vals: continue
+      if n in vals:
+        continue
       vals[n] = _eval_node(n, [vals[s] for s in n.src], axes, data)
       for s in n.src:
         uses[s] -= 1
-        if uses[s] == 0: del vals[s]
+        if uses[s] == 0:
+          del vals[s]
   return vals[u]
+
 
 def _eval_node(n: UOp, src: list[np.ndarray], axes: list[UOp] | None, data: dict[int, np.ndarray] | None) -> np.ndarray:
   op, arg, npdt = n.op, n.arg, eval_dtype(n.dtype)
-  if op is Ops.CONST: return np.array(arg, dtype=npdt)
-  if op in NP_ALU: return np.asarray(NP_ALU[op](*src)).astype(npdt, copy=False)
-  if op is Ops.CAST: return src[0].astype(npdt)
+  if op is Ops.CONST:
+    return np.array(arg, dtype=npdt)
+  if op in NP_ALU:
+    return np.asarray(NP_ALU[op](*src)).astype(npdt, copy=False)
+  if op is Ops.CAST:
+    return src[0].astype(npdt)
   # kernel level
-  if op is Ops.RANGE: return np.arange(n.size, dtype=np.int64).reshape([-1 if a is n else 1 for a in axes])
+  if op is Ops.RANGE:
+    return np.arange(n.size, dtype=np.int64).reshape([-1 if a is n else 1 for a in axes])
   if op is Ops.DEFINE_GLOBAL:
-    if data is None: raise ValueError(f"{op.name} in an expression of ranges alone")
+    if data is None:
+      raise ValueError(f"{op.name} in an expression of ranges alone")
     return data[n.slot].reshape(-1)
   if op is Ops.LOAD:
     # gathered over the index's own ranges (clamped: out of bounds only where the gate is false), then gated
@@ -72,22 +122,33 @@ def _eval_node(n: UOp, src: list[np.ndarray], axes: list[UOp] | None, data: dict
     return v if gate.ndim == 0 and gate else np.where(gate, v, np.zeros((), flat.dtype))
   # tensor level
   if op is Ops.BUFFER:
-    if arg.kind != "const": raise ValueError(f"cannot evaluate input {arg.name} at compile time")
+    if arg.kind != "const":
+      raise ValueError(f"cannot evaluate input {arg.name} at compile time")
     return arg.data.array
-  if op is Ops.BITCAST: return np.ascontiguousarray(src[0]).view(npdt)
-  if op is Ops.CONTIGUOUS: return src[0]
-  if op is Ops.RESHAPE: return src[0].reshape(arg)
-  if op is Ops.PERMUTE: return src[0].transpose(arg)
-  if op is Ops.EXPAND: return np.broadcast_to(src[0], arg)
-  if op is Ops.PAD: return np.pad(src[0], arg[0], constant_values=arg[1])
-  if op is Ops.SHRINK: return src[0][tuple(slice(a, b) for a, b in arg)]
-  if op is Ops.FLIP: return np.flip(src[0], arg)
-  if op is Ops.REDUCE: return NP_REDUCE[n.reduce_op](src[0], axis=n.axes, keepdims=True).astype(npdt)
+  if op is Ops.BITCAST:
+    return np.ascontiguousarray(src[0]).view(npdt)
+  if op is Ops.CONTIGUOUS:
+    return src[0]
+  if op is Ops.RESHAPE:
+    return src[0].reshape(arg)
+  if op is Ops.PERMUTE:
+    return src[0].transpose(arg)
+  if op is Ops.EXPAND:
+    return np.broadcast_to(src[0], arg)
+  if op is Ops.PAD:
+    return np.pad(src[0], arg[0], constant_values=arg[1])
+  if op is Ops.SHRINK:
+    return src[0][tuple(slice(a, b) for a, b in arg)]
+  if op is Ops.FLIP:
+    return np.flip(src[0], arg)
+  if op is Ops.REDUCE:
+    return NP_REDUCE[n.reduce_op](src[0], axis=n.axes, keepdims=True).astype(npdt)
   if op is Ops.GATHER:
     x, idx = src
     idx = np.where(idx < 0, idx + x.shape[arg], idx)
     return np.take_along_axis(x, idx.astype(np.int64), axis=arg)
   raise NotImplementedError(f"cannot evaluate {op}")
+
 
 def evaluate_grid(u: UOp, axes: list[UOp], data: dict[int, np.ndarray] | None = None) -> np.ndarray:
   """A kernel-level expression's value at every point of the grid of axes (a read-only broadcast view)."""

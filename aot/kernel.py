@@ -1,14 +1,20 @@
 """The types every stage shares: a traced program (frontend -> scheduler), its buffers, and the scheduled kernel list
 (scheduler -> memory plan -> renderers -> artifact writer)."""
+
 from __future__ import annotations
+
 from dataclasses import dataclass, field
+
 import numpy as np
+
 from aot.dtype import DType
 from aot.ir import UOp
+
 
 @dataclass
 class Traced:
   """A program as the frontends hand it to the scheduler: its output and input UOps."""
+
   name: str
   outputs: list[UOp]
   inputs: list[UOp]
@@ -16,28 +22,37 @@ class Traced:
   formats: dict | None = None  # narrow inputs and outputs (frontends/onnx.py): name -> (type name, logical shape)
   containers: list | None = None  # sequence/optional inputs and outputs as runs of C API tensors (frontends/onnx.py)
 
+
 @dataclass(eq=False)
 class Buffer:
-  kind: str                    # "input" | "output" | "const" | "scratch"
+  kind: str  # "input" | "output" | "const" | "scratch"
   dtype: DType
-  size: int                    # elements
+  size: int  # elements
   name: str = ""
-  index: int = -1              # position among inputs/outputs
+  index: int = -1  # position among inputs/outputs
   shape: tuple = ()
   data: np.ndarray | None = None
-  offset: int = 0              # bytes into the arena (scratch) or the weights blob (const)
+  offset: int = 0  # bytes into the arena (scratch) or the weights blob (const)
+
   @property
-  def nbytes(self) -> int: return self.size * self.dtype.itemsize
-  def __repr__(self) -> str: return f"{self.kind}:{self.name or '?'}[{self.size}]{self.dtype.name}"
+  def nbytes(self) -> int:
+    return self.size * self.dtype.itemsize
+
+  def __repr__(self) -> str:
+    return f"{self.kind}:{self.name or '?'}[{self.size}]{self.dtype.name}"
+
 
 @dataclass(eq=False)
 class Kernel:
   name: str
-  ast: UOp                     # STORE(DEFINE_GLOBAL(0), index, value) over RANGEs and ACCUMULATEs
-  bufs: list[Buffer]           # argument slot -> buffer; slot 0 is written
-  shape: tuple[int, ...]       # the stored tensor's shape
+  ast: UOp  # STORE(DEFINE_GLOBAL(0), index, value) over RANGEs and ACCUMULATEs
+  bufs: list[Buffer]  # argument slot -> buffer; slot 0 is written
+  shape: tuple[int, ...]  # the stored tensor's shape
+
   @property
-  def out(self) -> Buffer: return self.bufs[0]
+  def out(self) -> Buffer:
+    return self.bufs[0]
+
 
 @dataclass
 class Schedule:

@@ -1,26 +1,34 @@
 """Calling an artifact from Python: numpy arrays in, numpy arrays out, through cffi (ABI mode: no compiler needed)."""
+
 from __future__ import annotations
-import math, threading
+
+import math
+import threading
 from pathlib import Path
-import numpy as np
+
 import cffi
+import numpy as np
+
 from aot.artifact import Artifact, api_type
-from aot.errors import InputCountError, InputShapeError, InputDtypeError
+from aot.errors import InputCountError, InputDtypeError, InputShapeError
 
 _ffi_lock = threading.Lock()
 
+
 class LoadedModel:
   """One instance of a compiled model (its own arena). Calling it checks every input's shape and dtype."""
+
   def __init__(self, artifact: Artifact, threads: int | None = None):
     self.artifact = a = artifact
     self.ffi = ffi = cffi.FFI()
     n = a.name
     args = [f"const {api_type(t.dtype)} *" for t in a.inputs] + [f"{api_type(t.dtype)} *" for t in a.outputs]
     ffi.cdef(f"""typedef struct {n}_model {n}_model;
-      int {n}_create({n}_model **out); int {n}_run({n}_model *m, {', '.join(args)});
+      int {n}_create({n}_model **out); int {n}_run({n}_model *m, {", ".join(args)});
       int {n}_set_threads({n}_model *m, int n);
       void {n}_destroy({n}_model *m); const char *{n}_last_error(const {n}_model *m);""")
-    with _ffi_lock: self.lib = ffi.dlopen(str(a.library_path))
+    with _ffi_lock:
+      self.lib = ffi.dlopen(str(a.library_path))
     self._run, self._destroy = getattr(self.lib, f"{n}_run"), getattr(self.lib, f"{n}_destroy")
     self._last_error = getattr(self.lib, f"{n}_last_error")
     out = ffi.new(f"{n}_model **")
@@ -32,7 +40,8 @@ class LoadedModel:
       raise RuntimeError(f"{n}_create failed with status {status}{hint}")
     self._model = out[0]
     self._ptr_types = args
-    if threads is not None: self.set_threads(threads)
+    if threads is not None:
+      self.set_threads(threads)
 
   def set_threads(self, n: int) -> None:
     """Run the kernels on n threads (results are bitwise the same for any n)."""
@@ -41,29 +50,38 @@ class LoadedModel:
 
   def __call__(self, *arrays: np.ndarray):
     a = self.artifact
-    if a.containers: arrays = _flatten_containers(a, arrays)
+    if a.containers:
+      arrays = _flatten_containers(a, arrays)
     if len(arrays) != len(a.inputs):
-      raise InputCountError(f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), "
-                            f"got {len(arrays)}")
+      raise InputCountError(
+        f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), got {len(arrays)}"
+      )
     ins = []
     for t, x in zip(a.inputs, arrays):
       x = np.asarray(x)
       if x.shape != t.shape:
-        raise InputShapeError(f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}",
-                              t.name, t.shape, x.shape)
+        raise InputShapeError(
+          f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}", t.name, t.shape, x.shape
+        )
       want = t.narrow.np if t.narrow else t.dtype.np
       if x.dtype != want:
-        raise InputDtypeError(f"{a.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}",
-                              t.name, want, x.dtype)
+        raise InputDtypeError(
+          f"{a.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}", t.name, want, x.dtype
+        )
       # a narrow type crosses the C API as its codes, the 4- and 2-bit ones packed
       ins.append(t.narrow.to_storage(x) if t.narrow else np.ascontiguousarray(x))
-    outs = [np.empty(t.narrow.nbytes(math.prod(t.shape)) if t.narrow and t.narrow.packed else t.shape, dtype=t.dtype.np)
-            for t in a.outputs]
+    outs = [
+      np.empty(t.narrow.nbytes(math.prod(t.shape)) if t.narrow and t.narrow.packed else t.shape, dtype=t.dtype.np)
+      for t in a.outputs
+    ]
     ptrs = [self.ffi.cast(pt, x.ctypes.data) for pt, x in zip(self._ptr_types, ins + outs)]
     if (status := self._run(self._model, *ptrs)) != 0:
-      raise RuntimeError(f"{a.name}_run failed (status {status}): {self.ffi.string(self._last_error(self._model)).decode()}")
+      raise RuntimeError(
+        f"{a.name}_run failed (status {status}): {self.ffi.string(self._last_error(self._model)).decode()}"
+      )
     outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(a.outputs, outs)]
-    if a.containers: outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]
+    if a.containers:
+      outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   def close(self):
@@ -73,9 +91,13 @@ class LoadedModel:
       self._destroy(self._model)
       self._model = None
     if getattr(self, "lib", None) is not None:
-      with _ffi_lock: self.ffi.dlclose(self.lib)
+      with _ffi_lock:
+        self.ffi.dlclose(self.lib)
       self.lib = None
-  def __del__(self): self.close()
+
+  def __del__(self):
+    self.close()
+
 
 def _runs(a: Artifact, side: str) -> list[tuple[str, str | None, int, int]]:
   """The Python-level inputs or outputs over the C API's tensors: (name, container kind or None, first, count)."""
@@ -83,10 +105,13 @@ def _runs(a: Artifact, side: str) -> list[tuple[str, str | None, int, int]]:
   runs = sorted((c for c in a.containers if c["side"] == side), key=lambda c: c["start"])
   out, i = [], 0
   for c in runs + [{"name": None, "kind": None, "start": len(tensors), "count": 0}]:
-    for j in range(i, c["start"]): out.append((tensors[j].name, None, j, 1))
-    if c["kind"]: out.append((c["name"], c["kind"], c["start"], c["count"]))
+    for j in range(i, c["start"]):
+      out.append((tensors[j].name, None, j, 1))
+    if c["kind"]:
+      out.append((c["name"], c["kind"], c["start"], c["count"]))
     i = max(i, c["start"] + c["count"])
   return out
+
 
 def _flatten_containers(a: Artifact, args: tuple) -> list:
   """The arguments with each sequence (a list) and optional (an array or None) spread into its C API tensors."""
@@ -98,22 +123,32 @@ def _flatten_containers(a: Artifact, args: tuple) -> list:
     if kind == "sequence":
       if not isinstance(x, (list, tuple)) or len(x) != count:
         got = f"{len(x)} tensors" if isinstance(x, (list, tuple)) else type(x).__name__
-        raise InputShapeError(f"{a.name} input '{name}': expected a sequence (list) of {count} tensors, got {got}",
-                              name, count, got)
+        raise InputShapeError(
+          f"{a.name} input '{name}': expected a sequence (list) of {count} tensors, got {got}", name, count, got
+        )
       flat += list(x)
     elif kind == "optional":
       if (x is None) != (count == 0):
-        raise InputShapeError(f"{a.name} input '{name}': compiled as an optional that is "
-                              f"{'empty: pass None' if count == 0 else 'present: pass its tensor'}", name,
-                              "present" if count else "None", "None" if x is None else "present")
+        raise InputShapeError(
+          f"{a.name} input '{name}': compiled as an optional that is "
+          f"{'empty: pass None' if count == 0 else 'present: pass its tensor'}",
+          name,
+          "present" if count else "None",
+          "None" if x is None else "present",
+        )
       flat += [] if x is None else [x]
-    else: flat.append(x)
+    else:
+      flat.append(x)
   return flat
 
+
 def _grouped(outs: list, kind: str | None, start: int, count: int):
-  if kind == "sequence": return outs[start:start + count]
-  if kind == "optional": return outs[start] if count else None
+  if kind == "sequence":
+    return outs[start : start + count]
+  if kind == "optional":
+    return outs[start] if count else None
   return outs[start]
+
 
 def load(what, threads: int | None = None) -> LoadedModel:
   """A callable over a compiled artifact (an Artifact or its folder). threads: how many threads its kernels run on

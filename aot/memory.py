@@ -1,11 +1,16 @@
 """The memory plan: every scratch buffer gets an offset in one arena, reusing space between buffers whose lifetimes
 (first write to last read, in kernel order) do not overlap."""
+
 from __future__ import annotations
-from aot.kernel import Kernel, Buffer
+
+from aot.kernel import Buffer, Kernel
 
 ALIGN = 64  # a cache line, and enough for any vector load
 
-def align_up(n: int) -> int: return (n + ALIGN - 1) // ALIGN * ALIGN
+
+def align_up(n: int) -> int:
+  return (n + ALIGN - 1) // ALIGN * ALIGN
+
 
 def memory_plan(kernels: list[Kernel], scratch: list[Buffer]) -> int:
   """Assign buf.offset to each scratch buffer; return the arena size in bytes. Largest first, best fit."""
@@ -22,9 +27,11 @@ def memory_plan(kernels: list[Kernel], scratch: list[Buffer]) -> int:
     busy = sorted((o, e) for o, e, f, l in placed if not (l < lo or f > hi))
     best, best_gap, cur = None, None, 0
     for o, e in busy:
-      if o - cur >= size and (best_gap is None or o - cur < best_gap): best, best_gap = cur, o - cur
+      if o - cur >= size and (best_gap is None or o - cur < best_gap):
+        best, best_gap = cur, o - cur
       cur = max(cur, e)
-    if best is None: best = cur
+    if best is None:
+      best = cur
     b.offset = best
     placed.append((best, best + size, lo, hi))
     arena = max(arena, best + size)

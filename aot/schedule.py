@@ -4,52 +4,68 @@ Order of passes, each a rule list: inline calls and fold constants (prepare) -> 
 (stages) -> lower each stage to one kernel by pushing INDEX through the graph (movement ops become index arithmetic,
 reduces become accumulators over new ranges) -> finalise (buffers become numbered params, so equal kernels are one UOp).
 """
+
 from __future__ import annotations
-import math
+
 import numpy as np
-from aot.dtype import dtypes, DType, min_value
-from aot.ir import UOp, Ops, GroupOp, BufferArg, ConstData, ReduceOp, prod, file_mapping
-from aot.rewrite import UPat, PatternMatcher, graph_rewrite, substitute
-from aot.symbolic import simplify, pm_simplify
-from aot.interpret import evaluate
-from aot.kernel import Buffer, Kernel, Schedule
+
+from aot.dtype import DType, dtypes
 from aot.errors import CompileError
+from aot.interpret import evaluate
+from aot.ir import BufferArg, ConstData, GroupOp, Ops, UOp, file_mapping, prod
+from aot.kernel import Buffer, Kernel, Schedule
+from aot.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
+from aot.symbolic import pm_simplify, simplify
 
 # *** prepare: inline calls, fold constants ***
+
 
 def inline_call(c: UOp) -> UOp:
   fn, args = c.src[0], c.src[1:]
   params = {p.arg[0]: p for p in fn.toposort() if p.op is Ops.PARAM}
-  if len(params) > len(args): raise TypeError(f"{fn.arg}() expects {len(params)} arguments, got {len(args)}")
+  if len(params) > len(args):
+    raise TypeError(f"{fn.arg}() expects {len(params)} arguments, got {len(args)}")
   for slot, p in params.items():
     a = args[slot]
     if a.shape != p.arg[1] or a.dtype != p.dtype:
-      raise TypeError(f"{fn.arg}() argument '{p.arg[2]}': body expects shape {p.arg[1]} {p.dtype.name}, "
-                      f"got shape {a.shape} {a.dtype.name}")
+      raise TypeError(
+        f"{fn.arg}() argument '{p.arg[2]}': body expects shape {p.arg[1]} {p.dtype.name}, "
+        f"got shape {a.shape} {a.dtype.name}"
+      )
   return substitute(fn.src[c.arg], {p: args[slot] for slot, p in params.items()})
+
 
 def _const_base(u: UOp) -> UOp | None:
   """The CONST or constant BUFFER under a chain of movement ops, else None."""
-  while u.op in GroupOp.Movement: u = u.src[0]
+  while u.op in GroupOp.Movement:
+    u = u.src[0]
   return u if u.op is Ops.CONST or (u.op is Ops.BUFFER and u.arg.kind == "const") else None
+
 
 def _splat(u: UOp) -> bool:
   """Every element is the same scalar (a CONST seen through reshapes and expands)."""
-  while u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP): u = u.src[0]
+  while u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP):
+    u = u.src[0]
   return u.op is Ops.CONST
+
 
 # folding must not blow a broadcast weight up into a huge constant: fold when the result is no bigger than this
 # or than the constants it comes from
 FOLD_MAX_ELEMENTS = 1 << 16
 
+
 def fold_constant(x: UOp) -> UOp | None:
   bases = [_const_base(s) for s in x.src]
-  if any(b is None for b in bases): return None
+  if any(b is None for b in bases):
+    return None
   if x.op is not Ops.REDUCE and all(_splat(s) for s in x.src):
     v = evaluate(x.replace(src=tuple(b for b in bases)) if x.op is not Ops.GATHER else x).reshape(-1)
-    if x.op is not Ops.GATHER: return UOp.const(x.dtype, v[0].item()).reshape((1,) * len(x.shape)).expand(x.shape)
-  if x.numel > max([FOLD_MAX_ELEMENTS] + [b.numel for b in bases if b.op is Ops.BUFFER]): return None
+    if x.op is not Ops.GATHER:
+      return UOp.const(x.dtype, v[0].item()).reshape((1,) * len(x.shape)).expand(x.shape)
+  if x.numel > max([FOLD_MAX_ELEMENTS] + [b.numel for b in bases if b.op is Ops.BUFFER]):
+    return None
   return _const_buffer(evaluate(x), x.dtype)
+
 
 def _const_buffer(value: np.ndarray, dtype) -> UOp:
   # a movement of a memory-mapped weight stays a view of the map: a copy would hold every weight twice; and
@@ -58,37 +74,47 @@ def _const_buffer(value: np.ndarray, dtype) -> UOp:
   arr.flags.writeable = False
   return UOp(Ops.BUFFER, dtype, (), BufferArg("folded", arr.shape, "const", ConstData(arr)))
 
+
 def _collapse_movement(x: UOp) -> UOp | None:
   s = x.src[0]
-  if x.op is Ops.RESHAPE and s.op is Ops.RESHAPE: return s.src[0].reshape(x.arg)
-  if x.op is Ops.PERMUTE and s.op is Ops.PERMUTE: return s.src[0].permute(tuple(s.arg[i] for i in x.arg))
-  if x.op is Ops.EXPAND and s.op is Ops.EXPAND: return s.src[0].expand(x.arg)
+  if x.op is Ops.RESHAPE and s.op is Ops.RESHAPE:
+    return s.src[0].reshape(x.arg)
+  if x.op is Ops.PERMUTE and s.op is Ops.PERMUTE:
+    return s.src[0].permute(tuple(s.arg[i] for i in x.arg))
+  if x.op is Ops.EXPAND and s.op is Ops.EXPAND:
+    return s.src[0].expand(x.arg)
   return None
 
-pm_prepare = PatternMatcher([
-  # a call is its body with the parameters replaced by the arguments
-  (UPat(Ops.CALL, name="c"), inline_call),
-  # anything computed only from constants is computed now
-  (UPat(GroupOp.Compute, name="x"), fold_constant),
-  # two movement ops of one kind are one
-  (UPat(GroupOp.Movement, name="x"), _collapse_movement),
-  # a contiguous constant is already a buffer
-  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.BUFFER, name="b"),)), lambda b: b),
-  # weights are stored in the order they are read: a transposed constant (x @ w.T) is transposed now, for free
-  (UPat(Ops.PERMUTE, src=(UPat(Ops.BUFFER, name="b"),), name="x"), lambda x, b: _const_buffer(evaluate(x), x.dtype)
-   if b.arg.kind == "const" else None),
-])
+
+pm_prepare = PatternMatcher(
+  [
+    # a call is its body with the parameters replaced by the arguments
+    (UPat(Ops.CALL, name="c"), inline_call),
+    # anything computed only from constants is computed now
+    (UPat(GroupOp.Compute, name="x"), fold_constant),
+    # two movement ops of one kind are one
+    (UPat(GroupOp.Movement, name="x"), _collapse_movement),
+    # a contiguous constant is already a buffer
+    (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.BUFFER, name="b"),)), lambda b: b),
+    # weights are stored in the order they are read: a transposed constant (x @ w.T) is transposed now, for free
+    (
+      UPat(Ops.PERMUTE, src=(UPat(Ops.BUFFER, name="b"),), name="x"),
+      lambda x, b: _const_buffer(evaluate(x), x.dtype) if b.arg.kind == "const" else None,
+    ),
+  ]
+)
 
 # *** lowering: INDEX pushed down a stage's graph until it reaches loads ***
 
+
 class Lowering:
   def __init__(self, stages: dict[UOp, Buffer]):
-    self.stages = stages               # tensor node -> the buffer it is stored in
-    self.pending: list[UOp] = []       # stages found while lowering, still to be lowered
-    self.trip: dict[UOp, int] = {}     # RANGE -> iterations of the loop nest down to and including it
+    self.stages = stages  # tensor node -> the buffer it is stored in
+    self.pending: list[UOp] = []  # stages found while lowering, still to be lowered
+    self.trip: dict[UOp, int] = {}  # RANGE -> iterations of the loop nest down to and including it
     self.leaves: dict[UOp, Buffer] = {}
     self.nrange = 0
-    self.uses: dict[UOp, set] = {}     # computed node -> the INDEX nodes that read it (more than one: stage it)
+    self.uses: dict[UOp, set] = {}  # computed node -> the INDEX nodes that read it (more than one: stage it)
     self._ranges: dict[UOp, tuple] = {}
 
   def new_range(self, size: int, kind: str, outer_trip: int) -> UOp:
@@ -114,23 +140,38 @@ class Lowering:
   def buffer_of(self, b: UOp) -> Buffer:
     if b not in self.leaves:
       arg: BufferArg = b.arg
-      self.leaves[b] = Buffer(arg.kind, b.dtype, prod(arg.shape), arg.name, shape=arg.shape,
-                              data=arg.data.array if arg.data is not None else None)
+      self.leaves[b] = Buffer(
+        arg.kind,
+        b.dtype,
+        prod(arg.shape),
+        arg.name,
+        shape=arg.shape,
+        data=arg.data.array if arg.data is not None else None,
+      )
     return self.leaves[b]
 
+
 def make_index(x: UOp, gate: UOp, idxs, root: bool = False) -> UOp:
-  return UOp(Ops.INDEX, x.dtype, (x, simplify(gate), *(simplify(i) if isinstance(i, UOp) else UOp.const(dtypes.index, i)
-                                                        for i in idxs)), "root" if root else None)
+  return UOp(
+    Ops.INDEX,
+    x.dtype,
+    (x, simplify(gate), *(simplify(i) if isinstance(i, UOp) else UOp.const(dtypes.index, i) for i in idxs)),
+    "root" if root else None,
+  )
+
 
 def flat_index(idxs, shape) -> UOp:
   ret, stride = UOp.const(dtypes.index, 0), 1
   for i, s in reversed(list(zip(idxs, shape))):
-    if s != 1: ret = ret + i * stride
+    if s != 1:
+      ret = ret + i * stride
     stride *= s
   return simplify(ret)
 
+
 def load(buf: UOp, dtype: DType, idxs, shape, gate: UOp) -> UOp:
   return UOp(Ops.LOAD, dtype, (buf, flat_index(idxs, shape), gate))
+
 
 def reshape_index(idxs, out_shape, in_shape) -> list:
   """Indices into in_shape for indices into out_shape, matched group by group (dims whose products agree) so that
@@ -138,109 +179,166 @@ def reshape_index(idxs, out_shape, in_shape) -> list:
   res, o, i = [], 0, 0
   zero = UOp.const(dtypes.index, 0)
   while i < len(in_shape):
-    if in_shape[i] == 1: res.append(zero); i += 1; continue
-    while out_shape[o] == 1: o += 1
+    if in_shape[i] == 1:
+      res.append(zero)
+      i += 1
+      continue
+    while out_shape[o] == 1:
+      o += 1
     og, ig, po, pi = [o], [i], out_shape[o], in_shape[i]
     o, i = o + 1, i + 1
     while po != pi:
-      if po < pi: og.append(o); po *= out_shape[o]; o += 1
-      else: ig.append(i); pi *= in_shape[i]; i += 1
+      if po < pi:
+        og.append(o)
+        po *= out_shape[o]
+        o += 1
+      else:
+        ig.append(i)
+        pi *= in_shape[i]
+        i += 1
     flat = flat_index([idxs[k] for k in og], [out_shape[k] for k in og])
     stride = pi
     for k in ig:
       stride //= in_shape[k]
-      res.append(zero if in_shape[k] == 1 else simplify((flat // stride) % in_shape[k]) if k != ig[0] else simplify(flat // stride))
+      res.append(
+        zero
+        if in_shape[k] == 1
+        else simplify((flat // stride) % in_shape[k])
+        if k != ig[0]
+        else simplify(flat // stride)
+      )
   return res
+
 
 def _index_movement(i: UOp, x: UOp):
   gate, idxs, src = i.src[1], list(i.src[2:]), x.src[0]
-  if x.op is Ops.RESHAPE: return make_index(src, gate, reshape_index(idxs, x.shape, src.shape))
+  if x.op is Ops.RESHAPE:
+    return make_index(src, gate, reshape_index(idxs, x.shape, src.shape))
   if x.op is Ops.PERMUTE:
     new = [None] * len(idxs)
-    for k, p in enumerate(x.arg): new[p] = idxs[k]
+    for k, p in enumerate(x.arg):
+      new[p] = idxs[k]
     return make_index(src, gate, new)
-  if x.op is Ops.EXPAND: return make_index(src, gate, [0 if s == 1 else ix for ix, s in zip(idxs, src.shape)])
-  if x.op is Ops.SHRINK: return make_index(src, gate, [ix + a for ix, (a, _) in zip(idxs, x.arg)])
-  if x.op is Ops.FLIP: return make_index(src, gate, [(s - 1) - ix if k in x.arg else ix for k, (ix, s) in enumerate(zip(idxs, src.shape))])
+  if x.op is Ops.EXPAND:
+    return make_index(src, gate, [0 if s == 1 else ix for ix, s in zip(idxs, src.shape)])
+  if x.op is Ops.SHRINK:
+    return make_index(src, gate, [ix + a for ix, (a, _) in zip(idxs, x.arg)])
+  if x.op is Ops.FLIP:
+    return make_index(src, gate, [(s - 1) - ix if k in x.arg else ix for k, (ix, s) in enumerate(zip(idxs, src.shape))])
   if x.op is Ops.PAD:
     pads, value = x.arg
     valid = UOp.const(dtypes.bool, True)
     for ix, (a, _), s in zip(idxs, pads, src.shape):
-      if a or _: valid = valid & ix.ge(a) & ix.lt(a + s)
+      if a or _:
+        valid = valid & ix.ge(a) & ix.lt(a + s)
     valid = simplify(valid)
     inner = make_index(src, gate & valid, [ix - a for ix, (a, _) in zip(idxs, pads)])
     return simplify(UOp(Ops.WHERE, x.dtype, (valid, inner, UOp.const(x.dtype, value))))
 
+
 def _index_compute(ctx: Lowering, i: UOp, x: UOp):
   """Push the index into a computed node, or load it from a buffer when computing it here would repeat work."""
   gate, idxs = i.src[1], i.src[2:]
-  if i.arg != "root": ctx.uses.setdefault(x, set()).add(i)
+  if i.arg != "root":
+    ctx.uses.setdefault(x, set()).add(i)
   # the loops around this point run trip_of(idxs) times; if the index can take fewer distinct values, work repeats
-  if i.arg != "root" and ctx.trip_of(idxs) > prod(ix.vmax - ix.vmin + 1 for ix in idxs): return _index_stage(ctx, i, ctx.stage(x))
+  if i.arg != "root" and ctx.trip_of(idxs) > prod(ix.vmax - ix.vmin + 1 for ix in idxs):
+    return _index_stage(ctx, i, ctx.stage(x))
   if x.op is Ops.REDUCE:
     rop, axes = x.arg
     outer = ctx.trip_of(idxs)
     new, rngs = [], []
     for k, (ix, s) in enumerate(zip(idxs, x.src[0].shape)):
-      if k not in axes: new.append(ix)
-      elif s == 1: new.append(UOp.const(dtypes.index, 0))
+      if k not in axes:
+        new.append(ix)
+      elif s == 1:
+        new.append(UOp.const(dtypes.index, 0))
       else:
         rngs.append(r := ctx.new_range(s, "reduce", outer))
         outer = ctx.trip[r]
         new.append(r)
     # a reduce over size-1 axes only is its input
-    return UOp(Ops.ACCUMULATE, x.dtype, (make_index(x.src[0], gate, new), *rngs), rop) if rngs else make_index(x.src[0], gate, new)
+    return (
+      UOp(Ops.ACCUMULATE, x.dtype, (make_index(x.src[0], gate, new), *rngs), rop)
+      if rngs
+      else make_index(x.src[0], gate, new)
+    )
   if x.op is Ops.GATHER:
     data, index, axis = x.src[0], x.src[1], x.arg
     n = data.shape[axis]
     # an index outside [-n, n) is clamped so a bad one never reads out of bounds, in 64 bits so that nothing
     # overflows and the kernel index it becomes has known bounds; negative ones count from the end
     v = make_index(index, gate, idxs).cast(dtypes.int64)
-    v = UOp(Ops.MAX, dtypes.int64, (UOp(Ops.MIN, dtypes.int64, (v, UOp.const(dtypes.int64, n - 1))),
-                                    UOp.const(dtypes.int64, -n))).cast(dtypes.index)
+    v = UOp(
+      Ops.MAX,
+      dtypes.int64,
+      (UOp(Ops.MIN, dtypes.int64, (v, UOp.const(dtypes.int64, n - 1))), UOp.const(dtypes.int64, -n)),
+    ).cast(dtypes.index)
     v = UOp(Ops.MOD, dtypes.index, (v + n, UOp.const(dtypes.index, n)))
     return make_index(data, gate, [v if k == axis else ix for k, ix in enumerate(idxs)])
   return x.replace(src=tuple(make_index(s, gate, idxs) for s in x.src))
+
 
 def _index_stage(ctx: Lowering, i: UOp, buf: Buffer) -> UOp:
   x = i.src[0]
   return load(UOp(Ops.BUF, x.dtype, (), buf), x.dtype, i.src[2:], x.shape, i.src[1])
 
+
 def _unlowerable(x: UOp):
   raise CompileError(f"cannot lower {x.op.name} (was it inlined?)")
 
-# loads that can never happen read nothing
-pm_gated_off = PatternMatcher([
-  (UPat(Ops.LOAD, src=(UPat(), UPat(), UPat(Ops.CONST, arg=False)), name="l"), lambda l: l.const_like(0)),
-])
 
-pm_lower = PatternMatcher([
-  # a stage is read from its buffer (except inside its own kernel)
-  (UPat(Ops.INDEX, name="i"), lambda ctx, i: _index_stage(ctx, i, ctx.stages[i.src[0]])
-   if i.src[0] in ctx.stages and i.arg != "root" else None),
-  (UPat(Ops.INDEX, src=(UPat(Ops.BUFFER, name="x"),), allow_any_len=True, name="i"),
-   lambda ctx, i, x: _index_stage(ctx, i, ctx.buffer_of(x))),
-  (UPat(Ops.INDEX, src=(UPat(Ops.CONST, name="x"),), allow_any_len=True), lambda x: x),
-  # movement ops are index arithmetic
-  (UPat(Ops.INDEX, src=(UPat(GroupOp.Movement, name="x"),), allow_any_len=True, name="i"), _index_movement),
-  (UPat(Ops.INDEX, src=(UPat(Ops.CONTIGUOUS, name="x"),), allow_any_len=True, name="i"),
-   lambda i, x: make_index(x.src[0], i.src[1], i.src[2:])),
-  (UPat(Ops.INDEX, src=(UPat(GroupOp.Compute, name="x"),), allow_any_len=True, name="i"), _index_compute),
-  (UPat(Ops.INDEX, src=(UPat((Ops.PARAM, Ops.CALL, Ops.FUNCTION), name="x"),), allow_any_len=True), _unlowerable),
-]) + pm_gated_off
+# loads that can never happen read nothing
+pm_gated_off = PatternMatcher(
+  [
+    (UPat(Ops.LOAD, src=(UPat(), UPat(), UPat(Ops.CONST, arg=False)), name="l"), lambda l: l.const_like(0)),
+  ]
+)
+
+pm_lower = (
+  PatternMatcher(
+    [
+      # a stage is read from its buffer (except inside its own kernel)
+      (
+        UPat(Ops.INDEX, name="i"),
+        lambda ctx, i: (
+          _index_stage(ctx, i, ctx.stages[i.src[0]]) if i.src[0] in ctx.stages and i.arg != "root" else None
+        ),
+      ),
+      (
+        UPat(Ops.INDEX, src=(UPat(Ops.BUFFER, name="x"),), allow_any_len=True, name="i"),
+        lambda ctx, i, x: _index_stage(ctx, i, ctx.buffer_of(x)),
+      ),
+      (UPat(Ops.INDEX, src=(UPat(Ops.CONST, name="x"),), allow_any_len=True), lambda x: x),
+      # movement ops are index arithmetic
+      (UPat(Ops.INDEX, src=(UPat(GroupOp.Movement, name="x"),), allow_any_len=True, name="i"), _index_movement),
+      (
+        UPat(Ops.INDEX, src=(UPat(Ops.CONTIGUOUS, name="x"),), allow_any_len=True, name="i"),
+        lambda i, x: make_index(x.src[0], i.src[1], i.src[2:]),
+      ),
+      (UPat(Ops.INDEX, src=(UPat(GroupOp.Compute, name="x"),), allow_any_len=True, name="i"), _index_compute),
+      (UPat(Ops.INDEX, src=(UPat((Ops.PARAM, Ops.CALL, Ops.FUNCTION), name="x"),), allow_any_len=True), _unlowerable),
+    ]
+  )
+  + pm_gated_off
+)
 
 # a value computed in a kernel may still simplify once its loads are known (a gated load of a constant, say)
 pm_finish = pm_simplify
 
+
 def lower_stage(ctx: Lowering, x: UOp, buf: Buffer) -> UOp:
   rngs, trip = [], 1
   for s in x.shape:
-    if s == 1: rngs.append(UOp.const(dtypes.index, 0)); continue
+    if s == 1:
+      rngs.append(UOp.const(dtypes.index, 0))
+      continue
     rngs.append(r := ctx.new_range(s, "loop", trip))
     trip = ctx.trip[r]
   root = make_index(x, UOp.const(dtypes.bool, True), rngs, root=True)
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.BUF, x.dtype, (), buf), flat_index(rngs, x.shape), root))
   return graph_rewrite(graph_rewrite(store, pm_lower, ctx), pm_finish)
+
 
 def finalize(store: UOp) -> tuple[UOp, list[Buffer]]:
   """Buffers become DEFINE_GLOBAL slots (the written one first) and ranges are numbered in order of appearance, so two
@@ -257,14 +355,17 @@ def finalize(store: UOp) -> tuple[UOp, list[Buffer]]:
     mapping[r] = UOp(Ops.RANGE, dtypes.index, (), (n, *r.arg[1:]))
   return substitute(store, mapping), bufs
 
+
 def kernel_name(i: int, ast: UOp, shape) -> str:
   kind = "r" if any(u.op is Ops.ACCUMULATE for u in ast.toposort()) else "e"
   return f"k{i}_{kind}_" + ("_".join(str(s) for s in shape) or "1")
 
+
 def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp]):
   """Lower every stage reachable from the outputs, given the nodes that must be stages."""
   ctx = Lowering({})
-  for u in forced: ctx.stage(u)
+  for u in forced:
+    ctx.stage(u)
   work: list[tuple[UOp, Buffer]] = []
   for o, b in zip(outputs, out_bufs):
     if o in ctx.stages and ctx.stages[o].kind == "scratch":
@@ -278,18 +379,22 @@ def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp]):
     work += [(y, ctx.stages[y]) for y in ctx.pending]
     ctx.pending = []
     x, b = work.pop(0)
-    if id(b) in lowered or x.numel == 0: continue
+    if id(b) in lowered or x.numel == 0:
+      continue
     # a second output of the same node copies the first (CONTIGUOUS lowers to a plain read)
     store = lower_stage(ctx, x if ctx.stages.get(x, b) is b else UOp(Ops.CONTIGUOUS, x.dtype, (x,)), b)
     lowered[id(b)] = (store, b, x)
     deps[id(b)] = [u.arg for u in store.toposort() if u.op is Ops.BUF and u.arg is not b]
   return ctx, lowered, deps
 
+
 def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str] | None = None) -> Schedule:
   sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outputs)), pm_prepare)
   outputs = list(sink.src)
-  out_bufs = [Buffer("output", o.dtype, o.numel, output_names[k] if output_names else f"output{k}", k, o.shape)
-              for k, o in enumerate(outputs)]
+  out_bufs = [
+    Buffer("output", o.dtype, o.numel, output_names[k] if output_names else f"output{k}", k, o.shape)
+    for k, o in enumerate(outputs)
+  ]
 
   # what is materialised: CONTIGUOUS, an output that other nodes read, and whatever lowering finds would be computed
   # twice if fused (read at two different indices or from two kernels, or inside a loop it does not vary in). Those
@@ -298,31 +403,41 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
   # elementwise on the same shape (those usually land in one kernel and read it at one index, like GELU's input).
   parents: dict[UOp, set] = {}
   for u in sink.toposort():
-    for s in u.src: parents.setdefault(s, set()).add(u)
+    for s in u.src:
+      parents.setdefault(s, set()).add(u)
+
   def shared(u: UOp) -> bool:
     ps = parents.get(u, set())
     return len(ps) > 1 and not all((p.op in GroupOp.ALU or p.op is Ops.CAST) and p.shape == u.shape for p in ps)
+
   forced = [u for u in sink.toposort() if u.op is Ops.CONTIGUOUS or (u.op in GroupOp.Compute and shared(u))]
   while True:
     ctx, lowered, deps = _lower_all(outputs, out_bufs, forced)
     # stages found for work repeated inside a loop are consistent as they are; a node read at two indices was fused
     # somewhere already, so those need another round
     found = [x for x, uses in ctx.uses.items() if len(uses) > 1 and x not in ctx.stages]
-    if not found: break
+    if not found:
+      break
     # stage only the outermost of them: staging a reader can resolve its sources' double reads
     below: set = set()
-    for y in found: below.update(u for u in y.toposort(stop=lambda u: u in ctx.stages and u is not y) if u is not y)
+    for y in found:
+      below.update(u for u in y.toposort(stop=lambda u: u in ctx.stages and u is not y) if u is not y)
     forced += [x for x in ctx.stages if x not in forced] + [x for x in found if x not in below]
 
   # kernel order: each kernel after the kernels whose buffers it reads (depth first from the outputs, in order)
   order: list[int] = []
   visiting: set = set()
+
   def visit(bid: int):
-    if bid in visiting or bid not in lowered: return
+    if bid in visiting or bid not in lowered:
+      return
     visiting.add(bid)
-    for d in deps[bid]: visit(id(d))
+    for d in deps[bid]:
+      visit(id(d))
     order.append(bid)
-  for b in out_bufs: visit(id(b))
+
+  for b in out_bufs:
+    visit(id(b))
 
   kernels = []
   for bid in order:
@@ -335,6 +450,10 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
   for n, u in enumerate(input_order):
     inputs.append(ctx.leaves.get(u) or Buffer("input", u.dtype, u.numel, u.arg.name, shape=u.shape))
     inputs[-1].index = n
-  return Schedule(kernels, inputs, out_bufs, consts=[b for b in used.values() if b.kind == "const"],
-                  scratch=[b for b in used.values() if b.kind == "scratch"])
-
+  return Schedule(
+    kernels,
+    inputs,
+    out_bufs,
+    consts=[b for b in used.values() if b.kind == "const"],
+    scratch=[b for b in used.values() if b.kind == "scratch"],
+  )

@@ -1,105 +1,148 @@
 """ONNX models in: load and check a model, pin its symbolic dims, and map every node to Tensor ops through a table of
 small functions (one per op and opset range, in onnx_ops*.py). Model-local functions become FUNCTION/CALL."""
+
 from __future__ import annotations
-import inspect, math, os
+
+import inspect
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from aot.dtype import to_dtype, DType, Narrow, NARROW, dtypes
-from aot.ir import UOp, Ops
-from aot.errors import AotError, CompileError, InternalError, Unsupported, NeedsConstant
-from aot.kernel import Traced
-from aot.frontends.tensor import Tensor, function
+
+from aot.dtype import NARROW, DType, Narrow, dtypes, to_dtype
+from aot.errors import AotError, CompileError, InternalError, NeedsConstant, Unsupported
 from aot.frontends import narrow
+from aot.frontends.tensor import Tensor, function
+from aot.ir import Ops
+from aot.kernel import Traced
 
 # op_type (with domain prefix for non-default domains) -> [(since_version, fn)], newest first
 OPS: dict[str, list[tuple[int, Callable]]] = {}
 
+
 def op(*names: str, since: int = 1, domain: str = ""):
   """Register fn for these op types from opset `since` on (until the next registration of the same op)."""
+
   def register(fn):
     for n in names:
       key = f"{domain}::{n}" if domain else n
       OPS.setdefault(key, []).append((since, fn))
       OPS[key].sort(key=lambda x: -x[0])
     return fn
+
   return register
+
 
 def lookup(op_type: str, domain: str, opset: int) -> Callable | None:
   key = f"{domain}::{op_type}" if domain not in ("", "ai.onnx") else op_type
   for since, fn in OPS.get(key, []):
-    if since <= opset: return fn
+    if since <= opset:
+      return fn
   return None
+
 
 def onnx_narrow(elem_type: int) -> Narrow | None:
   """The narrow storage type (aot/dtype.py: NARROW) an ONNX element type is, if it is one."""
   name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else ""
   return next((f for f in NARROW.values() if f.onnx == name), None)
 
+
 def onnx_type(elem_type: int) -> DType | Narrow:
   """What Cast's `to` and friends name: a narrow type or a DType."""
   return onnx_narrow(elem_type) or onnx_dtype(elem_type)
 
+
 def onnx_dtype(elem_type: int) -> DType:
-  try: return to_dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+  try:
+    return to_dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
   except (TypeError, KeyError, ValueError):
     raise Unsupported(f"dtype {onnx.TensorProto.DataType.Name(elem_type)} is not supported")
+
 
 def attribute_values(node: onnx.NodeProto) -> dict:
   out = {}
   for a in node.attribute:
     v = onnx.helper.get_attribute_value(a)
-    if isinstance(v, bytes): v = v.decode()
-    elif isinstance(v, onnx.TensorProto): v = numpy_helper.to_array(v)
-    elif isinstance(v, list) and v and isinstance(v[0], bytes): v = [x.decode() for x in v]
+    if isinstance(v, bytes):
+      v = v.decode()
+    elif isinstance(v, onnx.TensorProto):
+      v = numpy_helper.to_array(v)
+    elif isinstance(v, list) and v and isinstance(v[0], bytes):
+      v = [x.decode() for x in v]
     out[a.name] = v
   return out
+
 
 @dataclass
 class Node:
   """What an op function sees besides its inputs and attributes."""
+
   proto: onnx.NodeProto
   opset: int
   tracer: "Tracer"
   env: dict
+
   @property
-  def name(self) -> str: return self.proto.name or self.proto.output[0]
+  def name(self) -> str:
+    return self.proto.name or self.proto.output[0]
+
   @property
-  def num_outputs(self) -> int: return len(self.proto.output)
-  def output_used(self, i: int) -> bool: return i < len(self.proto.output) and self.proto.output[i] != ""
+  def num_outputs(self) -> int:
+    return len(self.proto.output)
+
+  def output_used(self, i: int) -> bool:
+    return i < len(self.proto.output) and self.proto.output[i] != ""
+
   def const(self, t: Tensor | None, what: str = "input") -> np.ndarray | None:
     """The value of t, which must be computable at compile time (shape arithmetic, constants, bound inputs)."""
-    if t is None: return None
+    if t is None:
+      return None
     return constant_value(t, f"{what} of {self.proto.op_type} node '{self.name}'")
+
   def subgraph(self, g: onnx.GraphProto, inputs: list[Tensor]) -> list[Tensor]:
     """Run a subgraph (If/Loop/Scan body) with the outer scope visible."""
     env = dict(self.env)
-    for vi, t in zip(g.input, inputs): env[vi.name] = t
+    for vi, t in zip(g.input, inputs):
+      env[vi.name] = t
     return self.tracer.run_graph(g, env, self.opset)
+
 
 def constant_value(t: Tensor, what: str) -> np.ndarray:
   from aot.interpret import evaluate
-  leaves = [u for u in t.uop.toposort() if u.op in (Ops.BUFFER, Ops.PARAM) and not (u.op is Ops.BUFFER and u.arg.kind == "const")]
+
+  leaves = [
+    u
+    for u in t.uop.toposort()
+    if u.op in (Ops.BUFFER, Ops.PARAM) and not (u.op is Ops.BUFFER and u.arg.kind == "const")
+  ]
   if leaves:
     name = leaves[0].arg.name if leaves[0].op is Ops.BUFFER else leaves[0].arg[2]
-    raise NeedsConstant(f"{what} must be known at compile time, but it depends on the model input '{name}' "
-                        f"(pin it with --bind {name}=VALUE, or use a static shape)", name)
-  from aot.schedule import pm_prepare
+    raise NeedsConstant(
+      f"{what} must be known at compile time, but it depends on the model input '{name}' "
+      f"(pin it with --bind {name}=VALUE, or use a static shape)",
+      name,
+    )
   from aot.rewrite import graph_rewrite
+  from aot.schedule import pm_prepare
+
   return np.asarray(evaluate(graph_rewrite(t.uop, pm_prepare)))
+
 
 class _Poison:
   """The output of a node that failed: nodes reading it are skipped (their failure is not news)."""
 
+
 POISON = _Poison()
+
 
 @dataclass
 class Tracer:
   model: onnx.ModelProto
-  base_dir: Path | None = None   # the model file's folder, which external data locations are relative to
+  base_dir: Path | None = None  # the model file's folder, which external data locations are relative to
   errors: list = field(default_factory=list)
   needs_inputs: set = field(default_factory=set)
   functions: dict = field(default_factory=dict)
@@ -112,55 +155,67 @@ class Tracer:
       if any(x is POISON for x in ins):
         outs = [POISON] * len(node.output)
       else:
-        try: outs = self.run_node(node, ins, env, opset)
+        try:
+          outs = self.run_node(node, ins, env, opset)
         except CompileError as e:
           self.needs_inputs |= e.needs_inputs
           self.errors.append(f"{node.op_type} node '{node.name or node.output[0]}': {e}")
           outs = [POISON] * len(node.output)
         # ours but not the model's fault (an InternalError from a subgraph's node already names that node)
-        except AotError: raise
+        except AotError:
+          raise
         except Exception as e:
           # not one of our errors: a bug in a converter or below it, which the model's author cannot fix
-          raise InternalError(f"internal compiler error in {node.op_type} node '{node.name or node.output[0]}': "
-                              f"{type(e).__name__}: {e} (a bug in the compiler, not in the model: please report it)"
-                              ) from e
+          raise InternalError(
+            f"internal compiler error in {node.op_type} node '{node.name or node.output[0]}': "
+            f"{type(e).__name__}: {e} (a bug in the compiler, not in the model: please report it)"
+          ) from e
       for name, t in zip(node.output, outs):
-        if name: env[name] = t
+        if name:
+          env[name] = t
     return [env.get(o.name, _missing(o.name)) for o in g.output]
 
   def run_node(self, node: onnx.NodeProto, ins: list, env: dict, opset: int) -> list:
     for x in ins:
-      if isinstance(x, _Missing): raise Unsupported(f"input '{x.name}' is not produced by any node or graph input")
+      if isinstance(x, _Missing):
+        raise Unsupported(f"input '{x.name}' is not produced by any node or graph input")
     attrs = attribute_values(node)
     fn = lookup(node.op_type, node.domain, self.opset_of(node.domain, opset))
     if fn is None:
       fproto = self.local_function(node)
-      if fproto is None: raise Unsupported("operator not supported")
+      if fproto is None:
+        raise Unsupported("operator not supported")
       return self.call_function(fproto, node, ins, attrs)
     ctx = Node(node, self.opset_of(node.domain, opset), self, env)
     sig = inspect.signature(fn)
     nin = sum(1 for p in sig.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD) - 1
     for k in attrs:
-      if k not in sig.parameters: raise Unsupported(f"attribute '{k}' is not supported")
+      if k not in sig.parameters:
+        raise Unsupported(f"attribute '{k}' is not supported")
     varargs = any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values())
-    if len(ins) > nin and not varargs: raise Unsupported(f"{len(ins)} inputs given, at most {nin} supported")
+    if len(ins) > nin and not varargs:
+      raise Unsupported(f"{len(ins)} inputs given, at most {nin} supported")
     fmts = [narrow.fmt_of(x) for x in ins]
     wide = next((f for f in fmts if f is not None), None) if node.op_type not in narrow.AWARE else None
     # any other op computes a narrow float in float32 (the ints in their storage type): decode in, encode out
-    if wide is not None: ins = [narrow.decode(x, f) if f is not None and f.is_float else x for x, f in zip(ins, fmts)]
+    if wide is not None:
+      ins = [narrow.decode(x, f) if f is not None and f.is_float else x for x, f in zip(ins, fmts)]
     out = fn(ctx, *ins, **attrs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if wide is not None: outs = [narrow.restore(o, wide) for o in outs]
+    if wide is not None:
+      outs = [narrow.restore(o, wide) for o in outs]
     return outs + [None] * (len(node.output) - len(outs))
 
   def opset_of(self, domain: str, default: int) -> int:
     for o in self.model.opset_import:
-      if o.domain == domain or (domain in ("", "ai.onnx") and o.domain in ("", "ai.onnx")): return o.version
+      if o.domain == domain or (domain in ("", "ai.onnx") and o.domain in ("", "ai.onnx")):
+        return o.version
     return default
 
   def local_function(self, node: onnx.NodeProto):
     for f in self.model.functions:
-      if f.name == node.op_type and f.domain == node.domain: return f
+      if f.name == node.op_type and f.domain == node.domain:
+        return f
     return None
 
   def call_function(self, f: onnx.FunctionProto, node: onnx.NodeProto, ins: list, attrs: dict) -> list:
@@ -168,90 +223,142 @@ class Tracer:
     defaults = {a.name: onnx.helper.get_attribute_value(a) for a in f.attribute_proto}
     attrs = {**defaults, **attrs}
     body_opset = {o.domain: o.version for o in f.opset_import}.get("", 1)
+
     def body(*args):
-      g = onnx.helper.make_graph([_bind_attrs(n, attrs) for n in f.node], f.name,
-                                 [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in f.input],
-                                 [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in f.output])
+      g = onnx.helper.make_graph(
+        [_bind_attrs(n, attrs) for n in f.node],
+        f.name,
+        [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in f.input],
+        [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in f.output],
+      )
       env = dict(zip(f.input, args))
       outs = self.run_graph(g, env, body_opset)
-      if any(o is POISON for o in outs): raise Unsupported(f"function {f.name} has nodes that cannot be compiled")
+      if any(o is POISON for o in outs):
+        raise Unsupported(f"function {f.name} has nodes that cannot be compiled")
       return tuple(outs)
+
     present = [x for x in ins if x is not None]
-    key = (f.domain, f.name, repr(sorted(attrs.items(), key=lambda kv: kv[0])), tuple((x.shape, x.dtype) for x in present))
+    key = (
+      f.domain,
+      f.name,
+      repr(sorted(attrs.items(), key=lambda kv: kv[0])),
+      tuple((x.shape, x.dtype) for x in present),
+    )
     # a FUNCTION's parameters are plain tensors: a narrow argument's type, or a sequence, would be lost; inline it
-    if any(narrow.fmt_of(x) or not isinstance(x, Tensor) for x in present): return list(body(*present))
+    if any(narrow.fmt_of(x) or not isinstance(x, Tensor) for x in present):
+      return list(body(*present))
     try:
-      if key not in self.functions: self.functions[key] = function(body)
+      if key not in self.functions:
+        self.functions[key] = function(body)
       outs = self.functions[key](*present)
     except NeedsConstant:
       outs = body(*present)  # the body needs an argument's value: trace it inline instead
     return list(outs)
 
+
 @dataclass
 class _Missing:
   name: str
-def _missing(name: str) -> _Missing: return _Missing(name)
+
+
+def _missing(name: str) -> _Missing:
+  return _Missing(name)
+
 
 def _bind_attrs(n: onnx.NodeProto, attrs: dict) -> onnx.NodeProto:
   """A function body node with its attribute references (ref_attr_name) replaced by the caller's values."""
-  if not any(a.ref_attr_name for a in n.attribute): return n
+  if not any(a.ref_attr_name for a in n.attribute):
+    return n
   new = onnx.NodeProto()
   new.CopyFrom(n)
   del new.attribute[:]
   for a in n.attribute:
     if a.ref_attr_name:
-      if a.ref_attr_name in attrs: new.attribute.append(onnx.helper.make_attribute(a.name, attrs[a.ref_attr_name]))
-    else: new.attribute.append(a)
+      if a.ref_attr_name in attrs:
+        new.attribute.append(onnx.helper.make_attribute(a.name, attrs[a.ref_attr_name]))
+    else:
+      new.attribute.append(a)
   return new
 
+
 # *** loading ***
+
 
 def load_model(src) -> onnx.ModelProto:
   """The model without its external weights: initializers stored outside the file stay there and are mapped when the
   graph is traced (external_array); a Constant node's external tensor is read now."""
-  if isinstance(src, onnx.ModelProto): return src
+  if isinstance(src, onnx.ModelProto):
+    return src
   path = Path(src)
-  if not path.exists(): raise FileNotFoundError(f"{path}: no such file")
-  try: model = onnx.load(str(path), load_external_data=False)
-  except Exception as e: raise CompileError(f"{path}: not a readable ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'truncated or corrupt'})")
+  if not path.exists():
+    raise FileNotFoundError(f"{path}: no such file")
+  try:
+    model = onnx.load(str(path), load_external_data=False)
+  except Exception as e:
+    why = str(e).splitlines()[0] if str(e) else "truncated or corrupt"
+    raise CompileError(f"{path}: not a readable ONNX model ({type(e).__name__}: {why})")
   try:
     for g in _all_graphs(model.graph):
       for t in g.initializer:
-        if _is_external(t): _external_extent(t, path.parent)
+        if _is_external(t):
+          _external_extent(t, path.parent)
       for n in g.node:
         for a in n.attribute:
           if a.type == onnx.AttributeProto.TENSOR and _is_external(a.t):
             onnx.external_data_helper.load_external_data_for_tensor(a.t, str(path.parent))
-  except CompileError as e: raise CompileError(f"{path}: {e}")
-  except Exception as e: raise CompileError(f"{path}: cannot load external weights: {e}")
+  except CompileError as e:
+    raise CompileError(f"{path}: {e}")
+  except Exception as e:
+    raise CompileError(f"{path}: cannot load external weights: {e}")
   return model
 
-def _is_external(t: onnx.TensorProto) -> bool: return t.data_location == onnx.TensorProto.EXTERNAL
+
+def _is_external(t: onnx.TensorProto) -> bool:
+  return t.data_location == onnx.TensorProto.EXTERNAL
+
 
 # element types whose external bytes are the numpy array itself (little-endian, one item per element): these are
 # memory-mapped; the others (bfloat16, float8, 4-bit, strings) are read and converted by onnx
-_MAPPED_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
-                 onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
-                 onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
+_MAPPED_TYPES = {
+  onnx.TensorProto.FLOAT,
+  onnx.TensorProto.DOUBLE,
+  onnx.TensorProto.FLOAT16,
+  onnx.TensorProto.BOOL,
+  onnx.TensorProto.INT8,
+  onnx.TensorProto.INT16,
+  onnx.TensorProto.INT32,
+  onnx.TensorProto.INT64,
+  onnx.TensorProto.UINT8,
+  onnx.TensorProto.UINT16,
+  onnx.TensorProto.UINT32,
+  onnx.TensorProto.UINT64,
+}
+
 
 def _external_extent(t: onnx.TensorProto, base: Path) -> tuple[Path, int, int]:
   """(file, offset, bytes) of an external initializer, checked against the file's size."""
   info = onnx.external_data_helper.ExternalDataInfo(t)
   file = base / info.location
-  if not file.is_file(): raise CompileError(f"initializer '{t.name}': its external data {file} does not exist")
+  if not file.is_file():
+    raise CompileError(f"initializer '{t.name}': its external data {file} does not exist")
   n = math.prod(t.dims)
   nbytes = info.length if info.length else n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
   size = file.stat().st_size
   if info.offset + nbytes > size:
-    raise CompileError(f"initializer '{t.name}': needs bytes {info.offset}..{info.offset + nbytes} of {file}, "
-                       f"which holds {size} (truncated?)")
+    raise CompileError(
+      f"initializer '{t.name}': needs bytes {info.offset}..{info.offset + nbytes} of {file}, "
+      f"which holds {size} (truncated?)"
+    )
   return file, info.offset, nbytes
+
 
 def external_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
   """An initializer's value; external data of a plain numeric type is a read-only memory map of its file, so weights
   are paged in as the compiler reads them and never copied into the heap."""
-  if not _is_external(t): return numpy_helper.to_array(t)
-  if base is None: raise CompileError(f"initializer '{t.name}' has external data: compile the model from its file")
+  if not _is_external(t):
+    return numpy_helper.to_array(t)
+  if base is None:
+    raise CompileError(f"initializer '{t.name}' has external data: compile the model from its file")
   file, offset, nbytes = _external_extent(t, base)
   if t.data_type not in _MAPPED_TYPES or math.prod(t.dims) == 0:
     return numpy_helper.to_array(t, str(base))
@@ -260,18 +367,24 @@ def external_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
     raise CompileError(f"initializer '{t.name}': {nbytes} bytes of external data for {math.prod(t.dims)} {dtype} items")
   return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=tuple(t.dims))
 
+
 def checker_complaint(model: onnx.ModelProto, path: Path | None = None) -> str | None:
   """The first line of what onnx's checker finds wrong with the model (it stops at the first problem), if anything.
   A model with external data is checked from its file (path): in memory, the checker looks for the data in the current
   folder; with the weights outside it, the file is small."""
   external = path is not None and any(_is_external(t) for g in _all_graphs(model.graph) for t in g.initializer)
-  try: onnx.checker.check_model(str(path) if external else model)
+  try:
+    onnx.checker.check_model(str(path) if external else model)
   except onnx.checker.ValidationError as e:
     # a graph output without a declared shape is common in hand-built models and harmless: shapes are inferred here
-    if "Field 'shape' of 'type' is required" not in str(e): return str(e).splitlines()[0]
+    if "Field 'shape' of 'type' is required" not in str(e):
+      return str(e).splitlines()[0]
   return None
 
-def _node_label(n: onnx.NodeProto) -> str: return f"{n.op_type} '{n.name or n.output[0]}'"
+
+def _node_label(n: onnx.NodeProto) -> str:
+  return f"{n.op_type} '{n.name or n.output[0]}'"
+
 
 def graph_cycle(g: onnx.GraphProto) -> list[str] | None:
   """The nodes of one cycle in g's dataflow (a node reading what a later node computes from its own output), in
@@ -280,10 +393,12 @@ def graph_cycle(g: onnx.GraphProto) -> list[str] | None:
   readers: list[list[int]] = [[] for _ in g.node]
   for i, n in enumerate(g.node):
     for x in n.input:
-      if x in producer: readers[producer[x]].append(i)
+      if x in producer:
+        readers[producer[x]].append(i)
   state = [0] * len(g.node)  # 0 not seen, 1 on the current path, 2 finished
   for root in range(len(g.node)):
-    if state[root]: continue
+    if state[root]:
+      continue
     state[root] = 1
     path, stack = [root], [iter(readers[root])]
     while stack:
@@ -291,28 +406,35 @@ def graph_cycle(g: onnx.GraphProto) -> list[str] | None:
       if j is None:
         state[path.pop()] = 2
         stack.pop()
-      elif state[j] == 1: return [_node_label(g.node[k]) for k in path[path.index(j):] + [j]]
+      elif state[j] == 1:
+        return [_node_label(g.node[k]) for k in path[path.index(j) :] + [j]]
       elif state[j] == 0:
         state[j] = 1
         path.append(j)
         stack.append(iter(readers[j]))
   return None
 
+
 def _all_graphs(g: onnx.GraphProto):
   yield g
   for n in g.node:
     for a in n.attribute:
-      if a.type == onnx.AttributeProto.GRAPH: yield from _all_graphs(a.g)
+      if a.type == onnx.AttributeProto.GRAPH:
+        yield from _all_graphs(a.g)
       if a.type == onnx.AttributeProto.GRAPHS:
-        for sg in a.graphs: yield from _all_graphs(sg)
+        for sg in a.graphs:
+          yield from _all_graphs(sg)
+
 
 def model_problems(model: onnx.ModelProto, path: Path | None = None) -> list[str]:
   """Everything found wrong with the model before tracing it, all at once: every unsupported op, every cycle, then
   onnx's checker (which names only the first problem it meets, and would hide the others)."""
   problems = []
-  if bad := unsupported_ops(model): problems.append(f"unsupported ONNX operators: {', '.join(bad)}")
-  cycles = [f"graph '{g.name}' has a cycle: {' -> '.join(c)}"
-            for g in _all_graphs(model.graph) if (c := graph_cycle(g))]
+  if bad := unsupported_ops(model):
+    problems.append(f"unsupported ONNX operators: {', '.join(bad)}")
+  cycles = [
+    f"graph '{g.name}' has a cycle: {' -> '.join(c)}" for g in _all_graphs(model.graph) if (c := graph_cycle(g))
+  ]
   problems += cycles
   complaint = checker_complaint(model, path)
   # the checker's objection to a cycle is that the nodes are not in order, which the cycle already says
@@ -320,24 +442,29 @@ def model_problems(model: onnx.ModelProto, path: Path | None = None) -> list[str
     problems.append(f"invalid ONNX model: {complaint}")
   return problems
 
+
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
   tracer = Tracer(model)
   local = {(f.domain, f.name) for f in model.functions}
   bad = []
   for n in [n for g in _all_graphs(model.graph) for n in g.node] + [n for f in model.functions for n in f.node]:
-    if (n.domain, n.op_type) in local: continue
+    if (n.domain, n.op_type) in local:
+      continue
     if lookup(n.op_type, n.domain, tracer.opset_of(n.domain, 1)) is None:
       bad.append(f"{n.op_type}{' (domain ' + n.domain + ')' if n.domain else ''} (node '{n.name or n.output[0]}')")
   return bad
+
 
 # shape inference reads the values of initializers that are shapes, axes, pads (a few elements each); a bigger one
 # is given to it as a typed input, so that the cross-check costs what the graph does, not what its weights do
 SHAPE_INFERENCE_CONST_MAX = 1 << 10
 
+
 def _unknown_dim(d, traced: int) -> bool:
   """A dim ONNX leaves open: a dim_param or nothing, or what exporters write for "unknown": a negative value, or 0
   (a real zero-size dim in ONNX, so only where the traced dim is not 0: the two cannot be told apart)."""
   return not d.HasField("dim_value") or d.dim_value < 0 or (d.dim_value == 0 and traced != 0)
+
 
 def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple], outs: list) -> None:
   """ONNX's own shape inference, as a cross-check of ours: run from the input shapes the graph was traced with, and
@@ -355,47 +482,66 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
   m.graph.sparse_initializer.extend(model.graph.sparse_initializer)
   declared = {vi.name for vi in model.graph.input}
   for init in model.graph.initializer:
-    if math.prod(init.dims) <= SHAPE_INFERENCE_CONST_MAX: m.graph.initializer.append(init)
+    if math.prod(init.dims) <= SHAPE_INFERENCE_CONST_MAX:
+      m.graph.initializer.append(init)
     elif init.name not in declared:
       m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
   for vi in m.graph.input:
     if vi.name in input_shapes and vi.type.HasField("tensor_type"):
       vi.type.tensor_type.shape.Clear()
-      for s in input_shapes[vi.name]: vi.type.tensor_type.shape.dim.add().dim_value = s
+      for s in input_shapes[vi.name]:
+        vi.type.tensor_type.shape.dim.add().dim_value = s
   for vi in m.graph.output:
-    if vi.type.HasField("tensor_type"): vi.type.tensor_type.ClearField("shape")
-  try: inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
-  except Exception: return  # inference gives up on some valid models; ours is the one that must work
+    if vi.type.HasField("tensor_type"):
+      vi.type.tensor_type.ClearField("shape")
+  try:
+    inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
+  except Exception:
+    return  # inference gives up on some valid models; ours is the one that must work
   for vi, o in zip(inferred.graph.output, outs):
-    if not (vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")): continue
+    if not (vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")):
+      continue
     dims = vi.type.tensor_type.shape.dim
     if len(dims) != len(o.shape) or any(not _unknown_dim(d, t) and d.dim_value != t for d, t in zip(dims, o.shape)):
       want = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims)
-      raise CompileError(f"output '{vi.name}': ONNX shape inference gives {want}, the traced graph {o.shape} "
-                         f"(a frontend bug: please report it)")
+      raise CompileError(
+        f"output '{vi.name}': ONNX shape inference gives {want}, the traced graph {o.shape} "
+        f"(a frontend bug: please report it)"
+      )
+
 
 def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None):
   """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler."""
-  from aot.artifact import c_name
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
+  from aot.artifact import c_name
   from aot.codegen.quant import fuse_qdq
+
   # QDQ groups run as onnxruntime runs them: as integer contractions (codegen/quant.py)
   model = fuse_qdq(load_model(src), in_place=not isinstance(src, onnx.ModelProto))
-  if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None): raise CompileError("; ".join(problems))
+  if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None):
+    raise CompileError("; ".join(problems))
   shapes, bind = dict(shapes or {}), dict(bind or {})
   g = model.graph
   inits = {i.name for i in g.initializer}
   env: dict = {}
   inputs, problems, unpinned, needs_shapes, containers = [], [], [], set(), []
   formats: dict[str, tuple[str, tuple]] = {}  # narrow inputs and outputs: name -> (type, logical shape)
-  from aot.frontends.onnx_ops_sequence import (container_input, container_kind, container_output, ContainerShapeNeeded,
-                                               NOT_GIVEN)
+  from aot.frontends.onnx_ops_sequence import (
+    NOT_GIVEN,
+    ContainerShapeNeeded,
+    container_input,
+    container_kind,
+    container_output,
+  )
+
   def make_input(name: str, shape: tuple, dt) -> Tensor:
     t, raw = _narrow_input(name, shape, dt, formats) if isinstance(dt, Narrow) else (Tensor.input(name, shape, dt),) * 2
     inputs.append(raw)
     return t
+
   for vi in g.input:
-    if vi.name in inits: continue
+    if vi.name in inits:
+      continue
     if vi.name in bind:
       tt = vi.type.tensor_type
       env[vi.name] = narrow.from_array(np.asarray(bind[vi.name], dtype=onnx_type(tt.elem_type).np))
@@ -403,25 +549,41 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     if vi.type.HasField("sequence_type") or vi.type.HasField("optional_type"):
       start = len(inputs)
       element = lambda n, s, et: make_input(n, s, onnx_type(et))
-      try: env[vi.name] = container_input(vi, shapes.get(vi.name, NOT_GIVEN), element)
+      try:
+        env[vi.name] = container_input(vi, shapes.get(vi.name, NOT_GIVEN), element)
       except (ValueError, Unsupported, CompileError) as e:
         problems.append(str(e))
-        if isinstance(e, ContainerShapeNeeded): needs_shapes.add(vi.name)
+        if isinstance(e, ContainerShapeNeeded):
+          needs_shapes.add(vi.name)
         continue
-      containers.append({"name": vi.name, "kind": container_kind(env[vi.name]), "side": "input", "start": start,
-                         "count": len(inputs) - start})
+      containers.append(
+        {
+          "name": vi.name,
+          "kind": container_kind(env[vi.name]),
+          "side": "input",
+          "start": start,
+          "count": len(inputs) - start,
+        }
+      )
       continue
     if not vi.type.HasField("tensor_type"):
-      problems.append(f"input '{vi.name}' is not a tensor"); continue
+      problems.append(f"input '{vi.name}' is not a tensor")
+      continue
     tt = vi.type.tensor_type
-    try: dt = onnx_type(tt.elem_type)
-    except Unsupported as e: problems.append(f"input '{vi.name}': {e}"); continue
-    if vi.name in shapes: shape = tuple(int(s) for s in shapes[vi.name])
+    try:
+      dt = onnx_type(tt.elem_type)
+    except Unsupported as e:
+      problems.append(f"input '{vi.name}': {e}")
+      continue
+    if vi.name in shapes:
+      shape = tuple(int(s) for s in shapes[vi.name])
     else:
       shape = []
       for i, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value") and d.dim_value >= 0: shape.append(d.dim_value)
-        elif d.dim_param and d.dim_param in shapes: shape.append(int(shapes[d.dim_param]))
+        if d.HasField("dim_value") and d.dim_value >= 0:
+          shape.append(d.dim_value)
+        elif d.dim_param and d.dim_param in shapes:
+          shape.append(int(shapes[d.dim_param]))
         else:
           # a negative size is how some exporters write an unknown one: it needs pinning like a dim_param
           why = f"'{d.dim_param}'" if d.dim_param else f"declared {d.dim_value}" if d.HasField("dim_value") else ""
@@ -429,40 +591,52 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
           shape.append(None)
       shape = tuple(shape)
     if None not in shape:
-      try: env[vi.name] = make_input(vi.name, shape, dt)
+      try:
+        env[vi.name] = make_input(vi.name, shape, dt)
       except CompileError as e:
         problems.append(str(e))
         continue
-    else: needs_shapes.add(vi.name)
+    else:
+      needs_shapes.add(vi.name)
   if unpinned:
-    problems.append(f"unknown input dims must be pinned: {', '.join(unpinned)} "
-                    "(use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)")
-  if problems: raise CompileError("; ".join(problems), needs_shapes=needs_shapes)
+    problems.append(
+      f"unknown input dims must be pinned: {', '.join(unpinned)} (use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)"
+    )
+  if problems:
+    raise CompileError("; ".join(problems), needs_shapes=needs_shapes)
   tracer = Tracer(model, Path(src).parent if isinstance(src, (str, Path)) else None)
   outs = tracer.run_graph(g, env, tracer.opset_of("", 1))
   if tracer.errors:
-    raise CompileError(f"{len(tracer.errors)} ONNX node(s) cannot be compiled: " + "; ".join(tracer.errors),
-                       tracer.needs_inputs)
+    raise CompileError(
+      f"{len(tracer.errors)} ONNX node(s) cannot be compiled: " + "; ".join(tracer.errors), tracer.needs_inputs
+    )
   flat = []
   for o, vi in zip(outs, g.output):
-    try: kind, parts = container_output(o, vi.name)
-    except ValueError as e: raise CompileError(str(e))
-    if kind != "tensor": containers.append({"name": vi.name, "kind": kind, "side": "output", "start": len(flat),
-                                            "count": len(parts)})
+    try:
+      kind, parts = container_output(o, vi.name)
+    except ValueError as e:
+      raise CompileError(str(e))
+    if kind != "tensor":
+      containers.append({"name": vi.name, "kind": kind, "side": "output", "start": len(flat), "count": len(parts)})
     elem = vi if kind == "tensor" else _element_info(vi)
     for n, t in parts:
       flat.append((n, _narrow_output(t, onnx.helper.make_value_info(n, elem.type) if elem else vi, formats)))
-  if not flat: raise CompileError("the model has no output tensors (each output is an empty optional or sequence)")
+  if not flat:
+    raise CompileError("the model has no output tensors (each output is an empty optional or sequence)")
   check_inferred_shapes(model, {t.uop.arg.name: formats.get(t.uop.arg.name, (None, t.shape))[1] for t in inputs}, outs)
   name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
-  return Traced(c_name(name), [t.uop for _, t in flat], [t.uop for t in inputs], [n for n, _ in flat], formats,
-                containers)
+  return Traced(
+    c_name(name), [t.uop for _, t in flat], [t.uop for t in inputs], [n for n, _ in flat], formats, containers
+  )
+
 
 def _element_info(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto | None:
   """A sequence (or optional) output's element type, as the value info of one element (None: not declared)."""
   t = vi.type.optional_type.elem_type if vi.type.HasField("optional_type") else vi.type
-  if t.HasField("sequence_type"): t = t.sequence_type.elem_type
+  if t.HasField("sequence_type"):
+    t = t.sequence_type.elem_type
   return onnx.helper.make_value_info(vi.name, t) if t.HasField("tensor_type") else None
+
 
 def _narrow_input(name: str, shape: tuple, f: Narrow, formats: dict) -> tuple[Tensor, Tensor]:
   """A narrow input: (its Stored tensor, the buffer the caller passes: the codes, or the packed bytes)."""
@@ -473,11 +647,14 @@ def _narrow_input(name: str, shape: tuple, f: Narrow, formats: dict) -> tuple[Te
   raw = Tensor.input(name, (f.nbytes(math.prod(shape)),), dtypes.uint8)
   return narrow.Stored(narrow.unpack(raw, f, shape), f), raw
 
+
 def _narrow_output(o: Tensor, vi: onnx.ValueInfoProto, formats: dict) -> Tensor:
   """An output as what the caller receives: a narrow one as its codes, or packed bytes."""
   f = onnx_narrow(vi.type.tensor_type.elem_type) if vi.type.HasField("tensor_type") else None
   f = f or narrow.fmt_of(o)
-  if f is None: return o
-  if narrow.fmt_of(o) != f: o = narrow.convert(o, f)
+  if f is None:
+    return o
+  if narrow.fmt_of(o) != f:
+    o = narrow.convert(o, f)
   formats[vi.name] = (f.name, o.shape)
   return narrow.pack(o, f) if f.packed else o

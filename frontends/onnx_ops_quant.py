@@ -3,43 +3,61 @@ DynamicQuantizeMatMul, ...). Each one is lowered as onnxruntime computes it: int
 where it accumulates in int32, otherwise dequantize to float32, compute, and requantize (round half to even, then
 add the zero point, then saturate). onnxruntime's float parts are not all ours: it has a fixed-point QLinearAdd
 on some CPUs and MLAS's approximate logistic in QLinearSigmoid's lookup table, so a value can land one step apart
-there (tests/test_quant_ops.py finds none on an AVX-512 x86 machine)."""
+there (tests/test_quant_ops.py finds none on an AVX-512 x86 machine). The ai.onnx quantisation ops (QuantizeLinear,
+DequantizeLinear, QLinearMatMul, QLinearConv) are here too."""
+
 from __future__ import annotations
+
 import numpy as np
-from aot.dtype import dtypes, min_value, max_value
+
+from aot.dtype import dtypes, max_value, min_value
+from aot.frontends import narrow
+from aot.frontends.onnx import Unsupported, onnx_type, op
+from aot.frontends.onnx_ops_nn import _zp32, avg_pool, conv_integer
+from aot.frontends.onnx_ops_rnn import _activations, _rnn_outputs, _rnn_setup, _run_dirs, lstm_cell
 from aot.frontends.tensor import Tensor
-from aot.frontends.onnx import op, Unsupported
-from aot.frontends.onnx_ops_nn import avg_pool, lstm_cell, _zp32, _activations, _rnn_setup, _run_dirs, _rnn_outputs
 
 MS = "com.microsoft"
 F32 = dtypes.float32
 
-def _f(t: Tensor) -> Tensor: return t.cast(F32)
+
+def _f(t: Tensor) -> Tensor:
+  return t.cast(F32)
+
 
 def _scalar(t: Tensor, what: str) -> Tensor:
   """A per-tensor scale or zero point (onnxruntime's kernels for these ops accept nothing else)."""
-  if t.numel() != 1: raise Unsupported(f"{what} must be a scalar (per tensor), got shape {t.shape}")
+  if t.numel() != 1:
+    raise Unsupported(f"{what} must be a scalar (per tensor), got shape {t.shape}")
   return t.reshape(())
+
 
 def _dequant(x: Tensor, scale: Tensor, zp: Tensor | None) -> Tensor:
   """scale * (x - zp) in float32, the order onnxruntime's lookup tables and float paths use."""
   return _f(_scalar(scale, "the input scale")) * _f(x.cast(dtypes.int32) - _zp(zp))
 
+
 def _requant(v: Tensor, scale: Tensor | None, zp: Tensor | None, dt) -> Tensor:
   """Quantize float32 v: round(v / scale) + zp, saturated to dt (onnxruntime's MlasQuantizeLinear)."""
-  if dt not in (dtypes.int8, dtypes.uint8): raise Unsupported(f"quantized type {dt.name} (int8 or uint8 expected)")
+  if dt not in (dtypes.int8, dtypes.uint8):
+    raise Unsupported(f"quantized type {dt.name} (int8 or uint8 expected)")
   q = v / _f(_scalar(scale, "the output scale")) if scale is not None else v
   return _saturate(q.round(), zp, dt)
 
+
 def _saturate(q: Tensor, zp: Tensor | None, dt) -> Tensor:
   """q (already rounded, float32) + zp, clamped to dt's range and cast."""
-  if zp is not None: q = q + _f(_scalar(zp, "the output zero point"))
+  if zp is not None:
+    q = q + _f(_scalar(zp, "the output zero point"))
   return q.maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
+
 
 def _out_type(x: Tensor, zp: Tensor | None):
   return zp.dtype if zp is not None else x.dtype
 
+
 # *** elementwise: dequantize, compute in float, requantize ***
+
 
 @op("QLinearAdd", domain=MS)
 def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
@@ -49,6 +67,7 @@ def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
   v = _f(a.cast(dtypes.int32) - _zp(a_zp)) * ra + _f(b.cast(dtypes.int32) - _zp(b_zp)) * rb
   return _saturate(v.round(), c_zp, _out_type(a, c_zp))
 
+
 @op("QLinearMul", domain=MS)
 def qlinear_mul(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
   # the product of the integer differences is exact in int32; one float multiplier sa*sb/sc
@@ -57,25 +76,32 @@ def qlinear_mul(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
   v = _f((a.cast(dtypes.int32) - _zp(a_zp)) * (b.cast(dtypes.int32) - _zp(b_zp))) * mult
   return _saturate(v.round(), c_zp, _out_type(a, c_zp))
 
+
 def _zp(zp: Tensor | None):
   return _scalar(zp, "the zero point").cast(dtypes.int32) if zp is not None else 0
+
 
 @op("QLinearSigmoid", domain=MS)
 def qlinear_sigmoid(n, x, x_scale, x_zp, y_scale, y_zp=None):
   return _requant(_dequant(x, x_scale, x_zp).sigmoid(), y_scale, y_zp, _out_type(x, y_zp))
+
 
 @op("QLinearLeakyRelu", domain=MS)
 def qlinear_leaky_relu(n, x, x_scale, x_zp, y_scale, y_zp=None, alpha=0.01):
   v = _dequant(x, x_scale, x_zp)
   return _requant((v < 0).where(v * alpha, v), y_scale, y_zp, _out_type(x, y_zp))
 
+
 # *** pooling and concatenation ***
+
 
 def _to_channels_first(x: Tensor, channels_last: int) -> Tensor:
   return x.permute((0, x.ndim - 1) + tuple(range(1, x.ndim - 1))) if channels_last else x
 
+
 def _from_channels_first(x: Tensor, channels_last: int) -> Tensor:
   return x.permute((0,) + tuple(range(2, x.ndim)) + (1,)) if channels_last else x
+
 
 @op("QLinearGlobalAveragePool", domain=MS)
 def qlinear_global_avg_pool(n, x, x_scale, x_zp, y_scale, y_zp=None, channels_last=0):
@@ -83,59 +109,86 @@ def qlinear_global_avg_pool(n, x, x_scale, x_zp, y_scale, y_zp=None, channels_la
   xc = _to_channels_first(x, channels_last)
   axes = tuple(range(2, xc.ndim))
   count = 1
-  for a in axes: count *= xc.shape[a]
+  for a in axes:
+    count *= xc.shape[a]
   acc = xc.cast(dtypes.int32).sum(axes, keepdim=True) - _zp(x_zp) * count
   mult = _f(_scalar(x_scale, "x_scale")) / (_f(_scalar(y_scale, "y_scale")) * float(count))
   y = _saturate((_f(acc) * mult).round(), y_zp, _out_type(x, y_zp))
   return _from_channels_first(y, channels_last)
 
+
 @op("QLinearAveragePool", domain=MS)
-def qlinear_avg_pool(n, x, x_scale, x_zp, y_scale, y_zp=None, auto_pad="NOTSET", ceil_mode=0, channels_last=0,
-                     count_include_pad=0, kernel_shape=None, pads=None, strides=None):
+def qlinear_avg_pool(
+  n,
+  x,
+  x_scale,
+  x_zp,
+  y_scale,
+  y_zp=None,
+  auto_pad="NOTSET",
+  ceil_mode=0,
+  channels_last=0,
+  count_include_pad=0,
+  kernel_shape=None,
+  pads=None,
+  strides=None,
+):
   # onnxruntime dequantizes, pools in float and quantizes the result
   v = _to_channels_first(_dequant(x, x_scale, x_zp), channels_last)
   pooled = avg_pool(n, v, auto_pad, ceil_mode, count_include_pad, None, kernel_shape, pads, strides)
   return _from_channels_first(_requant(pooled, y_scale, y_zp, _out_type(x, y_zp)), channels_last)
 
+
 @op("QLinearConcat", domain=MS)
 def qlinear_concat(n, y_scale, y_zp, *xs, axis=0):
-  if len(xs) % 3: raise Unsupported(f"inputs after Y_scale and Y_zero_point come in (X, scale, zero point) triples, "
-                                    f"got {len(xs)}")
+  if len(xs) % 3:
+    raise Unsupported(f"inputs after Y_scale and Y_zero_point come in (X, scale, zero point) triples, got {len(xs)}")
   dt = y_zp.dtype
   parts = []
   for x, s, z in zip(xs[0::3], xs[1::3], xs[2::3]):
     parts.append(_requant(_dequant(x, s, z), y_scale, y_zp, dt))
   return Tensor.cat(parts, axis % parts[0].ndim)
 
+
 # *** products ***
+
 
 def _rows(scale: Tensor, ndim: int) -> Tensor:
   """A per-tensor or per-column (last axis) scale shaped to broadcast against a matmul result."""
   return scale.reshape(()) if scale.numel() == 1 else scale.reshape((1,) * (ndim - 1) + (-1,))
 
+
 def _int_mm(a: Tensor, a_zp, b: Tensor, b_zp) -> Tensor:
   """(a - za) @ (b - zb) accumulated exactly in int32; b's zero point may be per column."""
   bz = _zp32(b_zp)
-  if isinstance(bz, Tensor) and bz.numel() > 1: bz = bz.reshape(1, -1)
-  elif isinstance(bz, Tensor): bz = bz.reshape(())
+  if isinstance(bz, Tensor) and bz.numel() > 1:
+    bz = bz.reshape(1, -1)
+  elif isinstance(bz, Tensor):
+    bz = bz.reshape(())
   return (a.cast(dtypes.int32) - _zp(a_zp)).matmul(b.cast(dtypes.int32) - bz)
+
 
 @op("QGemm", domain=MS)
 def qgemm(n, a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, alpha=1.0, transA=0, transB=0):
-  if transA: a = a.T
+  if transA:
+    a = a.T
   if transB:
     b = b.T
   acc = _int_mm(a, a_zp, b, b_zp)
   # C is an int32 bias in the accumulator's scale (a_scale * b_scale)
-  if c is not None: acc = acc + c.cast(dtypes.int32)
+  if c is not None:
+    acc = acc + c.cast(dtypes.int32)
   mult = _f(_scalar(a_scale, "a_scale")) * _rows(_f(b_scale), acc.ndim) * alpha
-  if y_scale is None: return _f(acc) * mult
+  if y_scale is None:
+    return _f(acc) * mult
   return _saturate((_f(acc) * (mult / _f(_scalar(y_scale, "y_scale")))).round(), y_zp, _out_type(a, y_zp))
+
 
 @op("MatMulIntegerToFloat", domain=MS)
 def matmul_integer_to_float(n, a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None):
   y = _f(_int_mm(a, a_zp, b, b_zp)) * (_f(_scalar(a_scale, "a_scale")) * _rows(_f(b_scale), max(a.ndim, b.ndim)))
   return y + bias if bias is not None else y
+
 
 def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
   """onnxruntime's uint8 scale and zero point for x: the range widened to hold 0, scale 1 when it is empty, the zero
@@ -145,10 +198,12 @@ def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
   zp = (0.0 - lo / scale).maximum(0.0).minimum(255.0).round().cast(dtypes.uint8)
   return scale, zp
 
+
 @op("DynamicQuantizeLinear", since=11)
 def dynamic_quantize_linear(n, x):
   scale, zp = dynamic_qparams(x)
   return _requant(_f(x), scale, zp, dtypes.uint8), scale, zp
+
 
 @op("DynamicQuantizeMatMul", domain=MS)
 def dynamic_quantize_matmul(n, a, b, b_scale, b_zp=None, bias=None):
@@ -156,10 +211,125 @@ def dynamic_quantize_matmul(n, a, b, b_scale, b_zp=None, bias=None):
   qa = _requant(_f(a), scale, zp, dtypes.uint8)
   return matmul_integer_to_float(n, qa, b, scale, b_scale, zp, b_zp, bias)
 
-# QLinearMatMul and QLinearConv stay in onnx_ops_nn.py: int32 accumulation, then one float multiplier, as onnxruntime
-# computes them (a float product of dequantized values would round differently near half steps).
+
+# *** the ai.onnx quantisation ops: QuantizeLinear, DequantizeLinear, QLinearMatMul, QLinearConv ***
+
+
+def _qparam(s, x, axis, block_size):
+  """A scale/zero point shaped to broadcast against x: per tensor, per axis, or blocked along axis."""
+  if s.ndim == 0 or s.numel() == 1 and block_size == 0:
+    return s.reshape(())
+  axis = axis % x.ndim
+  if s.ndim == 1 and not block_size:
+    return s.reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+  # blocked: repeat each entry block_size times along axis, then cut to x's length
+  rep = s.unsqueeze(axis + 1)
+  rep = rep.expand(rep.shape[: axis + 1] + (block_size,) + rep.shape[axis + 2 :])
+  rep = rep.reshape(s.shape[:axis] + (s.shape[axis] * block_size,) + s.shape[axis + 1 :])
+  return rep.shrink([(0, x.shape[axis]) if i == axis else None for i in range(x.ndim)])
+
+
+_QTYPES = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32)
+
+# the range a quantized narrow int saturates to
+_NARROW_INT_RANGE = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
+
+
+def _quantize(x, scale, zp, out_dt, saturate: bool = True):
+  """out_dt: a DType or a narrow type (aot/dtype.py: NARROW); the narrow floats round and saturate as Cast does."""
+  f = narrow.narrow_of(out_dt)
+  if f is None and out_dt not in _QTYPES:
+    raise Unsupported(f"quantize to {out_dt.name}")
+  q = x.cast(dtypes.float32) / scale.cast(dtypes.float32)
+  if f is not None and f.is_float:
+    if zp is not None:
+      q = q + zp
+    return narrow.Stored(narrow.encode(q, f, saturate), f)
+  q = q.round()
+  if zp is not None:
+    q = q + zp.cast(dtypes.float32)
+  lo, hi = _NARROW_INT_RANGE[f.name] if f is not None else (min_value(out_dt), max_value(out_dt))
+  q = q.maximum(float(lo)).minimum(float(hi))
+  return narrow.Stored(q.cast(f.storage), f) if f is not None else q.cast(out_dt)
+
+
+def _wide(t):
+  """A quantization parameter or input in its computing type: a narrow float decoded, a narrow int's values."""
+  f = narrow.fmt_of(t)
+  return narrow.decode(t, f) if f is not None and f.is_float else t
+
+
+@op("QuantizeLinear", since=10)
+def quantize_linear(n, x, y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, precision=0):
+  zp_type = None if y_zero_point is None else narrow.fmt_of(y_zero_point) or y_zero_point.dtype
+  out_dt = zp_type or (onnx_type(output_dtype) if output_dtype else dtypes.uint8)
+  x, y_scale = _wide(x), _wide(y_scale)
+  s = _qparam(y_scale, x, axis, block_size)
+  z = _qparam(_wide(y_zero_point), x, axis, block_size) if y_zero_point is not None else None
+  return _quantize(x, s, z, out_dt, bool(saturate))
+
+
+@op("DequantizeLinear", since=10)
+def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0):
+  out = onnx_type(output_dtype) if output_dtype else narrow.fmt_of(x_scale) or x_scale.dtype
+  x, x_scale = _wide(x), _wide(x_scale)
+  s = _qparam(x_scale, x, axis, block_size)
+  xf = x.cast(dtypes.float32)
+  if x_zero_point is not None:
+    xf = xf - _qparam(_wide(x_zero_point), x, axis, block_size).cast(dtypes.float32)
+  return narrow.convert(xf * s.cast(dtypes.float32), out)
+
+
+# QLinearMatMul and QLinearConv: int32 accumulation, then one float multiplier, as onnxruntime computes them (a float
+# product of dequantized values would round differently near half steps).
+@op("QLinearMatMul", since=10)
+def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+  acc = (a.cast(dtypes.int32) - _zp32(a_zp)).matmul(b.cast(dtypes.int32) - _zp32(b_zp))
+  return _requant_acc(
+    acc, a_scale.cast(dtypes.float32) * b_scale.cast(dtypes.float32) / y_scale.cast(dtypes.float32), y_zp, a.dtype
+  )
+
+
+def _requant_acc(acc, mult, y_zp, fallback):
+  """The int32 accumulator acc scaled by the float multiplier mult into y_zp's type (fallback without one)."""
+  # onnxruntime rounds the scaled accumulator and then adds the zero point (adding it first can round a fraction away)
+  d = (acc.cast(dtypes.float32) * mult).round()
+  if y_zp is not None:
+    d = d + y_zp.cast(dtypes.float32)
+  dt = y_zp.dtype if y_zp is not None else fallback
+  return d.maximum(float(min_value(dt))).minimum(float(max_value(dt))).cast(dt)
+
+
+@op("QLinearConv", since=10)
+def qlinear_conv(
+  n,
+  x,
+  x_scale,
+  x_zp,
+  w,
+  w_scale,
+  w_zp,
+  y_scale,
+  y_zp,
+  b=None,
+  auto_pad="NOTSET",
+  dilations=None,
+  group=1,
+  kernel_shape=None,
+  pads=None,
+  strides=None,
+):
+  acc = conv_integer(n, x, w, x_zp, w_zp, auto_pad, dilations, group, kernel_shape, pads, strides)
+  if b is not None:
+    acc = acc + b.cast(dtypes.int32).reshape((1, -1) + (1,) * (x.ndim - 2))
+  ws = w_scale.cast(dtypes.float32)
+  if ws.ndim == 1 and ws.shape[0] > 1:
+    ws = ws.reshape((1, -1) + (1,) * (x.ndim - 2))
+  return _requant_acc(acc, x_scale.cast(dtypes.float32) * ws / y_scale.cast(dtypes.float32), y_zp, x.dtype)
+
 
 # *** DynamicQuantizeLSTM: an LSTM whose two products quantize their float operand on the fly ***
+
 
 def _dq_product(a: Tensor, w: Tensor, w_scale: Tensor, w_zp: Tensor | None) -> Tensor:
   """a (M, K) float @ w (K, N) integer as onnxruntime's quantized LSTM GEMM: a quantized to uint8 as one tensor, the
@@ -168,23 +338,48 @@ def _dq_product(a: Tensor, w: Tensor, w_scale: Tensor, w_zp: Tensor | None) -> T
   qa = _requant(_f(a), scale, zp, dtypes.uint8)
   return matmul_integer_to_float(None, qa, w, scale, w_scale, zp, w_zp)
 
+
 @op("DynamicQuantizeLSTM", domain=MS)
-def dynamic_quantize_lstm(n, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, w_scale=None,
-                          w_zp=None, r_scale=None, r_zp=None, activation_alpha=None, activation_beta=None,
-                          activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0):
-  if w_scale is None or r_scale is None: raise Unsupported("W_scale and R_scale are required")
+def dynamic_quantize_lstm(
+  n,
+  x,
+  w,
+  r,
+  b=None,
+  sequence_lens=None,
+  initial_h=None,
+  initial_c=None,
+  p=None,
+  w_scale=None,
+  w_zp=None,
+  r_scale=None,
+  r_zp=None,
+  activation_alpha=None,
+  activation_beta=None,
+  activations=None,
+  clip=None,
+  direction="forward",
+  hidden_size=None,
+  input_forget=0,
+):
+  if w_scale is None or r_scale is None:
+    raise Unsupported("W_scale and R_scale are required")
   # W and R come transposed against ONNX LSTM's: (dirs, input, 4H) and (dirs, H, 4H)
   x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r.transpose(-1, -2), b, sequence_lens, initial_h, 0, direction, 4)
   acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
   # scales and zero points are (dirs,) or (dirs, 4H): one per direction, per tensor or per gate column
   per_dir = lambda t, d: t[d] if t is not None else None
   # the input product runs once over every step (onnxruntime quantizes the whole sequence with one scale)
-  xw = [_dq_product(x.reshape(T * B, -1), w[d], per_dir(w_scale, d), per_dir(w_zp, d)).reshape(T, B, 4 * H)
-        for d in range(ndir)]
+  xw = [
+    _dq_product(x.reshape(T * B, -1), w[d], per_dir(w_scale, d), per_dir(w_zp, d)).reshape(T, B, 4 * H)
+    for d in range(ndir)
+  ]
   proj = Tensor.stack(xw, axis=1)  # (T, dirs, B, 4H)
+
   def step(d, xt, st):
-    gts = xt[d] + _dq_product(st[0], r[d], per_dir(r_scale, d), per_dir(r_zp, d)) + b[d][:4 * H] + b[d][4 * H:]
+    gts = xt[d] + _dq_product(st[0], r[d], per_dir(r_scale, d), per_dir(r_zp, d)) + b[d][: 4 * H] + b[d][4 * H :]
     return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
+
   zeros = Tensor(np.zeros((B, H), dtype=np.float32))
   init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
   return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), 0, x.dtype)

@@ -1,16 +1,22 @@
 """MLP on flattened MNIST-sized input: 784 -> 256 -> relu -> 128 -> relu -> 10."""
+
 from __future__ import annotations
+
 import functools
+
 import numpy as np
+
 from aot import Tensor
+
 from . import ReferenceModel
 from . import _numpy_ref as ref
 
 SEED = 1
 BATCH = 8
-# pinned by tests/test_models.py: one kernel per linear layer (matmul + bias + relu fuse); each hidden activation is read by the next
-# matmul inside its output-column loop, where it does not vary, so it is stored rather than recomputed
+# pinned by tests/test_models.py: one kernel per linear layer (matmul + bias + relu fuse); each hidden activation is
+# read by the next matmul inside its output-column loop, where it does not vary, so it is stored rather than recomputed
 EXPECTED_KERNELS = 3
+
 
 def _weights() -> dict[str, np.ndarray]:
   rng = np.random.default_rng(SEED)
@@ -20,6 +26,7 @@ def _weights() -> dict[str, np.ndarray]:
     p[f"w{i}"] = (rng.standard_normal((fout, fin)) * np.sqrt(gain / fin)).astype(np.float32)
     p[f"b{i}"] = rng.uniform(-1, 1, fout).astype(np.float32) / np.float32(np.sqrt(fin))
   return p
+
 
 @functools.lru_cache(maxsize=None)
 def build() -> ReferenceModel:

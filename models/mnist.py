@@ -1,18 +1,24 @@
 """MNIST CNN: two conv-conv-batchnorm-maxpool stages, then one linear layer to 10 logits."""
+
 from __future__ import annotations
+
 import functools
+
 import numpy as np
+
 from aot import Tensor
+
 from . import ReferenceModel
 from . import _numpy_ref as ref
 
 SEED = 2
-# pinned by tests/test_models.py: conv1+relu; conv2+relu+batchnorm+maxpool (2x2/2 windows read each conv output once, so the conv
-# fuses into the pool); conv3+relu; conv4+relu+batchnorm+maxpool; flatten+linear
+# pinned by tests/test_models.py: conv1+relu; conv2+relu+batchnorm+maxpool (2x2/2 windows read each conv output once,
+# so the conv fuses into the pool); conv3+relu; conv4+relu+batchnorm+maxpool; flatten+linear
 EXPECTED_KERNELS = 5
 
 # (name, Cout, Cin, K) of the four unpadded stride-1 convs; spatial 28 -> 24 -> 20 -> pool 10 -> 8 -> 6 -> pool 3
 CONVS = (("c1", 32, 1, 5), ("c2", 32, 32, 5), ("c3", 64, 32, 3), ("c4", 64, 64, 3))
+
 
 def _weights() -> dict[str, np.ndarray]:
   rng = np.random.default_rng(SEED)
@@ -20,7 +26,7 @@ def _weights() -> dict[str, np.ndarray]:
   p = {}
   for name, cout, cin, k in CONVS:
     fan_in = cin * k * k
-    p[f"{name}_w"] = f32(rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / fan_in))   # He: each conv feeds a relu
+    p[f"{name}_w"] = f32(rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / fan_in))  # He: each conv feeds a relu
     p[f"{name}_b"] = f32(rng.uniform(-1, 1, cout) / np.sqrt(fan_in))
   for name, c in (("bn1", 32), ("bn2", 64)):
     p[f"{name}_mean"] = f32(rng.standard_normal(c) * 0.1)
@@ -30,6 +36,7 @@ def _weights() -> dict[str, np.ndarray]:
   p["fc_w"] = f32(rng.standard_normal((10, 576)) / np.sqrt(576))
   p["fc_b"] = f32(rng.uniform(-1, 1, 10) / np.sqrt(576))
   return p
+
 
 @functools.lru_cache(maxsize=None)
 def build() -> ReferenceModel:

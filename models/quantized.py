@@ -5,6 +5,7 @@ deploy on small machines, for the bench (python -m aot.bench) and the int8 tests
   quantized(model, "qoperator")  # quantize_static, QOperator format (QLinearConv, com.microsoft's QLinearAdd, ...)
   quantized(model, "dynamic")    # quantize_dynamic: int8 weights, DynamicQuantizeLinear + MatMulInteger
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -16,6 +17,7 @@ import numpy as np
 CALIBRATION_BATCHES = 4
 # the opset per-channel quantization needs
 MIN_OPSET = 13
+
 
 def quantized(model, form: str, seed: int = 0):
   """The onnx.ModelProto `model` quantized by onnxruntime.quantization in `form` (qdq, qoperator or dynamic);
@@ -31,6 +33,7 @@ def quantized(model, form: str, seed: int = 0):
     quantize_static,
   )
   from onnxruntime.quantization.shape_inference import quant_pre_process
+
   if form not in ("qdq", "qoperator", "dynamic"):
     raise ValueError(f"quantized: form must be qdq, qoperator or dynamic, got {form!r}")
   # the quantizer does not look inside model-local functions (the reference transformer's layer): inline them
@@ -48,23 +51,40 @@ def quantized(model, form: str, seed: int = 0):
       quantize_dynamic(pre, out, weight_type=QuantType.QInt8)
       return _ir_for_opsets(onnx.load(out))
     rng = np.random.default_rng(seed)
-    shapes = {i.name: [d.dim_value or 1 for d in i.type.tensor_type.shape.dim] for i in model.graph.input
-              if i.name not in {t.name for t in model.graph.initializer}}
+    shapes = {
+      i.name: [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]
+      for i in model.graph.input
+      if i.name not in {t.name for t in model.graph.initializer}
+    }
 
     class Calibration(CalibrationDataReader):
       def __init__(self):
-        self.feeds = iter([{n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
-                           for _ in range(CALIBRATION_BATCHES)])
-      def get_next(self): return next(self.feeds, None)
+        self.feeds = iter(
+          [
+            {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+            for _ in range(CALIBRATION_BATCHES)
+          ]
+        )
 
-    quantize_static(pre, out, Calibration(), per_channel=True, weight_type=QuantType.QInt8,
-                    activation_type=QuantType.QUInt8,
-                    quant_format=QuantFormat.QDQ if form == "qdq" else QuantFormat.QOperator)
+      def get_next(self):
+        return next(self.feeds, None)
+
+    quantize_static(
+      pre,
+      out,
+      Calibration(),
+      per_channel=True,
+      weight_type=QuantType.QInt8,
+      activation_type=QuantType.QUInt8,
+      quant_format=QuantFormat.QDQ if form == "qdq" else QuantFormat.QOperator,
+    )
     return _ir_for_opsets(onnx.load(out))
+
 
 def _ir_for_opsets(model):
   """The quantizer raises an old model's opset (onnx's light models: IR 3, opset 8) but not its IR version, under which
   its new initializers would have to be graph inputs too: the IR version those opsets need."""
   from onnx import helper
+
   model.ir_version = max(model.ir_version, helper.find_min_ir_version_for(list(model.opset_import), True))
   return model

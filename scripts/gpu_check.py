@@ -5,29 +5,44 @@ the c target, the models' numpy references and onnxruntime (on each model's ONNX
 
 Exits 1 with one line when there is no usable GPU or driver (it checks before compiling anything), and 1 when a
 model's relative error is above 1e-4."""
+
 from __future__ import annotations
-import argparse, ctypes, sys, time
+
+import argparse
+import ctypes
+import sys
+import time
 from pathlib import Path
+
 import numpy as np
 
 # the tolerance every target is held to against the numpy references (tests/test_models.py)
 MAX_REL_ERR = 1e-4
 
+
 def cuda_device() -> str | None:
   """None when a CUDA device is usable, else why not (one line)."""
-  try: lib = ctypes.CDLL("libcuda.so.1")
-  except OSError as e: return f"no NVIDIA driver: cannot load libcuda.so.1 ({e})"
-  if (r := lib.cuInit(0)) != 0: return f"no usable NVIDIA GPU: cuInit failed with CUDA error {r}"
+  try:
+    lib = ctypes.CDLL("libcuda.so.1")
+  except OSError as e:
+    return f"no NVIDIA driver: cannot load libcuda.so.1 ({e})"
+  if (r := lib.cuInit(0)) != 0:
+    return f"no usable NVIDIA GPU: cuInit failed with CUDA error {r}"
   n = ctypes.c_int(0)
-  if lib.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value < 1: return "no NVIDIA GPU found (cuDeviceGetCount is 0)"
+  if lib.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value < 1:
+    return "no NVIDIA GPU found (cuDeviceGetCount is 0)"
   return None
+
 
 def _median_ms(fn, runs: int) -> float:
   fn()  # warm up (the first run loads code and touches memory)
   times = []
   for _ in range(runs):
-    t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
   return float(np.median(times)) * 1e3
+
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,12 +55,18 @@ def main(argv=None) -> int:
     return 1
   import aot
   from aot.models import get
+
   ok = True
   from aot.models.onnx_forms import onnx_model
-  try: import onnxruntime as ort
-  except ImportError: ort = None
-  print(f"{'model':<12} {'kernels':>7} {'rel_err_vs_ref':>14} {'rel_err_vs_c':>12} {'rel_err_vs_ort':>14} {'cuda_ms':>8} "
-        f"{'c_ms':>8} {'ort_ms':>8} {'compile_s':>9}")
+
+  try:
+    import onnxruntime as ort
+  except ImportError:
+    ort = None
+  print(
+    f"{'model':<12} {'kernels':>7} {'rel_err_vs_ref':>14} {'rel_err_vs_c':>12} {'rel_err_vs_ort':>14} {'cuda_ms':>8} "
+    f"{'c_ms':>8} {'ort_ms':>8} {'compile_s':>9}"
+  )
   for name in args.models.split(","):
     model = get(name)
     t = time.perf_counter()
@@ -66,11 +87,16 @@ def main(argv=None) -> int:
       ort_ms = _median_ms(lambda: sess.run(None, feed), max(3, args.runs // 5))
       ok &= rel_ort <= MAX_REL_ERR
     ok &= rel_ref <= MAX_REL_ERR
-    print(f"{name:<12} {gpu_art.num_kernels:>7} {rel_ref:>14.2e} {rel_c:>12.2e} {rel_ort:>14.2e} "
-          f"{_median_ms(lambda: gpu(*xs), args.runs):>8.3f} {_median_ms(lambda: cpu(*xs), max(3, args.runs // 5)):>8.3f} "
-          f"{ort_ms:>8.3f} {compile_s:>9.1f}")
-    gpu.close(); cpu.close()
+    print(
+      f"{name:<12} {gpu_art.num_kernels:>7} {rel_ref:>14.2e} {rel_c:>12.2e} {rel_ort:>14.2e} "
+      f"{_median_ms(lambda: gpu(*xs), args.runs):>8.3f} {_median_ms(lambda: cpu(*xs), max(3, args.runs // 5)):>8.3f} "
+      f"{ort_ms:>8.3f} {compile_s:>9.1f}"
+    )
+    gpu.close()
+    cpu.close()
   print("PASS" if ok else f"FAIL: relative error above {MAX_REL_ERR}")
   return 0 if ok else 1
 
-if __name__ == "__main__": sys.exit(main())
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,6 +1,10 @@
-import functools, os, tempfile
+import functools
+import os
+import tempfile
+
 import numpy as np
 import pytest
+
 import aot
 from aot.models import get
 
@@ -10,9 +14,11 @@ os.environ.setdefault("AOT_NUM_THREADS", "1")
 # every test that runs compiled code runs it for each of these targets
 TARGETS = ("c", "llvm")
 
+
 @functools.lru_cache(maxsize=None)
 def _compiled(name: str, target: str, out_dir: str):
   return aot.compile_model(f"models:{name}", out_dir=out_dir, target=target)
+
 
 @pytest.fixture(scope="session")
 def compiled_model(tmp_path_factory):
@@ -20,28 +26,36 @@ def compiled_model(tmp_path_factory):
   base = tmp_path_factory.mktemp("models")
   return lambda name, target="c": (_compiled(name, target, str(base / f"{name}_{target}")), get(name))
 
+
 @pytest.fixture
 def split_every_kernel(monkeypatch):
   """Artifacts compiled under this fixture split every kernel with an outer loop across the pool, however little work
   it does (the thresholds in aot/compiler.py are about speed): small, odd shapes then test the split itself."""
   import aot.compiler
+
   monkeypatch.setattr(aot.compiler, "PARALLEL_MIN_WORK", 0)
   monkeypatch.setattr(aot.compiler, "MODEL_PARALLEL_MIN_WORK", 0)
 
+
 class _Current:
   target = "c"
+
 
 @pytest.fixture(params=TARGETS)
 def each_target(request):
   """pytestmark = pytest.mark.usefixtures("each_target") runs every test of a module once per target (for run())."""
   _Current.target = request.param
 
+
 def fresh_like(a: np.ndarray, seed: int) -> np.ndarray:
   """Seeded values of a's shape and dtype, unrelated to a's own."""
   rng = np.random.default_rng(seed)
-  if a.dtype == np.bool_: return rng.random(a.shape) < 0.5
-  if a.dtype.kind in "iu": return rng.integers(0, 8, a.shape).astype(a.dtype)
+  if a.dtype == np.bool_:
+    return rng.random(a.shape) < 0.5
+  if a.dtype.kind in "iu":
+    return rng.integers(0, 8, a.shape).astype(a.dtype)
   return rng.standard_normal(a.shape).astype(a.dtype)
+
 
 def run(fn, *arrays):
   """Compile fn on the current target for fresh arrays of these inputs' shapes and dtypes, load the artifact and run it
@@ -51,8 +65,11 @@ def run(fn, *arrays):
   compile_with = [fresh_like(a, 1000 + i) for i, a in enumerate(arrays)]
   with tempfile.TemporaryDirectory(prefix="aot_test_") as d:
     model = aot.load(aot.compile_model(fn, compile_with, out_dir=d, target=_Current.target))
-    try: return model(*arrays)
-    finally: model.close()
+    try:
+      return model(*arrays)
+    finally:
+      model.close()
+
 
 def corrupt_weights(art) -> None:
   """Make an artifact wrong the way a damaged file would: the weights linked into its library (found by their bytes,
@@ -62,5 +79,5 @@ def corrupt_weights(art) -> None:
   at = lib.find(blob)
   assert at >= 0 and lib.find(blob, at + 1) < 0, "the weights are not in the library exactly once"
   n = len(blob) // 4 * 4
-  lib[at:at + n] = (-np.frombuffer(blob[:n], np.float32)).tobytes()
+  lib[at : at + n] = (-np.frombuffer(blob[:n], np.float32)).tobytes()
   art.library_path.write_bytes(bytes(lib))

@@ -1,14 +1,18 @@
 """Big weights: external ONNX data is streamed into the artifact's weights file (the compiler's memory stays far below
 the weights), and NAME_create maps that file, checking its size and checksum."""
-import re, shutil
+
+import re
+import shutil
 from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 import aot
-from aot.artifact import Artifact, WEIGHTS_INLINE_MAX
-from aot.scale_bench import write_external_mlp, compile_in_subprocess, create_seconds
+from aot.artifact import WEIGHTS_INLINE_MAX, Artifact
+from aot.scale_bench import compile_in_subprocess, create_seconds, write_external_mlp
 
 # 20 layers of 1024x1024: 80 MB, past WEIGHTS_INLINE_MAX, so the weights are the mapped NAME.weights file
 WIDTH, WEIGHT_BYTES = 1024, 80 << 20
@@ -19,6 +23,7 @@ COMPILE_RSS_OVER_WEIGHTS = 1.5
 # NAME_create maps the file and reads 64 blocks of it: 0.1 ms measured; a copy of 80 MB would take tens of ms
 CREATE_MAX_S = 0.01
 
+
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
   """(model path, artifact, the compile subprocess's numbers): compiled once for the module."""
@@ -27,8 +32,10 @@ def big(tmp_path_factory):
   numbers = compile_in_subprocess(model, d / "art")
   return model, Artifact(d / "art"), numbers
 
+
 def ort_run(model: Path, x: np.ndarray) -> np.ndarray:
   return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
 
 def test_big_mlp_compiles_within_memory_bound_and_matches_onnxruntime(big):
   model, art, numbers = big
@@ -43,8 +50,10 @@ def test_big_mlp_compiles_within_memory_bound_and_matches_onnxruntime(big):
   np.testing.assert_allclose(with_model(x), ort_run(model, x), rtol=1e-4, atol=1e-4)
   with_model.close()
 
+
 def _maps_of(path: Path) -> list[str]:
   return [line for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(str(path))]
+
 
 def test_create_maps_the_weights_file_and_instances_share_it(big):
   model, art, _ = big
@@ -62,33 +71,45 @@ def test_create_maps_the_weights_file_and_instances_share_it(big):
   b.close()
   assert len(_maps_of(weights)) == before
 
+
 @pytest.fixture
 def copy_of(big, tmp_path):
   """A copy of the artifact, to damage."""
   shutil.copytree(big[1].dir, tmp_path / "art")
   return Artifact(tmp_path / "art")
 
+
 def test_truncated_weights_file_is_an_error_at_create(copy_of):
   path = copy_of.dir / "mlp.weights"
   size = path.stat().st_size
-  with open(path, "r+b") as f: f.truncate(size - 4096)
-  with pytest.raises(RuntimeError, match=rf"mlp_create failed .*{re.escape(str(path))} is {size - 4096} bytes, "
-                                         rf"libmlp.so expects {size}: truncated"):
+  with open(path, "r+b") as f:
+    f.truncate(size - 4096)
+  with pytest.raises(
+    RuntimeError,
+    match=rf"mlp_create failed .*{re.escape(str(path))} is {size - 4096} bytes, "
+    rf"libmlp.so expects {size}: truncated",
+  ):
     aot.load(copy_of)
+
 
 def test_rewritten_weights_file_is_a_checksum_error_at_create(copy_of):
   path = copy_of.dir / "mlp.weights"
   # the same size, other weights: a file from another build of the model
   other = np.random.default_rng(3).standard_normal(path.stat().st_size // 4).astype(np.float32)
   path.write_bytes(other.tobytes())
-  with pytest.raises(RuntimeError, match=rf"{re.escape(str(path))}: checksum [0-9a-f]{{16}}, libmlp.so expects "
-                                         rf"{copy_of.manifest['weights_checksum']}: the file is damaged"):
+  with pytest.raises(
+    RuntimeError,
+    match=rf"{re.escape(str(path))}: checksum [0-9a-f]{{16}}, libmlp.so expects "
+    rf"{copy_of.manifest['weights_checksum']}: the file is damaged",
+  ):
     aot.load(copy_of)
+
 
 def test_missing_weights_file_is_an_error_at_create(copy_of):
   (copy_of.dir / "mlp.weights").unlink()
   with pytest.raises(RuntimeError, match=r"cannot open .*mlp\.weights, the weights of libmlp\.so"):
     aot.load(copy_of)
+
 
 def test_external_data_in_a_subfolder_compiled_from_elsewhere(tmp_path, monkeypatch):
   model = write_external_mlp(tmp_path / "model" / "small.onnx", 1 << 20, width=256, data_dir=tmp_path / "model" / "w")
@@ -101,13 +122,18 @@ def test_external_data_in_a_subfolder_compiled_from_elsewhere(tmp_path, monkeypa
   x = np.random.default_rng(4).standard_normal((4, 256)).astype(np.float32)
   np.testing.assert_allclose(aot.load(art)(x), ort_run(model, x), rtol=1e-4, atol=1e-4)
 
+
 def test_missing_or_short_external_data_is_a_compile_error(tmp_path):
   model = write_external_mlp(tmp_path / "m.onnx", 1 << 20, width=256)
   data = tmp_path / "m.data"
   size = data.stat().st_size
-  with open(data, "r+b") as f: f.truncate(size - 100)
-  with pytest.raises(aot.CompileError, match=rf"initializer 'b3': needs bytes \d+\.\.{size} of .*m\.data, which holds "
-                                             rf"{size - 100} \(truncated\?\)"):
+  with open(data, "r+b") as f:
+    f.truncate(size - 100)
+  with pytest.raises(
+    aot.CompileError,
+    match=rf"initializer 'b3': needs bytes \d+\.\.{size} of .*m\.data, which holds "
+    rf"{size - 100} \(truncated\?\)",
+  ):
     aot.compile_model(model, out_dir=tmp_path / "out")
   data.unlink()
   with pytest.raises(aot.CompileError, match=r"initializer 'w0': its external data .*m\.data does not exist"):

@@ -1,9 +1,17 @@
 """compile-model end to end, in a subprocess, as a user runs it."""
-import io, json, re, subprocess, sys
+
+import io
+import json
+import re
+import subprocess
+import sys
+
 import pytest
+
 
 def cli(*args, cwd=None):
   return subprocess.run([sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True, cwd=cwd)
+
 
 def test_compile_and_check_a_bundled_model(tmp_path):
   p = cli("models:mlp", "-o", str(tmp_path / "out"), "--check")
@@ -15,25 +23,31 @@ def test_compile_and_check_a_bundled_model(tmp_path):
   assert (tmp_path / "out" / "libmlp.so").exists() and (tmp_path / "out" / "mlp.h").exists()
   assert (tmp_path / "out" / "src" / "model.c").exists()
 
+
 def test_name_sets_the_c_prefix(tmp_path):
   p = cli("models:mlp", "-o", str(tmp_path), "--name", "digits")
   assert p.returncode == 0, p.stderr
   assert "int digits_run(digits_model *m" in (tmp_path / "digits.h").read_text()
 
+
 def test_unknown_model_is_one_clear_line(tmp_path):
   p = cli("models:nope", "-o", str(tmp_path / "out"))
   assert p.returncode == 1
   assert p.stderr.strip().splitlines() == [
-    "compile-model: error: unknown reference model 'nope'; the bundled models are: mlp, mnist, resnet18, transformer"]
+    "compile-model: error: unknown reference model 'nope'; the bundled models are: mlp, mnist, resnet18, transformer"
+  ]
   assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
+
 
 def test_verbose_error_shows_the_traceback(tmp_path):
   p = cli("models:nope", "-o", str(tmp_path), "-v")
   assert p.returncode == 1 and "Traceback" in p.stderr
 
+
 def test_usage_error_exits_2():
   p = cli("models:mlp")
   assert p.returncode == 2 and "-o" in p.stderr
+
 
 def test_emit_kernels_and_graph_do_not_build(tmp_path):
   p = cli("models:mnist", "-o", str(tmp_path), "--emit", "kernels")
@@ -44,18 +58,25 @@ def test_emit_kernels_and_graph_do_not_build(tmp_path):
   assert p.returncode == 0 and "void mnist_f4(" in (tmp_path / "src" / "model.c").read_text()
   assert not list(tmp_path.glob("*.so"))
 
+
 def test_llvm_target_and_its_source(tmp_path):
   p = cli("models:mnist", "-o", str(tmp_path / "ll"), "--target", "llvm", "--check")
   assert p.returncode == 0, p.stderr
   assert "(target llvm)" in p.stdout and "PASS" in p.stdout
   # one function per kernel (matmul-like ones add copies of their operands, named _dense)
-  assert len(re.findall(r"define hidden void @\"mnist_f\d+\"\(", (tmp_path / "ll" / "src" / "kernels.ll").read_text())) == 5
+  assert (
+    len(re.findall(r"define hidden void @\"mnist_f\d+\"\(", (tmp_path / "ll" / "src" / "kernels.ll").read_text())) == 5
+  )
   p = cli("models:mnist", "-o", str(tmp_path / "src_only"), "--target", "llvm", "--emit", "source")
   assert p.returncode == 0 and (tmp_path / "src_only" / "src" / "kernels.ll").exists()
 
+
 def test_unknown_triple_is_one_line(tmp_path):
-  p = cli("models:mlp", "-o", str(tmp_path / "x"), "--target", "llvm", "--triple", "nonsense-triple", "--cpu", "generic")
+  p = cli(
+    "models:mlp", "-o", str(tmp_path / "x"), "--target", "llvm", "--triple", "nonsense-triple", "--cpu", "generic"
+  )
   assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "nonsense-triple" in p.stderr
+
 
 def test_no_progress_lines_without_verbose(tmp_path):
   # --no-cache: the C compiler runs, and with it the progress callback
@@ -65,6 +86,7 @@ def test_no_progress_lines_without_verbose(tmp_path):
   p = cli("models:mlp", "-o", str(tmp_path / "out"), "--no-cache", "-v")
   assert p.returncode == 0 and "  .. compiled 1/" in p.stderr and "  .. scheduled 3 kernels" in p.stderr
 
+
 def test_quiet_prints_nothing_but_errors(tmp_path):
   p = cli("models:mlp", "-o", str(tmp_path / "out"), "--no-cache", "--check", "-q")
   assert p.returncode == 0 and (p.stdout, p.stderr) == ("", "")
@@ -73,16 +95,20 @@ def test_quiet_prints_nothing_but_errors(tmp_path):
   assert p.returncode == 1 and p.stdout == "" and p.stderr.startswith("compile-model: error: unknown reference model")
   assert cli("models:mlp", "-o", str(tmp_path / "out"), "-q", "-v").returncode == 2
 
+
 class FakeTerminal(io.StringIO):
-  def isatty(self): return True
+  def isatty(self):
+    return True
+
 
 def test_progress_bar_on_a_terminal_after_a_delay():
-  from aot.cli import Progress, PROGRESS_DELAY_S
+  from aot.cli import PROGRESS_DELAY_S, Progress
+
   now = [0.0]
   term = FakeTerminal()
   progress = Progress(term, clock=lambda: now[0])
   progress("scheduled 40 kernels")
-  assert term.getvalue() == ""   # a short compile shows nothing
+  assert term.getvalue() == ""  # a short compile shows nothing
   now[0] = PROGRESS_DELAY_S + 1
   progress("compiled 1/4 sources")
   progress("compiled 2/4 sources")
@@ -93,55 +119,77 @@ def test_progress_bar_on_a_terminal_after_a_delay():
   progress.close()
   assert term.getvalue().endswith("\r\x1b[K") and "\n" not in term.getvalue()
 
+
 @pytest.mark.parametrize("stream, flags", [(io.StringIO(), {}), (FakeTerminal(), {"quiet": True})])
 def test_no_progress_bar_in_a_pipe_or_with_quiet(stream, flags):
-  from aot.cli import Progress, PROGRESS_DELAY_S
+  from aot.cli import PROGRESS_DELAY_S, Progress
+
   progress = Progress(stream, clock=iter([0.0, PROGRESS_DELAY_S + 1, PROGRESS_DELAY_S + 2]).__next__, **flags)
   progress("compiled 1/2 sources")
   progress("compiled 2/2 sources")
   progress.close()
   assert stream.getvalue() == ""
 
+
 def test_check_reports_fail_on_a_wrong_artifact(monkeypatch, capsys, tmp_path):
   """--check on an artifact whose weights were damaged after it was built: FAIL and exit 1."""
+  from conftest import corrupt_weights
+
   import aot
   from aot import cli
-  from conftest import corrupt_weights
+
   compile_model = aot.compile_model
+
   def damaged(*a, **kw):
     art = compile_model(*a, **kw)
     corrupt_weights(art)
     return art
+
   monkeypatch.setattr(aot, "compile_model", damaged)
   assert cli.main(["models:mlp", "-o", str(tmp_path / "out"), "--check"]) == 1
   check = capsys.readouterr().out.strip().splitlines()[-1]
   assert check.startswith("check vs numpy reference: ") and "-> FAIL" in check, check
 
+
 def test_check_a_narrow_model_against_onnx_reference(tmp_path):
   """onnxruntime has no bfloat16 Mul nor float8 Cast kernels: --check compares with onnx.reference and says so."""
   from onnx import TensorProto, helper, save
+
   BF, F8 = TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN
-  g = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("Cast", ["sq"], ["y"], to=F8)],
-                        "narrow", [helper.make_tensor_value_info("x", BF, [4, 8])],
-                        [helper.make_tensor_value_info("sq", BF, [4, 8]), helper.make_tensor_value_info("y", F8, [4, 8])])
+  g = helper.make_graph(
+    [helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("Cast", ["sq"], ["y"], to=F8)],
+    "narrow",
+    [helper.make_tensor_value_info("x", BF, [4, 8])],
+    [helper.make_tensor_value_info("sq", BF, [4, 8]), helper.make_tensor_value_info("y", F8, [4, 8])],
+  )
   save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "narrow.onnx"))
   p = cli(str(tmp_path / "narrow.onnx"), "-o", str(tmp_path / "out"), "--check")
   assert p.returncode == 0, p.stderr
   line = p.stdout.strip().splitlines()[-1]
-  assert re.match(r"check vs onnx\.reference \(onnxruntime cannot run it: .+\): max abs err 0\.000e\+00, .* -> PASS",
-                  line), line
+  assert re.match(
+    r"check vs onnx\.reference \(onnxruntime cannot run it: .+\): max abs err 0\.000e\+00, .* -> PASS", line
+  ), line
+
 
 def test_shape_pins_a_sequence_input_and_check_compares_lists(tmp_path):
   from onnx import TensorProto, helper, save
+
   seq = helper.make_tensor_sequence_value_info
   F = TensorProto.FLOAT
-  g = helper.make_graph([helper.make_node("SequenceInsert", ["x", "t"], ["y"]),
-                         helper.make_node("ConcatFromSequence", ["y"], ["c"], axis=0)], "s",
-                        [seq("x", F, None), helper.make_tensor_value_info("t", F, [1, 4])],
-                        [seq("y", F, None), helper.make_tensor_value_info("c", F, None)])
+  g = helper.make_graph(
+    [
+      helper.make_node("SequenceInsert", ["x", "t"], ["y"]),
+      helper.make_node("ConcatFromSequence", ["y"], ["c"], axis=0),
+    ],
+    "s",
+    [seq("x", F, None), helper.make_tensor_value_info("t", F, [1, 4])],
+    [seq("y", F, None), helper.make_tensor_value_info("c", F, None)],
+  )
   save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "seq.onnx"))
   p = cli(str(tmp_path / "seq.onnx"), "-o", str(tmp_path / "out"), "--shape", "x=[3x4,2x4]", "--check")
   assert p.returncode == 0, p.stderr
   assert "check vs onnxruntime: max abs err 0.000e+00" in p.stdout and "PASS" in p.stdout, p.stdout
-  assert "const float *x_0, const float *x_1, const float *t, float *y_0, float *y_1, float *y_2, float *c" in \
-    (tmp_path / "out" / "seq.h").read_text()
+  assert (
+    "const float *x_0, const float *x_1, const float *t, float *y_0, float *y_1, float *y_2, float *c"
+    in (tmp_path / "out" / "seq.h").read_text()
+  )

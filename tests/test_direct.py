@@ -2,62 +2,98 @@
 strides, symmetric and asymmetric padding, each fused epilogue, batches, against onnxruntime on fresh inputs; the plan
 (no im2col, no M = 1 microkernel call); bitwise the same results on 1 and 2 threads; and the shapes it leaves to the
 microkernel still right."""
+
 import numpy as np
 import onnx
 import pytest
-from onnx import helper as oh, numpy_helper as nh, TensorProto as TP
-import aot
 from conftest import TARGETS
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper as nh
+
+import aot
 
 ort = pytest.importorskip("onnxruntime")
 rng = np.random.default_rng(0)
 
+
 class Graph:
   """A small ONNX graph under construction: seeded initializers, nodes, named outputs."""
+
   def __init__(self):
     self.inits, self.nodes, self.outputs, self.n = [], [], [], 0
+
   def name(self, base: str) -> str:
     self.n += 1
     return f"{base}{self.n}"
+
   def ints(self, value) -> str:
     self.inits.append(nh.from_array(np.asarray(value, np.int64), self.name("i")))
     return self.inits[-1].name
+
   def const(self, value) -> str:
     self.inits.append(nh.from_array(np.asarray(value, np.float32), self.name("c")))
     return self.inits[-1].name
+
   def node(self, op: str, *inputs: str, **attrs) -> str:
     out = self.name(op.lower())
     self.nodes.append(oh.make_node(op, list(inputs), [out], **attrs))
     return out
+
   def bn(self, x: str, c: int) -> str:
     pos = lambda: rng.uniform(0.5, 1.5, c)
-    return self.node("BatchNormalization", x, self.const(pos()), self.const(rng.normal(0, 0.1, c)),
-                     self.const(rng.normal(0, 0.1, c)), self.const(pos()))
+    return self.node(
+      "BatchNormalization",
+      x,
+      self.const(pos()),
+      self.const(rng.normal(0, 0.1, c)),
+      self.const(rng.normal(0, 0.1, c)),
+      self.const(pos()),
+    )
+
   def act(self, x: str, kind: str) -> str:
-    if kind == "relu6": return self.node("Clip", x, self.const(0.0), self.const(6.0))
-    if kind == "clip": return self.node("Clip", x, self.const(-1.0), self.const(1.0))
-    if kind == "hardswish": return self.node("HardSwish", x)
-    if kind == "silu": return self.node("Mul", x, self.node("Sigmoid", x))
+    if kind == "relu6":
+      return self.node("Clip", x, self.const(0.0), self.const(6.0))
+    if kind == "clip":
+      return self.node("Clip", x, self.const(-1.0), self.const(1.0))
+    if kind == "hardswish":
+      return self.node("HardSwish", x)
+    if kind == "silu":
+      return self.node("Mul", x, self.node("Sigmoid", x))
     return x
+
   def depthwise(self, x: str, c: int, k: int, stride: int, pads, bias: bool = False, **attrs) -> str:
     w = self.const(rng.normal(0, 0.3, (c, 1, k, k)))
     ins = [x, w, self.const(rng.normal(0, 0.1, c))] if bias else [x, w]
     return self.node("Conv", *ins, group=c, strides=[stride, stride], pads=list(pads), kernel_shape=[k, k], **attrs)
+
   def output(self, x: str):
     self.outputs.append(x)
+
   def model(self, inputs: dict[str, tuple]) -> onnx.ModelProto:
-    g = oh.make_graph(self.nodes, "g", [oh.make_tensor_value_info(n, TP.FLOAT, s) for n, s in inputs.items()],
-                      [oh.make_tensor_value_info(o, TP.FLOAT, None) for o in self.outputs], self.inits)
+    g = oh.make_graph(
+      self.nodes,
+      "g",
+      [oh.make_tensor_value_info(n, TP.FLOAT, s) for n, s in inputs.items()],
+      [oh.make_tensor_value_info(o, TP.FLOAT, None) for o in self.outputs],
+      self.inits,
+    )
     m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
     m.ir_version = 8
     return m
 
+
 X, X2 = (1, 16, 21, 70), (2, 8, 31, 33)
 # (window, stride, pads [top, left, bottom, right], conv bias, epilogue): 70 columns make a full 64-wide segment and
 # a partial vector at stride 1, 35 make single vectors and a partial one at stride 2
-BRANCHES = [(3, 1, (1, 1, 1, 1), False, "relu6"), (5, 2, (2, 2, 2, 2), False, "hardswish"),
-            (3, 2, (0, 0, 1, 1), True, "silu"), (5, 1, (0, 0, 0, 0), False, "clip"),
-            (3, 1, (1, 2, 1, 0), True, "none")]
+BRANCHES = [
+  (3, 1, (1, 1, 1, 1), False, "relu6"),
+  (5, 2, (2, 2, 2, 2), False, "hardswish"),
+  (3, 2, (0, 0, 1, 1), True, "silu"),
+  (5, 1, (0, 0, 0, 0), False, "clip"),
+  (3, 1, (1, 2, 1, 0), True, "none"),
+]
+
 
 def direct_model() -> onnx.ModelProto:
   g = Graph()
@@ -71,16 +107,21 @@ def direct_model() -> onnx.ModelProto:
   g.output(g.node("Conv", "x", w, group=X[1], pads=[1, 1, 1, 1], kernel_shape=[3, 3]))
   # a channel shuffle (reshape, transpose, reshape) read by the depthwise convolution: planes in shuffled order
   c = X[1]
-  shuffled = g.node("Reshape", g.node("Transpose", g.node("Reshape", "x", g.ints([1, 4, c // 4, X[2], X[3]])),
-                                      perm=[0, 2, 1, 3, 4]), g.ints([1, c, X[2], X[3]]))
+  shuffled = g.node(
+    "Reshape",
+    g.node("Transpose", g.node("Reshape", "x", g.ints([1, 4, c // 4, X[2], X[3]])), perm=[0, 2, 1, 3, 4]),
+    g.ints([1, c, X[2], X[3]]),
+  )
   g.output(g.act(g.bn(g.depthwise(shuffled, c, 3, 1, (1, 1, 1, 1)), c), "relu6"))
   return g.model({"x": X, "x2": X2})
+
 
 def fallback_model() -> onnx.ModelProto:
   """A depthwise convolution the direct kernel does not take: dilated (its window's columns are not contiguous)."""
   g = Graph()
   g.output(g.act(g.bn(g.depthwise("x", X[1], 3, 1, (2, 2, 2, 2), dilations=[2, 2]), X[1]), "relu6"))
   return g.model({"x": X})
+
 
 def block_model(c: int = 16, expand: int = 4, hw: int = 96) -> onnx.ModelProto:
   """A MobileNetV2 block (1x1 expand, BN, ReLU6, 3x3 depthwise, BN, ReLU6, 1x1 project, residual): big enough
@@ -93,31 +134,42 @@ def block_model(c: int = 16, expand: int = 4, hw: int = 96) -> onnx.ModelProto:
   g.output(g.node("Add", h, "x"))
   return g.model({"x": (1, c, hw, hw)})
 
+
 def reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
   so = ort.SessionOptions()
   so.intra_op_num_threads = 1
   return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
+
 def close(out, ref):
   np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
   """(model, artifact) per (name, target), compiled once for the module."""
   base, made = tmp_path_factory.mktemp("direct"), {}
+
   def get(name: str, target: str):
     if (name, target) not in made:
       model = {"direct": direct_model, "fallback": fallback_model, "block": block_model}[name]()
       made[name, target] = model, aot.compile_model(model, out_dir=base / f"{name}_{target}", target=target)
     return made[name, target]
+
   return get
 
-def model_c(art) -> str: return (art.dir / "src" / "model.c").read_text()
+
+def model_c(art) -> str:
+  return (art.dir / "src" / "model.c").read_text()
+
 
 def run_on(art, x: np.ndarray, threads: int) -> np.ndarray:
   loaded = aot.load(art, threads=threads)
-  try: return loaded(x)
-  finally: loaded.close()
+  try:
+    return loaded(x)
+  finally:
+    loaded.close()
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_depthwise_matches_onnxruntime(artifacts, target):
@@ -127,8 +179,11 @@ def test_depthwise_matches_onnxruntime(artifacts, target):
     for seed in (1, 2):
       r = np.random.default_rng(seed)
       xs = [r.standard_normal(X, dtype=np.float32), r.standard_normal(X2, dtype=np.float32)]
-      for out, ref in zip(loaded(*xs), reference(model, {"x": xs[0], "x2": xs[1]}), strict=True): close(out, ref)
-  finally: loaded.close()
+      for out, ref in zip(loaded(*xs), reference(model, {"x": xs[0], "x2": xs[1]}), strict=True):
+        close(out, ref)
+  finally:
+    loaded.close()
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_depthwise_takes_the_direct_kernel(artifacts, target):
@@ -141,6 +196,7 @@ def test_depthwise_takes_the_direct_kernel(artifacts, target):
   assert src.count(", a}; aot_depthwise_run(&d, 0, d.tasks)") == len(BRANCHES) + 1
   assert "aot_gemm g =" not in src and "_dense0b(" not in src
 
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_shapes_left_to_the_microkernel(artifacts, target):
   model, art = artifacts("fallback", target)
@@ -149,7 +205,9 @@ def test_shapes_left_to_the_microkernel(artifacts, target):
   loaded = aot.load(art)
   try:
     close(loaded(x), reference(model, {"x": x})[0])
-  finally: loaded.close()
+  finally:
+    loaded.close()
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_depthwise_bitwise_same_on_1_and_2_threads(artifacts, target):
@@ -161,11 +219,17 @@ def test_depthwise_bitwise_same_on_1_and_2_threads(artifacts, target):
   np.testing.assert_array_equal(outs[0], outs[1])
   close(outs[0], reference(model, {"x": x})[0])
 
+
 # (multiplier, window, stride, pads [top, left, bottom, right], conv bias, epilogue) on odd sizes: partial vectors,
 # asymmetric padding, a band's edge rows; each big enough for a contraction (find_contractions' MIN_WORK)
-MULTIPLIERS = [(2, 3, 1, (1, 1, 1, 1), False, "relu6"), (3, 5, 2, (2, 1, 2, 1), True, "hardswish"),
-               (2, 3, 2, (0, 0, 1, 1), False, "none"), (4, 5, 1, (2, 2, 2, 2), True, "silu")]
+MULTIPLIERS = [
+  (2, 3, 1, (1, 1, 1, 1), False, "relu6"),
+  (3, 5, 2, (2, 1, 2, 1), True, "hardswish"),
+  (2, 3, 2, (0, 0, 1, 1), False, "none"),
+  (4, 5, 1, (2, 2, 2, 2), True, "silu"),
+]
 XM, XM2 = (1, 9, 27, 37), (2, 6, 29, 23)
+
 
 def multiplier_model() -> onnx.ModelProto:
   """Depthwise convolutions with a channel multiplier: m filters per input channel, output channel o reading input
@@ -183,6 +247,7 @@ def multiplier_model() -> onnx.ModelProto:
   g.output(g.act(conv, "relu6"))
   return g.model({"x": XM, "x2": XM2})
 
+
 def multiplier_block_model(c: int = 16, hw: int = 96) -> onnx.ModelProto:
   """A 1x1 expand, a depthwise convolution with two filters per channel, BN, ReLU6, a 1x1 project: 78 MFLOP, enough
   for the model to run on the pool."""
@@ -193,6 +258,7 @@ def multiplier_block_model(c: int = 16, hw: int = 96) -> onnx.ModelProto:
   h = g.act(g.bn(h, 2 * e), "relu6")
   g.output(g.node("Conv", h, g.const(rng.normal(0, 0.2, (c, 2 * e, 1, 1)))))
   return g.model({"x": (1, c, hw, hw)})
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_channel_multiplier_on_the_direct_kernel(tmp_path, target):
@@ -207,8 +273,11 @@ def test_channel_multiplier_on_the_direct_kernel(tmp_path, target):
     for seed in (1, 2):
       r = np.random.default_rng(seed)
       xs = [r.standard_normal(XM, dtype=np.float32), r.standard_normal(XM2, dtype=np.float32)]
-      for out, ref in zip(loaded(*xs), reference(model, {"x": xs[0], "x2": xs[1]}), strict=True): close(out, ref)
-  finally: loaded.close()
+      for out, ref in zip(loaded(*xs), reference(model, {"x": xs[0], "x2": xs[1]}), strict=True):
+        close(out, ref)
+  finally:
+    loaded.close()
+
 
 def test_channel_multiplier_bitwise_same_on_1_and_2_threads(tmp_path):
   model = multiplier_block_model()
@@ -219,12 +288,14 @@ def test_channel_multiplier_bitwise_same_on_1_and_2_threads(tmp_path):
   np.testing.assert_array_equal(outs[0], outs[1])
   close(outs[0], reference(model, {"x": x})[0])
 
+
 def fc_model(k: int = 1023, n: int = 1000) -> onnx.ModelProto:
   """A batch-1 fully connected layer (the GEMV: M = 1), sizes that fill no whole tile and no whole k split."""
   g = Graph()
   w = g.const(rng.normal(0, 1 / np.sqrt(k), (n, k)))
   g.output(g.node("Relu", g.node("Gemm", "x", w, g.const(rng.normal(0, 0.1, n)), transB=1)))
   return g.model({"x": (1, k)})
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_gemv_matches_onnxruntime(tmp_path, target):
@@ -237,6 +308,7 @@ def test_gemv_matches_onnxruntime(tmp_path, target):
   np.testing.assert_array_equal(outs[0], outs[1])
   close(outs[0], reference(model, {"x": x})[0])
 
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_exp_as_arithmetic_matches_numpy(tmp_path, target):
   """float32 exp is computed from multiplies, adds and exponent arithmetic (codegen/opt.py: it vectorises, libm's
@@ -244,13 +316,17 @@ def test_exp_as_arithmetic_matches_numpy(tmp_path, target):
   exact = [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.73, -104.0, -150.0]
   x = np.concatenate([np.linspace(-110, 95, 100001), [88.72, -87.5, -103.9], exact]).astype(np.float32)
   art = aot.compile_model(lambda a: a.exp(), [x], out_dir=tmp_path / target, target=target)
-  if target == "c": assert "expf(" not in (art.dir / "src" / "model.c").read_text()
+  if target == "c":
+    assert "expf(" not in (art.dir / "src" / "model.c").read_text()
   loaded = aot.load(art)
-  try: y = loaded(x)
-  finally: loaded.close()
+  try:
+    y = loaded(x)
+  finally:
+    loaded.close()
   ref = np.exp(x.astype(np.float64))
   normal = (ref > np.finfo(np.float32).tiny) & (ref < np.finfo(np.float32).max)
-  assert (np.abs(y[normal] - ref[normal]) / ref[normal]).max() < 2 * 2.0 ** -24
+  assert (np.abs(y[normal] - ref[normal]) / ref[normal]).max() < 2 * 2.0**-24
   tiny = ref <= np.finfo(np.float32).tiny
   assert np.abs(y[tiny] - ref[tiny]).max() <= np.finfo(np.float32).smallest_subnormal
-  with np.errstate(over="ignore"): np.testing.assert_array_equal(y[-len(exact):], np.exp(x[-len(exact):]))
+  with np.errstate(over="ignore"):
+    np.testing.assert_array_equal(y[-len(exact) :], np.exp(x[-len(exact) :]))

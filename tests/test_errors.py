@@ -1,23 +1,34 @@
 """One error tree (aot/errors.py): every error aot raises on purpose is an AotError; the user's problems are
 CompileErrors, a bug of ours is an InternalError naming where it happened; the builtin types callers caught before stay
 caught."""
+
 import inspect
+
 import numpy as np
 import pytest
-from onnx import helper as oh, TensorProto as TP
+from onnx import TensorProto as TP
+from onnx import helper as oh
+
 import aot
 from aot import errors
 from aot.errors import AotError, CompileError, InternalError
 
+
 def make(nodes, inputs, outputs, inits=()):
-  m = oh.make_model(oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)),
-                    opset_imports=[oh.make_opsetid("", 18)])
+  m = oh.make_model(
+    oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)), opset_imports=[oh.make_opsetid("", 18)]
+  )
   m.ir_version = 9
   return m
 
+
 def relu_model():
-  return make([oh.make_node("Relu", ["x"], ["y"], name="r1")], [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
-              [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3])])
+  return make(
+    [oh.make_node("Relu", ["x"], ["y"], name="r1")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3])],
+  )
+
 
 def test_every_error_is_an_aot_error_and_keeps_the_builtin_it_replaced():
   classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == "aot.errors"]
@@ -28,10 +39,14 @@ def test_every_error_is_an_aot_error_and_keeps_the_builtin_it_replaced():
   assert issubclass(errors.KernelCountException, AssertionError)
   assert not issubclass(InternalError, CompileError) and not issubclass(errors.BuildError, CompileError)
   # the names users and op files import from the old places are the same classes
-  import aot.build, aot.testing, aot.frontends.onnx
+  import aot.build
+  import aot.frontends.onnx
+  import aot.testing
+
   assert aot.CompileError is CompileError and aot.build.BuildError is errors.BuildError
   assert aot.testing.KernelCountException is errors.KernelCountException
   assert aot.frontends.onnx.Unsupported is errors.Unsupported
+
 
 def test_needs_inputs_is_a_constructor_field():
   assert CompileError("x").needs_inputs == frozenset()
@@ -39,22 +54,34 @@ def test_needs_inputs_is_a_constructor_field():
   assert errors.NeedsConstant("x", "shape").needs_inputs == {"shape"}
   assert CompileError("x", needs_shapes={"seq"}).needs_shapes == {"seq"} and CompileError("x").needs_shapes == set()
   # a Reshape whose shape is a model input: the error says which input --bind would pin
-  m = make([oh.make_node("Reshape", ["x", "shape"], ["y"], name="rs")],
-           [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3]), oh.make_tensor_value_info("shape", TP.INT64, [2])],
-           [oh.make_tensor_value_info("y", TP.FLOAT, [3, 2])])
-  with pytest.raises(CompileError, match=r"Reshape node 'rs': .*--bind shape=VALUE") as e: aot.compile_model(m)
+  m = make(
+    [oh.make_node("Reshape", ["x", "shape"], ["y"], name="rs")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3]), oh.make_tensor_value_info("shape", TP.INT64, [2])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [3, 2])],
+  )
+  with pytest.raises(CompileError, match=r"Reshape node 'rs': .*--bind shape=VALUE") as e:
+    aot.compile_model(m)
   assert e.value.needs_inputs == {"shape"}
+
 
 def test_a_model_problem_in_a_converter_stays_a_compile_error():
   # Tensor.reshape's check (once a ValueError, now also a CompileError) is the model's fault, stated per node
-  m = make([oh.make_node("Reshape", ["x", "s"], ["y"], name="rs")], [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
-           [oh.make_tensor_value_info("y", TP.FLOAT, None)], [oh.make_tensor("s", TP.INT64, [1], [4])])
-  with pytest.raises(CompileError, match=r"1 ONNX node\(s\) cannot be compiled: Reshape node 'rs': cannot reshape "
-                                         r"\(2, 3\) \(6 elements\) to \(4,\)"):
+  m = make(
+    [oh.make_node("Reshape", ["x", "s"], ["y"], name="rs")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    [oh.make_tensor("s", TP.INT64, [1], [4])],
+  )
+  with pytest.raises(
+    CompileError,
+    match=r"1 ONNX node\(s\) cannot be compiled: Reshape node 'rs': cannot reshape "
+    r"\(2, 3\) \(6 elements\) to \(4,\)",
+  ):
     aot.compile_model(m)
   with pytest.raises(ValueError, match=r"cannot reshape \(2, 3\)") as e:
     aot.compile_model(lambda x: x.reshape(4), [np.zeros((2, 3), np.float32)])
   assert isinstance(e.value, CompileError)
+
 
 @pytest.fixture
 def broken_relu(monkeypatch):
@@ -62,37 +89,55 @@ def broken_relu(monkeypatch):
   model's node that "cannot be compiled")."""
   import aot.frontends.onnx_ops  # noqa: F401  (fills the op table)
   from aot.frontends.onnx import OPS
-  def relu(ctx, x): return [x][1]
+
+  def relu(ctx, x):
+    return [x][1]
+
   monkeypatch.setitem(OPS, "Relu", [(1, relu)])
 
+
 def test_a_bug_in_a_converter_is_an_internal_error_naming_the_node(broken_relu):
-  with pytest.raises(InternalError, match=r"^internal compiler error in Relu node 'r1': IndexError: list index out of "
-                                          r"range \(a bug in the compiler, not in the model: please report it\)$") as e:
+  with pytest.raises(
+    InternalError,
+    match=r"^internal compiler error in Relu node 'r1': IndexError: list index out of "
+    r"range \(a bug in the compiler, not in the model: please report it\)$",
+  ) as e:
     aot.compile_model(relu_model())
   assert not isinstance(e.value, CompileError) and "cannot be compiled" not in str(e.value)
   assert isinstance(e.value.__cause__, IndexError)
 
+
 def test_the_cli_says_an_internal_error_is_one_in_one_line(broken_relu, tmp_path, capsys):
-  from aot import cli
   import onnx
+
+  from aot import cli
+
   onnx.save(relu_model(), tmp_path / "m.onnx")
   assert cli.main([str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")]) == 1
   err = capsys.readouterr().err
-  assert err.splitlines() == ["compile-model: error: internal compiler error in Relu node 'r1': IndexError: list index "
-                              "out of range (a bug in the compiler, not in the model: please report it) (rerun with -v "
-                              "for the traceback)"]
+  assert err.splitlines() == [
+    "compile-model: error: internal compiler error in Relu node 'r1': IndexError: list index "
+    "out of range (a bug in the compiler, not in the model: please report it) (rerun with -v "
+    "for the traceback)"
+  ]
+
 
 def test_loader_input_errors_name_the_input_and_keep_their_builtin_types(tmp_path):
-  m = aot.load(aot.compile_model(lambda x, w: x * w, [np.zeros((2, 3), np.float32), np.zeros(3, np.float32)],
-                                 out_dir=tmp_path, name="scale"))
+  m = aot.load(
+    aot.compile_model(
+      lambda x, w: x * w, [np.zeros((2, 3), np.float32), np.zeros(3, np.float32)], out_dir=tmp_path, name="scale"
+    )
+  )
   x, w = np.ones((2, 3), np.float32), np.ones(3, np.float32)
-  with pytest.raises(ValueError, match=r"^scale input 'x': expected shape \(2, 3\), got \(3, 2\)$") as e: m(x.T, w)
+  with pytest.raises(ValueError, match=r"^scale input 'x': expected shape \(2, 3\), got \(3, 2\)$") as e:
+    m(x.T, w)
   assert isinstance(e.value, errors.InputShapeError)
   assert (e.value.input_name, e.value.expected, e.value.got) == ("x", (2, 3), (3, 2))
   with pytest.raises(TypeError, match=r"^scale input 'w': expected dtype float32, got int32$") as e:
     m(x, w.astype(np.int32))
   assert isinstance(e.value, errors.InputDtypeError) and e.value.input_name == "w"
-  with pytest.raises(TypeError, match=r"scale takes 2 inputs \(x, w\), got 1") as e: m(x)
+  with pytest.raises(TypeError, match=r"scale takes 2 inputs \(x, w\), got 1") as e:
+    m(x)
   assert isinstance(e.value, AotError)
   np.testing.assert_array_equal(m(x, np.array([1, 2, 3], np.float32)), np.tile(np.float32([1, 2, 3]), (2, 1)))
   m.close()

@@ -1,8 +1,12 @@
 """The int8 microkernel (runtime_c/aot_qgemm.c) against an independent numpy int32 computation, bit for bit."""
-import ctypes, subprocess
+
+import ctypes
+import subprocess
 from pathlib import Path
+
 import numpy as np
 import pytest
+
 from aot.build import cc, cflags
 from aot.codegen.quant import pack_weights, requantize
 
@@ -18,13 +22,31 @@ __attribute__((visibility("default"))) void qgemm(aot_qgemm *g, int threads) {
 }
 """
 
+
 class QGemm(ctypes.Structure):
-  _fields_ = [("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int), ("a", ctypes.c_void_p),
-              ("lda", ctypes.c_long), ("a_signed", ctypes.c_int), ("a_zero", ctypes.c_int), ("b", ctypes.c_void_p),
-              ("col_sum", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale", ctypes.c_void_p),
-              ("scale_step", ctypes.c_int), ("out_type", ctypes.c_int), ("out_zero", ctypes.c_int),
-              ("c", ctypes.c_void_p), ("ldc_m", ctypes.c_long), ("ldc_n", ctypes.c_long), ("next", ctypes.c_int),
-              ("a_kmajor", ctypes.c_int), ("a_zero_at", ctypes.c_void_p)]
+  _fields_ = [
+    ("M", ctypes.c_int),
+    ("N", ctypes.c_int),
+    ("K", ctypes.c_int),
+    ("a", ctypes.c_void_p),
+    ("lda", ctypes.c_long),
+    ("a_signed", ctypes.c_int),
+    ("a_zero", ctypes.c_int),
+    ("b", ctypes.c_void_p),
+    ("col_sum", ctypes.c_void_p),
+    ("bias", ctypes.c_void_p),
+    ("scale", ctypes.c_void_p),
+    ("scale_step", ctypes.c_int),
+    ("out_type", ctypes.c_int),
+    ("out_zero", ctypes.c_int),
+    ("c", ctypes.c_void_p),
+    ("ldc_m", ctypes.c_long),
+    ("ldc_n", ctypes.c_long),
+    ("next", ctypes.c_int),
+    ("a_kmajor", ctypes.c_int),
+    ("a_zero_at", ctypes.c_void_p),
+  ]
+
 
 @pytest.fixture(scope="module", params=["native", "x86-64-v3"])
 def lib(request, tmp_path_factory):
@@ -32,10 +54,24 @@ def lib(request, tmp_path_factory):
   d = tmp_path_factory.mktemp(f"qgemm_{request.param}")
   (d / "driver.c").write_text(DRIVER)
   so = d / "libq.so"
-  subprocess.run([cc(), *cflags(request.param), "-shared", f"-I{RUNTIME}", str(d / "driver.c"),
-                  str(RUNTIME / "aot_qgemm.c"), str(RUNTIME / "aot_runtime.c"), "-o", str(so), "-lpthread", "-lm"],
-                 check=True)
+  subprocess.run(
+    [
+      cc(),
+      *cflags(request.param),
+      "-shared",
+      f"-I{RUNTIME}",
+      str(d / "driver.c"),
+      str(RUNTIME / "aot_qgemm.c"),
+      str(RUNTIME / "aot_runtime.c"),
+      "-o",
+      str(so),
+      "-lpthread",
+      "-lm",
+    ],
+    check=True,
+  )
   return ctypes.CDLL(str(so))
+
 
 def run(lib, a, w, a_zero, bias=None, scale=None, out_zero=0, out_dtype=np.int32, threads=1, zero_at=False):
   M, K = a.shape
@@ -47,16 +83,38 @@ def run(lib, a, w, a_zero, bias=None, scale=None, out_zero=0, out_dtype=np.int32
   ptr = lambda x: None if x is None else x.ctypes.data
   # a zero point computed at run time is read from memory; a_zero is then not used
   at = np.array([a_zero], np.int32) if zero_at else None
-  g = QGemm(M, N, K, ptr(keep[0]), K, int(a.dtype == np.int8), a_zero, ptr(packed), ptr(col_sum), ptr(bias),
-            ptr(scale), 0 if scale is None or scale.size == 1 else 1,
-            {np.int32: 0, np.uint8: 1, np.int8: 2}[out_dtype], out_zero, ptr(out), N, 1, 0, 0, ptr(at))
-  if zero_at: g.a_zero = -12345
+  g = QGemm(
+    M,
+    N,
+    K,
+    ptr(keep[0]),
+    K,
+    int(a.dtype == np.int8),
+    a_zero,
+    ptr(packed),
+    ptr(col_sum),
+    ptr(bias),
+    ptr(scale),
+    0 if scale is None or scale.size == 1 else 1,
+    {np.int32: 0, np.uint8: 1, np.int8: 2}[out_dtype],
+    out_zero,
+    ptr(out),
+    N,
+    1,
+    0,
+    0,
+    ptr(at),
+  )
+  if zero_at:
+    g.a_zero = -12345
   lib.qgemm(ctypes.byref(g), threads)
   return out
+
 
 def reference(a, w, a_zero, bias=None):
   acc = (a.astype(np.int64) - a_zero) @ w.astype(np.int64)
   return (acc + (0 if bias is None else bias)).astype(np.int32)
+
 
 @pytest.mark.parametrize("M,N,K", [(1, 1, 1), (7, 33, 5), (65, 129, 515), (9, 31, 1030)])
 @pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
@@ -75,6 +133,7 @@ def test_int32_products(lib, M, N, K, a_dtype):
     np.testing.assert_array_equal(run(lib, a, w, zero, bias, threads=threads), want)
     np.testing.assert_array_equal(run(lib, a, w, zero, bias, threads=threads, zero_at=True), want)
 
+
 @pytest.mark.parametrize("out_dtype,out_zero", [(np.uint8, 131), (np.int8, -5)])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_requantized(lib, out_dtype, out_zero, per_channel):
@@ -89,46 +148,71 @@ def test_requantized(lib, out_dtype, out_zero, per_channel):
     w[:, :3] = 0
     w[:4, :3] = rng.integers(-1, 2, (4, 3))
   acc = reference(a, w, 120)
-  if per_channel: assert np.sum(acc[:, :3] % 2 == 1) > 10
+  if per_channel:
+    assert np.sum(acc[:, :3] % 2 == 1) > 10
   want = requantize(acc, scale, out_zero, out_dtype)
   assert 0 < np.mean((want == np.iinfo(out_dtype).min) | (want == np.iinfo(out_dtype).max)) < 0.9
   for threads in (1, 3):
-    np.testing.assert_array_equal(run(lib, a, w, 120, scale=scale, out_zero=out_zero, out_dtype=out_dtype,
-                                      threads=threads), want)
+    np.testing.assert_array_equal(
+      run(lib, a, w, 120, scale=scale, out_zero=out_zero, out_dtype=out_dtype, threads=threads), want
+    )
+
 
 # *** QDQ models, made with onnxruntime's quantizer, against onnxruntime's int8 run ***
+
 
 def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
   """A float conv (+ Relu) or matmul quantized by onnxruntime.quantization.quantize_static from seeded calibration
   data, with its first QuantizeLinear and last DequantizeLinear dropped: 8-bit in, 8-bit out."""
   import onnx
-  from onnx import helper, numpy_helper, TensorProto
-  from onnxruntime.quantization import quantize_static, QuantType, QuantFormat, CalibrationDataReader
+  from onnx import TensorProto, helper, numpy_helper
+  from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
   rng = np.random.default_rng(11)
   if kind in ("conv", "wide conv"):
     # a wide one spans several of the microkernel's 64-row blocks, its result lines written through the epilogue's
     # transpose (m contiguous) block by block
-    shape, out_shape, stride = ([1, 64, 10, 9], [1, 20, 5, 5], 2) if kind == "conv" else \
-                               ([1, 16, 21, 18], [1, 20, 21, 18], 1)
+    shape, out_shape, stride = (
+      ([1, 64, 10, 9], [1, 20, 5, 5], 2) if kind == "conv" else ([1, 16, 21, 18], [1, 20, 21, 18], 1)
+    )
     w = numpy_helper.from_array((rng.standard_normal((20, shape[1], 3, 3)) * 0.2).astype(np.float32), "w")
     b = numpy_helper.from_array((rng.standard_normal(20) * 0.1).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
-             helper.make_node("Relu", ["c"], ["y"])]
+    nodes = [
+      helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
+      helper.make_node("Relu", ["c"], ["y"]),
+    ]
     inits = [w, b]
   else:
     # a vector by a matrix has no m rows (a batch-1 fully connected layer): one row of the microkernel
     shape, out_shape = ([7, 600], [7, 45]) if kind == "matmul" else ([600], [45])
     w = numpy_helper.from_array((rng.standard_normal((600, 45)) * 0.2).astype(np.float32), "w")
     nodes, inits = [helper.make_node("MatMul", ["x", "w"], ["y"])], [w]
-  g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], inits)
+  g = helper.make_graph(
+    nodes,
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+    inits,
+  )
   onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp / "f.onnx")
+
   class Data(CalibrationDataReader):
-    def __init__(self): self.it = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
-    def get_next(self): return next(self.it, None)
+    def __init__(self):
+      self.it = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
+
+    def get_next(self):
+      return next(self.it, None)
+
   act = QuantType.QUInt8 if activations == "u8" else QuantType.QInt8
-  quantize_static(str(tmp / "f.onnx"), str(tmp / "q.onnx"), Data(), quant_format=QuantFormat.QDQ,
-                  per_channel=per_channel, weight_type=QuantType.QInt8, activation_type=act)
+  quantize_static(
+    str(tmp / "f.onnx"),
+    str(tmp / "q.onnx"),
+    Data(),
+    quant_format=QuantFormat.QDQ,
+    per_channel=per_channel,
+    weight_type=QuantType.QInt8,
+    activation_type=act,
+  )
   m = onnx.load(tmp / "q.onnx")
   q = next(n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
   dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y")
@@ -140,13 +224,25 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
   m.graph.output.append(helper.make_tensor_value_info(dq.input[0], dt, out_shape))
   return m
 
-@pytest.mark.parametrize("kind,per_channel,activations",
-                         [("conv", True, "u8"), ("conv", False, "u8"), ("matmul", True, "u8"), ("matmul", False, "u8"),
-                          ("conv", True, "s8"), ("wide conv", True, "u8"), ("wide conv", False, "s8"),
-                          ("vector matmul", True, "u8")])
+
+@pytest.mark.parametrize(
+  "kind,per_channel,activations",
+  [
+    ("conv", True, "u8"),
+    ("conv", False, "u8"),
+    ("matmul", True, "u8"),
+    ("matmul", False, "u8"),
+    ("conv", True, "s8"),
+    ("wide conv", True, "u8"),
+    ("wide conv", False, "s8"),
+    ("vector matmul", True, "u8"),
+  ],
+)
 def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
   import onnxruntime as ort
+
   import aot
+
   model = _qdq_model(kind, per_channel, activations, tmp_path)
   art = aot.compile_model(model, out_dir=tmp_path / "art")
   # the plan takes the int8 path: the contraction is a call of the int8 microkernel
@@ -164,20 +260,29 @@ def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
 
+
 def test_qoperator_conv_then_global_average_pool_runs_on_the_int8_microkernel(tmp_path):
   # QLinearConv -> QLinearGlobalAveragePool fuses into one kernel whose pool sums the conv's requantized result (and
   # requantizes again): the conv inside still goes to the microkernel, the pool stays in its epilogue
   import onnxruntime as ort
-  from onnx import helper, numpy_helper, TensorProto
+  from onnx import TensorProto, helper, numpy_helper
+
   import aot
   from aot.models.quantized import quantized
+
   rng = np.random.default_rng(5)
   w = numpy_helper.from_array((rng.standard_normal((24, 16, 3, 3)) * 0.2).astype(np.float32), "w")
   b = numpy_helper.from_array((rng.standard_normal(24) * 0.1).astype(np.float32), "b")
-  g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-                         helper.make_node("GlobalAveragePool", ["c"], ["y"])], "g",
-                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 7, 7])],
-                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 1, 1])], [w, b])
+  g = helper.make_graph(
+    [
+      helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+      helper.make_node("GlobalAveragePool", ["c"], ["y"]),
+    ],
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 7, 7])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 1, 1])],
+    [w, b],
+  )
   q = quantized(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "qoperator")
   assert {"QLinearConv", "QLinearGlobalAveragePool"} <= {n.op_type for n in q.graph.node}
   art = aot.compile_model(q, out_dir=tmp_path / "art")
@@ -189,41 +294,58 @@ def test_qoperator_conv_then_global_average_pool_runs_on_the_int8_microkernel(tm
   for threads in (1, 2, 3):
     np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
 
+
 def test_qdq_fused_in_a_copy_of_a_model_given_and_in_place_of_one_loaded(tmp_path):
   # fuse_qdq copies a caller's model without serialising it (a model over 2 GB cannot be) and fuses a file's in place
   import onnx
+
   import aot
+
   model = _qdq_model("matmul", True, "u8", tmp_path)
   before = model.SerializeToString()
   art = aot.compile_model(model, out_dir=tmp_path / "a")
   assert model.SerializeToString() == before
   onnx.save(model, tmp_path / "m.onnx")
   art2 = aot.compile_model(tmp_path / "m.onnx", out_dir=tmp_path / "b")
-  for a in (art, art2): assert "aot_qgemm_run" in (a.dir / "src" / "model.c").read_text()
+  for a in (art, art2):
+    assert "aot_qgemm_run" in (a.dir / "src" / "model.c").read_text()
   x = np.random.default_rng(2).integers(0, 256, (7, 600)).astype(np.uint8)
   np.testing.assert_array_equal(aot.load(art)(x), aot.load(art2)(x))
 
+
 # *** dynamic quantization: A's zero point computed at run time, the int32 sum scaled to float after ***
+
 
 def test_dynamic_quantization_runs_on_the_int8_microkernel(tmp_path):
   # DynamicQuantizeLinear's zero point comes from the tensor's range at run time: the microkernel reads it from a
   # 1-element buffer a kernel of its own writes. MatMulInteger's int32 sums are exact (equal to onnxruntime's bit for
   # bit); DynamicQuantizeMatMul's (com.microsoft) are scaled to float by the epilogue as onnxruntime scales them
   import onnxruntime as ort
-  from onnx import helper, numpy_helper, TensorProto
+  from onnx import TensorProto, helper, numpy_helper
+
   import aot
+
   rng = np.random.default_rng(17)
   # 130 rows and 160 columns: several of the microkernel's tasks, so that 2 and 3 threads split them
   w = numpy_helper.from_array(rng.integers(-128, 128, (96, 160)).astype(np.int8), "w")
   wz = numpy_helper.from_array(np.int8(0), "wz")
   ws = numpy_helper.from_array(np.float32(0.02), "ws")
   bias = numpy_helper.from_array(rng.standard_normal(160).astype(np.float32), "bias")
-  nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-           helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["y"]),
-           helper.make_node("DynamicQuantizeMatMul", ["x", "w", "ws", "wz", "bias"], ["f"], domain="com.microsoft")]
-  g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 65, 96])],
-                        [helper.make_tensor_value_info("y", TensorProto.INT32, None),
-                         helper.make_tensor_value_info("f", TensorProto.FLOAT, None)], [w, wz, ws, bias])
+  nodes = [
+    helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+    helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["y"]),
+    helper.make_node("DynamicQuantizeMatMul", ["x", "w", "ws", "wz", "bias"], ["f"], domain="com.microsoft"),
+  ]
+  g = helper.make_graph(
+    nodes,
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 65, 96])],
+    [
+      helper.make_tensor_value_info("y", TensorProto.INT32, None),
+      helper.make_tensor_value_info("f", TensorProto.FLOAT, None),
+    ],
+    [w, wz, ws, bias],
+  )
   m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
   m.ir_version = 9
   art = aot.compile_model(m, out_dir=tmp_path / "art")
@@ -239,22 +361,29 @@ def test_dynamic_quantization_runs_on_the_int8_microkernel(tmp_path):
   np.testing.assert_array_equal(got[0][0], want_y)
   np.testing.assert_allclose(got[0][1], want_f, rtol=1e-5, atol=1e-5 * np.abs(want_f).max())
   for other in got[1:]:
-    for a, b in zip(other, got[0]): np.testing.assert_array_equal(a, b)
+    for a, b in zip(other, got[0]):
+      np.testing.assert_array_equal(a, b)
+
 
 def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tmp_path):
   # QuantizeLinear's result (x8 - zero in int32) is read by a conv and by the residual add: it is stored as x8, both
   # widen it as they read it, and no int32 scratch is left for the conv's copy to narrow again
   import onnxruntime as ort
-  from onnx import helper, numpy_helper, TensorProto
+  from onnx import TensorProto, helper, numpy_helper
+
   import aot
   from aot.models.quantized import quantized
+
   rng = np.random.default_rng(8)
   w = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "w")
   b = numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "b")
-  g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-                         helper.make_node("Add", ["c", "x"], ["y"])], "g",
-                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 9])],
-                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 9])], [w, b])
+  g = helper.make_graph(
+    [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "x"], ["y"])],
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 9])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 9])],
+    [w, b],
+  )
   q = quantized(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "qoperator")
   art = aot.compile_model(q, out_dir=tmp_path / "art")
   calls = (art.dir / "src" / "model.c").read_text()

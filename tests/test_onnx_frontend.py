@@ -1,18 +1,25 @@
 """The ONNX frontend as a user meets it: files, symbolic dims, bound inputs, errors. Results checked against
 onnxruntime."""
-import subprocess, sys
+
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper as oh, TensorProto as TP
+from onnx import TensorProto as TP
+from onnx import helper as oh
+
 import aot
 from aot.errors import CompileError
 from aot.testing import assert_kernel_count
 
+
 def ort_run(model, feed):
   sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
   return sess.run(None, feed)
+
 
 def make(nodes, inputs, outputs, inits=(), opset=18, functions=()):
   g = oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
@@ -20,97 +27,170 @@ def make(nodes, inputs, outputs, inits=(), opset=18, functions=()):
   m.ir_version = 9
   return m
 
+
 def test_unsupported_ops_are_all_listed_at_once():
-  m = make([oh.make_node("Relu", ["x"], ["a"]), oh.make_node("Unique", ["a"], ["b"], name="u1"),
-            oh.make_node("NonMaxSuppression", ["b", "b"], ["c"], name="nms")],
-           [oh.make_tensor_value_info("x", TP.FLOAT, [4])], [oh.make_tensor_value_info("c", TP.INT64, None)])
-  with pytest.raises(CompileError, match="Unique") as e: aot.compile_model(m)
+  m = make(
+    [
+      oh.make_node("Relu", ["x"], ["a"]),
+      oh.make_node("Unique", ["a"], ["b"], name="u1"),
+      oh.make_node("NonMaxSuppression", ["b", "b"], ["c"], name="nms"),
+    ],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [4])],
+    [oh.make_tensor_value_info("c", TP.INT64, None)],
+  )
+  with pytest.raises(CompileError, match="Unique") as e:
+    aot.compile_model(m)
   msg = str(e.value)
   assert "Unique (node 'u1')" in msg and "NonMaxSuppression (node 'nms')" in msg and "\n" not in msg
 
+
 def test_unknown_ops_are_all_named_before_the_checker_complaint():
   # onnx's checker stops at the first op it does not know; every unsupported op is named before what it says
-  m = make([oh.make_node("Foo", ["x"], ["a"], name="f1"), oh.make_node("Relu", ["a"], ["b"]),
-            oh.make_node("Bar", ["b"], ["y"], name="b1", domain="com.example")],
-           [oh.make_tensor_value_info("x", TP.FLOAT, [4])], [oh.make_tensor_value_info("y", TP.FLOAT, [4])])
-  with pytest.raises(CompileError, match=r"unsupported ONNX operators: Foo \(node 'f1'\), Bar \(domain com.example\) "
-                                         r"\(node 'b1'\); invalid ONNX model: No Op registered for Foo"):
+  m = make(
+    [
+      oh.make_node("Foo", ["x"], ["a"], name="f1"),
+      oh.make_node("Relu", ["a"], ["b"]),
+      oh.make_node("Bar", ["b"], ["y"], name="b1", domain="com.example"),
+    ],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [4])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [4])],
+  )
+  with pytest.raises(
+    CompileError,
+    match=r"unsupported ONNX operators: Foo \(node 'f1'\), Bar \(domain com.example\) "
+    r"\(node 'b1'\); invalid ONNX model: No Op registered for Foo",
+  ):
     aot.compile_model(m)
+
 
 @pytest.mark.parametrize("declared", [None, [4]])
 def test_a_cycle_names_its_nodes(declared):
   # (a declared output shape lets onnx's checker run, which says only that the nodes are out of order)
-  m = make([oh.make_node("Neg", ["x"], ["n"], name="first"), oh.make_node("Relu", ["n"], ["a"], name="r"),
-            oh.make_node("Add", ["a", "c"], ["b"], name="add"), oh.make_node("Abs", ["b"], ["c"], name="abs"),
-            oh.make_node("Neg", ["b"], ["y"], name="last")],
-           [oh.make_tensor_value_info("x", TP.FLOAT, [4])], [oh.make_tensor_value_info("y", TP.FLOAT, declared)])
+  m = make(
+    [
+      oh.make_node("Neg", ["x"], ["n"], name="first"),
+      oh.make_node("Relu", ["n"], ["a"], name="r"),
+      oh.make_node("Add", ["a", "c"], ["b"], name="add"),
+      oh.make_node("Abs", ["b"], ["c"], name="abs"),
+      oh.make_node("Neg", ["b"], ["y"], name="last"),
+    ],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [4])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, declared)],
+  )
   with pytest.raises(CompileError, match=r"^graph 'g' has a cycle: Add 'add' -> Abs 'abs' -> Add 'add'$"):
     aot.compile_model(m)
 
+
 def test_symbolic_dims_must_be_pinned_and_can_be(tmp_path):
-  m = make([oh.make_node("Relu", ["x"], ["a"]), oh.make_node("Add", ["a", "y"], ["b"])],
-           [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", 8]), oh.make_tensor_value_info("y", TP.FLOAT, ["batch", "n"])],
-           [oh.make_tensor_value_info("b", TP.FLOAT, ["batch", 8])])
-  with pytest.raises(CompileError, match="'batch'") as e: aot.compile_model(m)
+  m = make(
+    [oh.make_node("Relu", ["x"], ["a"]), oh.make_node("Add", ["a", "y"], ["b"])],
+    [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", 8]), oh.make_tensor_value_info("y", TP.FLOAT, ["batch", "n"])],
+    [oh.make_tensor_value_info("b", TP.FLOAT, ["batch", 8])],
+  )
+  with pytest.raises(CompileError, match="'batch'") as e:
+    aot.compile_model(m)
   assert "x[0] ('batch')" in str(e.value) and "y[0] ('batch')" in str(e.value) and "y[1] ('n')" in str(e.value)
   art = aot.compile_model(m, shapes={"batch": 3, "y": (3, 8)})
   x, y = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
   np.testing.assert_allclose(aot.load(art)(x, y), ort_run(m, {"x": x, "y": y})[0], rtol=1e-6)
 
+
 def test_shape_arithmetic_folds_at_compile_time():
   # Shape -> Gather -> Concat -> Reshape: the target shape is known when compiling, so only the Relu remains
-  nodes = [oh.make_node("Shape", ["x"], ["s"]),
-           oh.make_node("Gather", ["s", "zero"], ["d0"], axis=0),
-           oh.make_node("Concat", ["d0", "minus1"], ["shape"], axis=0),
-           oh.make_node("Reshape", ["x", "shape"], ["r"]),
-           oh.make_node("Relu", ["r"], ["y"])]
+  nodes = [
+    oh.make_node("Shape", ["x"], ["s"]),
+    oh.make_node("Gather", ["s", "zero"], ["d0"], axis=0),
+    oh.make_node("Concat", ["d0", "minus1"], ["shape"], axis=0),
+    oh.make_node("Reshape", ["x", "shape"], ["r"]),
+    oh.make_node("Relu", ["r"], ["y"]),
+  ]
   inits = [oh.make_tensor("zero", TP.INT64, [1], [0]), oh.make_tensor("minus1", TP.INT64, [1], [-1])]
-  m = make(nodes, [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3, 4])], [oh.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+  m = make(
+    nodes,
+    [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3, 4])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    inits,
+  )
   assert_kernel_count(m, 1)
   x = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(np.float32)
   np.testing.assert_allclose(aot.load(aot.compile_model(m))(x), ort_run(m, {"x": x})[0])
 
+
 def _if_on_rate():
   # if sr == 16000 then x * 2 else x[:2] (different shapes: only compilable when sr is pinned)
-  then_g = oh.make_graph([oh.make_node("Mul", ["x", "two"], ["t"])], "then", [], [oh.make_tensor_value_info("t", TP.FLOAT, None)])
-  else_g = oh.make_graph([oh.make_node("Slice", ["x", "s0", "s1"], ["e"])], "else", [], [oh.make_tensor_value_info("e", TP.FLOAT, None)])
-  nodes = [oh.make_node("Equal", ["sr", "rate"], ["c"]), oh.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
-  inits = [oh.make_tensor("two", TP.FLOAT, [], [2.0]), oh.make_tensor("rate", TP.INT64, [], [16000]),
-           oh.make_tensor("s0", TP.INT64, [1], [0]), oh.make_tensor("s1", TP.INT64, [1], [2])]
-  return make(nodes, [oh.make_tensor_value_info("x", TP.FLOAT, [4]), oh.make_tensor_value_info("sr", TP.INT64, [])],
-              [oh.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+  then_g = oh.make_graph(
+    [oh.make_node("Mul", ["x", "two"], ["t"])], "then", [], [oh.make_tensor_value_info("t", TP.FLOAT, None)]
+  )
+  else_g = oh.make_graph(
+    [oh.make_node("Slice", ["x", "s0", "s1"], ["e"])], "else", [], [oh.make_tensor_value_info("e", TP.FLOAT, None)]
+  )
+  nodes = [
+    oh.make_node("Equal", ["sr", "rate"], ["c"]),
+    oh.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g),
+  ]
+  inits = [
+    oh.make_tensor("two", TP.FLOAT, [], [2.0]),
+    oh.make_tensor("rate", TP.INT64, [], [16000]),
+    oh.make_tensor("s0", TP.INT64, [1], [0]),
+    oh.make_tensor("s1", TP.INT64, [1], [2]),
+  ]
+  return make(
+    nodes,
+    [oh.make_tensor_value_info("x", TP.FLOAT, [4]), oh.make_tensor_value_info("sr", TP.INT64, [])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    inits,
+  )
+
 
 def test_bound_scalar_input_folds_control_flow():
   m = _if_on_rate()
-  with pytest.raises(CompileError, match="--bind"): aot.compile_model(m)
+  with pytest.raises(CompileError, match="--bind"):
+    aot.compile_model(m)
   x = np.arange(4, dtype=np.float32)
   for sr in (16000, 8000):
     art = aot.compile_model(m, bind={"sr": sr})
     assert [t.name for t in art.inputs] == ["x"]
     np.testing.assert_allclose(aot.load(art)(x), ort_run(m, {"x": x, "sr": np.array(sr)})[0])
 
+
 def test_external_data_weights(tmp_path):
   w = np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)
-  m = make([oh.make_node("MatMul", ["x", "w"], ["y"])], [oh.make_tensor_value_info("x", TP.FLOAT, [2, 64])],
-           [oh.make_tensor_value_info("y", TP.FLOAT, [2, 64])], [onnx.numpy_helper.from_array(w, "w")])
-  onnx.save_model(m, str(tmp_path / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location="m.data", size_threshold=0)
+  m = make(
+    [oh.make_node("MatMul", ["x", "w"], ["y"])],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [2, 64])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [2, 64])],
+    [onnx.numpy_helper.from_array(w, "w")],
+  )
+  onnx.save_model(
+    m,
+    str(tmp_path / "m.onnx"),
+    save_as_external_data=True,
+    all_tensors_to_one_file=True,
+    location="m.data",
+    size_threshold=0,
+  )
   assert (tmp_path / "m.data").exists()
   x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
   art = aot.compile_model(str(tmp_path / "m.onnx"), out_dir=tmp_path / "out")
   np.testing.assert_allclose(aot.load(art)(x), x @ w, rtol=1e-5, atol=1e-5)
 
+
 def cli(*args):
   return subprocess.run([sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True)
 
+
 def test_cli_compiles_and_checks_an_onnx_file(tmp_path):
-  m = make([oh.make_node("Relu", ["x"], ["a"]), oh.make_node("Sigmoid", ["a"], ["y"])],
-           [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", 16])], [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+  m = make(
+    [oh.make_node("Relu", ["x"], ["a"]), oh.make_node("Sigmoid", ["a"], ["y"])],
+    [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", 16])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+  )
   onnx.save(m, str(tmp_path / "m.onnx"))
   p = cli(str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out"), "--shape", "x=4x16", "--check")
   assert p.returncode == 0, p.stderr
   assert "check vs onnxruntime" in p.stdout and "PASS" in p.stdout
   assert (tmp_path / "out" / "libm.so").exists()
+
 
 def test_cli_bind(tmp_path):
   onnx.save(_if_on_rate(), str(tmp_path / "if.onnx"))
@@ -118,18 +198,26 @@ def test_cli_bind(tmp_path):
   assert p.returncode == 0, p.stderr
   assert "PASS" in p.stdout
 
+
 def test_cli_unsupported_op_is_one_line_and_writes_nothing(tmp_path):
-  m = make([oh.make_node("Unique", ["x"], ["y"], name="u")], [oh.make_tensor_value_info("x", TP.FLOAT, [4])],
-           [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+  m = make(
+    [oh.make_node("Unique", ["x"], ["y"], name="u")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [4])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+  )
   onnx.save(m, str(tmp_path / "u.onnx"))
   p = cli(str(tmp_path / "u.onnx"), "-o", str(tmp_path / "out"))
   assert p.returncode == 1
   assert p.stderr.strip().splitlines() == ["compile-model: error: unsupported ONNX operators: Unique (node 'u')"]
   assert not (tmp_path / "out").exists()
 
+
 def test_cli_corrupt_file_is_one_line_and_writes_nothing(tmp_path):
-  m = make([oh.make_node("Relu", ["x"], ["y"])], [oh.make_tensor_value_info("x", TP.FLOAT, [4])],
-           [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+  m = make(
+    [oh.make_node("Relu", ["x"], ["y"])],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [4])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+  )
   data = m.SerializeToString()
   (tmp_path / "bad.onnx").write_bytes(data[: len(data) // 2])
   p = cli(str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "out"))

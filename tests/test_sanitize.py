@@ -2,18 +2,25 @@
 AOT_SANITIZE=1), run from a C program built with the same sanitizers, on 1 and 2 threads, its inputs and outputs in
 buffers of exactly their size: any out-of-bounds access, use after free, leak or undefined behaviour halts it with a
 report, and the outputs must still match the reference."""
-import os, subprocess
+
+import os
+import subprocess
+
 import numpy as np
 import onnxruntime as ort
 import pytest
+from test_onnx_light import light_model
+
 import aot
 from aot.artifact import api_type
 from aot.build import SANITIZE_FLAGS, cc
 from aot.models import get
-from test_onnx_light import light_model
 
-SANITIZER_ENV = {"ASAN_OPTIONS": "halt_on_error=1:abort_on_error=0:detect_leaks=1",
-                 "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+SANITIZER_ENV = {
+  "ASAN_OPTIONS": "halt_on_error=1:abort_on_error=0:detect_leaks=1",
+  "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+}
+
 
 def driver_source(art, flaw: str | None = None) -> str:
   """A C program: argv[1] is how many runs, argv[2..] the inputs' files then the outputs' files; each tensor lives in
@@ -23,12 +30,18 @@ def driver_source(art, flaw: str | None = None) -> str:
   nbytes = lambda t: t.dtype.itemsize * int(np.prod(t.shape))
   tensors = [("in", i, t) for i, t in enumerate(art.inputs)] + [("out", i, t) for i, t in enumerate(art.outputs)]
   short = {len(tensors) - 1} if flaw == "short" else set()
-  decls = "\n".join(f"  {api_type(t.dtype)} *{k}{i} = malloc({max(nbytes(t) - (j in short), 1)});"
-                    for j, (k, i, t) in enumerate(tensors))
-  reads = "\n".join(f"  if (!io(argv[{j + 2}], in{i}, {nbytes(t)}, 0)) return 10;"
-                    for j, (_, i, t) in enumerate(tensors[:len(art.inputs)]))
-  writes = "\n".join(f"  if (!io(argv[{len(art.inputs) + j + 2}], out{i}, {nbytes(t)}, 1)) return 14;"
-                     for j, (_, i, t) in enumerate(tensors[len(art.inputs):]))
+  decls = "\n".join(
+    f"  {api_type(t.dtype)} *{k}{i} = malloc({max(nbytes(t) - (j in short), 1)});"
+    for j, (k, i, t) in enumerate(tensors)
+  )
+  reads = "\n".join(
+    f"  if (!io(argv[{j + 2}], in{i}, {nbytes(t)}, 0)) return 10;"
+    for j, (_, i, t) in enumerate(tensors[: len(art.inputs)])
+  )
+  writes = "\n".join(
+    f"  if (!io(argv[{len(art.inputs) + j + 2}], out{i}, {nbytes(t)}, 1)) return 14;"
+    for j, (_, i, t) in enumerate(tensors[len(art.inputs) :])
+  )
   args = ", ".join(f"{k}{i}" for k, i, _ in tensors)
   frees = " ".join(f"free({k}{i});" for k, i, _ in tensors)
   return f"""#include <stdio.h>
@@ -56,27 +69,35 @@ int main(int argc, char **argv) {{
 }}
 """
 
+
 def run_sanitized(art, xs: list[np.ndarray], tmp_path, flaw: str | None = None) -> list[np.ndarray]:
   """Outputs of the artifact on xs, from the sanitized driver: twice on 1 thread (the second run finds the arena as
   the first left it), once on 2 threads, which must agree bitwise."""
   (tmp_path / "driver.c").write_text(driver_source(art, flaw))
   prog = tmp_path / "driver"
   link = [f"-I{art.dir}", f"-L{art.dir}", f"-l{art.name}", f"-Wl,-rpath,{art.dir}"]
-  p = subprocess.run([cc(), "-O1", *SANITIZE_FLAGS, "-std=c11", str(tmp_path / "driver.c"), "-o", str(prog), *link,
-                      "-lpthread"], capture_output=True, text=True)
+  p = subprocess.run(
+    [cc(), "-O1", *SANITIZE_FLAGS, "-std=c11", str(tmp_path / "driver.c"), "-o", str(prog), *link, "-lpthread"],
+    capture_output=True,
+    text=True,
+  )
   assert p.returncode == 0, p.stderr
   ins = [tmp_path / f"in{i}.bin" for i in range(len(xs))]
-  for f, x in zip(ins, xs): f.write_bytes(np.ascontiguousarray(x).tobytes())
+  for f, x in zip(ins, xs):
+    f.write_bytes(np.ascontiguousarray(x).tobytes())
   results = []
   for threads, runs in ((1, 2), (2, 1)):
     outs = [tmp_path / f"out{i}_{threads}.bin" for i in range(len(art.outputs))]
     env = {**os.environ, **SANITIZER_ENV, "AOT_NUM_THREADS": str(threads)}
     p = subprocess.run([str(prog), str(runs), *map(str, ins), *map(str, outs)], capture_output=True, text=True, env=env)
-    assert p.returncode == 0 and "Sanitizer" not in p.stderr and "runtime error" not in p.stderr, \
+    assert p.returncode == 0 and "Sanitizer" not in p.stderr and "runtime error" not in p.stderr, (
       f"{art.name} on {threads} threads (exit {p.returncode}):\n{p.stderr[-3000:]}"
+    )
     results.append([np.fromfile(f, dtype=t.dtype.np).reshape(t.shape) for f, t in zip(outs, art.outputs)])
-  for a, b in zip(*results): np.testing.assert_array_equal(a, b)
+  for a, b in zip(*results):
+    np.testing.assert_array_equal(a, b)
   return results[0]
+
 
 @pytest.mark.parametrize("name", ["mlp", "mnist", "resnet18", "transformer"])
 def test_reference_model_under_sanitizers(name, tmp_path):
@@ -86,6 +107,7 @@ def test_reference_model_under_sanitizers(name, tmp_path):
   got = run_sanitized(art, xs, tmp_path)
   np.testing.assert_allclose(got[0], ref.reference(*xs), rtol=1e-4, atol=1e-4)
 
+
 # the cheapest three to run unvectorised under the sanitizers (inception_v1 took 100 s): bvlc_alexnet's 240 MB of
 # weights are the external NAME.weights file, mmapped at create time
 @pytest.mark.parametrize("name", ["squeezenet", "shufflenet", "bvlc_alexnet"])
@@ -94,9 +116,11 @@ def test_light_model_under_sanitizers(name, tmp_path):
   art = aot.compile_model(model, out_dir=tmp_path / name, name=name, sanitize=True)
   x = np.random.default_rng(1).standard_normal(art.inputs[0].shape).astype(np.float32)
   want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-    None, {art.inputs[0].name: x})[0]
+    None, {art.inputs[0].name: x}
+  )[0]
   got = run_sanitized(art, [x], tmp_path)[0]
   assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-4
+
 
 def test_sanitize_comes_from_the_environment_and_is_cached_apart(tmp_path, monkeypatch):
   plain = aot.compile_model("models:mlp", out_dir=tmp_path / "plain")
@@ -105,6 +129,7 @@ def test_sanitize_comes_from_the_environment_and_is_cached_apart(tmp_path, monke
   # a cache entry shared with the plain build would give back its library, without the sanitizers' calls
   assert b"__asan_" in sanitized.library_path.read_bytes() and b"__asan_" not in plain.library_path.read_bytes()
   run_sanitized(sanitized, get("mlp").example_inputs(0), tmp_path)
+
 
 @pytest.mark.parametrize("flaw, report", [("short", "heap-buffer-overflow"), ("leak", "detected memory leaks")])
 def test_the_sanitizers_do_report(flaw, report, tmp_path):

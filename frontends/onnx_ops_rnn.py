@@ -1,0 +1,280 @@
+"""ONNX recurrent operators, unrolled over the (static) sequence length: RNN, GRU, LSTM and their shared helpers
+(activations, per-direction loop, outputs), and the stateful CausalConvWithState and LinearAttention."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from aot.dtype import dtypes
+from aot.frontends.onnx import Unsupported, op
+from aot.frontends.onnx_ops_attention import _heads
+from aot.frontends.onnx_ops_nn import _conv, _f32, _reduce
+from aot.frontends.tensor import Tensor
+
+# *** recurrent layers: unrolled over the (static) sequence length ***
+
+_ACT = {
+  "relu": lambda x, a, b: x.relu(),
+  "tanh": lambda x, a, b: x.tanh(),
+  "sigmoid": lambda x, a, b: x.sigmoid(),
+  "affine": lambda x, a, b: x * a + b,
+  "leakyrelu": lambda x, a, b: (x < 0).where(x * a, x),
+  "thresholdedrelu": lambda x, a, b: (x > a).where(x, 0.0),
+  "scaledtanh": lambda x, a, b: (x * b).tanh() * a,
+  "hardsigmoid": lambda x, a, b: (x * a + b).maximum(0).minimum(1),
+  "elu": lambda x, a, b: (x < 0).where(a * (x.exp() - 1), x),
+  "softsign": lambda x, a, b: x / (x.abs() + 1),
+  "softplus": lambda x, a, b: (x.exp() + 1).log(),
+}
+_ACT_DEFAULTS = {
+  "leakyrelu": (0.01, 0.0),
+  "thresholdedrelu": (1.0, 0.0),
+  "hardsigmoid": (0.2, 0.5),
+  "elu": (1.0, 0.0),
+  "scaledtanh": (1.0, 1.0),
+  "affine": (1.0, 0.0),
+}
+
+
+def _activations(names, alphas, betas, defaults, ndir):
+  """One list of callables per direction; alpha/beta are consumed in order by the activations that take them."""
+  names = list(names) if names else defaults * ndir
+  alphas, betas = list(alphas or []), list(betas or [])
+  fns = []
+  for nm in names:
+    k = nm.lower()
+    if k not in _ACT:
+      raise Unsupported(f"activation {nm!r}")
+    a, b = _ACT_DEFAULTS.get(k, (0.0, 0.0))
+    if k in _ACT_DEFAULTS:
+      if alphas:
+        a = alphas.pop(0)
+      if betas and k in ("hardsigmoid", "scaledtanh", "affine"):
+        b = betas.pop(0)
+    fns.append(lambda x, _f=_ACT[k], _a=a, _b=b: _f(x, _a, _b))
+  per = len(names) // ndir
+  return [fns[d * per : (d + 1) * per] for d in range(ndir)]
+
+
+def _rnn_setup(n, x, w, r, b, seq_lens, h0, layout, direction, gates, extra=None):
+  if layout:
+    x = x.transpose(0, 1)
+  T, B = x.shape[:2]
+  H = r.shape[-1]
+  ndir = 2 if direction == "bidirectional" else 1
+  if b is None:
+    b = Tensor(np.zeros((ndir, 2 * gates * H), dtype=x.dtype.np))
+  if h0 is not None and layout:
+    h0 = h0.transpose(0, 1)
+  lens = n.const(seq_lens, "sequence_lens") if seq_lens is not None else None
+  if lens is not None and (lens == T).all():
+    lens = None
+  return x, T, B, H, ndir, b, h0, lens
+
+
+def _run_dirs(x, T, ndir, direction, lens, step, init):
+  """Run step(d, x_t, state) -> (h, state) over time in each direction; steps past a sequence's length keep the state
+  and output zeros."""
+  ys, finals = [], []
+  for d in range(ndir):
+    rev = direction == "reverse" or d == 1
+    state, out = init(d), [None] * T
+    for t in reversed(range(T)) if rev else range(T):
+      h, new = step(d, x[t], state)
+      if lens is not None:
+        live = Tensor((t < lens).reshape(-1, 1))
+        new = tuple(live.where(nv, ov) for nv, ov in zip(new, state))
+        h = live.where(h, 0.0)
+      state, out[t] = new, h
+    ys.append(Tensor.stack(out, axis=0))
+    finals.append(state)
+  return ys, finals
+
+
+def _rnn_outputs(ys, finals, layout, x_dtype):
+  y = Tensor.stack(ys, axis=1)  # (T, dirs, B, H)
+  hs = [Tensor.stack([f[i] for f in finals], axis=0) for i in range(len(finals[0]))]
+  if layout:
+    y, hs = y.permute(2, 0, 1, 3), [h.transpose(0, 1) for h in hs]
+  return (y.cast(x_dtype), *[h.cast(x_dtype) for h in hs])
+
+
+def _clip(x, clip):
+  return x.maximum(-clip).minimum(clip) if clip is not None else x
+
+
+@op("RNN", since=7)
+def rnn(
+  n,
+  x,
+  w,
+  r,
+  b=None,
+  sequence_lens=None,
+  initial_h=None,
+  activation_alpha=None,
+  activation_beta=None,
+  activations=None,
+  clip=None,
+  direction="forward",
+  hidden_size=None,
+  layout=0,
+):
+  x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 1)
+  acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], ndir)
+
+  def step(d, xt, st):
+    h = acts[d][0](_clip(xt.matmul(w[d].T) + st[0].matmul(r[d].T) + b[d][:H] + b[d][H:], clip))
+    return h, (h,)
+
+  init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
+  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+
+
+@op("GRU", since=7)
+def gru(
+  n,
+  x,
+  w,
+  r,
+  b=None,
+  sequence_lens=None,
+  initial_h=None,
+  activation_alpha=None,
+  activation_beta=None,
+  activations=None,
+  clip=None,
+  direction="forward",
+  hidden_size=None,
+  layout=0,
+  linear_before_reset=0,
+):
+  x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 3)
+  acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], ndir)
+
+  def step(d, xt, st):
+    f, g = acts[d]
+    hp = st[0]
+    xw = xt.matmul(w[d].T) + b[d][: 3 * H]
+    rb = b[d][3 * H :]
+    hr = hp.matmul(r[d][: 2 * H].T) + rb[: 2 * H]
+    z = f(_clip(xw[:, :H] + hr[:, :H], clip))
+    rr = f(_clip(xw[:, H : 2 * H] + hr[:, H:], clip))
+    if linear_before_reset:
+      hh = rr * (hp.matmul(r[d][2 * H :].T) + rb[2 * H :])
+    else:
+      hh = (rr * hp).matmul(r[d][2 * H :].T) + rb[2 * H :]
+    ht = g(_clip(xw[:, 2 * H :] + hh, clip))
+    h = (1 - z) * ht + z * hp
+    return h, (h,)
+
+  init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
+  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+
+
+@op("LSTM", since=7)
+def lstm(
+  n,
+  x,
+  w,
+  r,
+  b=None,
+  sequence_lens=None,
+  initial_h=None,
+  initial_c=None,
+  p=None,
+  activation_alpha=None,
+  activation_beta=None,
+  activations=None,
+  clip=None,
+  direction="forward",
+  hidden_size=None,
+  input_forget=0,
+  layout=0,
+):
+  x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 4)
+  if initial_c is not None and layout:
+    initial_c = initial_c.transpose(0, 1)
+  acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
+
+  def step(d, xt, st):
+    gts = xt.matmul(w[d].T) + st[0].matmul(r[d].T) + b[d][: 4 * H] + b[d][4 * H :]
+    return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
+
+  zeros = Tensor(np.zeros((B, H), dtype=x.dtype.np))
+  init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
+  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+
+
+def lstm_cell(acts, gts, cp, p, H, clip, input_forget):
+  """One LSTM step from its gate pre-activations gts (B, 4H, gates i o f c): -> (h, (h, c))."""
+  f, g, hf = acts
+  pi, po, pf = (p[:H], p[H : 2 * H], p[2 * H :]) if p is not None else (0.0, 0.0, 0.0)
+  i = f(_clip(gts[:, :H] + pi * cp, clip))
+  fg = 1 - i if input_forget else f(_clip(gts[:, 2 * H : 3 * H] + pf * cp, clip))
+  c = fg * cp + i * g(_clip(gts[:, 3 * H :], clip))
+  o = f(_clip(gts[:, H : 2 * H] + po * c, clip))
+  h = o * hf(c)
+  return h, (h, c)
+
+
+@op("CausalConvWithState", since=27)
+def causal_conv_with_state(n, x, w, b=None, past_state=None, activation="none"):
+  if activation not in ("none", "silu", "swish"):
+    raise Unsupported(f"activation {activation!r}")
+  B, C, L = x.shape
+  k = w.shape[2]
+  pad = past_state if past_state is not None else Tensor(np.zeros((B, C, k - 1), dtype=x.dtype.np))
+  padded = Tensor.cat([pad, x], 2) if k > 1 else x
+  y = _conv(padded, w, b, (1,), 0, (1,), C).cast(x.dtype)
+  if activation != "none":
+    y = (_f32(y) * _f32(y).sigmoid()).cast(x.dtype)
+  return y, padded.shrink([None, None, (padded.shape[2] - (k - 1), padded.shape[2])])
+
+
+@op("LinearAttention", since=27)
+def linear_attention(
+  n,
+  q,
+  k,
+  v,
+  past_state=None,
+  decay=None,
+  beta=None,
+  chunk_size=None,
+  kv_num_heads=None,
+  q_num_heads=None,
+  scale=None,
+  update_rule="gated_delta",
+):
+  """The recurrent form, unrolled over the (static) sequence: state (B, Hkv, dk, dv) updated once per step."""
+  if update_rule not in ("linear", "gated", "delta", "gated_delta"):
+    raise Unsupported(f"update_rule {update_rule!r}")
+  f = dtypes.float32
+  B, T, _ = q.shape
+  q4, k4, v4 = [_heads(t, h).cast(f) for t, h in ((q, q_num_heads), (k, kv_num_heads), (v, kv_num_heads))]
+  dk, dv, grp = q4.shape[-1], v4.shape[-1], q_num_heads // kv_num_heads
+  if decay is not None:
+    decay = (
+      decay.reshape(B, T, kv_num_heads, 1).permute(0, 2, 1, 3)
+      if decay.shape[-1] == kv_num_heads
+      else _heads(decay, kv_num_heads)
+    ).cast(f)
+  if beta is not None:
+    beta = beta.reshape(B, T, beta.shape[-1], 1).permute(0, 2, 1, 3).cast(f)
+  state = past_state.cast(f) if past_state is not None else Tensor(np.zeros((B, kv_num_heads, dk, dv), np.float32))
+  sc = float(scale) if scale else 1.0 / math.sqrt(dk)
+  outs = []
+  for i in range(T):
+    kt, vt = k4[:, :, i, :], v4[:, :, i, :]
+    if decay is not None:
+      state = state * decay[:, :, i, :].exp().unsqueeze(-1)
+    if beta is not None:
+      vt = beta[:, :, i, :] * (vt - _reduce(state * kt.unsqueeze(-1), "sum", (2,)))
+    state = state + kt.unsqueeze(-1) * vt.unsqueeze(-2)
+    rd = state if grp == 1 else state.unsqueeze(2).expand(B, kv_num_heads, grp, dk, dv).reshape(B, q_num_heads, dk, dv)
+    outs.append(_reduce(q4[:, :, i, :].unsqueeze(-1) * rd, "sum", (2,)) * sc)
+  y = Tensor.stack(outs, axis=2).permute(0, 2, 1, 3).reshape(B, T, -1).cast(q.dtype)
+  return y, state.cast(past_state.dtype if past_state is not None else q.dtype)
