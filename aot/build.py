@@ -2,42 +2,67 @@
 IR with the system C compiler (in parallel, objects and libraries cached by content hash); a GPU target's device code
 with nvcc or clang-19 and its host code with the C compiler (cached by the hash of every source and command); Metal's
 syntax check. Every command goes through run_build_command; every cached file through one cache folder."""
+
 from __future__ import annotations
-import functools, hashlib, importlib.resources, json, os, re, shutil, subprocess, tempfile
+
+import functools
+import hashlib
+import importlib.resources
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
+
+from aot.codegen.gpu import DEVICE_IMAGE, HOST_GLUE, KERNEL_SOURCE
 from aot.errors import BuildError, MissingToolError
-from aot.codegen.gpu import KERNEL_SOURCE, DEVICE_IMAGE, HOST_GLUE
+
 
 def _which(names: tuple[str, ...], what: str) -> str:
   for n in names:
-    if p := shutil.which(n): return p
+    if p := shutil.which(n):
+      return p
   raise MissingToolError(f"{what} not found (looked for {', '.join(names)})")
 
+
 def clang() -> str:
-  return _which((os.environ.get("AOT_CLANG", "clang-19"), "clang-19", "clang"),
-                "clang-19 (Debian: apt-get install clang-19 lld-19)")
+  return _which(
+    (os.environ.get("AOT_CLANG", "clang-19"), "clang-19", "clang"), "clang-19 (Debian: apt-get install clang-19 lld-19)"
+  )
+
 
 def nvcc() -> str:
   return _which(("nvcc", "/usr/local/cuda/bin/nvcc"), "nvcc (the CUDA toolkit)")
 
+
 def cuda_include() -> str:
   """The folder holding cuda.h: beside nvcc's toolkit, or the usual install places."""
-  candidates = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda",
-                *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+  candidates = [
+    os.environ.get("CUDA_HOME", ""),
+    "/usr/local/cuda",
+    *sorted(Path("/usr/local").glob("cuda-*"), reverse=True),
+  ]
   for c in candidates:
-    if c and (Path(c) / "include" / "cuda.h").exists(): return str(Path(c) / "include")
+    if c and (Path(c) / "include" / "cuda.h").exists():
+      return str(Path(c) / "include")
   raise MissingToolError("cuda.h not found (set CUDA_HOME to the CUDA toolkit, e.g. /usr/local/cuda-13.0)")
+
 
 def hip_include() -> str:
   for c in ("/opt/rocm/include", "/usr/include"):
-    if (Path(c) / "hip" / "hip_runtime_api.h").exists(): return c
+    if (Path(c) / "hip" / "hip_runtime_api.h").exists():
+      return c
   raise MissingToolError("hip/hip_runtime_api.h not found (Debian: apt-get install libamdhip64-dev)")
+
 
 def emulator_cxx() -> str:
   """The C++ compiler for emulated kernels: clang (also knows _Float16 in C++), else g++."""
   return _which(("clang++-19", "clang++", "g++", "c++"), "a C++ compiler (clang++-19 or g++)")
+
 
 # AMD architectures a hip artifact carries code for: MI200-series (CDNA2) and Radeon RX 7900 (RDNA3)
 DEFAULT_OFFLOAD_ARCH = ("gfx90a", "gfx1100")
@@ -52,19 +77,28 @@ ERROR_LINES = 12
 # stack traces whole
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g")
 
+
 def cc(triple: str | None = None) -> str:
   """The C compiler: $CC; else the newest clang-N on PATH (N >= 14), whose loop vectoriser we can leave on (gcc 12's
   miscompiles a reduction, so with gcc it is off wherever a kernel reduces: ResNet-18 builds 1.45x slower); else a
   plain clang; else gcc; else cc. For a cross build, the triple's gcc (Debian's gcc-aarch64-linux-gnu, say)."""
-  if triple: return os.environ.get("CROSS_CC", f"{triple}-gcc")
+  if triple:
+    return os.environ.get("CROSS_CC", f"{triple}-gcc")
   return os.environ.get("CC") or _find_cc(os.environ.get("PATH", os.defpath))
+
 
 def _find_cc(path: str) -> str:
   # not cached: listing PATH takes a millisecond, and a compiler installed while we run is then seen
-  versions = [int(m.group(1)) for d in path.split(os.pathsep) if os.path.isdir(d) for f in os.listdir(d)
-              if (m := re.fullmatch(r"clang-(\d+)", f)) and int(m.group(1)) >= OLDEST_CLANG]
+  versions = [
+    int(m.group(1))
+    for d in path.split(os.pathsep)
+    if os.path.isdir(d)
+    for f in os.listdir(d)
+    if (m := re.fullmatch(r"clang-(\d+)", f)) and int(m.group(1)) >= OLDEST_CLANG
+  ]
   names = [f"clang-{v}" for v in sorted(set(versions), reverse=True)] + ["clang", "gcc"]
   return next((c for c in names if shutil.which(c, path=path)), "cc")
+
 
 def cflags(cpu: str, triple: str | None = None, sanitize: bool = False) -> list[str]:
   arch = ([] if cpu in ("native", "generic") else [f"-mcpu={cpu}"]) if triple else [f"-march={cpu}"]
@@ -74,12 +108,15 @@ def cflags(cpu: str, triple: str | None = None, sanitize: bool = False) -> list[
   kind = _kind(compiler)
   optional = []
   # gcc 12's loop vectoriser miscompiles reductions over reversed reads (tests/test_gcc.py, flip + sum): off for gcc
-  if kind == "gcc": optional.append("-fno-tree-loop-vectorize")
+  if kind == "gcc":
+    optional.append("-fno-tree-loop-vectorize")
   # clang vectorises strided reads (a pool's stride-2 window) with AVX-512 gathers, slower than scalar loads here
   # (mnist's c build was 2x slower); the llvm target says the same with +prefer-no-gather. clang 14 lacks the flags
-  if kind == "clang" and (triple or "x86_64").startswith("x86_64"): optional += ["-mno-gather", "-mno-scatter"]
+  if kind == "clang" and (triple or "x86_64").startswith("x86_64"):
+    optional += ["-mno-gather", "-mno-scatter"]
   flags += [f for f in optional if _accepts(compiler_identity(compiler), f)]
   return flags + list(SANITIZE_FLAGS) if sanitize else flags
+
 
 def compiler_identity(compiler: str) -> tuple[str, str]:
   """Where the compiler really is (symlinks followed) and what its --version says: a build cached under one compiler
@@ -87,10 +124,14 @@ def compiler_identity(compiler: str) -> tuple[str, str]:
   found = shutil.which(compiler)
   return (os.path.realpath(found) if found else compiler), _version(os.path.realpath(found) if found else compiler)
 
+
 @functools.lru_cache(maxsize=None)
 def _version(compiler: str) -> str:
-  try: return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.strip()
-  except OSError: return ""
+  try:
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.strip()
+  except OSError:
+    return ""
+
 
 @functools.lru_cache(maxsize=None)
 def _accepts(identity: tuple[str, str], flag: str) -> bool:
@@ -99,43 +140,62 @@ def _accepts(identity: tuple[str, str], flag: str) -> bool:
   with tempfile.TemporaryDirectory(prefix="aot_probe_") as d:
     (Path(d) / "probe.c").write_text("int aot_probe;\n")
     cmd = [identity[0], flag, "-c", "probe.c", "-o", "probe.o"]
-    try: p = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
-    except OSError: return False
+    try:
+      p = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
+    except OSError:
+      return False
   return p.returncode == 0 and not (p.stderr.strip() or p.stdout.strip())
+
 
 def _kind(compiler: str) -> str | None:
   """gcc or clang (by what --version says), or None."""
   out = _version(compiler_identity(compiler)[0])
-  if "clang" in out: return "clang"
+  if "clang" in out:
+    return "clang"
   return "gcc" if "gcc" in out.lower() or "free software foundation" in out.lower() else None
+
 
 def _cache_dir() -> Path:
   return Path(os.environ.get("AOT_CACHE_DIR", Path.home() / ".cache" / "aot-compiler"))
 
+
 def run_build_command(cmd: list[str], cwd: Path) -> None:
   """Run one compiler or linker command; a failure is a BuildError with the command and the compiler's first error
   lines (from stderr or stdout: some compilers and wrappers write errors to stdout)."""
-  try: p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-  except OSError as e: raise BuildError(f"{' '.join(cmd)} failed: cannot run {cmd[0]}: {e.strerror}") from None
+  try:
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+  except OSError as e:
+    raise BuildError(f"{' '.join(cmd)} failed: cannot run {cmd[0]}: {e.strerror}") from None
   if p.returncode != 0:
     raise BuildError(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{_first_errors(p.stderr + p.stdout)}")
 
+
 def _first_errors(output: str) -> str:
   lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
-  if not lines: return "(the compiler printed nothing)"
+  if not lines:
+    return "(the compiler printed nothing)"
   first = next((i for i, ln in enumerate(lines) if re.search(r"\berror\b", ln, re.IGNORECASE)), 0)
-  shown = lines[first:first + ERROR_LINES]
+  shown = lines[first : first + ERROR_LINES]
   more = len(lines) - first - len(shown)
   return "\n".join(ln[:300] for ln in shown) + (f"\n... ({more} more lines)" if more > 0 else "")
 
-def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = "native", cache: bool = True,
-                  progress: Callable[[int, int], None] | None = None, triple: str | None = None,
-                  sanitize: bool = False) -> bool:
+
+def build_library(
+  src_dir: Path,
+  sources: list[str],
+  out_path: Path,
+  cpu: str = "native",
+  cache: bool = True,
+  progress: Callable[[int, int], None] | None = None,
+  triple: str | None = None,
+  sanitize: bool = False,
+) -> bool:
   """Compile the C, assembly and LLVM IR sources (names relative to src_dir) and link them into out_path; sanitize
   builds the C with AddressSanitizer and UBSan (SANITIZE_FLAGS). Returns True when the library came from the cache."""
   compiler, flags = cc(triple), cflags(cpu, triple, sanitize)
   # "native" means this machine's CPU, which a hash of the sources does not see
   from aot.codegen.llvm import host_target
+
   flags = flags + [f"--target={triple or host_target()[0]}", f"--cpu={cpu if cpu != 'native' else host_target()[1]}"]
   # headers are part of what a source means (NAME.h holds the arena size model.c allocates)
   headers = b"".join(p.name.encode() + p.read_bytes() for p in sorted(src_dir.glob("*.h")))
@@ -143,7 +203,8 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
   ident = "\0".join(compiler_identity(compiler))
   h = hashlib.sha256(" ".join([ident] + flags).encode() + headers)
   for s in sorted(sources) + ["weights.bin"]:
-    if (src_dir / s).exists(): h.update(s.encode() + (src_dir / s).read_bytes())
+    if (src_dir / s).exists():
+      h.update(s.encode() + (src_dir / s).read_bytes())
   key = h.hexdigest()[:32]
   cached = _cache_dir() / key / "lib.so"
   if cache and cached.exists():
@@ -153,29 +214,40 @@ def build_library(src_dir: Path, sources: list[str], out_path: Path, cpu: str = 
     objs = [str(Path(tmp) / (Path(s).stem + ".o")) for s in sources]
     done = [0]
     cflags_ = [f for f in flags if not f.startswith("--")]
+
     def compile_one(args):
       s, o = args
       # objects are cached too: the runtime, and kernels shared by many models, compile once
       oh = hashlib.sha256(" ".join([ident, *flags, Path(s).suffix]).encode() + headers + (src_dir / s).read_bytes())
-      if s == "model.c" and (src_dir / "weights.bin").exists(): oh.update((src_dir / "weights.bin").read_bytes())
+      if s == "model.c" and (src_dir / "weights.bin").exists():
+        oh.update((src_dir / "weights.bin").read_bytes())
       cached_o = _cache_dir() / "obj" / (oh.hexdigest()[:32] + ".o")
-      if cache and cached_o.exists(): shutil.copyfile(cached_o, o)
+      if cache and cached_o.exists():
+        shutil.copyfile(cached_o, o)
       elif s.endswith(".ll"):
         from aot.codegen.llvm import compile_module
+
         Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
-      else: run_build_command([compiler, *cflags_, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
-      if cache and not cached_o.exists(): _store(Path(o), cached_o)
+      else:
+        run_build_command([compiler, *cflags_, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
+      if cache and not cached_o.exists():
+        _store(Path(o), cached_o)
       done[0] += 1
-      if progress: progress(done[0], len(sources))
+      if progress:
+        progress(done[0], len(sources))
+
     # the big kernel files first, so the last one to finish is a small one
     jobs = sorted(zip(sources, objs), key=lambda so: -(src_dir / so[0]).stat().st_size)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex: list(ex.map(compile_one, jobs))
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
+      list(ex.map(compile_one, jobs))
     tmp_so = Path(tmp) / "lib.so"
     link_flags = [f for f in SANITIZE_FLAGS if f.startswith("-fsanitize")] if sanitize else []
     run_build_command([compiler, "-shared", "-pthread", *link_flags, "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
     shutil.copyfile(tmp_so, out_path)
-    if cache: _store(tmp_so, cached)
+    if cache:
+      _store(tmp_so, cached)
   return False
+
 
 def _store(path: Path, cached: Path):
   """Put a file into the cache atomically (concurrent builds may store the same key)."""
@@ -184,45 +256,93 @@ def _store(path: Path, cached: Path):
     part = cached.with_name(f"{cached.name}.{os.getpid()}.{id(path)}.part")
     shutil.copyfile(path, part)
     os.replace(part, cached)
-  except OSError: pass  # a read-only cache only costs time
+  except OSError:
+    pass  # a read-only cache only costs time
+
 
 def gpu_build_steps(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str):
   """The commands that build libNAME.so from src/ (each run in src/), in order."""
   c_flags = ["-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=gnu11", f"-Wa,-I{src}"]
   # the host code of a GPU library only launches kernels: built for any x86-64 (or the cpu asked for); an emulated
   # build runs its kernels on this CPU, so it is built for it, like the CPU targets
-  if cpu != "generic" and (emulate or cpu != "native"): c_flags.append(f"-march={cpu}")
+  if cpu != "generic" and (emulate or cpu != "native"):
+    c_flags.append(f"-march={cpu}")
   tmp = Path(tempfile.mkdtemp(prefix="aot_gpu_build_"))
   steps, objs = [], []
+
   def compile_c(s: str, extra=()):
     o = str(tmp / (Path(s).stem + ".o"))
     objs.append(o)
     steps.append([cc(), *c_flags, *extra, "-c", s, "-o", o])
+
   if emulate:
     o = str(tmp / "emulate.o")
     objs.append(o)
     # C++17, not gnu++17: no contraction of a*b+c into fma, so results match the CPU targets' rounding
-    steps.append([emulator_cxx(), "-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-std=c++17", "-w",
-                  *([f"-march={cpu}"] if cpu != "generic" else []), "-c", "emulate.cpp", "-o", o])
+    steps.append(
+      [
+        emulator_cxx(),
+        "-O2",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-fno-math-errno",
+        "-std=c++17",
+        "-w",
+        *([f"-march={cpu}"] if cpu != "generic" else []),
+        "-c",
+        "emulate.cpp",
+        "-o",
+        o,
+      ]
+    )
     compile_c("model.c")
     compile_c("aot_runtime.c")
     link = [emulator_cxx(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]
     return steps + [link], tmp
   if target == "cuda":
     # uncompressed: the PTX stays readable in the artifact (and the driver skips a decompression at load)
-    steps.append([nvcc(), "-fatbin", "-O3", "-std=c++17", "--no-compress",
-                  f"-gencode=arch=compute_{CUDA_ARCH},code=sm_{CUDA_ARCH}",
-                  f"-gencode=arch=compute_{CUDA_ARCH},code=compute_{CUDA_ARCH}", "-I.", KERNEL_SOURCE[target],
-                  "-o", DEVICE_IMAGE[target]])
+    steps.append(
+      [
+        nvcc(),
+        "-fatbin",
+        "-O3",
+        "-std=c++17",
+        "--no-compress",
+        f"-gencode=arch=compute_{CUDA_ARCH},code=sm_{CUDA_ARCH}",
+        f"-gencode=arch=compute_{CUDA_ARCH},code=compute_{CUDA_ARCH}",
+        "-I.",
+        KERNEL_SOURCE[target],
+        "-o",
+        DEVICE_IMAGE[target],
+      ]
+    )
     glue_flags = [f"-I{cuda_include()}"]
   else:
     arches = [f"--offload-arch={a}" for a in (offload_arch or DEFAULT_OFFLOAD_ARCH)]
-    steps.append([clang(), "-x", "hip", *arches, "-nogpulib", "-nogpuinc", "--cuda-device-only", "-O3", "-std=c++17",
-                  "-I.", "-c", KERNEL_SOURCE[target], "-o", DEVICE_IMAGE[target]])
+    steps.append(
+      [
+        clang(),
+        "-x",
+        "hip",
+        *arches,
+        "-nogpulib",
+        "-nogpuinc",
+        "--cuda-device-only",
+        "-O3",
+        "-std=c++17",
+        "-I.",
+        "-c",
+        KERNEL_SOURCE[target],
+        "-o",
+        DEVICE_IMAGE[target],
+      ]
+    )
     glue_flags = [f"-I{hip_include()}"]
-  for s, extra in (("model.c", ()), ("aot_runtime.c", ()), (HOST_GLUE[target], glue_flags)): compile_c(s, extra)
+  for s, extra in (("model.c", ()), ("aot_runtime.c", ()), (HOST_GLUE[target], glue_flags)):
+    compile_c(s, extra)
   # the GPU runtime is dlopen'ed at create time: the library links against nothing of it
   return steps + [[cc(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]], tmp
+
 
 def build_gpu_library(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str, cache: bool) -> bool:
   """Build src/ into out, and the device image into src/ (both cached by the hash of every source and command, with
@@ -230,27 +350,36 @@ def build_gpu_library(target: str, src: Path, out: Path, emulate: bool, offload_
   steps, tmp = gpu_build_steps(target, src, out, emulate, offload_arch, cpu)
   try:
     paths = {str(src): "SRC", str(tmp): "TMP", str(out): "OUT"}
+
     def portable(arg: str) -> str:
-      for p, name in paths.items(): arg = arg.replace(p, name)
+      for p, name in paths.items():
+        arg = arg.replace(p, name)
       return arg
+
     # "native" means this machine's CPU, which the command line does not say
     from aot.codegen.llvm import host_target
+
     h = hashlib.sha256(json.dumps([host_target()] + [[portable(a) for a in s] for s in steps]).encode())
     for f in sorted(src.iterdir()):
-      if f.is_file(): h.update(f.name.encode() + f.read_bytes())
+      if f.is_file():
+        h.update(f.name.encode() + f.read_bytes())
     cached = _cache_dir() / f"gpu-{h.hexdigest()[:32]}"
     image = None if emulate else DEVICE_IMAGE[target]
     if cache and (cached / "lib.so").exists() and (image is None or (cached / image).exists()):
       shutil.copyfile(cached / "lib.so", out)
-      if image: shutil.copyfile(cached / image, src / image)
+      if image:
+        shutil.copyfile(cached / image, src / image)
       return True
-    for s in steps: run_build_command(s, src)
+    for s in steps:
+      run_build_command(s, src)
     if cache:
-      if image: _store(src / image, cached / image)
+      if image:
+        _store(src / image, cached / image)
       _store(out, cached / "lib.so")
     return False
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
+
 
 def check_metal_syntax(src: Path) -> None:
   """Compile kernels.metal as C++ with clang and a stand-in for <metal_stdlib> (runtime_c/aot_metal_shim.h): catches
@@ -258,15 +387,38 @@ def check_metal_syntax(src: Path) -> None:
   runtime = importlib.resources.files("aot.runtime_c")
   with tempfile.TemporaryDirectory(prefix="aot_metal_") as d:
     (Path(d) / "metal_stdlib").write_text(runtime.joinpath("aot_metal_shim.h").read_text())
-    run_build_command([clang(), "-x", "c++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror",
-                       "-Wno-unknown-attributes",
-          "-Wno-unused-variable", "-Wno-unused-function", "-I", d, str(src / "kernels.metal")], src)
+    run_build_command(
+      [
+        clang(),
+        "-x",
+        "c++",
+        "-std=c++17",
+        "-fsyntax-only",
+        "-Wall",
+        "-Werror",
+        "-Wno-unknown-attributes",
+        "-Wno-unused-variable",
+        "-Wno-unused-function",
+        "-I",
+        d,
+        str(src / "kernels.metal"),
+      ],
+      src,
+    )
+
 
 def gpu_manifest(target: str, emulate: bool, launches: list, offload_arch) -> dict:
   """The manifest's "gpu" field: each kernel's launch, and what device code the build made."""
-  gpu = {"emulated": emulate, "launches": [{"function": fn, "grid": l.grid, "block": l.block,
-                                            "cooperative": l.cooperative} for fn, _, l in launches]}
-  if target == "hip": gpu["offload_arch"] = list(offload_arch or DEFAULT_OFFLOAD_ARCH)
-  if target == "cuda" and not emulate: gpu["cuda_arch"] = [f"sm_{CUDA_ARCH}", f"compute_{CUDA_ARCH}"]
-  if target == "metal": gpu["built"] = "on macOS: sh src/build_macos.sh"
+  gpu = {
+    "emulated": emulate,
+    "launches": [
+      {"function": fn, "grid": l.grid, "block": l.block, "cooperative": l.cooperative} for fn, _, l in launches
+    ],
+  }
+  if target == "hip":
+    gpu["offload_arch"] = list(offload_arch or DEFAULT_OFFLOAD_ARCH)
+  if target == "cuda" and not emulate:
+    gpu["cuda_arch"] = [f"sm_{CUDA_ARCH}", f"compute_{CUDA_ARCH}"]
+  if target == "metal":
+    gpu["built"] = "on macOS: sh src/build_macos.sh"
   return gpu

@@ -1,30 +1,50 @@
 """The driver: trace -> schedule -> memory plan -> render -> build -> artifact."""
+
 from __future__ import annotations
-import importlib.resources, inspect, os, shutil, time
+
+import importlib.resources
+import inspect
+import os
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+
 import numpy as np
-from aot.dtype import to_dtype, dtypes
-from aot.ir import UOp, Ops, release_mapped_pages
-from aot.schedule import schedule
-from aot.kernel import Traced, Schedule, Kernel, Buffer
-from aot.memory import memory_plan, align_up
-from aot.artifact import (Artifact, KernelInfo, install, make_stage, place_sources, c_name, write_manifest,
-                          WEIGHTS_INLINE_MAX, WeightsWriter, ExternalWeights, weights_checksum)
-from aot.build import build_library, build_gpu_library, check_metal_syntax, gpu_manifest
-from aot.codegen.c import CRenderer, KERNEL_PRELUDE
-from aot.codegen.gpu import GPU_TARGETS, KERNEL_SOURCE, HOST_GLUE, RENDERERS as GPU_RENDERERS, Launch, plan_launch
+
+from aot.artifact import (
+  WEIGHTS_INLINE_MAX,
+  Artifact,
+  ExternalWeights,
+  KernelInfo,
+  WeightsWriter,
+  c_name,
+  install,
+  make_stage,
+  place_sources,
+  weights_checksum,
+  write_manifest,
+)
+from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest
+from aot.codegen.c import KERNEL_PRELUDE, CRenderer
+from aot.codegen.contract import fuse_epilogues, gemm_tile, lower_contractions, split_by_slices
+from aot.codegen.direct import DepthwiseCall, lower_depthwise
+from aot.codegen.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch, plan_launch
+from aot.codegen.gpu import RENDERERS as GPU_RENDERERS
 from aot.codegen.host_cpu import GemmCall, render_header, render_model_c, render_weights_asm
-from aot.codegen.host_gpu import render_gpu_host, render_emulated_host
-from aot.codegen.linearize import parallel_extent, flop_count, kernel_params
-from aot.codegen.contract import lower_contractions, gemm_tile, split_by_slices, fuse_epilogues
-from aot.codegen.direct import lower_depthwise, DepthwiseCall
-from aot.codegen.quant import lower_qgemm, narrow_int8_producers, QGemmCall
-from aot.symbolic import linear
+from aot.codegen.host_gpu import render_emulated_host, render_gpu_host
+from aot.codegen.linearize import flop_count, kernel_params, parallel_extent
 from aot.codegen.opt import optimize
+from aot.codegen.quant import QGemmCall, lower_qgemm, narrow_int8_producers
+from aot.dtype import dtypes, to_dtype
 from aot.frontends.tensor import Tensor
+from aot.ir import Ops, UOp, release_mapped_pages
+from aot.kernel import Buffer, Kernel, Schedule, Traced
+from aot.memory import align_up, memory_plan
 from aot.profile import CALLS_FILE, calls_json, describe_calls
+from aot.schedule import schedule
+from aot.symbolic import linear
 
 # the CPU targets, then the GPU ones (rendered by codegen/gpu.py, their host code by codegen/host_gpu.py)
 TARGETS = ("c", "llvm", *GPU_TARGETS)
@@ -38,6 +58,7 @@ RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c", "aot_qgemm.c")
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
+
 def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
   specs = []
   for i, x in enumerate(example_inputs):
@@ -46,14 +67,18 @@ def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
       specs.append((x.shape, to_dtype(x.dtype)))
     elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (tuple, list)):
       specs.append((tuple(x[0]), to_dtype(x[1])))
-    else: raise TypeError(f"example input {i}: expected a numpy array or (shape, dtype), got {type(x).__name__}")
+    else:
+      raise TypeError(f"example input {i}: expected a numpy array or (shape, dtype), got {type(x).__name__}")
   return specs
+
 
 def trace(fn: Callable, example_inputs: Sequence, name: str | None = None) -> Traced:
   """Run a Tensor program once on named input placeholders; its outputs are the graph."""
   specs = _input_specs(example_inputs)
-  try: params = list(inspect.signature(fn).parameters.values())
-  except (TypeError, ValueError): params = []
+  try:
+    params = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    params = []
   positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
   varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
   if params and not varargs and len(positional) < len(specs):
@@ -66,14 +91,17 @@ def trace(fn: Callable, example_inputs: Sequence, name: str | None = None) -> Tr
     raise TypeError(f"{getattr(fn, '__name__', fn)} must return a Tensor or a tuple of Tensors")
   return Traced(c_name(name or getattr(fn, "__name__", "model")), [o.uop for o in outs], [t.uop for t in inputs])
 
+
 def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bind=None) -> Traced:
   """Anything compile_model accepts, traced: a Tensor program with example inputs, "models:NAME", an ONNX file or
   an onnx.ModelProto."""
   if _is_onnx(what):
     from aot.frontends.onnx import trace_onnx
+
     return trace_onnx(what, shapes, bind, name)
   if isinstance(what, str) and what.startswith("models:"):
     from aot.models import get
+
     model = get(what.split(":", 1)[1])
     return trace(model.forward, [(shape, dt) for _, shape, dt in model.inputs], name or model.name)
   if callable(what):
@@ -82,24 +110,35 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
     return trace(what, example_inputs, name)
   raise TypeError(f"cannot compile {what!r}: expected a Tensor program or 'models:NAME'")
 
+
 def _is_onnx(what) -> bool:
-  if isinstance(what, (str, Path)) and str(what).endswith(".onnx"): return True
+  if isinstance(what, (str, Path)) and str(what).endswith(".onnx"):
+    return True
   return type(what).__name__ == "ModelProto"
+
 
 def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
   """The kernel source files: C files of KERNELS_PER_FILE kernels each (compiled in parallel), or one LLVM module."""
   items = list(functions.items())
   if target == "llvm":
     from llvmlite import ir
+
     from aot.codegen.llvm import LLVMRenderer, module_text
+
     module = ir.Module(name="kernels")
     llr = LLVMRenderer(module)
-    for ast, fn in items: llr.render_kernel(fn, ast)
+    for ast, fn in items:
+      llr.render_kernel(fn, ast)
     return {"kernels.ll": module_text(module)}
   renderer = CRenderer()
-  return {f"kernels{i // KERNELS_PER_FILE}.c": KERNEL_PRELUDE + "\n" + "\n\n".join(
-            renderer.render_kernel(fn, ast) for ast, fn in items[i:i + KERNELS_PER_FILE]) + "\n"
-          for i in range(0, len(items), KERNELS_PER_FILE)}
+  return {
+    f"kernels{i // KERNELS_PER_FILE}.c": KERNEL_PRELUDE
+    + "\n"
+    + "\n\n".join(renderer.render_kernel(fn, ast) for ast, fn in items[i : i + KERNELS_PER_FILE])
+    + "\n"
+    for i in range(0, len(items), KERNELS_PER_FILE)
+  }
+
 
 @dataclass
 class Sources:
@@ -107,6 +146,7 @@ class Sources:
   and what it holds (bytes of every buffer placed in it: the size it would have without reuse), the weights (written
   by the WeightsWriter given as they are made: its size, and checksum when external; laid out only when none is given)
   and, on a GPU target, each kernel's launch (function, buffers, codegen.gpu.Launch); empty on the CPU targets."""
+
   files: dict[str, str]
   kernels: list[KernelInfo]
   arena: int
@@ -114,31 +154,48 @@ class Sources:
   weights: WeightsWriter
   launches: list[tuple[str, list[Buffer], Launch]] = field(default_factory=list)
 
-def render(name: str, sched: Schedule, target: str = "c", cpu: str = "native", triple: str | None = None,
-           profile: bool = False, emulate: bool = False, weights: WeightsWriter | None = None) -> Sources:
+
+def render(
+  name: str,
+  sched: Schedule,
+  target: str = "c",
+  cpu: str = "native",
+  triple: str | None = None,
+  profile: bool = False,
+  emulate: bool = False,
+  weights: WeightsWriter | None = None,
+) -> Sources:
   """The sources of an artifact for any target. cpu, triple: what a CPU target's kernels are tuned for (the gemm
   tile); profile: time each call (aot/profile.py, CPU targets); emulate: a CUDA or HIP build run on the CPU."""
   weights = weights or WeightsWriter(None)
-  if target in GPU_TARGETS or emulate: return _render_gpu(name, sched, target, emulate, weights)
+  if target in GPU_TARGETS or emulate:
+    return _render_gpu(name, sched, target, emulate, weights)
   return _render_cpu(name, sched, target, cpu, triple, profile, weights)
+
 
 def function_name(name: str, i: int) -> str:
   """The C function of the schedule's kernel i (named ki_...): NAME_fi."""
   return f"{name}_f{i}"
 
+
 def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
   """Close the weights file; above WEIGHTS_INLINE_MAX it is NAME.weights beside the library, checked at create."""
   weights.close()
-  external = (ExternalWeights(weights.size, weights_checksum(weights.path) if weights.path else 0)
-              if weights.size > WEIGHTS_INLINE_MAX else None)
+  external = (
+    ExternalWeights(weights.size, weights_checksum(weights.path) if weights.path else 0)
+    if weights.size > WEIGHTS_INLINE_MAX
+    else None
+  )
   weights.checksum = external.checksum if external else None
   return external
+
 
 def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights: WeightsWriter) -> Sources:
   """The schedule's kernels one launch each (codegen/gpu.py), over the constants as they are."""
   if emulate and target not in ("cuda", "hip"):
     raise ValueError("emulate=True runs the CUDA or HIP kernel source on the CPU: target must be cuda or hip")
-  if target not in GPU_TARGETS: raise ValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
+  if target not in GPU_TARGETS:
+    raise ValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
   arena = memory_plan(sched.kernels, sched.scratch)
   # the model's constants into the weights file one at a time (a mapped weight's pages released after)
   for b in sched.consts:
@@ -147,14 +204,18 @@ def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights:
   external = _finish_weights(weights)
   functions: dict[UOp, str] = {}
   # kernels that do the same work on different buffers share one function
-  for i, k in enumerate(sched.kernels): functions.setdefault(k.ast, function_name(name, i))
+  for i, k in enumerate(sched.kernels):
+    functions.setdefault(k.ast, function_name(name, i))
   launch = {ast: plan_launch(ast) for ast in functions}
   files = {KERNEL_SOURCE[target]: GPU_RENDERERS[target]().render_source(functions)}
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
   launches = [(functions[k.ast], k.bufs, launch[k.ast]) for k in sched.kernels]
-  if emulate: files |= render_emulated_host(name, sched, arena, functions, launch, target, external)
-  else: files |= render_gpu_host(name, sched, arena, launches, list(functions.values()), target, external, weights.size)
+  if emulate:
+    files |= render_emulated_host(name, sched, arena, functions, launch, target, external)
+  else:
+    files |= render_gpu_host(name, sched, arena, launches, list(functions.values()), target, external, weights.size)
   return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in sched.scratch), weights, launches)
+
 
 @dataclass
 class _Lowered:
@@ -162,6 +223,7 @@ class _Lowered:
   functions (epilogues per slice, and its contractions), directs[i] its depthwise calls, qgemms its int8 calls by
   kernel name; the scratch buffers the lowering made, and the ids of the packed constants already written and of the
   schedule's scratch buffers it replaced (narrowed to 8 bits)."""
+
   kernels: list[Kernel]
   plans: list
   directs: list
@@ -170,9 +232,11 @@ class _Lowered:
   packed: set[int]
   replaced: set[int]
 
+
 def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
   scratch_made: list[Buffer] = []
   packed: set[int] = set()
+
   def make_buffer(kind: str, x) -> Buffer:
     if kind == "scratch":
       scratch_made.append(b := Buffer("scratch", dtypes.float32, x, "contraction"))
@@ -183,6 +247,7 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
     b.data = None
     packed.add(id(b))
     return b
+
   # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
   # depthwise convolutions go to the runtime's direct kernel instead (codegen/direct.py); directs[i] are kernel i's
   kernels, plans, directs = [], [], []
@@ -194,7 +259,8 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
   for k in narrowed:
     if (q := lower_qgemm(k.ast, k.bufs, producers, qresults)) is not None:
       for b in q[1]:
-        if b.kind == "scratch": scratch_made.append(b)
+        if b.kind == "scratch":
+          scratch_made.append(b)
         else:
           weights.add(b)
           b.data = None
@@ -216,23 +282,31 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
     directs.append(direct[2] if direct is not None else [])
     # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
     for b in k.bufs:
-      if b.kind == "const": release_mapped_pages(b.data)
+      if b.kind == "const":
+        release_mapped_pages(b.data)
   return _Lowered(kernels, plans, directs, qgemms, scratch_made, packed, replaced)
+
 
 def _write_weights(low: _Lowered, weights: WeightsWriter) -> None:
   """The model's constants that the generated functions read, after the packed copies written during lowering."""
   kernels, plans, packed = low.kernels, low.plans, low.packed
   # constants only a prepacked copy reads are left out of the weights
-  used = {id(k.bufs[u.arg]) for k, (lasts, gemms) in zip(kernels, plans)
-          for ast in [*lasts, *(x for g in gemms for o in (g.a, g.b) for x in (o.dense, o.pack) if x is not None)]
-          for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
-  used |= {id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b)
-           if o.pack is None}
+  used = {
+    id(k.bufs[u.arg])
+    for k, (lasts, gemms) in zip(kernels, plans)
+    for ast in [*lasts, *(x for g in gemms for o in (g.a, g.b) for x in (o.dense, o.pack) if x is not None)]
+    for u in ast.toposort()
+    if u.op is Ops.DEFINE_GLOBAL
+  }
+  used |= {
+    id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b) if o.pack is None
+  }
   # the model's own constants that kernels read follow the packed ones (these were written as they were made)
   consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used and id(b) not in packed]
   for b in {id(b): b for b in consts}.values():
     weights.add(b)
     release_mapped_pages(b.data)
+
 
 def _name_functions(name: str, sched: Schedule, low: _Lowered) -> dict[UOp, str]:
   """The generated functions' names, by their AST: a kernel's own, its slices', its operands' dense copies and packs."""
@@ -240,29 +314,38 @@ def _name_functions(name: str, sched: Schedule, low: _Lowered) -> dict[UOp, str]
   for n, (k, (lasts, gemms)) in enumerate(zip(sched.kernels, low.plans)):
     # kernels that do the same work on different buffers share one function
     base = function_name(name, n)
-    for j, last in enumerate(lasts): functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
+    for j, last in enumerate(lasts):
+      functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
     for i, q in enumerate(low.qgemms.get(k.name, ([], None))[0]):
-      if q.dense is not None: functions.setdefault(q.dense, f"{base}_dense{i}")
-      if q.zero is not None: functions.setdefault(q.zero, f"{base}_zero{i}")
+      if q.dense is not None:
+        functions.setdefault(q.dense, f"{base}_dense{i}")
+      if q.zero is not None:
+        functions.setdefault(q.zero, f"{base}_zero{i}")
     for i, g in enumerate(gemms):
       for side, o in zip("ab", (g.a, g.b)):
-        if o.dense is not None: functions.setdefault(o.dense, f"{base}_dense{i}{side}")
-        if o.pack is not None: functions.setdefault(o.pack, f"{base}_pack{i}{side}")
+        if o.dense is not None:
+          functions.setdefault(o.dense, f"{base}_dense{i}{side}")
+        if o.pack is not None:
+          functions.setdefault(o.pack, f"{base}_pack{i}{side}")
   return functions
 
-def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimized: dict[UOp, UOp],
-               target: str = "c") -> tuple[list, list]:
+
+def _call_list(
+  sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimized: dict[UOp, UOp], target: str = "c"
+) -> tuple[list, list]:
   """What model.c runs, in order (render_model_c's calls), and (kernel, role, AST) of each call for a profile build."""
   kernels, plans, directs, qgemms = low.kernels, low.plans, low.directs, low.qgemms
   calls: list = []
-  notes: list = []   # (kernel, role, AST) of each call, for a profile build
+  notes: list = []  # (kernel, role, AST) of each call, for a profile build
   threads = sum(flop_count(k.ast) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
   for k, (lasts, gemms), ds in zip(kernels, plans, directs):
+
     def call(ast: UOp, out: Buffer):
       # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
       ast, extent = optimized[ast], parallel_extent(optimized[ast])
       args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
       return (functions[ast], args, extent, threads and extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
+
     if k.name in qgemms:
       qs, epilogue = qgemms[k.name]
       for q in qs:
@@ -298,10 +381,14 @@ def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimi
       epilogue = None if _copies_in_place(last) else call(last, k.bufs[0])
       for d in ds:
         fused = epilogue is not None and d.fused and epilogue[2] == d.tasks
-        calls.append(DepthwiseCall(d, k.bufs, threads and d.tasks > 1 and d.work >= PARALLEL_MIN_WORK,
-                                   epilogue[:2] if fused else None))
+        calls.append(
+          DepthwiseCall(
+            d, k.bufs, threads and d.tasks > 1 and d.work >= PARALLEL_MIN_WORK, epilogue[:2] if fused else None
+          )
+        )
         notes.append((k.name, "depthwise", optimized[last] if fused else None))
-        if fused or epilogue is None: continue
+        if fused or epilogue is None:
+          continue
         calls.append(epilogue)
         notes.append((k.name, "epilogue", optimized[last]))
       continue
@@ -313,8 +400,10 @@ def _call_list(sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimi
         notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
   return calls, notes
 
-def _render_cpu(name: str, sched: Schedule, target: str, cpu: str, triple: str | None, profile: bool,
-                weights: WeightsWriter) -> Sources:
+
+def _render_cpu(
+  name: str, sched: Schedule, target: str, cpu: str, triple: str | None, profile: bool, weights: WeightsWriter
+) -> Sources:
   """Contractions, depthwise and int8 kernels lowered to the runtime's kernels plus generated functions
   (_lower_kernels), the weights laid out (_write_weights), the functions named and rendered, and model.c's call
   list over them (_call_list)."""
@@ -328,15 +417,19 @@ def _render_cpu(name: str, sched: Schedule, target: str, cpu: str, triple: str |
   functions = {optimized[ast]: fn for ast, fn in functions.items()}
   files = render_kernels(target, functions)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
-  infos = [KernelInfo(k.name, functions[optimized[lasts[0]]] if lasts else "aot_qgemm_run", k.shape)
-           for k, (lasts, _) in zip(sched.kernels, low.plans)]
+  infos = [
+    KernelInfo(k.name, functions[optimized[lasts[0]]] if lasts else "aot_qgemm_run", k.shape)
+    for k, (lasts, _) in zip(sched.kernels, low.plans)
+  ]
   calls, notes = _call_list(sched, low, functions, optimized, target)
   panel_floats = max([g.c.K * g.b.panel[1] for _, gemms in low.plans for g in gemms], default=0)
   model_c = render_model_c(name, sched, calls, protos, external, profile, panel_floats)
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c
-  if not external: files["model.c"] += render_weights_asm(name)
+  if not external:
+    files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target, len(calls) if profile else 0)
-  if profile: files[CALLS_FILE] = calls_json(describe_calls(calls, notes))
+  if profile:
+    files[CALLS_FILE] = calls_json(describe_calls(calls, notes))
   if list(files) == ["kernels0.c", "model.c", f"{name}.h"]:
     # a small model is one C file: a compiler run per artifact is most of the build time
     files["model.c"] = files.pop("kernels0.c") + "\n" + files["model.c"]
@@ -344,18 +437,38 @@ def _render_cpu(name: str, sched: Schedule, target: str, cpu: str, triple: str |
   files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
   return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in scratch), weights)
 
+
 def _copies_in_place(ast: UOp) -> bool:
   """Is the kernel out[i] = out[i]?"""
-  if ast.op is not Ops.STORE: return False
+  if ast.op is not Ops.STORE:
+    return False
   buf, idx, value = ast.src
-  return (value.op is Ops.LOAD and value.src[0] is buf and value.src[2].op is Ops.CONST and value.src[2].arg is True
-          and linear(value.src[1]) == linear(idx))
+  return (
+    value.op is Ops.LOAD
+    and value.src[0] is buf
+    and value.src[2].op is Ops.CONST
+    and value.src[2].arg is True
+    and linear(value.src[1]) == linear(idx)
+  )
 
-def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, name: str | None = None,
-                  cpu: str = "native", cache: bool = True, progress: Callable[[str], None] | None = None,
-                  shapes: dict | None = None, bind: dict | None = None, triple: str | None = None,
-                  offload_arch: tuple[str, ...] | None = None, emulate: bool = False,
-                  profile: bool = False, sanitize: bool | None = None) -> Artifact:
+
+def compile_model(
+  what,
+  example_inputs=None,
+  target: str = "c",
+  out_dir=None,
+  name: str | None = None,
+  cpu: str = "native",
+  cache: bool = True,
+  progress: Callable[[str], None] | None = None,
+  shapes: dict | None = None,
+  bind: dict | None = None,
+  triple: str | None = None,
+  offload_arch: tuple[str, ...] | None = None,
+  emulate: bool = False,
+  profile: bool = False,
+  sanitize: bool | None = None,
+) -> Artifact:
   """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs), "models:NAME", or an ONNX
   model (a .onnx path or an onnx.ModelProto; `shapes` pins symbolic dims by input or dim name, `bind` pins scalar
   inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact.
@@ -367,10 +480,12 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   profile=True (CPU targets) builds the timed variant aot/profile.py reads.
   sanitize (default: AOT_SANITIZE=1 in the environment) builds the C with AddressSanitizer and UBSan, for a program
   that is itself built with -fsanitize=address,undefined (or runs with the ASan runtime preloaded)."""
-  if target not in TARGETS: raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+  if target not in TARGETS:
+    raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
   if profile and (target in GPU_TARGETS or emulate):
     raise ValueError(f"profile is for the CPU targets (c, llvm), not {target}{' emulation' if emulate else ''}")
-  if sanitize is None: sanitize = os.environ.get("AOT_SANITIZE", "") not in ("", "0")
+  if sanitize is None:
+    sanitize = os.environ.get("AOT_SANITIZE", "") not in ("", "0")
   t0 = time.perf_counter()
   say = progress or (lambda s: None)
   traced = resolve(what, example_inputs, name, shapes, bind)
@@ -381,38 +496,68 @@ def compile_model(what, example_inputs=None, target: str = "c", out_dir=None, na
   gpu = target in GPU_TARGETS or emulate
   if gpu and triple:
     raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
-  if gpu and sanitize: raise ValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
+  if gpu and sanitize:
+    raise ValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
   out, stage = make_stage(traced.name, out_dir)
   try:
     srcs = render(traced.name, sched, target, cpu, triple, profile, emulate, WeightsWriter(stage / "weights.part"))
-    if not gpu: say(f"rendered {len(srcs.kernels)} kernels")
+    if not gpu:
+      say(f"rendered {len(srcs.kernels)} kernels")
     place_sources(stage, traced.name, srcs.files, srcs.weights.path)
     src = stage / "src"
     runtime = importlib.resources.files("aot.runtime_c")
-    for f in runtime_files(target, emulate): (src / f).write_text(runtime.joinpath(f).read_text())
+    for f in runtime_files(target, emulate):
+      (src / f).write_text(runtime.joinpath(f).read_text())
     library = stage / f"lib{traced.name}.so"
     if target == "metal":
       check_metal_syntax(src)
-      say("checked the Metal source's syntax (clang, C++ with a metal_stdlib stand-in); build on macOS: "
-          "src/build_macos.sh")
+      say(
+        "checked the Metal source's syntax (clang, C++ with a metal_stdlib stand-in); build on macOS: "
+        "src/build_macos.sh"
+      )
     elif gpu:
       build_gpu_library(target, src, library, emulate, offload_arch, cpu, cache)
       say(f"built lib{traced.name}.so")
     else:
       sources = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))] + list(RUNTIME_SOURCES)
-      build_library(src, sources, library, cpu, cache, progress=lambda d, n: say(f"compiled {d}/{n} sources"),
-                    triple=triple, sanitize=sanitize)
+      build_library(
+        src,
+        sources,
+        library,
+        cpu,
+        cache,
+        progress=lambda d, n: say(f"compiled {d}/{n} sources"),
+        triple=triple,
+        sanitize=sanitize,
+      )
     shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
-    write_manifest(stage / f"{traced.name}.json", traced.name, target, cpu, triple, sched, srcs.kernels, srcs.arena,
-                   srcs.arena_holds, srcs.weights.size, time.perf_counter() - t0, srcs.weights.checksum,
-                   gpu_manifest(target, emulate, srcs.launches, offload_arch) if gpu else None)
+    write_manifest(
+      stage / f"{traced.name}.json",
+      traced.name,
+      target,
+      cpu,
+      triple,
+      sched,
+      srcs.kernels,
+      srcs.arena,
+      srcs.arena_holds,
+      srcs.weights.size,
+      time.perf_counter() - t0,
+      srcs.weights.checksum,
+      gpu_manifest(target, emulate, srcs.launches, offload_arch) if gpu else None,
+    )
     install(stage, out)
   finally:
     shutil.rmtree(stage, ignore_errors=True)
   return Artifact(out)
 
+
 def runtime_files(target: str, emulate: bool = False) -> list[str]:
   """The runtime_c files an artifact's src/ holds: what its build compiles and includes."""
-  if target not in GPU_TARGETS and not emulate: return [*RUNTIME_SOURCES, "aot_runtime.h"]
-  return (["aot_runtime.c", "aot_runtime.h"] + (["aot_hip_math.h"] if target == "hip" else [])
-          + (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]]))
+  if target not in GPU_TARGETS and not emulate:
+    return [*RUNTIME_SOURCES, "aot_runtime.h"]
+  return (
+    ["aot_runtime.c", "aot_runtime.h"]
+    + (["aot_hip_math.h"] if target == "hip" else [])
+    + (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
+  )

@@ -10,10 +10,15 @@ a normal build renders none of that (its model.c, and so its cache entry, differ
 The table gives each call's share of the run, its time, GFLOP/s and the bytes of the buffers it reads and writes, by
 the schedule kernel it belongs to. Flops are those the call executes (a contraction's 2 B M N K, a loop's
 flop_count), which is more than the model needs where a kernel computes values it then drops."""
+
 from __future__ import annotations
-import ctypes, json, time
-from dataclasses import dataclass, asdict
+
+import ctypes
+import json
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
 import numpy as np
 
 # the name of the call list a profile build keeps in its src/ (what each timed call is, in model.c's order)
@@ -21,18 +26,20 @@ CALLS_FILE = "profile_calls.json"
 # runs after warm-up: at least MIN_RUNS, more while they fit in the budget, at most MAX_RUNS
 WARMUP_RUNS, MIN_RUNS, MAX_RUNS = 2, 3, 50
 
+
 @dataclass
 class CallInfo:
-  kernel: str          # the schedule kernel the call belongs to
-  function: str        # the C function it runs (aot_gemm_run for the microkernel)
-  role: str            # contraction, operand (a dense copy of one), epilogue (after a contraction), kernel (whole)
-  path: str            # microkernel, copy, loop
+  kernel: str  # the schedule kernel the call belongs to
+  function: str  # the C function it runs (aot_gemm_run for the microkernel)
+  role: str  # contraction, operand (a dense copy of one), epilogue (after a contraction), kernel (whole)
+  path: str  # microkernel, copy, loop
   flops: int
-  bytes: int           # of the distinct buffers it reads and writes
+  bytes: int  # of the distinct buffers it reads and writes
   gemm: list[int] | None = None  # a contraction's batch, M, N, K
-  parallel: bool = False         # split across the pool's threads (else it runs whole on the calling thread)
-  tasks: int = 1                 # the pieces it splits into when parallel (threads share them out)
+  parallel: bool = False  # split across the pool's threads (else it runs whole on the calling thread)
+  tasks: int = 1  # the pieces it splits into when parallel (threads share them out)
   task_work: list[int] | None = None  # a contraction's multiply-adds per task, in the order threads take them
+
 
 def gemm_task_work(g) -> list[int]:
   """The multiply-adds of each of a contraction's tasks in the order aot_gemm_run hands them out (runtime_c/aot_gemm.c:
@@ -43,10 +50,12 @@ def gemm_task_work(g) -> list[int]:
   rows = [M] if g.b.pack is not None else [min(mc, M - m0) for m0 in range(0, M, mc)]
   return [m * n * c.K for _ in range(c.B) for n in cols for m in rows]
 
+
 def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[CallInfo]:
   """What each call of render_model_c's list is. notes: (kernel name, role, the call's kernel AST or None) per call."""
   from aot.codegen.host_cpu import GemmCall
   from aot.codegen.linearize import flop_count
+
   infos = []
   for call, (kernel, role, ast) in zip(calls, notes, strict=True):
     if isinstance(call, GemmCall):
@@ -55,43 +64,92 @@ def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[Ca
       slots = [s for o in (g.a, g.b) if o.pack is None for s in [o.slot]] + [g.result]
       slots += [s for s, _ in call.pack[1] if s != 0] if call.pack else []
       used = {id(call.bufs[s]): call.bufs[s] for s in slots}
-      infos.append(CallInfo(kernel, "aot_gemm_run", role, "microkernel", 2 * c.B * c.a.size * c.b.size * c.K,
-                            sum(b.nbytes for b in used.values()), [c.B, c.a.size, c.b.size, c.K], call.parallel,
-                            g.tasks, gemm_task_work(g)))
+      infos.append(
+        CallInfo(
+          kernel,
+          "aot_gemm_run",
+          role,
+          "microkernel",
+          2 * c.B * c.a.size * c.b.size * c.K,
+          sum(b.nbytes for b in used.values()),
+          [c.B, c.a.size, c.b.size, c.K],
+          call.parallel,
+          g.tasks,
+          gemm_task_work(g),
+        )
+      )
       continue
     if type(call).__name__ == "QGemmCall":
       q = call.q
       used = {id(call.bufs[s]): call.bufs[s] for s in (q.a_slot, q.b_slot, q.c_slot)}
-      infos.append(CallInfo(kernel, "aot_qgemm_run", role, "int8 microkernel", 2 * q.M * q.N * q.K,
-                            sum(b.nbytes for b in used.values()), [1, q.M, q.N, q.K], call.parallel, q.tasks))
+      infos.append(
+        CallInfo(
+          kernel,
+          "aot_qgemm_run",
+          role,
+          "int8 microkernel",
+          2 * q.M * q.N * q.K,
+          sum(b.nbytes for b in used.values()),
+          [1, q.M, q.N, q.K],
+          call.parallel,
+          q.tasks,
+        )
+      )
       continue
     if not isinstance(call, tuple):
       # the direct depthwise kernel (codegen/direct.py), with its epilogue when fused (ast is then the epilogue's)
       d = call.d
       used = {id(call.bufs[s]): call.bufs[s] for s in (d.x_slot, d.w_slot, d.planes_slot, d.result)}
       used |= {id(b): b for _, b in (call.epilogue[1] if call.epilogue else [])}
-      infos.append(CallInfo(kernel, "aot_depthwise_run", role, "direct", 2 * d.work + (flop_count(ast) if ast else 0),
-                            sum(b.nbytes for b in used.values()), None, call.parallel, d.tasks))
+      infos.append(
+        CallInfo(
+          kernel,
+          "aot_depthwise_run",
+          role,
+          "direct",
+          2 * d.work + (flop_count(ast) if ast else 0),
+          sum(b.nbytes for b in used.values()),
+          None,
+          call.parallel,
+          d.tasks,
+        )
+      )
       continue
     fn, fargs, extent, parallel = call
     flops = flop_count(ast)
     used = {id(b): b for _, b in fargs}
-    infos.append(CallInfo(kernel, fn, role, "loop" if flops else "copy", flops,
-                          sum(b.nbytes for b in used.values()), None, parallel, extent))
+    infos.append(
+      CallInfo(
+        kernel,
+        fn,
+        role,
+        "loop" if flops else "copy",
+        flops,
+        sum(b.nbytes for b in used.values()),
+        None,
+        parallel,
+        extent,
+      )
+    )
   return infos
+
 
 def calls_json(infos: list[CallInfo]) -> str:
   return json.dumps([asdict(i) for i in infos], indent=1)
 
+
 def load_calls(art) -> list[CallInfo]:
   path = art.dir / "src" / CALLS_FILE
   if not path.exists():
-    raise ValueError(f"{art.dir} is not a profile build (no src/{CALLS_FILE}): compile it with profile=True or "
-                     "--profile")
+    raise ValueError(
+      f"{art.dir} is not a profile build (no src/{CALLS_FILE}): compile it with profile=True or --profile"
+    )
   return [CallInfo(**d) for d in json.loads(path.read_text())]
 
-def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int = 1, budget_s: float = 5.0,
-                     cpu: bool = False) -> dict:
+
+def profile_artifact(
+  art, inputs: list[np.ndarray] | None = None, threads: int = 1, budget_s: float = 5.0, cpu: bool = False
+) -> dict:
   """Run a profile build on seeded inputs (warm-up, then MIN_RUNS..MAX_RUNS runs within budget_s) and return the
   profile: per call its mean time and share of the run, GFLOP/s and bytes, sorted by time, the run's total as the
   library timed it, and wall_ms, the time per call from Python (the total plus the call's own overhead).
@@ -99,6 +157,7 @@ def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int =
   machine inflates far less than wall time; it adds two clock reads (system calls) between calls."""
   import aot
   from aot.cli import random_inputs
+
   infos = load_calls(art)
   model = aot.load(art, threads=threads)
   try:
@@ -107,17 +166,21 @@ def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int =
     read = getattr(lib, f"{art.name}_profile")
     read.argtypes, read.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_int], ctypes.c_int
     handle = int(model.ffi.cast("uintptr_t", model._model))
-    if cpu: getattr(lib, f"{art.name}_profile_cpu")(ctypes.c_void_p(handle), 1)
+    if cpu:
+      getattr(lib, f"{art.name}_profile_cpu")(ctypes.c_void_p(handle), 1)
     # per call: wall seconds, then (after the run's) thread CPU seconds on its busiest thread and on all its threads
     sums = (ctypes.c_double * (3 * len(infos) + 1))()
-    for _ in range(WARMUP_RUNS): model(*xs)
-    if read(handle, None, 0) != 0: raise RuntimeError(f"{art.name}_profile failed")
+    for _ in range(WARMUP_RUNS):
+      model(*xs)
+    if read(handle, None, 0) != 0:
+      raise RuntimeError(f"{art.name}_profile failed")
     runs, t0 = 0, time.perf_counter()
     while runs < MIN_RUNS or (runs < MAX_RUNS and time.perf_counter() < t0 + budget_s):
       model(*xs)
       runs += 1
     wall = (time.perf_counter() - t0) / runs
-    if read(handle, sums, len(sums)) != 0: raise RuntimeError(f"{art.name}_profile failed")
+    if read(handle, sums, len(sums)) != 0:
+      raise RuntimeError(f"{art.name}_profile failed")
   finally:
     model.close()
   n = len(infos)
@@ -125,24 +188,46 @@ def profile_artifact(art, inputs: list[np.ndarray] | None = None, threads: int =
   rows = []
   for i, info in enumerate(infos):
     s = sums[i] / runs
-    rows.append({**asdict(info), "call": i, "ms": s * 1e3, "share": s / total if total else 0.0,
-                 "gflops": info.flops / s / 1e9 if s else 0.0, "gb_per_s": info.bytes / s / 1e9 if s else 0.0,
-                 "cpu_ms": sums[n + 1 + i] / runs * 1e3, "cpu_all_ms": sums[2 * n + 1 + i] / runs * 1e3})
+    rows.append(
+      {
+        **asdict(info),
+        "call": i,
+        "ms": s * 1e3,
+        "share": s / total if total else 0.0,
+        "gflops": info.flops / s / 1e9 if s else 0.0,
+        "gb_per_s": info.bytes / s / 1e9 if s else 0.0,
+        "cpu_ms": sums[n + 1 + i] / runs * 1e3,
+        "cpu_all_ms": sums[2 * n + 1 + i] / runs * 1e3,
+      }
+    )
   rows.sort(key=lambda r: -r["ms"])
   by_path = {}
-  for r in rows: by_path[r["path"]] = by_path.get(r["path"], 0.0) + r["ms"]
+  for r in rows:
+    by_path[r["path"]] = by_path.get(r["path"], 0.0) + r["ms"]
   flops = sum(i.flops for i in infos)
-  p = {"model": art.name, "target": art.target, "threads": threads, "runs": runs, "total_ms": total * 1e3,
-       "wall_ms": wall * 1e3,
-       "calls_ms": sum(r["ms"] for r in rows), "gflop": flops / 1e9, "gflops": flops / total / 1e9 if total else 0.0,
-       "by_path_ms": by_path, "calls": rows,
-       # thread CPU time, which a loaded machine does not inflate as it does wall time: the calls' busiest threads
-       # (the run on as many free cores) and all their threads (the work, with what splitting adds to it)
-       "cpu_ms": sum(r["cpu_ms"] for r in rows), "cpu_all_ms": sum(r["cpu_all_ms"] for r in rows)}
+  p = {
+    "model": art.name,
+    "target": art.target,
+    "threads": threads,
+    "runs": runs,
+    "total_ms": total * 1e3,
+    "wall_ms": wall * 1e3,
+    "calls_ms": sum(r["ms"] for r in rows),
+    "gflop": flops / 1e9,
+    "gflops": flops / total / 1e9 if total else 0.0,
+    "by_path_ms": by_path,
+    "calls": rows,
+    # thread CPU time, which a loaded machine does not inflate as it does wall time: the calls' busiest threads
+    # (the run on as many free cores) and all their threads (the work, with what splitting adds to it)
+    "cpu_ms": sum(r["cpu_ms"] for r in rows),
+    "cpu_all_ms": sum(r["cpu_all_ms"] for r in rows),
+  }
   return p | thread_bound(p, BOUND_THREADS) if threads == 1 else p
+
 
 # the thread count a 1-thread profile's Amdahl bound is given for
 BOUND_THREADS = 2
+
 
 def thread_bound(p: dict, threads: int) -> dict:
   """How fast `threads` threads could run a 1-thread profile's calls at best (load-independent, unlike timing them):
@@ -155,64 +240,93 @@ def thread_bound(p: dict, threads: int) -> dict:
   split = sum(r["ms"] * busiest_share(r, threads) for r in p["calls"] if r["parallel"])
   ideal = sum(r["ms"] for r in p["calls"] if r["parallel"]) / threads
   total = p["total_ms"]
-  return {"bound_threads": threads, "serial_share": serial / total if total else 0.0,
-          "uneven_share": (split - ideal) / total if total else 0.0,
-          "bound": total / (serial + split) if serial + split else 1.0}
+  return {
+    "bound_threads": threads,
+    "serial_share": serial / total if total else 0.0,
+    "uneven_share": (split - ideal) / total if total else 0.0,
+    "bound": total / (serial + split) if serial + split else 1.0,
+  }
+
 
 # the paths whose tasks threads take from a shared counter as they finish (the rest split into one slice per thread)
 SHARED_TASKS = ("microkernel", "int8 microkernel")
 
+
 def cpu_speedup(one: dict, many: dict) -> float:
-  """How much faster than `one` (a 1-thread profile timed with cpu=True) `many` (the same build on more threads, cpu=True)
+  """How much faster than `one` (a 1-thread profile timed with cpu=True) `many` (the same build on more threads,
+  cpu=True)
   would run on free cores, from thread CPU times: a slice's CPU time does not grow while its thread waits for a core,
   so a split call takes its busiest slice; but where tasks go to whichever thread is running (SHARED_TASKS), a thread
   kept off its core leaves its tasks to the other, so such a call takes its threads' CPU time shared as its tasks
   allow (busiest_share)."""
   n = many["threads"]
+
   def took(r: dict) -> float:
-    if r["parallel"] and r["path"] in SHARED_TASKS: return r["cpu_all_ms"] * busiest_share(r, n)
+    if r["parallel"] and r["path"] in SHARED_TASKS:
+      return r["cpu_all_ms"] * busiest_share(r, n)
     return r["cpu_ms"]
+
   return one["cpu_ms"] / sum(took(r) for r in many["calls"])
+
 
 def busiest_share(call: dict, threads: int) -> float:
   """The share of a split call's work its busiest thread does: a generated loop's or the depthwise kernel's iterations
   are cut into one slice per thread (ceil(tasks / threads) of them in the biggest); a contraction's tasks go to
   whichever thread is free first, so its edge blocks count at their size."""
   work = call.get("task_work")
-  if not work: return -(-call["tasks"] // threads) / call["tasks"]
+  if not work:
+    return -(-call["tasks"] // threads) / call["tasks"]
   free = [0] * threads
-  for w in work: free[free.index(min(free))] += w
+  for w in work:
+    free[free.index(min(free))] += w
   return max(free) / sum(work)
+
 
 def format_profile(p: dict, top: int | None = None) -> str:
   """The profile as a table, slowest call first (tasks: how many it splits into, - when it runs on one thread), a
   total line, and for a 1-thread profile the bound on 2 threads (thread_bound)."""
-  head = (f"{'share':>6} {'ms':>9} {'GFLOP/s':>8} {'MB':>8} {'GB/s':>6} {'tasks':>5}  {'path':<11} {'role':<11} "
-          "kernel (function)")
-  lines = [f"{p['model']} (target {p['target']}, {p['threads']} thread{'s' if p['threads'] > 1 else ''}, "
-           f"mean of {p['runs']} runs)", head]
+  head = (
+    f"{'share':>6} {'ms':>9} {'GFLOP/s':>8} {'MB':>8} {'GB/s':>6} {'tasks':>5}  {'path':<11} {'role':<11} "
+    "kernel (function)"
+  )
+  lines = [
+    f"{p['model']} (target {p['target']}, {p['threads']} thread{'s' if p['threads'] > 1 else ''}, "
+    f"mean of {p['runs']} runs)",
+    head,
+  ]
   for r in p["calls"][:top]:
     gemm = f" {r['gemm'][0]}x{r['gemm'][1]}x{r['gemm'][2]}x{r['gemm'][3]} (BxMxNxK)" if r.get("gemm") else ""
-    lines.append(f"{100 * r['share']:5.1f}% {r['ms']:9.3f} {r['gflops']:8.2f} {r['bytes'] / 1e6:8.2f} "
-                 f"{r['gb_per_s']:6.1f} {r['tasks'] if r['parallel'] else '-':>5}  {r['path']:<11} {r['role']:<11} "
-                 f"{r['kernel']} ({r['function']}){gemm}")
-  if top is not None and len(p["calls"]) > top: lines.append(f"  ... {len(p['calls']) - top} more calls")
-  lines.append(f"total {p['total_ms']:.3f} ms per run ({p['calls_ms']:.3f} ms in {len(p['calls'])} calls), "
-               f"{p['gflop']:.3f} GFLOP, {p['gflops']:.2f} GFLOP/s; by path: " +
-               ", ".join(f"{k} {100 * v / p['total_ms']:.1f}%" for k, v in p["by_path_ms"].items()))
+    lines.append(
+      f"{100 * r['share']:5.1f}% {r['ms']:9.3f} {r['gflops']:8.2f} {r['bytes'] / 1e6:8.2f} "
+      f"{r['gb_per_s']:6.1f} {r['tasks'] if r['parallel'] else '-':>5}  {r['path']:<11} {r['role']:<11} "
+      f"{r['kernel']} ({r['function']}){gemm}"
+    )
+  if top is not None and len(p["calls"]) > top:
+    lines.append(f"  ... {len(p['calls']) - top} more calls")
+  lines.append(
+    f"total {p['total_ms']:.3f} ms per run ({p['calls_ms']:.3f} ms in {len(p['calls'])} calls), "
+    f"{p['gflop']:.3f} GFLOP, {p['gflops']:.2f} GFLOP/s; by path: "
+    + ", ".join(f"{k} {100 * v / p['total_ms']:.1f}%" for k, v in p["by_path_ms"].items())
+  )
   if p["cpu_all_ms"]:
-    lines.append(f"thread CPU time: {p['cpu_ms']:.3f} ms on the calls' busiest threads, {p['cpu_all_ms']:.3f} ms on "
-                 "all")
+    lines.append(
+      f"thread CPU time: {p['cpu_ms']:.3f} ms on the calls' busiest threads, {p['cpu_all_ms']:.3f} ms on all"
+    )
   if "bound" in p:
-    lines.append(f"on {p['bound_threads']} threads: {100 * p['serial_share']:.1f}% of the run does not split, "
-                 f"{100 * p['uneven_share']:.1f}% is lost to uneven splits; at best {p['bound']:.2f}x as fast as 1")
+    lines.append(
+      f"on {p['bound_threads']} threads: {100 * p['serial_share']:.1f}% of the run does not split, "
+      f"{100 * p['uneven_share']:.1f}% is lost to uneven splits; at best {p['bound']:.2f}x as fast as 1"
+    )
   return "\n".join(lines)
+
 
 def write_profile(p: dict, path: Path) -> None:
   Path(path).write_text(json.dumps(p, indent=1))
 
-def profile_and_report(art, json_path: Path, threads: int = 1, budget_s: float = 5.0, top: int | None = None,
-                       cpu: bool = False) -> dict:
+
+def profile_and_report(
+  art, json_path: Path, threads: int = 1, budget_s: float = 5.0, top: int | None = None, cpu: bool = False
+) -> dict:
   """Profile a profile build, print the table, write the profile as JSON to json_path (compile-model and the bench)."""
   p = profile_artifact(art, threads=threads, budget_s=budget_s, cpu=cpu)
   print(format_profile(p, top))

@@ -1,26 +1,40 @@
 """The C renderer: one C99 function per distinct kernel, from the linearized instruction list.
 The table of ops is shared by every C-family target (C, CUDA, HIP, Metal): a new target overrides entries."""
+
 from __future__ import annotations
+
 import math
+
+from aot.codegen.linearize import is_outer, kernel_params, linearize, loop_pieces, widen_index
 from aot.dtype import DType, dtypes, min_value
-from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
-from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index, loop_pieces
+from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
+
 
 def _fn(name: str):
   # libm spelling per float type; half computes in float
   def render(dt: DType, a: str) -> str:
-    if dt == dtypes.float64: return f"{name}({a})"
-    if dt == dtypes.float32: return f"{name}f({a})"
+    if dt == dtypes.float64:
+      return f"{name}({a})"
+    if dt == dtypes.float32:
+      return f"{name}f({a})"
     return f"(({dt.cname}){name}f((float)({a})))"
+
   return lambda dt, a: render(dt, a)
+
 
 def _maxmin(cmp: str):
   # numpy's maximum/minimum propagate NaN: keep a when it is NaN
-  return lambda dt, a, b: f"((({a}) {cmp} ({b}) || ({a}) != ({a})) ? ({a}) : ({b}))" if dt.is_float else f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
+  return lambda dt, a, b: (
+    f"((({a}) {cmp} ({b}) || ({a}) != ({a})) ? ({a}) : ({b}))"
+    if dt.is_float
+    else f"(({a}) {cmp} ({b}) ? ({a}) : ({b}))"
+  )
+
 
 def abs_with(fabs):
   # a float's through the target's fabs; an integer's by a compare (C's abs() is int only)
   return lambda dt, a: fabs(dt, a) if dt.is_float else f"(({a}) < 0 ? -({a}) : ({a}))"
+
 
 # tail_masked: the innermost loop of a kernel without sums (a copy: an im2col panel's pack, a dense operand, a pool
 # written out), at least this long and not a whole number of 16-float vectors, has its remainder run as a masked
@@ -29,25 +43,35 @@ def abs_with(fabs):
 # VGG-19's 128x56x56 0.307 -> 0.174, 512x28x28 0.125 -> 0.074 (clang-14 0.236 -> 0.198, 0.133 -> 0.078)
 TAIL_MASKED_MIN, TAIL_MASKED_VECTOR = 16, 16
 
+
 class CRenderer:
-  kernel_prefix = "__attribute__((visibility(\"hidden\"))) void"
+  kernel_prefix = '__attribute__((visibility("hidden"))) void'
   restrict = "restrict"
   # put before such a loop (KERNEL_PRELUDE); None where the target has no such hint
   tail_masked = "AOT_TAIL_MASKED"
   code_for_op = {
     Ops.NEG: lambda dt, a: f"(-{a})" if dt != dtypes.bool else f"(!{a})",
     **{op: _fn(name) for op, name in LIBM.items()},
-    Ops.SHL: lambda dt, a, b: f"({a}<<{b})", Ops.SHR: lambda dt, a, b: f"({a}>>{b})",
+    Ops.SHL: lambda dt, a, b: f"({a}<<{b})",
+    Ops.SHR: lambda dt, a, b: f"({a}>>{b})",
     Ops.RECIP: lambda dt, a: f"(({dt.cname})1/({a}))",
     Ops.ABS: abs_with(_fn("fabs")),
     Ops.NOT: lambda dt, a: f"(!{a})" if dt == dtypes.bool else f"(~{a})",
-    Ops.ADD: lambda dt, a, b: f"({a}+{b})", Ops.SUB: lambda dt, a, b: f"({a}-{b})", Ops.MUL: lambda dt, a, b: f"({a}*{b})",
-    Ops.DIV: lambda dt, a, b: f"({a}/{b})", Ops.IDIV: lambda dt, a, b: f"({a}/{b})",
-    Ops.MOD: lambda dt, a, b: (f"fmod({a}, {b})" if dt == dtypes.float64 else f"fmodf({a}, {b})") if dt.is_float else f"({a}%{b})",
-    Ops.MAX: _maxmin(">"), Ops.MIN: _maxmin("<"),
+    Ops.ADD: lambda dt, a, b: f"({a}+{b})",
+    Ops.SUB: lambda dt, a, b: f"({a}-{b})",
+    Ops.MUL: lambda dt, a, b: f"({a}*{b})",
+    Ops.DIV: lambda dt, a, b: f"({a}/{b})",
+    Ops.IDIV: lambda dt, a, b: f"({a}/{b})",
+    Ops.MOD: lambda dt, a, b: (
+      (f"fmod({a}, {b})" if dt == dtypes.float64 else f"fmodf({a}, {b})") if dt.is_float else f"({a}%{b})"
+    ),
+    Ops.MAX: _maxmin(">"),
+    Ops.MIN: _maxmin("<"),
     Ops.POW: lambda dt, a, b: f"pow({a}, {b})" if dt == dtypes.float64 else f"(({dt.cname})powf({a}, {b}))",
-    Ops.CMPLT: lambda dt, a, b: f"({a}<{b})", Ops.CMPLE: lambda dt, a, b: f"({a}<={b})",
-    Ops.CMPEQ: lambda dt, a, b: f"({a}=={b})", Ops.CMPNE: lambda dt, a, b: f"({a}!={b})",
+    Ops.CMPLT: lambda dt, a, b: f"({a}<{b})",
+    Ops.CMPLE: lambda dt, a, b: f"({a}<={b})",
+    Ops.CMPEQ: lambda dt, a, b: f"({a}=={b})",
+    Ops.CMPNE: lambda dt, a, b: f"({a}!={b})",
     Ops.AND: lambda dt, a, b: f"({a}&&{b})" if dt == dtypes.bool else f"({a}&{b})",
     Ops.OR: lambda dt, a, b: f"({a}||{b})" if dt == dtypes.bool else f"({a}|{b})",
     Ops.XOR: lambda dt, a, b: f"({a}^{b})",
@@ -57,18 +81,23 @@ class CRenderer:
   def prefix(self, ast: UOp) -> str:
     # gcc's loop vectoriser is off (build.py: it miscompiles a reduction); kernels without one get it back, which is
     # what makes an elementwise kernel or an operand copy vectorised
-    if any(u.op is Ops.ACCUMULATE for u in ast.toposort()): return self.kernel_prefix
+    if any(u.op is Ops.ACCUMULATE for u in ast.toposort()):
+      return self.kernel_prefix
     return "AOT_LOOP_VECTORIZE " + self.kernel_prefix
 
   def literal(self, dt: DType, v) -> str:
-    if dt == dtypes.bool: return "1" if v else "0"
+    if dt == dtypes.bool:
+      return "1" if v else "0"
     if dt.is_float:
       special = math.isnan(v) or math.isinf(v)
       s = "NAN" if math.isnan(v) else ("INFINITY" if v > 0 else "(-INFINITY)") if math.isinf(v) else float(v).hex()
-      if dt == dtypes.float32 and not special: s += "f"
-      if dt == dtypes.float16: s = f"(({dt.cname}){s})"
+      if dt == dtypes.float32 and not special:
+        s += "f"
+      if dt == dtypes.float16:
+        s = f"(({dt.cname}){s})"
       return f"({s})" if s.startswith("-") else s
-    if v == min_value(dt) and dt.itemsize >= 4: return f"(({dt.cname})({v + 1}{'LL' if dt.itemsize == 8 else ''}-1))"
+    if v == min_value(dt) and dt.itemsize >= 4:
+      return f"(({dt.cname})({v + 1}{'LL' if dt.itemsize == 8 else ''}-1))"
     suffix = {8: "ULL" if dt.kind == "u" else "LL"}.get(dt.itemsize, "U" if dt.kind == "u" and dt.itemsize == 4 else "")
     s = f"{v}{suffix}" if dt == dtypes.index or dt.itemsize >= 4 else f"(({dt.cname}){v})"
     return f"({s})" if v < 0 else s
@@ -77,22 +106,28 @@ class CRenderer:
     return self.literal(dt, op.identity(dt))
 
   def accumulate(self, op: ReduceOp, dt: DType, acc: str, v: str) -> str:
-    if op is ReduceOp.SUM: return f"{acc} += {v};"
-    if op is ReduceOp.PROD: return f"{acc} *= {v};"
+    if op is ReduceOp.SUM:
+      return f"{acc} += {v};"
+    if op is ReduceOp.PROD:
+      return f"{acc} *= {v};"
     return f"{acc} = {self.code_for_op[Ops.MAX if op is ReduceOp.MAX else Ops.MIN](dt, v, acc)};"
 
   def param_decls(self, ast: UOp) -> list[str]:
     # start/end bound the outermost output loop: the slice of it one thread runs
-    buffers = [f"{'' if p.slot == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.slot}"
-               for p in kernel_params(ast)]
+    buffers = [
+      f"{'' if p.slot == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.slot}" for p in kernel_params(ast)
+    ]
     return buffers + ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
     ast = widen_index(ast)
     names: dict[UOp, str] = {}
+
     def r(u: UOp) -> str:
-      if u.op is Ops.CONST: return self.literal(u.dtype, u.arg)
+      if u.op is Ops.CONST:
+        return self.literal(u.dtype, u.arg)
       return names[u]
+
     lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
     program = linearize(ast)
     copy = not any(u.op is Ops.ACCUMULATE for u in ast.toposort())
@@ -104,18 +139,22 @@ class CRenderer:
       if kind == "loop":
         names[u] = f"r{u.number}"
         lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.size))
-        if u is loops[-1] and len(pieces) > 1: body_at = len(lines)
+        if u is loops[-1] and len(pieces) > 1:
+          body_at = len(lines)
         elif u is loops[-1] and not is_outer(u) and self.masks_tail(copy, 0, u.size):
           lines.append(f"{ind}{self.tail_masked}")
-        lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{"); depth += 1
+        lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{")
+        depth += 1
       elif kind == "end":
-        depth -= 1; lines.append("  " * depth + "}")
+        depth -= 1
+        lines.append("  " * depth + "}")
         if len(pieces) > 1 and u is loops[-1]:
-          body = lines[body_at + 1:]
+          body = lines[body_at + 1 :]
           del lines[body_at:]
           for lo, hi in pieces:
             lo_, hi_ = self.literal(u.dtype, lo), self.literal(u.dtype, hi)
-            if self.masks_tail(copy, lo, hi): lines.append(f"{'  ' * depth}{self.tail_masked}")
+            if self.masks_tail(copy, lo, hi):
+              lines.append(f"{'  ' * depth}{self.tail_masked}")
             head = f"for ({u.dtype.cname} {names[u]} = {lo_}; {names[u]} < {hi_}; {names[u]}++) {{"
             lines += [f"{'  ' * depth}{head}", *body]
       elif kind == "acc_init":
@@ -141,13 +180,19 @@ class CRenderer:
       access = f"d{buf.slot}[{r(idx)}]"
       return access if gate.op is Ops.CONST and gate.arg else f"({r(gate)} ? {access} : {self.literal(u.dtype, 0)})"
     if u.op is Ops.CAST:
-      return f"(({u.dtype.cname})({r(u.src[0])} != 0))" if u.dtype == dtypes.bool else f"(({u.dtype.cname}){r(u.src[0])})"
+      return (
+        f"(({u.dtype.cname})({r(u.src[0])} != 0))" if u.dtype == dtypes.bool else f"(({u.dtype.cname}){r(u.src[0])})"
+      )
     if u.op is Ops.BITCAST:
-      return f"({{ {u.dtype.cname} t_; {u.src[0].dtype.cname} s_ = {r(u.src[0])}; __builtin_memcpy(&t_, &s_, sizeof t_); t_; }})"
+      return (
+        f"({{ {u.dtype.cname} t_; {u.src[0].dtype.cname} s_ = {r(u.src[0])}; "
+        f"__builtin_memcpy(&t_, &s_, sizeof t_); t_; }})"
+      )
     if u.op in self.code_for_op:
       dt = u.src[-1].dtype if u.op in GroupOp.Compare else u.dtype
       return self.code_for_op[u.op](dt, *[r(s) for s in u.src])
     raise NotImplementedError(f"C renderer: no rule for {u.op.name}")
+
 
 KERNEL_PRELUDE = """#include <math.h>
 #include <stdint.h>

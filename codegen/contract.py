@@ -18,15 +18,19 @@ Each operand reaches the microkernel in one of three forms (strides in the runti
 
 n is the side that holds the kernel's innermost output loop, so the microkernel's vector lanes run along the axis the
 epilogue writes contiguously."""
+
 from __future__ import annotations
+
 from dataclasses import dataclass, replace
+
 import numpy as np
+
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
 from aot.interpret import evaluate
-from aot.rewrite import substitute, graph_rewrite
-from aot.symbolic import pm_simplify, linear, flat_stride
+from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
+from aot.rewrite import graph_rewrite, substitute
 from aot.schedule import pm_gated_off
+from aot.symbolic import flat_stride, linear, pm_simplify
 
 # a contraction smaller than this (multiply-adds) is not worth a call into the microkernel and its packing
 MIN_WORK = 1 << 15
@@ -70,21 +74,38 @@ MIN_PANELS = 8
 # -> 2.83x onnxruntime with panels)
 MIN_PANEL_ROWS = 8
 
+
 def gemm_tile(cpu: str, triple: str | None) -> tuple[int, int]:
   """(MR, NR) of the microkernel to use: 8x32 where 16-float vectors exist (AVX-512), else 6x16."""
-  if triple is not None and not triple.startswith("x86_64"): return (6, 16)
+  if triple is not None and not triple.startswith("x86_64"):
+    return (6, 16)
   if cpu == "native":
     from llvmlite import binding as llvm
+
     return (8, 32) if "+avx512f" in llvm.get_host_cpu_features().flatten() else (6, 16)
-  wide = ("avx512", "x86-64-v4", "znver4", "znver5", "sapphirerapids", "icelake", "tigerlake", "cascadelake", "cooperlake")
+  wide = (
+    "avx512",
+    "x86-64-v4",
+    "znver4",
+    "znver5",
+    "sapphirerapids",
+    "icelake",
+    "tigerlake",
+    "cascadelake",
+    "cooperlake",
+  )
   return (8, 32) if any(w in cpu for w in wide) else (6, 16)
+
 
 @dataclass(frozen=True)
 class Side:
-  expr: UOp                    # the operand's value, a function of (batch, rows, k) ranges
-  rows: tuple[UOp, ...]        # its own free ranges (m for A, n for B), outer first
+  expr: UOp  # the operand's value, a function of (batch, rows, k) ranges
+  rows: tuple[UOp, ...]  # its own free ranges (m for A, n for B), outer first
+
   @property
-  def size(self) -> int: return prod(r.size for r in self.rows)
+  def size(self) -> int:
+    return prod(r.size for r in self.rows)
+
 
 @dataclass(frozen=True)
 class Contraction:
@@ -98,34 +119,46 @@ class Contraction:
   back: tuple[tuple[UOp, UOp], ...] = ()
   # (kernel range, start, end): outside this slice of an output range the accumulator is zero (a concat's branch)
   bounds: tuple[tuple[UOp, int, int], ...] = ()
+
   @property
-  def B(self) -> int: return prod(r.size for r in self.batch)
+  def B(self) -> int:
+    return prod(r.size for r in self.batch)
+
   @property
-  def K(self) -> int: return prod(r.size for r in self.k)
+  def K(self) -> int:
+    return prod(r.size for r in self.k)
+
 
 def _tile_use(m: int, n: int, tile: tuple[int, int]) -> float:
   """The fraction of the microkernel's tiles that holds real rows and columns (the rest is padding)."""
   return m / (-(-m // tile[0]) * tile[0]) * n / (-(-n // tile[1]) * tile[1])
 
+
 # index arithmetic, and loads that a known gate turns off read nothing
 pm_operand = pm_simplify + pm_gated_off
+
 
 def _zero_when(x: UOp, y: UOp, cmp: UOp, value: bool) -> bool:
   """Is the product x * y zero wherever the comparison cmp has this value (one operand reads only gated-off loads)?"""
   sub = {cmp: UOp.const(dtypes.bool, value)}
   return any((z := graph_rewrite(substitute(s, sub), pm_operand)).op is Ops.CONST and z.arg == 0 for s in (x, y))
 
+
 def gate_slices(x: UOp, y: UOp, outs: set[UOp]) -> tuple[dict[UOp, int], dict[UOp, int]]:
   """(start, end) per output range: outside [start, end) of that range the product x * y is zero, because a gate
   `r < c` on it turns off every load of one operand (a concat's branch)."""
   start, end = {r: 0 for r in outs}, {r: r.size for r in outs}
-  cmps = {u for s in (x, y) for u in s.toposort()
-          if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST}
+  cmps = {
+    u for s in (x, y) for u in s.toposort() if u.op is Ops.CMPLT and u.src[0] in outs and u.src[1].op is Ops.CONST
+  }
   for cmp in sorted(cmps, key=lambda u: (u.src[0].number, u.src[1].arg)):
     r, c = cmp.src[0], cmp.src[1].arg
-    if _zero_when(x, y, cmp, False): end[r] = min(end[r], c)
-    elif _zero_when(x, y, cmp, True): start[r] = max(start[r], c)
+    if _zero_when(x, y, cmp, False):
+      end[r] = min(end[r], c)
+    elif _zero_when(x, y, cmp, True):
+      start[r] = max(start[r], c)
   return start, end
+
 
 def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict[UOp, UOp], list]:
   """The operands over the contraction's own ranges, those ranges as expressions of the kernel's, and the slices.
@@ -146,48 +179,68 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
   sub = {r: fresh[r] + start[r] for r in sliced}
   x, y = (graph_rewrite(substitute(s, sub), pm_operand) for s in (x, y))
   for r in sorted((ranges_of(x) & ranges_of(y)) - kset, key=lambda r: r.number):
-    divisors = {u.src[1].arg for s in (x, y) for u in s.toposort()
-                if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is r and u.src[1].op is Ops.CONST}
+    divisors = {
+      u.src[1].arg
+      for s in (x, y)
+      for u in s.toposort()
+      if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is r and u.src[1].op is Ops.CONST
+    }
     for d in sorted(d for d in divisors if 1 < d < r.size and r.size % d == 0):
       # the inner range numbers between r and the next range, so the loop order is kept
       outer = UOp(Ops.RANGE, dtypes.index, (), (r.number, r.size // d, r.kind))
       inner = UOp(Ops.RANGE, dtypes.index, (), (r.number + 0.5, d, r.kind))
       nx, ny = (graph_rewrite(substitute(s, {r: outer * d + inner}), pm_operand) for s in (x, y))
-      if inner in ranges_of(nx) and inner in ranges_of(ny): continue
+      if inner in ranges_of(nx) and inner in ranges_of(ny):
+        continue
       x, y = nx, ny
       e = back.pop(r, r)
       back[outer], back[inner] = e // d, e % d
       break
   return x, y, back, [(r, start[r], end[r]) for r in sliced]
 
+
 def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
   """The float32 sum-of-products accumulators of a kernel whose operands separate into (batch, m, k) x (batch, n, k)."""
   found = []
   for acc in ast.toposort():
-    if acc.op is not Ops.ACCUMULATE or acc.arg is not ReduceOp.SUM or acc.dtype != dtypes.float32: continue
+    if acc.op is not Ops.ACCUMULATE or acc.arg is not ReduceOp.SUM or acc.dtype != dtypes.float32:
+      continue
     prod_ = acc.src[0]
-    if prod_.op is not Ops.MUL or any(s.dtype != dtypes.float32 for s in prod_.src): continue
+    if prod_.op is not Ops.MUL or any(s.dtype != dtypes.float32 for s in prod_.src):
+      continue
     x, y = prod_.src
     # an operand that sums itself, or reads the kernel's own output, stays in the generic loops
-    if any(u.op is Ops.ACCUMULATE or (u.op is Ops.DEFINE_GLOBAL and u.arg == 0) for s in (x, y) for u in s.toposort()): continue
+    if any(u.op is Ops.ACCUMULATE or (u.op is Ops.DEFINE_GLOBAL and u.arg == 0) for s in (x, y) for u in s.toposort()):
+      continue
     k = tuple(acc.src[1:])
     x, y, back, bounds = _slice_and_split(x, y, k)
     dx, dy = ranges_of(x) - set(k), ranges_of(y) - set(k)
     batch = tuple(sorted(dx & dy, key=lambda r: r.number))
     mx, ny = dx - set(batch), dy - set(batch)
-    if not mx | ny: continue
+    if not mx | ny:
+      continue
     # the side holding the innermost output loop is n: the microkernel's vector lanes run along it
-    if max(mx | ny, key=lambda r: r.number) in mx: (x, mx), (y, ny) = (y, ny), (x, mx)
+    if max(mx | ny, key=lambda r: r.number) in mx:
+      (x, mx), (y, ny) = (y, ny), (x, mx)
     # ... unless the other way round wastes fewer lanes on padding (a 7x7 image's 49 positions fill two 32-lane tiles
     # to 77%, 512 channels fill them all), by enough to pay for the epilogue reading the result across its loops
     size = lambda rs: prod(r.size for r in rs)
     gain = _tile_use(size(ny), size(mx), tile) - _tile_use(size(mx), size(ny), tile)
     if gain * prod(r.size for r in k) > SWAP_GAIN:
       (x, mx), (y, ny) = (y, ny), (x, mx)
-    c = Contraction(acc, batch, k, Side(x, tuple(sorted(mx, key=lambda r: r.number))),
-                    Side(y, tuple(sorted(ny, key=lambda r: r.number))), tuple(back.items()), tuple(bounds))
-    if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK: found.append(c)
+    c = Contraction(
+      acc,
+      batch,
+      k,
+      Side(x, tuple(sorted(mx, key=lambda r: r.number))),
+      Side(y, tuple(sorted(ny, key=lambda r: r.number))),
+      tuple(back.items()),
+      tuple(bounds),
+    )
+    if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK:
+      found.append(c)
   return found
+
 
 def _unflat(flat: UOp, ranges) -> dict[UOp, UOp]:
   """Each range's value at a flat index; the modulo keeps the outermost in bounds past the end (padding rows)."""
@@ -197,19 +250,26 @@ def _unflat(flat: UOp, ranges) -> dict[UOp, UOp]:
     stride *= r.size
   return out
 
+
 def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
   """A kernel writing a runtime operand out as a dense row-major matrix: A as [batch][rows][k], B as [batch][k][rows]
   (n contiguous, as the microkernel's vector loads want it), rows padded to whole tiles (left unwritten)."""
   # B's rows are written whole (n innermost: contiguous writes, reads along a convolution's rows), except that a k
   # too short to split across threads (an RGB input's 3 channels) goes inside n's outer ranges
-  if not is_b: order = [*c.batch, *side.rows, *c.k]
-  elif c.k[0].size < MIN_SPLIT: order = [*c.batch, *side.rows[:-1], *c.k, *side.rows[-1:]]
-  else: order = [*c.batch, *c.k, *side.rows]
+  if not is_b:
+    order = [*c.batch, *side.rows, *c.k]
+  elif c.k[0].size < MIN_SPLIT:
+    order = [*c.batch, *side.rows[:-1], *c.k, *side.rows[-1:]]
+  else:
+    order = [*c.batch, *c.k, *side.rows]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(order)}
   batch, own, k = (flat_of([fresh[r] for r in g]) for g in (c.batch, side.rows, c.k))
   idx = (batch * c.K + k) * rows + own if is_b else (batch * rows + own) * c.K + k
-  store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh)))
+  store = UOp(
+    Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh))
+  )
   return graph_rewrite(store, pm_simplify)
+
 
 def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> int | None:
   """Rows h of B's outermost own range per panel (a panel is h whole rows of the rest: for a convolution's input
@@ -218,14 +278,24 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
   outer, inner = side.rows[0].size, prod(r.size for r in side.rows[1:])
   whole = c.B * side.size * c.K * 4
   grown = whole > max(DENSE_SMALL, DENSE_GROWTH * source_bytes)
-  if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS: return None
+  if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS:
+    return None
   fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * c.K * 4 <= PANEL_MAX_BYTES]
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel
-  h = max(fits, key=lambda h: (h * inner % nr == 0, c.B * -(-outer // h) >= MIN_PANELS,
-                                round(_tile_use(1, h * inner, (1, nr)), 2), -h))
-  if whole <= PANEL_MAX_BYTES and _tile_use(1, h * inner, (1, nr)) < PANEL_MIN_TILE_USE: return None
+  h = max(
+    fits,
+    key=lambda h: (
+      h * inner % nr == 0,
+      c.B * -(-outer // h) >= MIN_PANELS,
+      round(_tile_use(1, h * inner, (1, nr)), 2),
+      -h,
+    ),
+  )
+  if whole <= PANEL_MAX_BYTES and _tile_use(1, h * inner, (1, nr)) < PANEL_MIN_TILE_USE:
+    return None
   return h
+
 
 def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
   """A kernel writing panel p of a B operand as a dense [k][ld] matrix (columns contiguous, ld a whole number of
@@ -238,93 +308,126 @@ def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
   order = [*c.k, UOp(Ops.RANGE, dtypes.index, (), (-1, h, "panel")), *rest]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i + 1, r.size, "loop")) for i, r in enumerate(order)}
   # the last panel's rows past the end wrap around to real ones: their columns are packed, never used
-  sub = {**{r: fresh[r] for r in (*c.k, *rest)}, **_unflat(p // panels, c.batch),
-         outer: ((p % panels) * h + fresh[order[len(c.k)]]) % outer.size}
-  own = flat_of([fresh[r] for r in order[len(c.k):]])
+  sub = {
+    **{r: fresh[r] for r in (*c.k, *rest)},
+    **_unflat(p // panels, c.batch),
+    outer: ((p % panels) * h + fresh[order[len(c.k)]]) % outer.size,
+  }
+  own = flat_of([fresh[r] for r in order[len(c.k) :]])
   idx = flat_of([fresh[r] for r in c.k]) * ld + own
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, sub)))
   return graph_rewrite(store, pm_simplify)
+
 
 def _view(side: Side, c: Contraction) -> tuple[int, int, tuple[int, int, int]] | None:
   """(slot, offset, (batch, row, k) strides) when the operand is a plain load of a buffer at an index linear in each
   group of ranges flattened (so it can be read where it lies), else None."""
   x = side.expr
-  if x.op is not Ops.LOAD or not (x.src[2].op is Ops.CONST and x.src[2].arg): return None
+  if x.op is not Ops.LOAD or not (x.src[2].op is Ops.CONST and x.src[2].arg):
+    return None
   terms, offset = linear(x.src[1])
-  if offset < 0 or any(t.op is not Ops.RANGE for t in terms): return None
+  if offset < 0 or any(t.op is not Ops.RANGE for t in terms):
+    return None
   strides = tuple(flat_stride(group, terms) for group in (c.batch, side.rows, c.k))
-  if None in strides: return None
+  if None in strides:
+    return None
   return x.src[0].arg, offset, strides
+
 
 def result_index(c: Contraction, ldc: int = 0) -> UOp:
   """Where acc[batch, m, n] lies in the result matrix C[batch][m][n], its rows ldc apart (0: N, dense)."""
   return (flat_of(c.batch) * c.a.size + flat_of(c.a.rows)) * (ldc or c.b.size) + flat_of(c.b.rows)
 
+
 def _inside(c: Contraction) -> UOp:
   """Where the accumulator can be nonzero: inside its slices of the kernel's output ranges."""
   cond = UOp.const(dtypes.bool, True)
-  for r, start, end in c.bounds: cond = cond & r.ge(start) & r.lt(end)
+  for r, start, end in c.bounds:
+    cond = cond & r.ge(start) & r.lt(end)
   return cond
+
 
 def _result_in_kernel(c: Contraction, ldc: int = 0) -> UOp:
   """result_index in the kernel's own ranges."""
   return graph_rewrite(substitute(result_index(c, ldc), dict(c.back)), pm_simplify)
 
+
 def epilogue_kernel(ast: UOp, results: dict[UOp, tuple]) -> UOp:
   """The kernel with each contraction's accumulator read from its result matrix (a new slot, or the output at an
   offset, and a row stride when not 0), gated to its slice: outside it the accumulator is zero. results: by
   accumulator, (contraction, slot, offset) or (contraction, slot, offset, row stride)."""
+
   def index(c: Contraction, slot: int, offset: int, ldc: int = 0) -> UOp:
     at = _result_in_kernel(c, ldc) + offset
     # in place, the read is at the store's own index node: the same address in the same form, which the C and LLVM
     # vectorisers need to see (an equal index built differently got a runtime overlap check that always failed, and
     # ran the scalar loop: 3x slower on a 128x112x112 batch norm + ReLU6)
-    if slot == 0 and ast.op is Ops.STORE and linear(at) == linear(ast.src[1]): return ast.src[1]
+    if slot == 0 and ast.op is Ops.STORE and linear(at) == linear(ast.src[1]):
+      return ast.src[1]
     return at
-  loads = {c.acc: UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), slot),
-                                                 index(c, slot, *where), _inside(c)))
-           for c, slot, *where in results.values()}
+
+  loads = {
+    c.acc: UOp(
+      Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), slot), index(c, slot, *where), _inside(c))
+    )
+    for c, slot, *where in results.values()
+  }
   return graph_rewrite(substitute(ast, loads), pm_simplify)
+
 
 def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
   """The epilogue as one kernel per slice of the output range its contractions' slices cut it into (a concat's
   branches, and the gaps between them): each piece reads its own branch only, where the whole kernel evaluated
   every branch under gates at every element."""
   cut = {r for g in gemms for r, _, _ in g.c.bounds}
-  if len(cut) != 1 or any(not g.c.bounds for g in gemms): return [ast]
+  if len(cut) != 1 or any(not g.c.bounds for g in gemms):
+    return [ast]
   (r,) = cut
   edges = sorted({0, r.size} | {x for g in gemms for q, start, end in g.c.bounds for x in (start, end)})
-  if len(edges) == 2: return [ast]
+  if len(edges) == 2:
+    return [ast]
   # each piece's range keeps r's number with the piece's size (the loop order stays), so it is a new node
-  return [graph_rewrite(substitute(ast, {r: UOp(Ops.RANGE, dtypes.index, (), (r.number, hi - lo, r.kind)) + lo}),
-                        pm_operand) for lo, hi in zip(edges, edges[1:])]
+  return [
+    graph_rewrite(substitute(ast, {r: UOp(Ops.RANGE, dtypes.index, (), (r.number, hi - lo, r.kind)) + lo}), pm_operand)
+    for lo, hi in zip(edges, edges[1:])
+  ]
+
 
 def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -> tuple[int, int] | None:
   """(where the result matrix starts in the kernel's output, its row stride or 0 for N), when the kernel writes each
   element where C has it (a slice's C at the slice's start; a slice of the last axis, a concat's branch there, with
   C's rows as far apart as the output's) and no contraction already placed there writes the same elements; else
   None."""
-  if ast.op is not Ops.STORE or out.dtype != dtypes.float32: return None
+  if ast.op is not Ops.STORE or out.dtype != dtypes.float32:
+    return None
   out_terms, out_const = linear(ast.src[1])
   # the output's row stride, when m's innermost range is one of the kernel's (not sliced or split)
   ldcs = [0]
-  if c.a.rows and out_terms.get(c.a.rows[-1], 0) > c.b.size: ldcs.append(out_terms[c.a.rows[-1]])
+  if c.a.rows and out_terms.get(c.a.rows[-1], 0) > c.b.size:
+    ldcs.append(out_terms[c.a.rows[-1]])
   for ldc in ldcs:
     terms, const = linear(_result_in_kernel(c, ldc))
-    if terms == out_terms and out_const >= const: break
-  else: return None
+    if terms == out_terms and out_const >= const:
+      break
+  else:
+    return None
+
   # contractions in place at once are branches of a concat: slices of one range that do not overlap
   def disjoint(p: Contraction) -> bool:
     return any(r is q and (end <= qs or qe <= start) for r, start, end in c.bounds for q, qs, qe in p.bounds)
+
   return (out_const - const, ldc) if all(disjoint(p) for p in placed) else None
+
 
 def _packed_size(c: Contraction, side: Side, tile: int) -> int:
   """Elements of an operand packed as [batch][tiles][K][tile]."""
   return c.B * -(-side.size // tile) * tile * c.K
 
+
 def _packs(c: Contraction, side: Side, tile: int, consts: list[np.ndarray]) -> bool:
   """Is the packed copy of a constant operand not much bigger than the constants it is computed from?"""
   return _packed_size(c, side, tile) <= max(PACK_SMALL, PACK_GROWTH * sum(x.size for x in consts))
+
 
 def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.ndarray]) -> np.ndarray:
   """A constant operand evaluated with numpy and packed as [batch][tiles][K][tile], zero-padded: what the microkernel
@@ -337,34 +440,42 @@ def evaluate_operand(c: Contraction, side: Side, tile: int, data: dict[int, np.n
   tiles, whole = -(-side.size // tile), side.size // tile
   packed = np.zeros((c.B, tiles, c.K, tile), np.float32)
   rows = packed.transpose(0, 1, 3, 2)
-  rows[:, :whole] = grid[:, :whole * tile].reshape(c.B, whole, tile, c.K)
-  if whole < tiles: rows[:, whole, :side.size - whole * tile] = grid[:, whole * tile:]
+  rows[:, :whole] = grid[:, : whole * tile].reshape(c.B, whole, tile, c.K)
+  if whole < tiles:
+    rows[:, whole, : side.size - whole * tile] = grid[:, whole * tile :]
   return packed
+
 
 def blocks(c: Contraction, mr: int, nr: int, panel: int = 0) -> tuple[int, int]:
   """(mc, nc): rows of A and columns of B one task computes, shrunk until there are MIN_TASKS tasks when possible.
   panel: the columns of a packed B panel, which are one task's (its row blocks all run over the panel it packed)."""
   up = lambda n, t: -(-n // t) * t
-  if panel: return min(up(c.a.size, mr), MC_TILES * mr), panel
+  if panel:
+    return min(up(c.a.size, mr), MC_TILES * mr), panel
   mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.b.size, nr), NC_TILES * nr)
   tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
-  while tasks() < MIN_TASKS and mc > mr: mc = up(mc // 2, mr)
-  while tasks() < MIN_TASKS and nc > nr: nc = up(nc // 2, nr)
+  while tasks() < MIN_TASKS and mc > mr:
+    mc = up(mc // 2, mr)
+  while tasks() < MIN_TASKS and nc > nr:
+    nc = up(nc // 2, nr)
   return mc, nc
+
 
 @dataclass
 class Operand:
   """How the runtime reads an operand: a buffer slot, an offset into it and aot_operand's strides (batch, tile, row,
   k), and the kernel that writes that buffer first when it is a dense copy."""
+
   slot: int
   offset: int
   strides: tuple[int, int, int, int]
-  padded: bool                 # whole tiles may be read past the last row
+  padded: bool  # whole tiles may be read past the last row
   dense: UOp | None = None
   # a B operand packed a panel at a time (panel_operand) into its thread's buffer: the kernel, the panel's columns and
   # its row stride (slot and offset are then unused; the strides are the panel's)
   pack: UOp | None = None
   panel: tuple[int, int] = (0, 0)
+
 
 # the ops of an epilogue step the microkernel applies to each finished tile (aot_gemm_step in runtime_c/aot_runtime.h)
 STEP_OPS = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: 2, Ops.MIN: 3}
@@ -376,10 +487,12 @@ STEP_MUL_ADD = 4
 # passes were already cheap here (C still in L2), and the steps cost about as much on ResNet's long-K tiles
 FUSE_EPILOGUES = True
 
+
 @dataclass(frozen=True)
 class Step:
   """v = op(v, x) (op(x, v) when swapped) on an element v of C at (batch, m, n): x is value when slot is None, else
   slot's element offset + batch * strides[0] + m * strides[1] + n * strides[2]."""
+
   op: Ops
   swapped: bool
   value: float = 0.0
@@ -387,40 +500,47 @@ class Step:
   offset: int = 0
   strides: tuple[int, int, int] = (0, 0, 0)
 
+
 @dataclass
 class Gemm:
   """One contraction as the runtime computes it: sizes, tiles and blocks, its operands, its result's slot."""
+
   c: Contraction
   tile: tuple[int, int]
   block: tuple[int, int]
   a: Operand
   b: Operand
-  result: int                             # slot of the matrix C[batch][m][n]: a scratch buffer, or the output
-  result_offset: int = 0                  # elements into that buffer (a concat's branch writes its slice)
-  ldc: int = 0                            # C's row stride there, 0 for N (a last-axis concat's branch: the output's)
-  steps: tuple[Step, ...] = ()            # the epilogue, applied to each finished tile (fused_steps) ...
-  epilogue: UOp | None = None             # ... in place of this epilogue kernel (fuse_epilogues)
+  result: int  # slot of the matrix C[batch][m][n]: a scratch buffer, or the output
+  result_offset: int = 0  # elements into that buffer (a concat's branch writes its slice)
+  ldc: int = 0  # C's row stride there, 0 for N (a last-axis concat's branch: the output's)
+  steps: tuple[Step, ...] = ()  # the epilogue, applied to each finished tile (fused_steps) ...
+  epilogue: UOp | None = None  # ... in place of this epilogue kernel (fuse_epilogues)
+
   @property
   def tasks(self) -> int:
     c, (mc, nc) = self.c, self.block
     # a panel's task runs all of its row blocks
     return c.B * -(-c.b.size // nc) * (1 if self.b.pack is not None else -(-c.a.size // mc))
 
+
 def _constants(side: Side, bufs: list) -> dict[int, np.ndarray] | None:
   """The arrays a constant operand is computed from, by slot; None when it reads a runtime buffer."""
   slots = {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD}
   return {s: bufs[s].data for s in slots} if all(bufs[s].kind == "const" for s in slots) else None
+
 
 def _readable(c: Contraction, side: Side, is_b: bool) -> tuple[int, int, tuple[int, int, int]] | None:
   """The operand's view (_view) when the microkernel can read it there: B's lanes must be contiguous (row stride 1)."""
   view = _view(side, c)
   return view if view is not None and (not is_b or view[2][1] == 1) else None
 
+
 def _bounded(c: Contraction, side: Side, is_b: bool, R: int, bufs: list) -> bool:
   """Can the operand be formed without copying a constant many times over? A constant too big to pack that is no
   plain view would be as big in a dense copy: the contraction stays in the kernel's loops."""
   consts = _constants(side, bufs)
   return consts is None or _packs(c, side, R, list(consts.values())) or _readable(c, side, is_b) is not None
+
 
 def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slot, make_buffer) -> Operand:
   """The cheapest form of one operand (module docstring): packed constant, view, or dense copy."""
@@ -439,20 +559,26 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
   # rows padded to whole tiles, so the microkernel reads edge tiles in place
   rows, K = -(-side.size // R) * R, c.K
   slot = new_slot(make_buffer("scratch", c.B * rows * K))
-  return Operand(slot, 0, (rows * K, R, 1, rows) if is_b else (rows * K, R * K, K, 1), True,
-                 dense_operand(c, side, is_b, rows))
+  return Operand(
+    slot, 0, (rows * K, R, 1, rows) if is_b else (rows * K, R * K, K, 1), True, dense_operand(c, side, is_b, rows)
+  )
+
 
 def _step_operand(x: UOp, c: Contraction) -> Step | None:
   """The leaf of an epilogue step (its op set later): a float constant, or a load of another buffer at an index linear
   in the flattened batch, m and n (a per-channel bias or scale, a residual read where C's element lies)."""
-  if x.dtype != dtypes.float32: return None
-  if x.op is Ops.CONST: return Step(Ops.ADD, False, float(x.arg)) if np.isfinite(x.arg) else None
-  if x.op is not Ops.LOAD or x.src[0].arg == 0 or not (x.src[2].op is Ops.CONST and x.src[2].arg is True): return None
+  if x.dtype != dtypes.float32:
+    return None
+  if x.op is Ops.CONST:
+    return Step(Ops.ADD, False, float(x.arg)) if np.isfinite(x.arg) else None
+  if x.op is not Ops.LOAD or x.src[0].arg == 0 or not (x.src[2].op is Ops.CONST and x.src[2].arg is True):
+    return None
   terms, offset = linear(x.src[1])
   if offset < 0 or any(t.op is not Ops.RANGE for t in terms) or not set(terms) <= {*c.batch, *c.a.rows, *c.b.rows}:
     return None
   strides = tuple(flat_stride(group, terms) for group in (c.batch, c.a.rows, c.b.rows))
   return None if None in strides else Step(Ops.ADD, False, 0.0, x.src[0].arg, offset, strides)
+
 
 def fused_steps(ast: UOp, g: Gemm, written: set[int] = frozenset()) -> tuple[Step, ...] | None:
   """The epilogue as steps the microkernel applies to each finished tile, when it is out[i] = f(C[i]) in place with f
@@ -462,52 +588,73 @@ def fused_steps(ast: UOp, g: Gemm, written: set[int] = frozenset()) -> tuple[Ste
   runtime's MUL_ADD on the c target: GemmCall). The kernel runs over the contraction's own ranges (a whole kernel, or
   a concat's slice: split_by_slices); written: slots the kernel's other contractions write, which no step may read."""
   c = g.c
-  if not FUSE_EPILOGUES or ast.op is not Ops.STORE or g.result != 0: return None
+  if not FUSE_EPILOGUES or ast.op is not Ops.STORE or g.result != 0:
+    return None
   store_at = linear(ast.src[1])
-  if store_at != linear(result_index(c, g.ldc) + g.result_offset): return None
+  if store_at != linear(result_index(c, g.ldc) + g.result_offset):
+    return None
   steps, v = [], ast.src[2]
   while not (v.op is Ops.LOAD and v.src[0].arg == 0):
-    if v.op not in STEP_OPS or len(v.src) != 2: return None
+    if v.op not in STEP_OPS or len(v.src) != 2:
+      return None
     holds = [any(u.op is Ops.DEFINE_GLOBAL and u.arg == 0 for u in s.toposort()) for s in v.src]
-    if holds.count(True) != 1: return None
+    if holds.count(True) != 1:
+      return None
     path = holds.index(True)
     leaf = _step_operand(v.src[1 - path], c)
-    if leaf is None or leaf.slot in written: return None
+    if leaf is None or leaf.slot in written:
+      return None
     steps.append(replace(leaf, op=v.op, swapped=path == 1))
     v = v.src[path]
-  if not (v.src[2].op is Ops.CONST and v.src[2].arg is True) or linear(v.src[1]) != store_at: return None
+  if not (v.src[2].op is Ops.CONST and v.src[2].arg is True) or linear(v.src[1]) != store_at:
+    return None
   steps.reverse()
   return tuple(steps) if steps else None
+
 
 def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer) -> tuple[UOp, list, list[Gemm]]:
   """(the kernel that runs last, the kernel's buffers with new slots appended, its gemms). make_buffer(kind, array or
   size) makes a constant buffer holding an array, or a float32 scratch buffer of a size."""
-  found = [c for c in find_contractions(ast, tile)
-           if _bounded(c, c.a, False, tile[0], bufs) and _bounded(c, c.b, True, tile[1], bufs)]
-  if not found: return ast, bufs, []
+  found = [
+    c
+    for c in find_contractions(ast, tile)
+    if _bounded(c, c.a, False, tile[0], bufs) and _bounded(c, c.b, True, tile[1], bufs)
+  ]
+  if not found:
+    return ast, bufs, []
   bufs, gemms, results = list(bufs), [], {}
-  def new_slot(b) -> int: bufs.append(b); return len(bufs) - 1
+
+  def new_slot(b) -> int:
+    bufs.append(b)
+    return len(bufs) - 1
+
   # concat branches often read one input the same way (the same window of it): its dense copy is written once
   copies: dict[tuple, Operand] = {}
+
   def operand(c: Contraction, side: Side, is_b: bool, R: int) -> Operand:
     # each reduce has its own ranges: the operand is compared over positional ones
     axes = [*c.batch, *side.rows, *c.k]
     canon = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(axes)}
     key = (substitute(side.expr, canon), len(c.batch), len(side.rows), is_b)
-    if key in copies: return copies[key]
+    if key in copies:
+      return copies[key]
     o = _operand(c, side, is_b, R, bufs, new_slot, make_buffer)
-    if o.dense is not None: copies[key] = replace(o, dense=None)
+    if o.dense is not None:
+      copies[key] = replace(o, dense=None)
     return o
+
   for c in found:
     mr, nr = tile
     a, b = operand(c, c.a, False, mr), operand(c, c.b, True, nr)
     # the output itself holds C when the kernel writes each element where C has it: the epilogue then reads and writes
     # in place, and no scratch matrix is needed
     place = _in_place_offset(ast, bufs[0], c, [p for p, slot, *_ in results.values() if slot == 0])
-    results[c.acc] = (c, 0, *place) if place is not None else \
-      (c, new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)), 0, 0)
+    results[c.acc] = (
+      (c, 0, *place) if place is not None else (c, new_slot(make_buffer("scratch", c.B * c.a.size * c.b.size)), 0, 0)
+    )
     gemms.append(Gemm(c, tile, blocks(c, mr, nr, b.panel[0]), a, b, *results[c.acc][1:]))
   return epilogue_kernel(ast, results), bufs, gemms
+
 
 def fuse_epilogues(pieces: list[UOp], gemms: list[Gemm]) -> None:
   """Each epilogue piece (split_by_slices) that is one contraction's result through a chain of steps becomes that
@@ -516,6 +663,7 @@ def fuse_epilogues(pieces: list[UOp], gemms: list[Gemm]) -> None:
   written = {g.result for g in gemms}
   for piece in pieces:
     for g in gemms:
-      if g.steps or (steps := fused_steps(piece, g, written)) is None: continue
+      if g.steps or (steps := fused_steps(piece, g, written)) is None:
+        continue
       g.steps, g.epilogue = steps, piece
       break

@@ -12,15 +12,19 @@ a channel shuffle, a channel multiplier), and its gate must be exactly "inside a
 evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/contract.py.
 The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel, which the runtime
 calls on each task's planes right after computing them (they are still in cache)."""
+
 from __future__ import annotations
+
 from dataclasses import dataclass
+
 import numpy as np
+
+from aot.codegen.contract import Contraction, epilogue_kernel, evaluate_operand, find_contractions, result_index
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops, prod, ranges_of
 from aot.interpret import evaluate_grid
+from aot.ir import Ops, UOp, prod, ranges_of
 from aot.rewrite import graph_rewrite, substitute
-from aot.symbolic import pm_simplify, linear
-from aot.codegen.contract import Contraction, find_contractions, evaluate_operand, epilogue_kernel, result_index
+from aot.symbolic import linear, pm_simplify
 
 # the window sizes the direct kernel takes (taps per side): past 7x7 a window is a real reduction, left to the GEMM
 MAX_WINDOW = 7
@@ -31,17 +35,19 @@ BAND_BUFFER = 8192
 # the vector width the band's rows are padded to (16 floats with AVX-512; a multiple of AVX2's 8)
 BAND_VECTOR = 16
 
+
 @dataclass(frozen=True)
 class Depthwise:
   """One depthwise convolution as the runtime computes it (the fields of aot_depthwise)."""
+
   c: Contraction
   x_slot: int
-  images: int                  # planes per filter (batch images, which the filter does not vary with)
+  images: int  # planes per filter (batch images, which the filter does not vary with)
   x_row: int
   H: int
   W: int
-  w_slot: int                  # the filters, [planes][KH][KW]
-  planes_slot: int             # x_planes, the table of where each plane starts (int32 bits in a constant)
+  w_slot: int  # the filters, [planes][KH][KW]
+  planes_slot: int  # x_planes, the table of where each plane starts (int32 bits in a constant)
   KH: int
   KW: int
   SH: int
@@ -50,20 +56,27 @@ class Depthwise:
   PW: int
   OH: int
   OW: int
-  result: int                  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
-  tasks: int                   # planes are split into this many tasks, one epilogue call each
-  fused: bool                  # the epilogue runs after each task (its outermost loop is the tasks')
+  result: int  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
+  tasks: int  # planes are split into this many tasks, one epilogue call each
+  fused: bool  # the epilogue runs after each task (its outermost loop is the tasks')
+
   # planes per filter side's batch entry: the images, times the filters per input channel (a channel multiplier's m)
   @property
-  def planes(self) -> int: return self.c.B * self.c.a.size * self.images
+  def planes(self) -> int:
+    return self.c.B * self.c.a.size * self.images
+
   @property
-  def work(self) -> int: return self.planes * self.OH * self.OW * self.KH * self.KW
+  def work(self) -> int:
+    return self.planes * self.OH * self.OW * self.KH * self.KW
+
 
 def _valid_span(valid: np.ndarray) -> tuple[int, int] | None:
   """(first, count) of the valid padded positions when they are one run, else None."""
   idx = np.flatnonzero(valid)
-  if idx.size == 0 or idx[-1] - idx[0] + 1 != idx.size: return None
+  if idx.size == 0 or idx[-1] - idx[0] + 1 != idx.size:
+    return None
   return int(idx[0]), int(idx.size)
+
 
 def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
   """The load under WHERE(gate, ., 0) wrappers, and every gate on the way (the value is 0 where one is false)."""
@@ -71,41 +84,61 @@ def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
   while expr.op is Ops.WHERE and expr.src[2].op is Ops.CONST and expr.src[2].arg == 0:
     gates.append(expr.src[0])
     expr = expr.src[1]
-  if expr.op is not Ops.LOAD: return None
-  if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True): gates.append(expr.src[2])
+  if expr.op is not Ops.LOAD:
+    return None
+  if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True):
+    gates.append(expr.src[2])
   return expr, gates
+
 
 def _multiplier_rows(c: Contraction) -> tuple[UOp, ...] | None:
   """The ranges a filter side may have as rows: none, or with a channel multiplier (output channel o reads input
   channel o // m) the filter index o % m of the output channel split into (group, filter): () when there is no
   such split, None when the contraction is a slice or some other split of the kernel's ranges."""
-  if c.bounds: return None
-  if not c.back: return ()
+  if c.bounds:
+    return None
+  if not c.back:
+    return ()
   back = dict(c.back)
-  if len(back) != 2: return None
+  if len(back) != 2:
+    return None
   outer, inner = sorted(back, key=lambda r: r.number)
   q, r = back[outer], back[inner]
   # the split of one kernel range o into (o // m, o % m), its group the whole batch (a task over o then owns the
   # planes (o // m, o % m, images), which lie together)
-  if not (q.op is Ops.IDIV and r.op is Ops.MOD and q.src[0] is r.src[0] and r.src[0].op is Ops.RANGE and
-          q.src[1].op is Ops.CONST and q.src[1].arg == inner.size == r.src[1].arg and c.batch == (outer,)):
+  if not (
+    q.op is Ops.IDIV
+    and r.op is Ops.MOD
+    and q.src[0] is r.src[0]
+    and r.src[0].op is Ops.RANGE
+    and q.src[1].op is Ops.CONST
+    and q.src[1].arg == inner.size == r.src[1].arg
+    and c.batch == (outer,)
+  ):
     return None
   return (inner,)
+
 
 def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   """The direct kernel's geometry for a contraction that is a depthwise convolution, else None."""
   allowed = _multiplier_rows(c)
-  if allowed is None: return None
+  if allowed is None:
+    return None
   sides = [s for s in (c.a, c.b) if set(s.rows) <= set(allowed)]
-  if not c.batch or len(sides) != 1 or len(c.k) != 2: return None
+  if not c.batch or len(sides) != 1 or len(c.k) != 2:
+    return None
   filt = sides[0]
   image = c.b if filt is c.a else c.a
-  if len(image.rows) < 2: return None
-  if any(bufs[u.src[0].arg].kind != "const" for u in filt.expr.toposort() if u.op is Ops.LOAD): return None
+  if len(image.rows) < 2:
+    return None
+  if any(bufs[u.src[0].arg].kind != "const" for u in filt.expr.toposort() if u.op is Ops.LOAD):
+    return None
   found = _runtime_load(image.expr)
-  if found is None: return None
+  if found is None:
+    return None
   load, gates = found
-  if bufs[load.src[0].arg].kind == "const": return None
+  if bufs[load.src[0].arg].kind == "const":
+    return None
   terms, offset = linear(load.src[1])
   # rows before (oh, ow) are images (a batch the filter does not vary with)
   *extra, oh, ow = image.rows
@@ -114,22 +147,27 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   # terms in the plane's ranges only may be anything (a channel shuffle's divisions): the plane's offset is a table
   plane_terms = {t: k for t, k in terms.items() if ranges_of(t) <= set(planes_of)}
   terms = {t: k for t, k in terms.items() if t not in plane_terms}
-  if any(t.op is not Ops.RANGE for t in terms): return None
+  if any(t.op is not Ops.RANGE for t in terms):
+    return None
   ka, kb = c.k
   # kw is the window range with unit stride (the row's columns), kh the other
   kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
-  if kh is None: return None
+  if kh is None:
+    return None
   x_row = terms.get(kh, 0)
-  if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw}: return None
+  if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw}:
+    return None
   SH, SW = terms.get(oh, 0) // x_row, terms[ow]
   KH, KW, OH, OW = kh.size, kw.size, oh.size, ow.size
-  if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE: return None
+  if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE:
+    return None
   # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
   axes = [oh, kh, ow, kw]
   rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
   mask = np.ones((OH, KH, OW, KW), bool)
   for g in gates:
-    if ranges_of(g) - set(axes): return None
+    if ranges_of(g) - set(axes):
+      return None
     mask &= evaluate_grid(g, axes).astype(bool)
   ih = (np.arange(OH)[:, None] * SH + np.arange(KH)[None, :]).reshape(-1)
   iw = (np.arange(OW)[:, None] * SW + np.arange(KW)[None, :]).reshape(-1)
@@ -137,47 +175,79 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   row_ok[ih] = mask.any(axis=(2, 3)).reshape(-1)
   col_ok[iw] = mask.any(axis=(0, 1)).reshape(-1)
   rs, cs = _valid_span(row_ok), _valid_span(col_ok)
-  if rs is None or cs is None: return None
+  if rs is None or cs is None:
+    return None
   (PH, H), (PW, W) = rs, cs
-  expected = row_ok[(np.arange(OH)[:, None] * SH + np.arange(KH))][:, :, None, None] & \
-             col_ok[(np.arange(OW)[:, None] * SW + np.arange(KW))][None, None, :, :]
-  if not np.array_equal(mask, expected): return None
+  expected = (
+    row_ok[(np.arange(OH)[:, None] * SH + np.arange(KH))][:, :, None, None]
+    & col_ok[(np.arange(OW)[:, None] * SW + np.arange(KW))][None, None, :, :]
+  )
+  if not np.array_equal(mask, expected):
+    return None
   # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
   shift = np.zeros([r.size for r in planes_of], np.int64) + offset + PH * x_row + PW
-  for t, k in plane_terms.items(): shift = shift + k * evaluate_grid(t, list(planes_of)).astype(np.int64)
-  if shift.min() < 0 or shift.max() >= 1 << 31: return None
+  for t, k in plane_terms.items():
+    shift = shift + k * evaluate_grid(t, list(planes_of)).astype(np.int64)
+  if shift.min() < 0 or shift.max() >= 1 << 31:
+    return None
   # one band of the plane's rows must fit the runtime's buffer
   phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) // SW
-  if KH * SW * phase > BAND_BUFFER: return None
-  return dict(filt=filt, kh=kh, kw=kw, x_slot=load.src[0].arg, x_planes=shift.reshape(-1).astype(np.int32),
-              images=prod(r.size for r in extra), extra=extra, x_row=x_row,
-              H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, OH=OH, OW=OW)
+  if KH * SW * phase > BAND_BUFFER:
+    return None
+  return dict(
+    filt=filt,
+    kh=kh,
+    kw=kw,
+    x_slot=load.src[0].arg,
+    x_planes=shift.reshape(-1).astype(np.int32),
+    images=prod(r.size for r in extra),
+    extra=extra,
+    x_row=x_row,
+    H=H,
+    W=W,
+    KH=KH,
+    KW=KW,
+    SH=SH,
+    SW=SW,
+    PH=PH,
+    PW=PW,
+    OH=OH,
+    OW=OW,
+  )
+
 
 def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[Depthwise]] | None:
   """(the epilogue kernel, the kernel's buffers with new slots appended, its depthwise convolution) when the kernel's
   one contraction is a depthwise convolution, else None (codegen/contract.py then takes it). make_buffer as in
   lower_contractions."""
   found = find_contractions(ast, (1, 1))
-  if len(found) != 1 or any(u.op is Ops.ACCUMULATE and u is not found[0].acc for u in ast.toposort()): return None
+  if len(found) != 1 or any(u.op is Ops.ACCUMULATE and u is not found[0].acc for u in ast.toposort()):
+    return None
   c = found[0]
   # the direct kernel's planes and tasks are the kernel's own loops: a contraction over a slice or a split of them
   # (a concat's branch, a grouped range) stays on the microkernel, except a channel multiplier's split of the
   # output channel (match_depthwise)
-  if (g := match_depthwise(c, bufs)) is None: return None
+  if (g := match_depthwise(c, bufs)) is None:
+    return None
   filt = g.pop("filt")
   extra = g.pop("extra")
   # the filter side evaluated as [planes][KH][KW]: k ordered (kh, kw)
   c = Contraction(c.acc, c.batch, (g.pop("kh"), g.pop("kw")), filt, c.b if filt is c.a else c.a, c.back)
   bufs = list(bufs)
-  w = evaluate_operand(c, filt, 1, {u.src[0].arg: bufs[u.src[0].arg].data
-                                    for u in filt.expr.toposort() if u.op is Ops.LOAD})
+  w = evaluate_operand(
+    c, filt, 1, {u.src[0].arg: bufs[u.src[0].arg].data for u in filt.expr.toposort() if u.op is Ops.LOAD}
+  )
   bufs.append(make_buffer("const", w.reshape(-1, c.K)))
   w_slot = len(bufs) - 1
   bufs.append(make_buffer("const", g.pop("x_planes").view(np.float32)))
   planes_slot = len(bufs) - 1
-  in_place = (ast.op is Ops.STORE and bufs[0].dtype == dtypes.float32 and
-              linear(graph_rewrite(substitute(result_index(c), dict(c.back)), pm_simplify)) == linear(ast.src[1]))
-  if in_place: result = 0
+  in_place = (
+    ast.op is Ops.STORE
+    and bufs[0].dtype == dtypes.float32
+    and linear(graph_rewrite(substitute(result_index(c), dict(c.back)), pm_simplify)) == linear(ast.src[1])
+  )
+  if in_place:
+    result = 0
   else:
     bufs.append(make_buffer("scratch", c.B * c.a.size * c.b.size))
     result = len(bufs) - 1
@@ -192,14 +262,17 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   d = Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)
   return last, bufs, [d]
 
+
 @dataclass
 class DepthwiseCall:
   """A depthwise convolution run by the runtime's direct kernel over the kernel's buffers; epilogue: the function and
   (slot, buffer) arguments of the epilogue kernel it runs after each task, when fused."""
+
   d: Depthwise
   bufs: list
   parallel: bool
   epilogue: tuple[str, list] | None
+
   def render(self, arg, trampoline) -> str:
     """model.c's statement; arg(buffer, slot) is a buffer's pointer, trampoline(fn, args) the name of the function
     that calls fn with its pointers unpacked from an array."""
@@ -209,10 +282,13 @@ class DepthwiseCall:
       fn, fargs = self.epilogue
       pointers = f"void *a[] = {{{', '.join(f'(void *){arg(buf, s)}' for s, buf in fargs)}}}; "
       epilogue = f"{trampoline(fn, fargs)}, a"
-    desc = (f"{arg(b[d.x_slot], d.x_slot)}, (const int *){arg(b[d.planes_slot], d.planes_slot)}, {d.images}, "
-            f"{d.x_row}, {d.H}, {d.W}, "
-            f"{arg(b[d.w_slot], d.w_slot)}, {d.KH}, {d.KW}, {d.SH}, {d.SW}, {d.PH}, {d.PW}, "
-            f"(float *){arg(b[d.result], d.result)}, {d.OH}, {d.OW}, {d.planes}, {d.tasks}, {epilogue}")
-    run = ("aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else
-           "aot_depthwise_run(&d, 0, d.tasks)")
+    desc = (
+      f"{arg(b[d.x_slot], d.x_slot)}, (const int *){arg(b[d.planes_slot], d.planes_slot)}, {d.images}, "
+      f"{d.x_row}, {d.H}, {d.W}, "
+      f"{arg(b[d.w_slot], d.w_slot)}, {d.KH}, {d.KW}, {d.SH}, {d.SW}, {d.PH}, {d.PW}, "
+      f"(float *){arg(b[d.result], d.result)}, {d.OH}, {d.OW}, {d.planes}, {d.tasks}, {epilogue}"
+    )
+    run = (
+      "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else "aot_depthwise_run(&d, 0, d.tasks)"
+    )
     return f"  {{ {pointers}aot_depthwise d = {{{desc}}}; {run}; }}"

@@ -15,14 +15,18 @@ of a block is a coroutine that stops at every AOT_BARRIER, run in a forward, rev
 (AOT_GPU_SHIM_ORDER), so a missing barrier lets a thread run ahead as on a GPU and changes the numbers. Only shared
 memory and block-uniform values (computed from the block id alone, outside every phase) cross phases.
 """
+
 from __future__ import annotations
-import math, re
+
+import math
+import re
 from dataclasses import dataclass
-from aot.dtype import DType, dtypes
-from aot.ir import UOp, Ops, prod, LIBM
+
 from aot.codegen.c import CRenderer, abs_with
+from aot.codegen.linearize import kernel_params, linearize
+from aot.dtype import DType, dtypes
 from aot.errors import CompileError
-from aot.codegen.linearize import linearize, kernel_params
+from aot.ir import LIBM, Ops, UOp, prod
 
 # threads per block for per-thread kernels: a multiple of both warp (32) and wavefront (64) sizes, and small enough
 # that a block's registers fit on every GPU we target
@@ -35,21 +39,27 @@ COOP_MIN_REDUCE = 1024
 # with more outputs than this, one thread per output already fills the GPU (a few thousand resident threads)
 COOP_MAX_OUTPUTS = 8192
 
+
 @dataclass(frozen=True)
 class Launch:
-  grid: int          # blocks
-  block: int         # threads per block
+  grid: int  # blocks
+  block: int  # threads per block
   cooperative: bool  # one block per output, reductions split across the block
-  outputs: int       # output elements (the flattened output loops)
+  outputs: int  # output elements (the flattened output loops)
+
 
 def _top_level_reductions(ast: UOp) -> list[int]:
   """Sizes (elements reduced per output) of the reductions not nested in another reduction."""
   sizes, inner = [], 0
   for kind, u in linearize(ast):
-    if kind == "loop" and u.kind == "reduce": inner += 1
-    elif kind == "end" and u.kind == "reduce": inner -= 1
-    elif kind == "acc_init" and inner == 0: sizes.append(prod(r.size for r in u.src[1:]))
+    if kind == "loop" and u.kind == "reduce":
+      inner += 1
+    elif kind == "end" and u.kind == "reduce":
+      inner -= 1
+    elif kind == "acc_init" and inner == 0:
+      sizes.append(prod(r.size for r in u.src[1:]))
   return sizes
+
 
 def plan_launch(ast: UOp) -> Launch:
   outputs = prod(r.size for r in ast.toposort() if r.op is Ops.RANGE and r.kind != "reduce")
@@ -57,6 +67,7 @@ def plan_launch(ast: UOp) -> Launch:
   if reductions and max(reductions) >= COOP_MIN_REDUCE and outputs <= COOP_MAX_OUTPUTS:
     return Launch(outputs, COOP_THREADS, True, outputs)
   return Launch(max(1, math.ceil(outputs / BLOCK_THREADS)), BLOCK_THREADS, False, outputs)
+
 
 def _unflatten(flat: str, ranges: list[UOp]) -> dict[UOp, str]:
   """Each loop variable of a perfectly nested loop chain, from the flat index over the chain (row-major)."""
@@ -67,17 +78,19 @@ def _unflatten(flat: str, ranges: list[UOp]) -> dict[UOp, str]:
     out[r] = e if i == 0 else f"({e} % {r.size})"
   return out
 
+
 class GPURenderer(CRenderer):
   """The shared GPU renderer; targets set the table entries below."""
+
   target = ""
   kernel_prefix = 'extern "C" __global__ void'
   restrict = "__restrict__"
-  buffer_space = ""            # address-space qualifier of a kernel's buffer parameters
+  buffer_space = ""  # address-space qualifier of a kernel's buffer parameters
   shared_space = "__shared__"  # ... of a block's shared memory
   block_id = "blockIdx.x"
   thread_id = "threadIdx.x"
-  extra_params: tuple = ()     # thread-position parameters (Metal passes them as arguments)
-  type_names: dict = {}        # C type names this target spells differently
+  extra_params: tuple = ()  # thread-position parameters (Metal passes them as arguments)
+  type_names: dict = {}  # C type names this target spells differently
   prelude = ""
 
   def param_decls(self, ast: UOp) -> list[str]:
@@ -89,27 +102,38 @@ class GPURenderer(CRenderer):
   def render_kernel(self, name: str, ast: UOp) -> str:
     launch = plan_launch(ast)
     names: dict[UOp, str] = {}
-    def r(u: UOp) -> str: return self.literal(u.dtype, u.arg) if u.op is Ops.CONST else names[u]
+
+    def r(u: UOp) -> str:
+      return self.literal(u.dtype, u.arg) if u.op is Ops.CONST else names[u]
+
     instrs = linearize(ast)
     outer = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.kind != "reduce"), key=lambda r: r.number)
     out_index = _unflatten("gid", outer)
     head = [f"{self.kernel_prefix} {name}({', '.join(self.param_decls(ast))}) {{"]
     lines: list[str] = []
     depth = 1
-    def emit(s: str): lines.append("  " * depth + s)
-    if launch.cooperative: emit(f"const int gid = (int){self.block_id};")
+
+    def emit(s: str):
+      lines.append("  " * depth + s)
+
+    if launch.cooperative:
+      emit(f"const int gid = (int){self.block_id};")
     else:
-      emit(f"AOT_PHASE_BEGIN({launch.block})"); depth += 1
+      emit(f"AOT_PHASE_BEGIN({launch.block})")
+      depth += 1
       emit(f"const int gid = (int)({self.block_id} * {launch.block}u + {self.thread_id});")
-      emit(f"if (gid < {launch.outputs}) {{"); depth += 1
-    flat: dict[UOp, str] = {}      # reduce loops folded into a cooperative strided loop -> their index expression
+      emit(f"if (gid < {launch.outputs}) {{")
+      depth += 1
+    flat: dict[UOp, str] = {}  # reduce loops folded into a cooperative strided loop -> their index expression
     coop: list[UOp] | None = None  # the accumulators of the cooperative reduction being rendered
-    part: dict[UOp, str] = {}      # accumulator -> its shared-memory array of partial results (one per thread)
+    part: dict[UOp, str] = {}  # accumulator -> its shared-memory array of partial results (one per thread)
     reduce_depth = 0
     for i, (kind, u) in enumerate(instrs):
       if kind == "loop" and u.kind != "reduce":
-        names[u] = f"r{u.number}"; emit(f"const int {names[u]} = {out_index[u]};")
-      elif kind == "end" and u.kind != "reduce": pass
+        names[u] = f"r{u.number}"
+        emit(f"const int {names[u]} = {out_index[u]};")
+      elif kind == "end" and u.kind != "reduce":
+        pass
       elif kind == "loop":
         reduce_depth += 1
         names[u] = f"r{u.number}"
@@ -119,18 +143,26 @@ class GPURenderer(CRenderer):
           part.update((a, f"part{len(part) + n}") for n, a in enumerate(coop))
           ranges, fv = list(coop[0].src[1:]), f"f{u.number}"
           flat.update(_unflatten(fv, ranges))
-          emit(f"AOT_PHASE_BEGIN({launch.block})"); depth += 1
-          for a in coop: emit(f"{a.dtype.cname} {names[a]} = {self.identity(a.reduce_op, a.dtype)};")
+          emit(f"AOT_PHASE_BEGIN({launch.block})")
+          depth += 1
+          for a in coop:
+            emit(f"{a.dtype.cname} {names[a]} = {self.identity(a.reduce_op, a.dtype)};")
           trips = prod(x.size for x in ranges)
           emit(f"for (int {fv} = (int){self.thread_id}; {fv} < {trips}; {fv} += {launch.block}) {{")
           depth += 1
-        if u in flat: emit(f"const int {names[u]} = {flat[u]};")
-        else: emit(f"for (int {names[u]} = 0; {names[u]} < {u.size}; {names[u]}++) {{"); depth += 1
+        if u in flat:
+          emit(f"const int {names[u]} = {flat[u]};")
+        else:
+          emit(f"for (int {names[u]} = 0; {names[u]} < {u.size}; {names[u]}++) {{")
+          depth += 1
       elif kind == "end":
         reduce_depth -= 1
-        if u not in flat: depth -= 1; emit("}")
+        if u not in flat:
+          depth -= 1
+          emit("}")
         elif coop is not None and u is coop[0].src[1]:
-          depth -= 1; emit("}")
+          depth -= 1
+          emit("}")
           depth -= 1
           lines += self._combine(coop, names, part, launch.block, "  " * depth)
           coop = None
@@ -148,11 +180,14 @@ class GPURenderer(CRenderer):
         names[u] = f"v{len(names)}"
         emit(f"const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
     if not launch.cooperative:
-      depth -= 1; emit("}")
-      depth -= 1; emit("AOT_PHASE_END")
+      depth -= 1
+      emit("}")
+      depth -= 1
+      emit("AOT_PHASE_END")
     decls = [f"  {self.shared_space} {a.dtype.cname} {p}[{launch.block}];" for a, p in part.items()]
     text = "\n".join(head + decls + lines + ["}"])
-    if not self.type_names: return text
+    if not self.type_names:
+      return text
     return re.sub(r"\b(" + "|".join(self.type_names) + r")\b", lambda m: self.type_names[m.group(0)], text)
 
   def _combine(self, accs: list[UOp], names: dict, part: dict, threads: int, ind: str) -> list[str]:
@@ -160,8 +195,12 @@ class GPURenderer(CRenderer):
     and read it back as a block-uniform value."""
     t = self.thread_id
     out = [f"  {part[a]}[{t}] = {names[a]};" for a in accs]
-    out += ["AOT_PHASE_END", "AOT_BARRIER;", f"for (int s = {threads // 2}; s > 0; s >>= 1) {{",
-            f"  AOT_PHASE_BEGIN({threads})"]
+    out += [
+      "AOT_PHASE_END",
+      "AOT_BARRIER;",
+      f"for (int s = {threads // 2}; s > 0; s >>= 1) {{",
+      f"  AOT_PHASE_BEGIN({threads})",
+    ]
     for a in accs:
       p = part[a]
       fold = self.accumulate(a.reduce_op, a.dtype, f"{p}[{t}]", f"{p}[{t} + s]")
@@ -175,6 +214,7 @@ class GPURenderer(CRenderer):
   def render_source(self, functions: dict[UOp, str]) -> str:
     return self.prelude + "\n" + "\n\n".join(self.render_kernel(fn, ast) for ast, fn in functions.items()) + "\n"
 
+
 # *** the targets: tables over GPURenderer ***
 
 _CUDA_PRELUDE = """#include <math.h>
@@ -182,7 +222,8 @@ _CUDA_PRELUDE = """#include <math.h>
 #ifndef AOT_GPU_SHIM_H
 #include <cuda_fp16.h>
 #endif
-/* phases and barriers (see codegen/gpu.py); the CPU shim (aot_gpu_shim.h) defines them first to run the grid as loops */
+/* phases and barriers (see codegen/gpu.py); the CPU shim (aot_gpu_shim.h) defines them first to run the grid as \
+loops */
 #ifndef AOT_PHASE_BEGIN
 #define AOT_PHASE_BEGIN(threads) {
 #define AOT_PHASE_END }
@@ -190,11 +231,13 @@ _CUDA_PRELUDE = """#include <math.h>
 #endif
 """
 
+
 class CUDARenderer(GPURenderer):
   target = "cuda"
   # nvcc parses _Float16 but cannot generate code for it
   type_names = {"_Float16": "__half"}
   prelude = _CUDA_PRELUDE
+
 
 # libm functions the AMDGPU backend lowers itself (LLVM intrinsics); the rest come from aot_hip_math.h, since device
 # code here is built without ROCm's device libraries (-nogpulib)
@@ -203,17 +246,26 @@ _AMDGPU_NATIVE = {"exp", "log", "sqrt", "sin", "cos", "floor", "ceil", "rint", "
 # ... and in double precision (the others would need ROCm's device libraries)
 _AMDGPU_NATIVE_F64 = {"sqrt", "floor", "ceil", "rint", "trunc", "fabs"}
 
+
 def _no_hip_f64(what: str):
-  raise CompileError(f"target hip: float64 {what} needs ROCm's device libraries, which hip builds here do not use "
-                     "(float32 works; or use target c/llvm)")
+  raise CompileError(
+    f"target hip: float64 {what} needs ROCm's device libraries, which hip builds here do not use "
+    "(float32 works; or use target c/llvm)"
+  )
+
 
 def _hip_fn(name: str):
   spell = f"__builtin_{name}" if name in _AMDGPU_NATIVE else f"aot_{name}"
+
   def render(dt: DType, a: str) -> str:
-    if dt == dtypes.float64: return f"__builtin_{name}({a})" if name in _AMDGPU_NATIVE_F64 else _no_hip_f64(name)
-    if dt == dtypes.float32: return f"{spell}f({a})"
+    if dt == dtypes.float64:
+      return f"__builtin_{name}({a})" if name in _AMDGPU_NATIVE_F64 else _no_hip_f64(name)
+    if dt == dtypes.float32:
+      return f"{spell}f({a})"
     return f"(({dt.cname}){spell}f((float)({a})))"
+
   return render
+
 
 _HIP_PRELUDE = """#include <stdint.h>
 #define INFINITY __builtin_inff()
@@ -231,22 +283,28 @@ _HIP_PRELUDE = """#include <stdint.h>
 #include "aot_hip_math.h"
 """
 
+
 class HIPRenderer(GPURenderer):
   target = "hip"
   block_id = "__builtin_amdgcn_workgroup_id_x()"
   thread_id = "__builtin_amdgcn_workitem_id_x()"
   prelude = _HIP_PRELUDE
-  code_for_op = {**CRenderer.code_for_op, **{op: _hip_fn(n) for op, n in LIBM.items()},
-                 Ops.ABS: abs_with(_hip_fn("fabs")),
-                 Ops.MOD: lambda dt, a, b: f"__builtin_fmod{'' if dt == dtypes.float64 else 'f'}({a}, {b})" if dt.is_float
-                          else f"({a}%{b})",
-                 Ops.POW: lambda dt, a, b: _no_hip_f64("pow") if dt == dtypes.float64 else
-                          f"(({dt.cname})__builtin_powf({a}, {b}))"}
+  code_for_op = {
+    **CRenderer.code_for_op,
+    **{op: _hip_fn(n) for op, n in LIBM.items()},
+    Ops.ABS: abs_with(_hip_fn("fabs")),
+    Ops.MOD: lambda dt, a, b: (
+      f"__builtin_fmod{'' if dt == dtypes.float64 else 'f'}({a}, {b})" if dt.is_float else f"({a}%{b})"
+    ),
+    Ops.POW: lambda dt, a, b: _no_hip_f64("pow") if dt == dtypes.float64 else f"(({dt.cname})__builtin_powf({a}, {b}))",
+  }
+
 
 def _metal_fn(name: str):
   # Metal's math is overloaded by type (no f suffix); it has no erf, which aot_erf in the prelude provides
   spell = "aot_erf" if name == "erf" else f"metal::precise::{name}"
   return lambda dt, a: f"{spell}({a})" if dt == dtypes.float32 else f"(({dt.cname}){spell}((float)({a})))"
+
 
 _METAL_PRELUDE = """#include <metal_stdlib>
 using namespace metal;
@@ -256,12 +314,14 @@ using namespace metal;
 /* erf: Metal has none; Abramowitz & Stegun 7.1.28 (absolute error below 3e-7) */
 inline float aot_erf(float x) {
   float a = metal::precise::fabs(x);
-  float t = 1.0f + a * (0.0705230784f + a * (0.0422820123f + a * (0.0092705272f + a * (0.0001520143f + a * (0.0002765672f
+  float t = 1.0f + a * (0.0705230784f + a * (0.0422820123f + a * (0.0092705272f + a * (0.0001520143f + a * \
+(0.0002765672f
             + a * 0.0000430638f)))));
   t = t * t; t = t * t; t = t * t; t = t * t;
   return metal::copysign(1.0f - 1.0f / t, x);
 }
 """
+
 
 class MetalRenderer(GPURenderer):
   target = "metal"
@@ -271,16 +331,31 @@ class MetalRenderer(GPURenderer):
   shared_space = "threadgroup"
   block_id = "aot_block.x"
   thread_id = "aot_thread.x"
-  extra_params = ("uint3 aot_block [[threadgroup_position_in_grid]]", "uint3 aot_thread [[thread_position_in_threadgroup]]")
+  extra_params = (
+    "uint3 aot_block [[threadgroup_position_in_grid]]",
+    "uint3 aot_thread [[thread_position_in_threadgroup]]",
+  )
   prelude = _METAL_PRELUDE
-  code_for_op = {**CRenderer.code_for_op, **{op: _metal_fn(n) for op, n in LIBM.items()},
-                 Ops.ABS: abs_with(lambda dt, a: f"metal::precise::fabs({a})"),
-                 Ops.MOD: lambda dt, a, b: f"metal::precise::fmod({a}, {b})" if dt.is_float else f"({a}%{b})",
-                 Ops.POW: lambda dt, a, b: f"(({dt.cname})metal::precise::pow({a}, {b}))"}
+  code_for_op = {
+    **CRenderer.code_for_op,
+    **{op: _metal_fn(n) for op, n in LIBM.items()},
+    Ops.ABS: abs_with(lambda dt, a: f"metal::precise::fabs({a})"),
+    Ops.MOD: lambda dt, a, b: f"metal::precise::fmod({a}, {b})" if dt.is_float else f"({a}%{b})",
+    Ops.POW: lambda dt, a, b: f"(({dt.cname})metal::precise::pow({a}, {b}))",
+  }
 
   # Metal has no <stdint.h> names or _Float16
-  type_names = {"int8_t": "char", "uint8_t": "uchar", "int16_t": "short", "uint16_t": "ushort", "int32_t": "int",
-                "uint32_t": "uint", "int64_t": "long", "uint64_t": "ulong", "_Float16": "half"}
+  type_names = {
+    "int8_t": "char",
+    "uint8_t": "uchar",
+    "int16_t": "short",
+    "uint16_t": "ushort",
+    "int32_t": "int",
+    "uint32_t": "uint",
+    "int64_t": "long",
+    "uint64_t": "ulong",
+    "_Float16": "half",
+  }
 
   def buffer_param(self, slot: int, dt: DType) -> str:
     return f"{'' if slot == 0 else 'const '}device {dt.cname} *d{slot} [[buffer({slot})]]"
@@ -290,18 +365,20 @@ class MetalRenderer(GPURenderer):
       raise CompileError("target metal: Metal has no float64 (double); cast the model to float32 or use target c/llvm")
     return super().render_kernel(name, ast)
 
-
   def literal(self, dt: DType, v) -> str:
     # decimal, not C's hex floats (MSL is C++14): the shortest repr of a float32 value reads back as that value
     if dt in (dtypes.float32, dtypes.float16) and not (math.isnan(v) or math.isinf(v)):
       s = f"{float(v)!r}f"
-      if dt == dtypes.float16: return f"((_Float16){s})"
+      if dt == dtypes.float16:
+        return f"((_Float16){s})"
       return f"({s})" if s.startswith("-") else s
     return super().literal(dt, v)
 
   def render_value(self, u: UOp, r) -> str:
-    if u.op is Ops.BITCAST: return f"as_type<{u.dtype.cname}>({r(u.src[0])})"
+    if u.op is Ops.BITCAST:
+      return f"as_type<{u.dtype.cname}>({r(u.src[0])})"
     return super().render_value(u, r)
+
 
 RENDERERS = {"cuda": CUDARenderer, "hip": HIPRenderer, "metal": MetalRenderer}
 # the targets this file renders, in the order every list of them is shown

@@ -5,10 +5,12 @@ The result is a flat instruction list shared by every renderer: ("loop", RANGE) 
 ("acc_init", ACCUMULATE), ("acc_update", ACCUMULATE), ("store", STORE). A RANGE's kind ("loop", "reduce", and later
 "global"/"parallel"/"vector") is what optimisation passes and GPU renderers change; the placement is decided here once.
 """
+
 from __future__ import annotations
+
 from aot.dtype import dtypes
-from aot.ir import UOp, Ops, prod
 from aot.errors import CompileError
+from aot.ir import Ops, UOp, prod
 from aot.symbolic import linear
 
 ROOT = "root"  # the block outside every loop
@@ -21,35 +23,45 @@ INDEX32_MAX = 2**31 - 1
 # 64x111x111 with a cold cache: 0.45 -> 0.21 ms, C built by clang-19)
 STRIDED_MAX = 4
 
+
 def is_outer(r: UOp) -> bool:
   """The outermost output loop: the one split across threads (kernels take its [start, end) as arguments). The
   runtime splits in int, so a loop longer than INDEX32_MAX is not split: it runs whole on one thread."""
   return r.number == 0 and r.kind != "reduce" and r.size <= INDEX32_MAX
 
+
 def needs_wide_index(ast: UOp) -> bool:
   """Can an index value, or a loop counter (which reaches the loop's size), leave the int32 range?"""
   for u in ast.toposort():
-    if u.dtype != dtypes.index: continue
-    if u.op is Ops.RANGE and u.size > INDEX32_MAX: return True
-    if u.vmin < -INDEX32_MAX - 1 or u.vmax > INDEX32_MAX: return True
+    if u.dtype != dtypes.index:
+      continue
+    if u.op is Ops.RANGE and u.size > INDEX32_MAX:
+      return True
+    if u.vmin < -INDEX32_MAX - 1 or u.vmax > INDEX32_MAX:
+      return True
   return False
+
 
 def reads_strided(ast: UOp) -> bool:
   """Does a kernel without reductions load at a stride of 2..STRIDED_MAX along its innermost output loop?"""
   nodes = ast.toposort()
   loops = [u for u in nodes if u.op is Ops.RANGE and u.kind != "reduce"]
-  if not loops or any(u.op is Ops.ACCUMULATE for u in nodes): return False
+  if not loops or any(u.op is Ops.ACCUMULATE for u in nodes):
+    return False
   inner = max(loops, key=lambda r: r.number)
   return any(u.op is Ops.LOAD and 1 < abs(linear(u.src[1])[0].get(inner, 0)) <= STRIDED_MAX for u in nodes)
+
 
 def widen_index(ast: UOp) -> UOp:
   """The kernel with its index arithmetic in 64 bits where 32 could overflow, or where it reads at a small stride;
   unchanged (and as fast) otherwise."""
-  if not (needs_wide_index(ast) or reads_strided(ast)): return ast
+  if not (needs_wide_index(ast) or reads_strided(ast)):
+    return ast
   new: dict[UOp, UOp] = {}
   for u in ast.toposort():
     new[u] = UOp(u.op, dtypes.index64 if u.dtype == dtypes.index else u.dtype, tuple(new[s] for s in u.src), u.arg)
   return new[ast]
+
 
 # a kernel without sums (a pool written out) whose innermost loop is gated at its edges (padding: r >= 1, r + 2 < 29)
 # runs that loop in pieces over which every such gate is constant, the same body in each: the compilers fold the
@@ -58,44 +70,58 @@ def widen_index(ast: UOp) -> UOp:
 # at most this many pieces (a 5x5 window's four edges give five)
 PEEL_MAX_PIECES = 5
 
+
 def loop_pieces(ast: UOp, r: UOp) -> list[tuple[int, int]]:
   """[(lo, hi), ...] covering [0, r.size) where each comparison of r alone against a constant (a + b*r < c) keeps
   one value; [(0, size)] when r is not peeled (a kernel with sums, the threads' loop, no such gate, too many)."""
   nodes = ast.toposort()
-  if is_outer(r) or any(u.op is Ops.ACCUMULATE for u in nodes): return [(0, r.size)]
+  if is_outer(r) or any(u.op is Ops.ACCUMULATE for u in nodes):
+    return [(0, r.size)]
   edges = {0, r.size}
   for u in nodes:
-    if u.op is not Ops.CMPLT or u.src[0].dtype not in (dtypes.index, dtypes.index64): continue
+    if u.op is not Ops.CMPLT or u.src[0].dtype not in (dtypes.index, dtypes.index64):
+      continue
     (ta, ca), (tb, cb) = linear(u.src[0]), linear(u.src[1])
     terms = {t: k for t in {*ta, *tb} if (k := ta.get(t, 0) - tb.get(t, 0))}
-    if set(terms) != {r} or (a := terms[r]) == 0: continue
+    if set(terms) != {r} or (a := terms[r]) == 0:
+      continue
     # a*r + c < 0 changes value at the first r past -c/a
     c = ca - cb
     edge = -(c // a) if a > 0 else c // -a + 1
-    if 0 < edge < r.size: edges.add(edge)
+    if 0 < edge < r.size:
+      edges.add(edge)
   cuts = sorted(edges)
-  if len(cuts) == 2 or len(cuts) - 1 > PEEL_MAX_PIECES: return [(0, r.size)]
+  if len(cuts) == 2 or len(cuts) - 1 > PEEL_MAX_PIECES:
+    return [(0, r.size)]
   return list(zip(cuts, cuts[1:]))
+
 
 def parallel_extent(ast: UOp) -> int:
   """How many iterations of the outermost output loop a kernel has (1 when it has none: it runs whole, once)."""
   return next((r.size for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)
 
+
 def kernel_params(ast: UOp) -> list[UOp]:
   """A kernel's buffer arguments (DEFINE_GLOBALs) in slot order; its loop bounds follow them."""
   return sorted({u.slot: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.slot)
 
+
 def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   # the C and LLVM renderers widen such a kernel first; a target that cannot must not wrap around silently
   if needs_wide_index(ast):
-    raise CompileError("a kernel indexes past 2**31-1 elements, which this target computes in 32 bits "
-                       "(the c and llvm targets compute such indices in 64)")
+    raise CompileError(
+      "a kernel indexes past 2**31-1 elements, which this target computes in 32 bits "
+      "(the c and llvm targets compute such indices in 64)"
+    )
   topo = ast.toposort()
   deps: dict[UOp, frozenset] = {}
   for u in topo:
-    if u.op is Ops.RANGE: deps[u] = frozenset([u])
-    elif u.op is Ops.ACCUMULATE: deps[u] = deps[u.src[0]] - frozenset(u.src[1:])
-    else: deps[u] = frozenset().union(*(deps[s] for s in u.src))
+    if u.op is Ops.RANGE:
+      deps[u] = frozenset([u])
+    elif u.op is Ops.ACCUMULATE:
+      deps[u] = deps[u.src[0]] - frozenset(u.src[1:])
+    else:
+      deps[u] = frozenset().union(*(deps[s] for s in u.src))
 
   # the loop tree: output loops nest in order; a reduction's loops nest inside the loop its accumulator is placed in
   depth: dict = {ROOT: 0}
@@ -106,15 +132,18 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
     depth[r], parent_child[prev] = depth[prev] + 1, r
     prev = r
   block: dict[UOp, object] = {}
+
   def place(u: UOp):
     return max(deps[u], key=lambda r: depth[r], default=ROOT)
+
   # accumulators over the same reduction ranges (an upcast kernel's lanes) live in one block, the deepest any of them
   # needs: the ranges are one loop nest at one depth. A lane that happens not to vary in an output loop (all its reads
   # padding, say) placed alone outside it would open the shared nest there, around values of the other lanes that
   # read that loop's index (found by aot/fuzz.py: a dilated, strided ConvTranspose)
   lanes: dict[tuple, list[UOp]] = {}
   for u in topo:
-    if u.op is Ops.ACCUMULATE: lanes.setdefault(u.src[1:], []).append(u)
+    if u.op is Ops.ACCUMULATE:
+      lanes.setdefault(u.src[1:], []).append(u)
   home: dict[tuple, object] = {}
   for u in reversed(topo):
     if u.op is Ops.ACCUMULATE and (ranges := u.src[1:]) not in home:
@@ -124,7 +153,8 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
         b = r
   contents: dict = {}
   for u in topo:
-    if u.op in (Ops.RANGE, Ops.CONST, Ops.DEFINE_GLOBAL, Ops.SINK): continue
+    if u.op in (Ops.RANGE, Ops.CONST, Ops.DEFINE_GLOBAL, Ops.SINK):
+      continue
     block[u] = home[u.src[1:]] if u.op is Ops.ACCUMULATE else place(u)
     contents.setdefault(block[u], []).append(u)
 
@@ -132,11 +162,13 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   # accumulators placed together over the same reduction ranges (the lanes of an upcast kernel) share one loop nest
   groups: dict[tuple, list[UOp]] = {}
   for u in topo:
-    if u.op is Ops.ACCUMULATE: groups.setdefault((block[u], u.src[1:]), []).append(u)
+    if u.op is Ops.ACCUMULATE:
+      groups.setdefault((block[u], u.src[1:]), []).append(u)
 
   def needs(unit, b) -> set:
     """What must be emitted in block b before unit: its sources placed in b (for a reduction, those its body reads)."""
-    if not isinstance(unit, list): return {s for s in unit.src if block.get(s) is b}
+    if not isinstance(unit, list):
+      return {s for s in unit.src if block.get(s) is b}
     return {n for a in unit for n in a.src[0].toposort(stop=lambda n: block.get(n) is b) if block.get(n) is b}
 
   def emit_block(b, inner=None):
@@ -144,8 +176,11 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
     rest of a reduction)."""
     units, seen = [], set()
     for u in contents.get(b, []):
-      if u.op is not Ops.ACCUMULATE: units.append(u)
-      elif (key := (b, u.src[1:])) not in seen: seen.add(key); units.append(groups[key])
+      if u.op is not Ops.ACCUMULATE:
+        units.append(u)
+      elif (key := (b, u.src[1:])) not in seen:
+        seen.add(key)
+        units.append(groups[key])
     pending, done = [(u, needs(u, b)) for u in units], set()
     while pending:
       i = next(i for i, (_, need) in enumerate(pending) if need <= done)
@@ -157,26 +192,38 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
       else:
         out.append(("store" if unit.op is Ops.STORE else "value", unit))
         done.add(unit)
-    if inner is not None: inner()
+    if inner is not None:
+      inner()
     elif (child := parent_child.get(b)) is not None:
-      out.append(("loop", child)); emit_block(child); out.append(("end", child))
+      out.append(("loop", child))
+      emit_block(child)
+      out.append(("end", child))
+
   def emit_reduce(group: list[UOp], i: int):
     r = group[0].src[i]
     out.append(("loop", r))
-    emit_block(r, (lambda: emit_reduce(group, i + 1)) if i + 1 < len(group[0].src) else
-                  (lambda: out.extend(("acc_update", a) for a in group)))
+    emit_block(
+      r,
+      (lambda: emit_reduce(group, i + 1))
+      if i + 1 < len(group[0].src)
+      else (lambda: out.extend(("acc_update", a) for a in group)),
+    )
     out.append(("end", r))
+
   emit_block(ROOT)
   return out
+
 
 def _live_fractions(ast: UOp) -> dict[UOp, float]:
   """For each accumulator and each node of its summand that varies with its reduction, the fraction of the output
   where the summand can be nonzero: a concat's branch is zero outside its slice of the channels (its loads are gated
   off there), though the kernel's loops compute it everywhere. A node several summands share takes the largest."""
   from aot.codegen.contract import gate_slices
+
   live: dict[UOp, float] = {}
   for acc in ast.toposort():
-    if acc.op is not Ops.ACCUMULATE: continue
+    if acc.op is not Ops.ACCUMULATE:
+      continue
     body, reduce = acc.src[0], set(acc.src[1:])
     x, y = body.src if body.op is Ops.MUL else (body, body)
     nodes = body.toposort()
@@ -185,10 +232,12 @@ def _live_fractions(ast: UOp) -> dict[UOp, float]:
     fraction = prod(max(0, end[r] - start[r]) / r.size for r in outs)
     inner: set[UOp] = set()
     for n in nodes:
-      if n in reduce or any(s in inner for s in n.src): inner.add(n)
+      if n in reduce or any(s in inner for s in n.src):
+        inner.add(n)
     for n in (acc, *inner):
       live[n] = max(live.get(n, 0.0), fraction)
   return live
+
 
 def flop_count(ast: UOp, live_only: bool = False) -> int:
   """Floating-point operations one run of the kernel performs (loads, stores and index arithmetic excluded).
@@ -196,13 +245,19 @@ def flop_count(ast: UOp, live_only: bool = False) -> int:
   concat's branches are computed everywhere by generated loops, but only in their slice by the microkernel): the
   bench's GFLOP. Without it, what the generated loops execute, which is what deciding a thread split needs."""
   from aot.ir import GroupOp
+
   live = _live_fractions(ast) if live_only else {}
   trips, total = [1], 0.0
   for kind, u in linearize(widen_index(ast)):
-    if kind == "loop": trips.append(trips[-1] * u.size)
-    elif kind == "end": trips.pop()
+    if kind == "loop":
+      trips.append(trips[-1] * u.size)
+    elif kind == "end":
+      trips.pop()
     # arithmetic only: selects and comparisons (padding masks) are not floating-point work
-    elif kind in ("value", "acc_update") and u.dtype.is_float and (kind == "acc_update" or
-                                                                    (u.op in GroupOp.ALU and u.op is not Ops.WHERE)):
+    elif (
+      kind in ("value", "acc_update")
+      and u.dtype.is_float
+      and (kind == "acc_update" or (u.op in GroupOp.ALU and u.op is not Ops.WHERE))
+    ):
       total += trips[-1] * live.get(u, 1.0)
   return round(total)

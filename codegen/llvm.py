@@ -5,39 +5,58 @@ Loop counters and accumulators live in allocas that LLVM's mem2reg turns into ph
 over the instruction list. exp/log/sqrt/sin/cos/floor/ceil/rint/trunc/fabs/pow are LLVM intrinsics (LLVM knows
 their semantics and vectorises them where the target has vector forms); the rest (tanh, erf, tan, asin, ...) are
 libm calls: no intrinsic exists and an approximation of our own would need its own accuracy proof."""
+
 from __future__ import annotations
-import math, re
-from llvmlite import ir
+
+import re
+
 import llvmlite.binding as llvm
+from llvmlite import ir
+
+from aot.codegen.linearize import is_outer, kernel_params, linearize, loop_pieces, widen_index
 from aot.dtype import DType, dtypes
-from aot.ir import UOp, Ops, GroupOp, ReduceOp, LIBM
-from aot.codegen.linearize import linearize, is_outer, kernel_params, widen_index, loop_pieces
+from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
+
 
 def ltype(dt: DType) -> ir.Type:
   """The type of a value in registers (bool is i1; in memory it is i8)."""
-  if dt == dtypes.bool: return ir.IntType(1)
-  if dt.is_float: return {2: ir.HalfType(), 4: ir.FloatType(), 8: ir.DoubleType()}[dt.itemsize]
+  if dt == dtypes.bool:
+    return ir.IntType(1)
+  if dt.is_float:
+    return {2: ir.HalfType(), 4: ir.FloatType(), 8: ir.DoubleType()}[dt.itemsize]
   return ir.IntType(dt.itemsize * 8)
 
-def mtype(dt: DType) -> ir.Type: return ir.IntType(8) if dt == dtypes.bool else ltype(dt)
+
+def mtype(dt: DType) -> ir.Type:
+  return ir.IntType(8) if dt == dtypes.bool else ltype(dt)
+
 
 # the libm functions LLVM has intrinsics for; the other LIBM entries are calls
-INTRINSICS = {op: f"llvm.{LIBM[op]}" for op in (Ops.EXP, Ops.LOG, Ops.SQRT, Ops.SIN, Ops.COS, Ops.FLOOR, Ops.CEIL,
-                                                Ops.ROUND, Ops.TRUNC)}
+INTRINSICS = {
+  op: f"llvm.{LIBM[op]}"
+  for op in (Ops.EXP, Ops.LOG, Ops.SQRT, Ops.SIN, Ops.COS, Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC)
+}
 
 # binary ops that are one IRBuilder method
 FLOAT_BINARY = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.DIV: "fdiv", Ops.MOD: "frem"}
 INT_WRAPPING = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul"}  # take the nsw flag on index arithmetic
 INT_BINARY = {Ops.AND: "and_", Ops.OR: "or_", Ops.XOR: "xor", Ops.SHL: "shl"}
 # (signed, unsigned): integer division truncates toward zero, as C's
-INT_SIGNED = {Ops.IDIV: ("sdiv", "udiv"), Ops.DIV: ("sdiv", "udiv"), Ops.MOD: ("srem", "urem"),
-              Ops.SHR: ("ashr", "lshr")}
+INT_SIGNED = {
+  Ops.IDIV: ("sdiv", "udiv"),
+  Ops.DIV: ("sdiv", "udiv"),
+  Ops.MOD: ("srem", "urem"),
+  Ops.SHR: ("ashr", "lshr"),
+}
+
 
 class LLVMRenderer:
-  def __init__(self, module: ir.Module): self.module = module
+  def __init__(self, module: ir.Module):
+    self.module = module
 
   def _fn(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    if name in self.module.globals: return self.module.globals[name]
+    if name in self.module.globals:
+      return self.module.globals[name]
     return ir.Function(self.module, ir.FunctionType(ret, args), name)
 
   def _math(self, b: ir.IRBuilder, op: Ops, dt: DType, *xs):
@@ -46,14 +65,19 @@ class LLVMRenderer:
       return b.fptrunc(self._math(b, op, dtypes.float32, *[b.fpext(x, ir.FloatType()) for x in xs]), ir.HalfType())
     t = ltype(dt)
     suffix = {4: "f32", 8: "f64"}[dt.itemsize]
-    if op in INTRINSICS: return b.call(self._fn(f"{INTRINSICS[op]}.{suffix}", t, [t]), list(xs))
-    if op is Ops.POW: return b.call(self._fn(f"llvm.pow.{suffix}", t, [t, t]), list(xs))
-    if op is Ops.ABS: return b.call(self._fn(f"llvm.fabs.{suffix}", t, [t]), list(xs))
+    if op in INTRINSICS:
+      return b.call(self._fn(f"{INTRINSICS[op]}.{suffix}", t, [t]), list(xs))
+    if op is Ops.POW:
+      return b.call(self._fn(f"llvm.pow.{suffix}", t, [t, t]), list(xs))
+    if op is Ops.ABS:
+      return b.call(self._fn(f"llvm.fabs.{suffix}", t, [t]), list(xs))
     return b.call(self._fn(LIBM[op] + ("f" if dt.itemsize == 4 else ""), t, [t]), list(xs))
 
   def const(self, dt: DType, v) -> ir.Constant:
-    if dt == dtypes.bool: return ir.Constant(ir.IntType(1), int(bool(v)))
-    if dt.is_float: return ir.Constant(ltype(dt), float(v))
+    if dt == dtypes.bool:
+      return ir.Constant(ir.IntType(1), int(bool(v)))
+    if dt.is_float:
+      return ir.Constant(ltype(dt), float(v))
     return ir.Constant(ltype(dt), int(v) & ((1 << (dt.itemsize * 8)) - 1) if v < 0 and dt.kind == "u" else int(v))
 
   def identity(self, op: ReduceOp, dt: DType):
@@ -63,9 +87,12 @@ class LLVMRenderer:
     ast = widen_index(ast)
     params = kernel_params(ast)
     i32 = ir.IntType(32)
-    fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name)
+    fn = ir.Function(
+      self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name
+    )
     fn.attributes.add("nounwind")
-    for a in fn.args[:-2]: a.add_attribute("noalias")
+    for a in fn.args[:-2]:
+      a.add_attribute("noalias")
     ptr = {p.slot: a for p, a in zip(params, fn.args)}
     start, end = fn.args[-2:]  # the slice of the outermost output loop this call runs
     entry = fn.append_basic_block("entry")
@@ -77,8 +104,10 @@ class LLVMRenderer:
     loops: list = []
 
     def r(u: UOp):
-      if u.op is Ops.CONST: return self.const(u.dtype, u.arg)
-      if u.op is Ops.ACCUMULATE: return b.load(accs[u])
+      if u.op is Ops.CONST:
+        return self.const(u.dtype, u.arg)
+      if u.op is Ops.ACCUMULATE:
+        return b.load(accs[u])
       return vals[u]
 
     program = linearize(ast)
@@ -95,8 +124,11 @@ class LLVMRenderer:
         counter = alloca_b.alloca(it, name=f"r{u.number}")
         outer = is_outer(u)
         # a 64-bit counter (widen_index) still starts and ends where the int arguments say
-        lo, hi = ((b.sext(x, it) if it != i32 else x for x in (start, end)) if outer else
-                  (ir.Constant(it, x) for x in (next(pieces) if u is inner else (0, u.size))))
+        lo, hi = (
+          (b.sext(x, it) if it != i32 else x for x in (start, end))
+          if outer
+          else (ir.Constant(it, x) for x in (next(pieces) if u is inner else (0, u.size)))
+        )
         b.store(lo, counter)
         head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.number}") for s in ("head", "loop", "exit"))
         b.branch(head)
@@ -112,7 +144,7 @@ class LLVMRenderer:
         b.branch(head)
         b.position_at_end(exit_)
       elif kind == "acc_init":
-        accs[u] = alloca_b.alloca(ltype(u.dtype), name=f"acc")
+        accs[u] = alloca_b.alloca(ltype(u.dtype), name="acc")
         b.store(self.identity(u.reduce_op, u.dtype), accs[u])
       elif kind == "acc_update":
         acc = b.load(accs[u])
@@ -120,7 +152,8 @@ class LLVMRenderer:
       elif kind == "store":
         buf, idx, val = u.src
         v = r(val)
-        if buf.dtype == dtypes.bool: v = b.zext(v, ir.IntType(8))
+        if buf.dtype == dtypes.bool:
+          v = b.zext(v, ir.IntType(8))
         b.store(v, b.gep(ptr[buf.slot], [r(idx)], inbounds=True))
       else:
         vals[u] = self.render_value(b, u, r, ptr)
@@ -129,27 +162,41 @@ class LLVMRenderer:
     return fn
 
   def combine(self, b, op: ReduceOp, dt: DType, acc, v):
-    if op is ReduceOp.SUM: return b.fadd(acc, v) if dt.is_float else b.add(acc, v)
-    if op is ReduceOp.PROD: return b.fmul(acc, v) if dt.is_float else b.mul(acc, v)
+    if op is ReduceOp.SUM:
+      return b.fadd(acc, v) if dt.is_float else b.add(acc, v)
+    if op is ReduceOp.PROD:
+      return b.fmul(acc, v) if dt.is_float else b.mul(acc, v)
     return self.maxmin(b, dt, v, acc, op is ReduceOp.MAX)
 
   def maxmin(self, b, dt: DType, x, y, is_max: bool):
     # numpy's maximum/minimum propagate NaN: keep x when it is NaN
-    if dt.is_float: c = b.or_(b.fcmp_ordered(">" if is_max else "<", x, y), b.fcmp_unordered("uno", x, x))
-    elif dt.kind == "u" or dt == dtypes.bool: c = b.icmp_unsigned(">" if is_max else "<", x, y)
-    else: c = b.icmp_signed(">" if is_max else "<", x, y)
+    if dt.is_float:
+      c = b.or_(b.fcmp_ordered(">" if is_max else "<", x, y), b.fcmp_unordered("uno", x, x))
+    elif dt.kind == "u" or dt == dtypes.bool:
+      c = b.icmp_unsigned(">" if is_max else "<", x, y)
+    else:
+      c = b.icmp_signed(">" if is_max else "<", x, y)
     return b.select(c, x, y)
 
   def cast(self, b, x, src: DType, dst: DType):
     fs, ft = ltype(src), ltype(dst)
-    if src == dst: return x
+    if src == dst:
+      return x
     if dst == dtypes.bool:
-      return b.fcmp_unordered("!=", x, ir.Constant(fs, 0.0)) if src.is_float else b.icmp_unsigned("!=", x, ir.Constant(fs, 0))
-    if src.is_float and dst.is_float: return b.fpext(x, ft) if dst.itemsize > src.itemsize else b.fptrunc(x, ft)
-    if src.is_float: return b.fptoui(x, ft) if dst.kind == "u" else b.fptosi(x, ft)
+      return (
+        b.fcmp_unordered("!=", x, ir.Constant(fs, 0.0))
+        if src.is_float
+        else b.icmp_unsigned("!=", x, ir.Constant(fs, 0))
+      )
+    if src.is_float and dst.is_float:
+      return b.fpext(x, ft) if dst.itemsize > src.itemsize else b.fptrunc(x, ft)
+    if src.is_float:
+      return b.fptoui(x, ft) if dst.kind == "u" else b.fptosi(x, ft)
     unsigned = src.kind in "ub"
-    if dst.is_float: return b.uitofp(x, ft) if unsigned else b.sitofp(x, ft)
-    if ft.width > fs.width: return b.zext(x, ft) if unsigned else b.sext(x, ft)
+    if dst.is_float:
+      return b.uitofp(x, ft) if unsigned else b.sitofp(x, ft)
+    if ft.width > fs.width:
+      return b.zext(x, ft) if unsigned else b.sext(x, ft)
     return b.trunc(x, ft) if ft.width < fs.width else x
 
   def render_value(self, b, u: UOp, r, ptr):
@@ -169,71 +216,105 @@ class LLVMRenderer:
       b.cbranch(r(gate), load, merge)
       b.position_at_end(load)
       v = b.load(b.gep(ptr[buf.slot], [i], inbounds=True))
-      if dt == dtypes.bool: v = b.trunc(v, ir.IntType(1))
+      if dt == dtypes.bool:
+        v = b.trunc(v, ir.IntType(1))
       b.branch(merge)
       b.position_at_end(merge)
       phi = b.phi(v.type)
       phi.add_incoming(v, load)
       phi.add_incoming(self.const(dt, 0), before)
       return phi
-    if op is Ops.CAST: return self.cast(b, r(s[0]), s[0].dtype, dt)
+    if op is Ops.CAST:
+      return self.cast(b, r(s[0]), s[0].dtype, dt)
     if op is Ops.BITCAST:
       # bool is i1 in registers but a byte in memory, which is what a bitcast reinterprets
-      if s[0].dtype == dtypes.bool: return b.zext(r(s[0]), ltype(dt))
-      if dt == dtypes.bool: return b.icmp_unsigned("!=", r(s[0]), ir.Constant(ltype(s[0].dtype), 0))
+      if s[0].dtype == dtypes.bool:
+        return b.zext(r(s[0]), ltype(dt))
+      if dt == dtypes.bool:
+        return b.icmp_unsigned("!=", r(s[0]), ir.Constant(ltype(s[0].dtype), 0))
       return b.bitcast(r(s[0]), ltype(dt))
     xs = [r(x) for x in s]
-    if op is Ops.WHERE: return b.select(*xs)
+    if op is Ops.WHERE:
+      return b.select(*xs)
     if op in GroupOp.Compare:
       sd = s[0].dtype
       pred = {Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}[op]
-      if sd.is_float: return b.fcmp_unordered(pred, *xs) if op is Ops.CMPNE else b.fcmp_ordered(pred, *xs)
+      if sd.is_float:
+        return b.fcmp_unordered(pred, *xs) if op is Ops.CMPNE else b.fcmp_ordered(pred, *xs)
       return (b.icmp_unsigned if sd.kind in "ub" else b.icmp_signed)(pred, *xs)
-    if op in (Ops.MAX, Ops.MIN): return self.maxmin(b, dt, xs[0], xs[1], op is Ops.MAX)
+    if op in (Ops.MAX, Ops.MIN):
+      return self.maxmin(b, dt, xs[0], xs[1], op is Ops.MAX)
     if dt.is_float:
-      if op in FLOAT_BINARY: return getattr(b, FLOAT_BINARY[op])(*xs)
-      if op is Ops.NEG: return b.fneg(xs[0])
-      if op is Ops.RECIP: return b.fdiv(self.const(dt, 1.0), xs[0])
-      if op is Ops.IDIV: return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
+      if op in FLOAT_BINARY:
+        return getattr(b, FLOAT_BINARY[op])(*xs)
+      if op is Ops.NEG:
+        return b.fneg(xs[0])
+      if op is Ops.RECIP:
+        return b.fdiv(self.const(dt, 1.0), xs[0])
+      if op is Ops.IDIV:
+        return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
       return self._math(b, op, dt, *xs)
     unsigned = dt.kind in "ub"
     # index arithmetic never wraps (a kernel where it could in 32 bits indexes in 64: linearize.widen_index): saying
     # so lets LLVM see consecutive addresses
     nsw = ["nsw"] if dt in (dtypes.index, dtypes.index64) else []
-    if op in INT_WRAPPING: return getattr(b, INT_WRAPPING[op])(*xs, flags=nsw)
-    if op in INT_BINARY: return getattr(b, INT_BINARY[op])(*xs)
-    if op in INT_SIGNED: return getattr(b, INT_SIGNED[op][unsigned])(*xs)
-    if op is Ops.NEG: return b.not_(xs[0]) if dt == dtypes.bool else b.neg(xs[0])
-    if op is Ops.NOT: return b.not_(xs[0])
-    if op is Ops.ABS: return b.select(b.icmp_signed("<", xs[0], self.const(dt, 0)), b.neg(xs[0]), xs[0]) if not unsigned else xs[0]
+    if op in INT_WRAPPING:
+      return getattr(b, INT_WRAPPING[op])(*xs, flags=nsw)
+    if op in INT_BINARY:
+      return getattr(b, INT_BINARY[op])(*xs)
+    if op in INT_SIGNED:
+      return getattr(b, INT_SIGNED[op][unsigned])(*xs)
+    if op is Ops.NEG:
+      return b.not_(xs[0]) if dt == dtypes.bool else b.neg(xs[0])
+    if op is Ops.NOT:
+      return b.not_(xs[0])
+    if op is Ops.ABS:
+      return b.select(b.icmp_signed("<", xs[0], self.const(dt, 0)), b.neg(xs[0]), xs[0]) if not unsigned else xs[0]
     if op is Ops.POW:
-      f = self._math(b, Ops.POW, dtypes.float64, self.cast(b, xs[0], dt, dtypes.float64), self.cast(b, xs[1], s[1].dtype, dtypes.float64))
+      f = self._math(
+        b,
+        Ops.POW,
+        dtypes.float64,
+        self.cast(b, xs[0], dt, dtypes.float64),
+        self.cast(b, xs[1], s[1].dtype, dtypes.float64),
+      )
       return self.cast(b, f, dtypes.float64, dt)
-    if op in (Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC): return xs[0]
+    if op in (Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC):
+      return xs[0]
     raise NotImplementedError(f"LLVM renderer: no rule for {op.name} on {dt.name}")
+
 
 def module_text(module: ir.Module) -> str:
   # only the C API is exported, as in the C target (llvmlite does not print a function's visibility itself)
   return re.sub(r"^define void @", "define hidden void @", str(module), flags=re.M)
 
+
 def host_target() -> tuple[str, str, str]:
   """(triple, cpu, features) of this machine."""
-  llvm.initialize_native_target(); llvm.initialize_native_asmprinter()
+  llvm.initialize_native_target()
+  llvm.initialize_native_asmprinter()
   return llvm.get_default_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
 
 def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native") -> bytes:
   """Optimise LLVM IR text and emit an object file for triple (default: this machine) and cpu."""
-  llvm.initialize_all_targets(); llvm.initialize_all_asmprinters()
+  llvm.initialize_all_targets()
+  llvm.initialize_all_asmprinters()
   host_triple, host_cpu, host_features = host_target()
   triple = triple or host_triple
   if cpu == "native":
-    if triple != host_triple: raise ValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
+    if triple != host_triple:
+      raise ValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
     cpu, features = host_cpu, host_features
-  else: features = ""
+  else:
+    features = ""
   # strided reads (a weight read across output columns) vectorised as gathers are slower than scalar loads here
-  if triple.startswith("x86_64"): features = ",".join(f for f in (features, "+prefer-no-gather", "+prefer-no-scatter") if f)
-  try: target = llvm.Target.from_triple(triple)
-  except RuntimeError as e: raise ValueError(f"LLVM has no target for triple {triple!r}: {e}") from None
+  if triple.startswith("x86_64"):
+    features = ",".join(f for f in (features, "+prefer-no-gather", "+prefer-no-scatter") if f)
+  try:
+    target = llvm.Target.from_triple(triple)
+  except RuntimeError as e:
+    raise ValueError(f"LLVM has no target for triple {triple!r}: {e}") from None
   tm = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
   mod = llvm.parse_assembly(ir_text)
   mod.triple, mod.data_layout = triple, str(tm.target_data)
@@ -248,5 +329,8 @@ def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native")
   finally:
     # dispose in dependency order: the pass builder refers to the target machine, and Python's collector would free
     # them in any order (a freed target machine under a live pass builder corrupts the heap)
-    mpm.close(); pb.close(); pto.close(); mod.close(); tm.close()
-
+    mpm.close()
+    pb.close()
+    pto.close()
+    mod.close()
+    tm.close()

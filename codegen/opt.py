@@ -6,12 +6,15 @@ independent work, which the C and LLVM vectorisers (SLP) turn into vector loads 
 do not depend on that loop (a matmul's row of A) are read once for all lanes. A kernel whose sums are too short
 for that (a grouped 1x1 convolution's 6 channels per group, under the microkernel's MIN_K) has its plane's loops
 made one, and its lanes over an outer range whose iterations read the same input (a group's output channels)."""
+
 from __future__ import annotations
-from aot.dtype import dtypes
-from aot.ir import UOp, Ops, ReduceOp, prod
+
 import math
-from aot.rewrite import substitute, graph_rewrite, PatternMatcher, UPat
-from aot.symbolic import simplify, pm_simplify
+
+from aot.dtype import dtypes
+from aot.ir import Ops, ReduceOp, UOp, prod
+from aot.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
+from aot.symbolic import pm_simplify, simplify
 
 # lanes per upcast: 8 floats fill an AVX register; more lanes add accumulators without adding vector width here
 UPCAST = (8, 4)
@@ -31,18 +34,46 @@ UNROLL_MAX_NODES = 512
 COMBINE = {ReduceOp.SUM: Ops.ADD, ReduceOp.PROD: Ops.MUL, ReduceOp.MAX: Ops.MAX, ReduceOp.MIN: Ops.MIN}
 # ... in a kernel that calls none of libm's functions that do not vectorise: around those the vectorised loop only
 # adds packing (AlexNet's LRN, a 5-channel window under powf: 1.28 -> 1.53 ms written out)
-SCALAR_CALLS = {Ops.POW, Ops.EXP, Ops.LOG, Ops.SIN, Ops.COS, Ops.TAN, Ops.TANH, Ops.ERF, Ops.ASIN, Ops.ACOS, Ops.ATAN,
-                Ops.SINH, Ops.COSH, Ops.ASINH, Ops.ACOSH, Ops.ATANH}
+SCALAR_CALLS = {
+  Ops.POW,
+  Ops.EXP,
+  Ops.LOG,
+  Ops.SIN,
+  Ops.COS,
+  Ops.TAN,
+  Ops.TANH,
+  Ops.ERF,
+  Ops.ASIN,
+  Ops.ACOS,
+  Ops.ATAN,
+  Ops.SINH,
+  Ops.COSH,
+  Ops.ASINH,
+  Ops.ACOSH,
+  Ops.ATANH,
+}
+
 
 def unroll_small_reduces(ast: UOp) -> UOp:
   """Each ACCUMULATE over at most UNROLL_MAX_REDUCE elements -> its terms combined in the loop's own order, from the
   same identity (acc = op(value, acc), as the renderers update an accumulator), so the result is the same."""
   terms = lambda u: prod(r.size for r in u.src[1:])
-  if any(u.op in SCALAR_CALLS for u in ast.toposort()): return ast
+  if any(u.op in SCALAR_CALLS for u in ast.toposort()):
+    return ast
   while True:
-    acc = next((u for u in ast.toposort() if u.op is Ops.ACCUMULATE and u.dtype == u.src[0].dtype
-                and terms(u) <= UNROLL_MAX_REDUCE and terms(u) * len(u.src[0].toposort()) <= UNROLL_MAX_NODES), None)
-    if acc is None: return ast
+    acc = next(
+      (
+        u
+        for u in ast.toposort()
+        if u.op is Ops.ACCUMULATE
+        and u.dtype == u.src[0].dtype
+        and terms(u) <= UNROLL_MAX_REDUCE
+        and terms(u) * len(u.src[0].toposort()) <= UNROLL_MAX_NODES
+      ),
+      None,
+    )
+    if acc is None:
+      return ast
     ranges = acc.src[1:]
     total = UOp.const(acc.dtype, acc.reduce_op.identity(acc.dtype))
     for flat in range(prod(r.size for r in ranges)):
@@ -52,6 +83,7 @@ def unroll_small_reduces(ast: UOp) -> UOp:
         stride *= r.size
       total = substitute(acc.src[0], at).alu(COMBINE[acc.reduce_op], total)
     ast = graph_rewrite(substitute(ast, {acc: total}), pm_simplify)
+
 
 def _lanes(ast: UOp, r: UOp, factor: int) -> UOp:
   """The kernel with range r split into r' (size S/factor) and factor unrolled lanes, one STORE each."""
@@ -63,10 +95,17 @@ def _lanes(ast: UOp, r: UOp, factor: int) -> UOp:
   # simplify the index arithmetic of each lane (r' * f + v through divisions and modulos)
   return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), pm_simplify)
 
+
 def _vector_loads(ast: UOp, inner: UOp) -> set[UOp]:
   """The float loads inside the kernel's sums that vary with its innermost output loop (the vectoriser's)."""
-  return {u for a in ast.toposort() if a.op is Ops.ACCUMULATE for u in a.src[0].toposort()
-          if u.op is Ops.LOAD and u.dtype.is_float and inner in u.toposort()}
+  return {
+    u
+    for a in ast.toposort()
+    if a.op is Ops.ACCUMULATE
+    for u in a.src[0].toposort()
+    if u.op is Ops.LOAD and u.dtype.is_float and inner in u.toposort()
+  }
+
 
 def _shared_lanes(ast: UOp, outs: list[UOp]) -> UOp | None:
   """A short reduction's kernel with lanes over an outer output range that one of its operands reads only in blocks
@@ -76,10 +115,13 @@ def _shared_lanes(ast: UOp, outs: list[UOp]) -> UOp | None:
   for r in outs[:-1]:
     for f in SHARED_LANES:
       # splitting the outermost loop must leave enough to share between threads
-      if r.size % f or (r.number == 0 and r.size // f < SHARED_LANES_MIN_SPLIT): continue
+      if r.size % f or (r.number == 0 and r.size // f < SHARED_LANES_MIN_SPLIT):
+        continue
       lanes = _lanes(ast, r, f)
-      if len(_vector_loads(lanes, outs[-1])) < f * loads: return lanes
+      if len(_vector_loads(lanes, outs[-1])) < f * loads:
+        return lanes
   return None
+
 
 def _merge_inner(ast: UOp, outs: list[UOp]) -> tuple[UOp, list[UOp]]:
   """The kernel with its two innermost output loops made one wherever every index reads them as one (a plane's rows
@@ -87,62 +129,87 @@ def _merge_inner(ast: UOp, outs: list[UOp]) -> tuple[UOp, list[UOp]]:
   and 4 scalars). Repeated while it applies; unchanged when a gate or a window reads a row on its own."""
   while len(outs) >= 2:
     hi, lo = outs[-2], outs[-1]
-    if hi.number == 0: break
+    if hi.number == 0:
+      break
     both = UOp(Ops.RANGE, dtypes.index, (), (hi.number, hi.size * lo.size, "loop"))
     merged = graph_rewrite(substitute(ast, {hi: both // lo.size, lo: both % lo.size}), pm_simplify)
-    if any(u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is both for u in merged.toposort()): break
+    if any(u.op in (Ops.IDIV, Ops.MOD) and u.src[0] is both for u in merged.toposort()):
+      break
     ast, outs = merged, [*outs[:-2], both]
   return ast, outs
 
+
 def _loops_and_sums(ast: UOp) -> tuple[list[UOp], list[UOp]]:
   """A STORE kernel's output loops (outer first) and its sums."""
-  if ast.op is not Ops.STORE: return [], []
+  if ast.op is not Ops.STORE:
+    return [], []
   topo = ast.toposort()
   outs = sorted((u for u in topo if u.op is Ops.RANGE and u.kind == "loop"), key=lambda r: r.number)
   return outs, [u for u in topo if u.op is Ops.ACCUMULATE]
+
 
 def short_sum_lanes(ast: UOp) -> UOp | None:
   """A kernel whose sums are all too short to upcast, with its plane's loops merged and lanes over an outer range
   that share loads (_shared_lanes); None when it has no such range."""
   outs, accs = _loops_and_sums(ast)
-  if not outs or not accs or max(prod(r.size for r in a.src[1:]) for a in accs) >= UPCAST_MIN_REDUCE: return None
+  if not outs or not accs or max(prod(r.size for r in a.src[1:]) for a in accs) >= UPCAST_MIN_REDUCE:
+    return None
   return _shared_lanes(*_merge_inner(ast, outs))
+
 
 def upcast(ast: UOp) -> UOp:
   """STORE -> SINK of STOREs: the innermost output loop r (size S) becomes r' (S/u) with u unrolled lanes; a kernel
   whose sums are short has its plane's loops merged (_merge_inner) and, where they share loads, lanes over an outer
   range (_shared_lanes)."""
   outs, accs = _loops_and_sums(ast)
-  if not outs or not accs: return ast
+  if not outs or not accs:
+    return ast
   if max(prod(r.size for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE:
     merged, outs = _merge_inner(ast, outs)
     return _shared_lanes(merged, outs) or merged
   r = outs[-1]
   factor = next((f for f in UPCAST if r.size % f == 0 and r.size > f), None)
   # splitting the outermost loop would leave nothing to share between threads
-  if factor is None or (len(outs) == 1 and r.size // factor < 2): return ast
+  if factor is None or (len(outs) == 1 and r.size // factor < 2):
+    return ast
   return _lanes(ast, r, factor)
+
 
 # erf's Taylor series at |x| < 1/2 (2/sqrt(pi) * (-1)^n / (n! (2n+1)), relative error < 1e-8 there), and Numerical
 # Recipes' fit erfc(z) = t exp(-z^2 + P(t)), t = 1/(1 + z/2), elsewhere (fractional error < 1.2e-7)
 ERF_TAYLOR = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(8)]
-ERFC_FIT = [-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
-            -0.82215223, 0.17087277]
+ERFC_FIT = [
+  -1.26551223,
+  1.00002368,
+  0.37409196,
+  0.09678418,
+  -0.18628806,
+  0.27886807,
+  -1.13520398,
+  1.48851587,
+  -0.82215223,
+  0.17087277,
+]
+
 
 def _erf32(x: UOp) -> UOp:
   """erf(x) from multiplies, adds and one exp (within 2e-7 of it): no call into libm's erff, which does not vectorise
   and was a third of the transformer's time (exact GELU)."""
   f = lambda v: UOp.const(dtypes.float32, v)
+
   def poly(t: UOp, coeffs) -> UOp:
     acc = f(coeffs[-1])
-    for c in reversed(coeffs[:-1]): acc = acc.alu(Ops.MUL, t).alu(Ops.ADD, f(c))
+    for c in reversed(coeffs[:-1]):
+      acc = acc.alu(Ops.MUL, t).alu(Ops.ADD, f(c))
     return acc
+
   ax, x2 = x.alu(Ops.ABS), x.alu(Ops.MUL, x)
   t = f(1.0).alu(Ops.DIV, f(1.0).alu(Ops.ADD, f(0.5).alu(Ops.MUL, ax)))
   erfc = t.alu(Ops.MUL, x2.alu(Ops.NEG).alu(Ops.ADD, poly(t, ERFC_FIT)).alu(Ops.EXP))
   tail = f(1.0).alu(Ops.SUB, erfc)
   tail = x.alu(Ops.CMPLT, f(0.0)).alu(Ops.WHERE, tail.alu(Ops.NEG), tail, dtype=dtypes.float32)
   return ax.alu(Ops.CMPLT, f(0.5)).alu(Ops.WHERE, x.alu(Ops.MUL, poly(x2, ERF_TAYLOR)), tail, dtype=dtypes.float32)
+
 
 # exp(x) = 2^n exp(r), n = rint(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two parts, the first exact in
 # n * LN2_HI for |n| < 2^9), exp(r) by its Taylor series to r^7 (the remainder is below 6e-9 relative); 2^n as two
@@ -151,6 +218,7 @@ EXP_TAYLOR = [1 / math.factorial(n) for n in range(8)]
 LN2_HI, LN2_LO = 0.693359375, math.log(2) - 0.693359375
 # past these exp is inf, or below the smallest denormal (0)
 EXP_MAX, EXP_MIN = 88.72283935546875, -103.97208404541016
+
 
 def _exp32(x: UOp) -> UOp:
   """exp(x) from multiplies, adds, a rint and integer exponent arithmetic (within 2 ulp of it): libm's expf does
@@ -163,7 +231,8 @@ def _exp32(x: UOp) -> UOp:
   n = xc.alu(Ops.MUL, f(1 / math.log(2))).alu(Ops.ROUND)
   r = xc.alu(Ops.SUB, n.alu(Ops.MUL, f(LN2_HI))).alu(Ops.SUB, n.alu(Ops.MUL, f(LN2_LO)))
   p = f(EXP_TAYLOR[-1])
-  for c in reversed(EXP_TAYLOR[:-1]): p = p.alu(Ops.MUL, r).alu(Ops.ADD, f(c))
+  for c in reversed(EXP_TAYLOR[:-1]):
+    p = p.alu(Ops.MUL, r).alu(Ops.ADD, f(c))
   ni = n.cast(dtypes.int32)
   half = ni.alu(Ops.IDIV, i(2))
   two_to = lambda e: UOp(Ops.BITCAST, dtypes.float32, (e.alu(Ops.ADD, i(127)).alu(Ops.SHL, i(23)),))
@@ -172,12 +241,16 @@ def _exp32(x: UOp) -> UOp:
   y = f(EXP_MAX).alu(Ops.CMPLT, x).alu(Ops.WHERE, f(math.inf), y, dtype=dtypes.float32)
   return nan.alu(Ops.WHERE, x, y, dtype=dtypes.float32)
 
-pm_decompose = PatternMatcher([
-  # float32 erf as arithmetic that vectorises (float64 keeps libm's erf: the fit is single precision)
-  (UPat(Ops.ERF, dtype=dtypes.float32, src=(UPat(name="x"),)), _erf32),
-  # float32 exp likewise (sigmoid, SiLU, softmax, and erf's own exp)
-  (UPat(Ops.EXP, dtype=dtypes.float32, src=(UPat(name="x"),)), _exp32),
-])
+
+pm_decompose = PatternMatcher(
+  [
+    # float32 erf as arithmetic that vectorises (float64 keeps libm's erf: the fit is single precision)
+    (UPat(Ops.ERF, dtype=dtypes.float32, src=(UPat(name="x"),)), _erf32),
+    # float32 exp likewise (sigmoid, SiLU, softmax, and erf's own exp)
+    (UPat(Ops.EXP, dtype=dtypes.float32, src=(UPat(name="x"),)), _exp32),
+  ]
+)
+
 
 def optimize(ast: UOp) -> UOp:
   """The passes, in order: decompose (before upcast, so the lanes share the decomposed form), then either lanes over

@@ -5,13 +5,24 @@ requantizes: out = clamp(rint(float(acc) * x_scale * w_scale[n] / y_scale) + y_z
 onnxruntime computes QLinearConv/QLinearMatMul and the DequantizeLinear -> Conv/MatMul -> QuantizeLinear groups it
 fuses into them. The weights are packed here, ahead of time, in the tiles the microkernel reads, with their column
 sums for the activations' zero point: sum_k (a - z) w = sum_k a w - z sum_k w."""
+
 from __future__ import annotations
+
+from dataclasses import dataclass
+
 import numpy as np
+
+from aot.dtype import dtypes
+from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
+from aot.kernel import Buffer, Kernel
+from aot.rewrite import graph_rewrite, substitute
+from aot.symbolic import flat_stride, linear, pm_simplify
 
 # columns of a packed weight tile (QNR in runtime_c/aot_runtime.h): two 16-lane int32 vectors of the microkernel
 QNR = 32
 # k steps one vpdpbusd lane sums: the packed k axis is padded to a multiple of this
 K_GROUP = 4
+
 
 def pack_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """(packed, col_sum) of int8 weights w[K][N]: packed as [N/QNR][K4/K_GROUP][QNR][K_GROUP] int8 (zero padded to
@@ -25,19 +36,23 @@ def pack_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   packed = padded.reshape(K4 // K_GROUP, K_GROUP, NP // QNR, QNR).transpose(2, 0, 3, 1)
   return np.ascontiguousarray(packed).reshape(-1), w.astype(np.int32).sum(0, dtype=np.int32)
 
+
 def requantize(acc: np.ndarray, scale: np.ndarray, zero: int, dtype) -> np.ndarray:
   """acc (int32) to dtype as onnxruntime requantizes: float32 product, round half to even, add the zero, saturate."""
   info = np.iinfo(dtype)
   r = np.rint(acc.astype(np.float32) * np.asarray(scale, np.float32))
   return np.clip(r + zero, info.min, info.max).astype(dtype)
 
+
 # *** QDQ groups to the QLinear ops onnxruntime runs them as ***
+
 
 def _qdq_groups(model) -> list[tuple]:
   """(Conv/MatMul node, its QuantizeLinear, the DequantizeLinear of x, of w, of the bias or None) of each
   DequantizeLinear -> Conv/MatMul -> QuantizeLinear group whose weights are constant and whose float result only the
   QuantizeLinear reads."""
   import onnx
+
   g = model.graph
   inits = {t.name for t in g.initializer}
   size = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer}
@@ -45,28 +60,39 @@ def _qdq_groups(model) -> list[tuple]:
   producer = {o: n for n in g.node for o in n.output}
   readers: dict[str, list] = {}
   for n in g.node:
-    for i in n.input: readers.setdefault(i, []).append(n)
+    for i in n.input:
+      readers.setdefault(i, []).append(n)
   outputs = {o.name for o in g.output}
+
   def dq(name: str):
     p = producer.get(name)
     return p if p is not None and p.op_type == "DequantizeLinear" and p.domain in ("", "ai.onnx") else None
+
   groups = []
   for n in g.node:
-    if n.op_type not in ("Conv", "MatMul") or n.domain not in ("", "ai.onnx") or len(n.input) < 2: continue
+    if n.op_type not in ("Conv", "MatMul") or n.domain not in ("", "ai.onnx") or len(n.input) < 2:
+      continue
     users = readers.get(n.output[0], [])
-    if len(users) != 1 or users[0].op_type != "QuantizeLinear" or n.output[0] in outputs: continue
+    if len(users) != 1 or users[0].op_type != "QuantizeLinear" or n.output[0] in outputs:
+      continue
     x, w = dq(n.input[0]), dq(n.input[1])
     b = dq(n.input[2]) if len(n.input) > 2 and n.input[2] else None
-    if x is None or w is None or w.input[0] not in inits or (len(n.input) > 2 and n.input[2] and b is None): continue
+    if x is None or w is None or w.input[0] not in inits or (len(n.input) > 2 and n.input[2] and b is None):
+      continue
     # QLinear ops take zero points, per-tensor scales or the weights' per-output-channel ones (axis 0 of a conv's
     # weights, the last of a matmul's), and an int32 bias (at scale x_scale * w_scale: the quantizer writes it so)
-    if len(w.input) < 3 or len(x.input) < 3 or len(users[0].input) < 3: continue
-    if any(size.get(s.input[1], 0) != 1 for s in (x, users[0])): continue
+    if len(w.input) < 3 or len(x.input) < 3 or len(users[0].input) < 3:
+      continue
+    if any(size.get(s.input[1], 0) != 1 for s in (x, users[0])):
+      continue
     axis = next((a.i for a in w.attribute if a.name == "axis"), 1)
-    if size.get(w.input[1], 0) != 1 and axis not in ((0, -4) if n.op_type == "Conv" else (1, -1)): continue
-    if b is not None and (dtype.get(b.input[0]) != onnx.TensorProto.INT32 or size.get(b.input[1], 0) == 0): continue
+    if size.get(w.input[1], 0) != 1 and axis not in ((0, -4) if n.op_type == "Conv" else (1, -1)):
+      continue
+    if b is not None and (dtype.get(b.input[0]) != onnx.TensorProto.INT32 or size.get(b.input[1], 0) == 0):
+      continue
     groups.append((n, users[0], x, w, b))
   return groups
+
 
 def fuse_qdq(model, in_place: bool = False):
   """The model with each QDQ group (_qdq_groups) as one QLinearConv or QLinearMatMul, as onnxruntime's graph
@@ -75,8 +101,10 @@ def fuse_qdq(model, in_place: bool = False):
   loaded for this compile); else fused in a copy, made without serialising (which stops at 2 GB)."""
   import onnx
   from onnx import helper
+
   groups = _qdq_groups(model)
-  if not groups: return model
+  if not groups:
+    return model
   if not in_place:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -85,29 +113,27 @@ def fuse_qdq(model, in_place: bool = False):
   by_output = {n.output[0]: i for i, n in enumerate(g.node)}
   for n, q, x, w, b in _qdq_groups(model):
     qin = [x.input[0], x.input[1], x.input[2], w.input[0], w.input[1], w.input[2], q.input[1], q.input[2]]
-    fused = helper.make_node(f"QLinear{n.op_type}", qin + ([b.input[0]] if b is not None else []), [q.output[0]],
-                             name=f"{n.name}_qlinear")
-    if n.op_type == "Conv": fused.attribute.extend(n.attribute)
+    fused = helper.make_node(
+      f"QLinear{n.op_type}", qin + ([b.input[0]] if b is not None else []), [q.output[0]], name=f"{n.name}_qlinear"
+    )
+    if n.op_type == "Conv":
+      fused.attribute.extend(n.attribute)
     at = by_output[n.output[0]]
     g.node[at].CopyFrom(fused)
     g.node.remove(q)
     by_output = {m.output[0]: i for i, m in enumerate(g.node)}
   return model
 
+
 # *** int32 contractions with a requantizing store to the int8 microkernel ***
 
-from dataclasses import dataclass
-from aot.dtype import dtypes
-from aot.ir import UOp, Ops, ReduceOp, prod, ranges_of, flat_of
-from aot.rewrite import substitute, graph_rewrite
-from aot.symbolic import linear, pm_simplify, flat_stride
-from aot.kernel import Buffer, Kernel
-
 _QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
+
 
 @dataclass
 class QGemm:
   """One int8 contraction as aot_qgemm computes it, over a kernel's buffer slots."""
+
   M: int
   N: int
   K: int
@@ -116,7 +142,7 @@ class QGemm:
   lda: int
   a_signed: bool
   a_zero: int
-  b_slot: int                  # packed weights; col_sum, bias (or None), scale (None: int32 out): their own slots
+  b_slot: int  # packed weights; col_sum, bias (or None), scale (None: int32 out): their own slots
   col_sum_slot: int
   bias_slot: int | None
   scale_slot: int | None
@@ -124,62 +150,84 @@ class QGemm:
   out_type: int
   out_zero: int
   ldc: tuple[int, int]
-  dense: UOp | None            # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
-  c_slot: int = 0              # where the requantized result goes: the output, or a scratch the epilogue reads
-  k_major: bool = False        # A lies as [K][M] (lda its k stride), not [M][K]
-  zero_slot: int | None = None # A's zero point computed at run time: a 1-element int32 scratch that zero writes
+  dense: UOp | None  # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
+  c_slot: int = 0  # where the requantized result goes: the output, or a scratch the epilogue reads
+  k_major: bool = False  # A lies as [K][M] (lda its k stride), not [M][K]
+  zero_slot: int | None = None  # A's zero point computed at run time: a 1-element int32 scratch that zero writes
   zero: UOp | None = None
 
   @property
-  def tasks(self) -> int: return -(-self.M // 64) * -(-self.N // 128)
+  def tasks(self) -> int:
+    return -(-self.M // 64) * -(-self.N // 128)
+
 
 @dataclass
 class QGemmCall:
   """aot_qgemm over the kernel's buffers (rendered into model.c beside GemmCall)."""
+
   q: QGemm
   bufs: list
   parallel: bool
+
   def render(self, arg, trampoline=None) -> str:
     q, b = self.q, self.bufs
     ptr = lambda ty, s: f"(const {ty} *){arg(b[s], s)}" if s is not None else "NULL"
-    desc = (f"{q.M}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
-            f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
-            f"{ptr('int32_t', q.col_sum_slot)}, {ptr('int32_t', q.bias_slot)}, {ptr('float', q.scale_slot)}, "
-            f"{q.scale_step}, {q.out_type}, {q.out_zero}, (void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, "
-            f"{q.ldc[1]}, 0, {int(q.k_major)}, {ptr('int32_t', q.zero_slot)}")
-    run = "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))" if self.parallel else \
-          "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
+    desc = (
+      f"{q.M}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
+      f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
+      f"{ptr('int32_t', q.col_sum_slot)}, {ptr('int32_t', q.bias_slot)}, {ptr('float', q.scale_slot)}, "
+      f"{q.scale_step}, {q.out_type}, {q.out_zero}, (void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, "
+      f"{q.ldc[1]}, 0, {int(q.k_major)}, {ptr('int32_t', q.zero_slot)}"
+    )
+    run = (
+      "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))"
+      if self.parallel
+      else "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
+    )
     return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
+
 
 def _const(u: UOp):
   return u.arg if u.op is Ops.CONST else None
 
+
 def _requant(value: UOp):
   """(int32 sum, scale node, zero point, dtype) of CAST(dt, MIN(MAX(ROUND(sum * scale) [+ zero], lo), hi)), else None:
   the zero point added after rounding, as onnxruntime does and the runtime's requantization computes."""
-  if value.op is not Ops.CAST or value.dtype not in _QTYPES: return None
+  if value.op is not Ops.CAST or value.dtype not in _QTYPES:
+    return None
   info = np.iinfo(value.dtype.np)
   mn = value.src[0]
-  if mn.op is not Ops.MIN or _const(mn.src[1]) != info.max or mn.src[0].op is not Ops.MAX: return None
+  if mn.op is not Ops.MIN or _const(mn.src[1]) != info.max or mn.src[0].op is not Ops.MAX:
+    return None
   mx = mn.src[0]
-  if _const(mx.src[1]) != info.min: return None
+  if _const(mx.src[1]) != info.min:
+    return None
   r, zero = mx.src[0], 0
   # the zero point added after rounding (as onnxruntime does: the frontend's QLinearConv/QLinearMatMul)
-  if r.op is Ops.ADD and (z := _const(r.src[1])) is not None and float(z).is_integer(): r, zero = r.src[0], int(z)
-  if r.op is not Ops.ROUND: return None
+  if r.op is Ops.ADD and (z := _const(r.src[1])) is not None and float(z).is_integer():
+    r, zero = r.src[0], int(z)
+  if r.op is not Ops.ROUND:
+    return None
   x = r.src[0]
-  if x.op is not Ops.MUL or x.src[0].op is not Ops.CAST or x.src[0].src[0].dtype != dtypes.int32: return None
+  if x.op is not Ops.MUL or x.src[0].op is not Ops.CAST or x.src[0].src[0].dtype != dtypes.int32:
+    return None
   return x.src[0].src[0], x.src[1], zero, value.dtype
+
 
 def _per_n(u: UOp, n_rows, bufs) -> np.ndarray | None:
   """A constant vector over the flat n (a per-channel value), or a scalar constant, as an array; else None."""
-  if u.op is Ops.CONST: return np.array([u.arg])
-  if u.op is not Ops.LOAD or _const(u.src[2]) is not True or bufs[u.src[0].arg].kind != "const": return None
+  if u.op is Ops.CONST:
+    return np.array([u.arg])
+  if u.op is not Ops.LOAD or _const(u.src[2]) is not True or bufs[u.src[0].arg].kind != "const":
+    return None
   terms, offset = linear(u.src[1])
-  if set(terms) - set(n_rows) or flat_stride(n_rows, terms) != 1: return None
+  if set(terms) - set(n_rows) or flat_stride(n_rows, terms) != 1:
+    return None
   n = prod(r.size for r in n_rows)
   data = np.asarray(bufs[u.src[0].arg].data).reshape(-1)
-  return data[offset:offset + n] if offset + n <= data.size else None
+  return data[offset : offset + n] if offset + n <= data.size else None
+
 
 def _activation(x: UOp):
   """(gate, load, zero) of an int32 operand that reads a buffer where its gate is on and is zero elsewhere: an int32
@@ -190,11 +238,15 @@ def _activation(x: UOp):
     gate, x = x.src[0] if gate is None else gate & x.src[0], x.src[1]
   if x.op is Ops.SUB and (z := _const(x.src[1])) is not None and x.src[0].op is Ops.CAST and x.dtype == dtypes.int32:
     load = x.src[0].src[0]
-    if load.op is not Ops.LOAD or load.dtype not in _QTYPES: return None
-    if _const(load.src[2]) is not True: gate = load.src[2] if gate is None else gate & load.src[2]
+    if load.op is not Ops.LOAD or load.dtype not in _QTYPES:
+      return None
+    if _const(load.src[2]) is not True:
+      gate = load.src[2] if gate is None else gate & load.src[2]
     return gate, load, int(z)
-  if x.op is not Ops.LOAD or x.dtype != dtypes.int32: return None
+  if x.op is not Ops.LOAD or x.dtype != dtypes.int32:
+    return None
   return gate, x, None
+
 
 def _int8_source(kernel, qresults: dict):
   """(8-bit buffer, zero point) holding what the kernel writes plus the zero point, at the same index, when the kernel
@@ -203,72 +255,100 @@ def _int8_source(kernel, qresults: dict):
   output index changes (DynamicQuantizeLinear's, computed at run time from the tensor's range)."""
   value = kernel.ast.src[2]
   widened = _widened(value)
-  if widened is None and value.op is Ops.SUB and value.src[1].dtype == dtypes.int32 and \
-     not ranges_of(value.src[1]) & ranges_of(kernel.ast.src[1]) and (w := _widened(value.src[0])) is not None:
+  if (
+    widened is None
+    and value.op is Ops.SUB
+    and value.src[1].dtype == dtypes.int32
+    and not ranges_of(value.src[1]) & ranges_of(kernel.ast.src[1])
+    and (w := _widened(value.src[0])) is not None
+  ):
     widened = (w[0], value.src[1])
-  if widened is None: return None
+  if widened is None:
+    return None
   x8, zero = widened
   if x8.op is Ops.LOAD and _const(x8.src[2]) is True and linear(x8.src[1]) == linear(kernel.ast.src[1]):
     return kernel.bufs[x8.src[0].arg], zero
-  if (r := qresults.get(id(kernel.bufs[0]))) is not None and r[0] is x8: return r[1], zero
+  if (r := qresults.get(id(kernel.bufs[0]))) is not None and r[0] is x8:
+    return r[1], zero
   # any other 8-bit value (a requantized residual add): read back from the int32 the kernel wrote
   return x8.dtype, zero
+
 
 def _k_major(m_rows, k) -> bool:
   """Is a dense A written k-major ([K][M], the runtime transposing 4x8 byte blocks as it packs)? When k's innermost
   range is the shorter: the copy's inner loop then runs along a convolution's output row, not its 3-wide window."""
   return bool(m_rows) and k[-1].size < m_rows[-1].size
 
+
 def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
   """(QGemm, the load of its result) of one int8 contraction of the kernel, requantized (requant a _requant node) or
   its int32 sum (requant the ACCUMULATE: MatMulInteger's, which the epilogue scales to float), its buffers appended to
   bufs (and the new ones to made); None when it is not one."""
-  if requant.op is Ops.ACCUMULATE: total, scale, out_zero, out_dt = requant, None, 0, dtypes.int32
-  else: total, scale, out_zero, out_dt = _requant(requant)
+  if requant.op is Ops.ACCUMULATE:
+    total, scale, out_zero, out_dt = requant, None, 0, dtypes.int32
+  else:
+    total, scale, out_zero, out_dt = _requant(requant)
   bias = None
-  if total.op is Ops.ADD: total, bias = total.src
-  if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL: return None
+  if total.op is Ops.ADD:
+    total, bias = total.src
+  if total.op is not Ops.ACCUMULATE or total.arg is not ReduceOp.SUM or total.src[0].op is not Ops.MUL:
+    return None
   acc = total
   k = tuple(sorted(acc.src[1:], key=lambda r: r.number))
   x, w = acc.src[0].src
   consts = lambda u: all(bufs[l.src[0].arg].kind == "const" for l in u.toposort() if l.op is Ops.LOAD)
-  if consts(x): x, w = w, x
-  if not consts(w) or consts(x): return None
+  if consts(x):
+    x, w = w, x
+  if not consts(w) or consts(x):
+    return None
   act = _activation(x)
-  if act is None: return None
+  if act is None:
+    return None
   gate, load, zero8 = act
   src = producers.get(id(bufs[load.src[0].arg]))
   source = (bufs[load.src[0].arg], zero8) if zero8 is not None else None if src is None else _int8_source(src, qresults)
-  if source is None: return None
+  if source is None:
+    return None
   x8_buf, p_zero = source
   # a run-time zero point is read back from the int32 the producer wrote (below), not beside an 8-bit buffer
-  if isinstance(p_zero, UOp) and isinstance(x8_buf, Buffer): return None
+  if isinstance(p_zero, UOp) and isinstance(x8_buf, Buffer):
+    return None
   m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.number))
   n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.number))
   # no m rows is one row (a batch-1 fully connected layer)
-  if not n_rows or set(m_rows) & set(n_rows): return None
-  if ranges_of(requant) - set(k) != set(m_rows) | set(n_rows): return None
+  if not n_rows or set(m_rows) & set(n_rows):
+    return None
+  if ranges_of(requant) - set(k) != set(m_rows) | set(n_rows):
+    return None
   # the result where the output has it (a bare requantized store), else in a scratch in the kernel's loop order
   at = ast.src[1] if bare else flat_of(sorted(set(m_rows) | set(n_rows), key=lambda r: r.number))
   out_terms, out_offset = linear(at)
-  if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0: return None
+  if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0:
+    return None
   ldc = (flat_stride(m_rows, out_terms), flat_stride(n_rows, out_terms))
-  if None in ldc: return None
+  if None in ldc:
+    return None
   M, N, K = (prod(r.size for r in g) for g in (m_rows, n_rows, k))
   scales = None if scale is None else _per_n(scale, n_rows, bufs)
   biases = None if bias is None else _per_n(bias, n_rows, bufs)
-  if (scale is not None and scales is None) or (bias is not None and biases is None): return None
+  if (scale is not None and scales is None) or (bias is not None and biases is None):
+    return None
   # the weights as an int8 [K][N] matrix (evaluated with numpy as the float microkernel's constants are)
   from aot.codegen.contract import Contraction, Side, evaluate_operand
+
   c = Contraction(acc, (), k, Side(x, m_rows), Side(w, n_rows))
   data = {l.src[0].arg: bufs[l.src[0].arg].data for l in w.toposort() if l.op is Ops.LOAD}
   grid = evaluate_operand(c, c.b, N, data).reshape(K, N)
-  if grid.min() < -128 or grid.max() > 127: return None
+  if grid.min() < -128 or grid.max() > 127:
+    return None
   packed, col_sum = pack_weights(grid.astype(np.int8))
+
   def slot(b: Buffer, new: bool = True) -> int:
     bufs.append(b)
-    if new: made.append(b)
+    if new:
+      made.append(b)
     return len(bufs) - 1
+
   const = lambda dt, arr: slot(Buffer("const", dt, arr.size, "qgemm", shape=arr.shape, data=arr))
   # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
   from_int32 = not isinstance(x8_buf, Buffer)
@@ -276,10 +356,16 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   c_slot = 0 if bare else slot(Buffer("scratch", out_dt, M * N, "qgemm C"))
   x8_slot = load.src[0].arg if from_int32 else slot(x8_buf, new=False)
   result = UOp(Ops.LOAD, out_dt, (UOp(Ops.DEFINE_GLOBAL, out_dt, (), c_slot), at, UOp.const(dtypes.bool, True)))
-  tail = (const(dtypes.int8, packed), const(dtypes.int32, col_sum),
-          None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
-          None if scales is None else const(dtypes.float32, scales.astype(np.float32)),
-          int(scales is not None and scales.size > 1), _QTYPES.get(out_dt, 0), out_zero, ldc)
+  tail = (
+    const(dtypes.int8, packed),
+    const(dtypes.int32, col_sum),
+    None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
+    None if scales is None else const(dtypes.float32, scales.astype(np.float32)),
+    int(scales is not None and scales.size > 1),
+    _QTYPES.get(out_dt, 0),
+    out_zero,
+    ldc,
+  )
   # a run-time zero point: a kernel of its own writes it into a 1-element int32 the microkernel and A's copy read.
   # A read back from int32 x8 - zero is that less its minimum (0..255 whatever x8's type; A's zero point minus the
   # minimum): one integer reduction, not the producer's float range again
@@ -288,43 +374,63 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     a_dt = dtypes.uint8
     every = UOp(Ops.RANGE, dtypes.index, (), (0, bufs[load.src[0].arg].size, "reduce"))
     v = UOp(Ops.LOAD, dtypes.int32, (load.src[0], every, UOp.const(dtypes.bool, True)))
-    zero = UOp(Ops.SUB, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp(Ops.ACCUMULATE, dtypes.int32, (v, every),
-                                                                        ReduceOp.MIN)))
+    zero = UOp(
+      Ops.SUB, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp(Ops.ACCUMULATE, dtypes.int32, (v, every), ReduceOp.MIN))
+    )
     zero_slot = slot(Buffer("scratch", dtypes.int32, 1, "qgemm zero"))
-    zero_ast = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), 0), UOp.const(dtypes.index, 0),
-                                            zero))
-    zero_read = UOp(Ops.LOAD, dtypes.int32, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), zero_slot),
-                                             UOp.const(dtypes.index, 0), UOp.const(dtypes.bool, True)))
+    zero_ast = UOp(
+      Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), 0), UOp.const(dtypes.index, 0), zero)
+    )
+    zero_read = UOp(
+      Ops.LOAD,
+      dtypes.int32,
+      (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), zero_slot), UOp.const(dtypes.index, 0), UOp.const(dtypes.bool, True)),
+    )
     p_zero, runtime = 0, dict(zero_slot=zero_slot, zero=zero_ast)
-  else: runtime = {}
+  else:
+    runtime = {}
   # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
   terms, offset = linear(load.src[1])
   lda = (flat_stride(m_rows, terms) if m_rows else K) if not set(terms) - set(m_rows) - set(k) else None
-  if not from_int32 and gate is None and _const(load.src[2]) is True and offset >= 0 and flat_stride(k, terms) == 1 \
-     and lda:
+  if (
+    not from_int32
+    and gate is None
+    and _const(load.src[2]) is True
+    and offset >= 0
+    and flat_stride(k, terms) == 1
+    and lda
+  ):
     return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, **runtime), result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
   k_major = _k_major(m_rows, k)
   order = [*k, *m_rows] if k_major else [*m_rows, *k]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(order)}
-  if from_int32: read = UOp(Ops.CAST, a_dt, (load + (p_zero if zero_read is None else zero_read),))
-  else: read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
+  if from_int32:
+    read = UOp(Ops.CAST, a_dt, (load + (p_zero if zero_read is None else zero_read),))
+  else:
+    read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   pad = UOp.const(a_dt, p_zero) if zero_read is None else UOp(Ops.CAST, a_dt, (zero_read,))
   value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, pad))
   m_flat, k_flat = flat_of([fresh[r] for r in m_rows]), flat_of([fresh[r] for r in k])
   idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
-  dense = graph_rewrite(UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx,
-                                                       substitute(value, fresh))), pm_simplify)
-  return QGemm(M, N, K, a_slot, 0, M if k_major else K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot,
-               k_major, **runtime), result
+  dense = graph_rewrite(
+    UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx, substitute(value, fresh))), pm_simplify
+  )
+  return QGemm(
+    M, N, K, a_slot, 0, M if k_major else K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot, k_major, **runtime
+  ), result
+
 
 def _widened(value: UOp) -> tuple[UOp, int] | None:
   """(x8, zero) of CAST(int32, x8) - zero, x8 an 8-bit value and zero a constant (or none), else None."""
   zero = 0
-  if value.op is Ops.SUB and (z := _const(value.src[1])) is not None: value, zero = value.src[0], int(z)
-  if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES: return None
+  if value.op is Ops.SUB and (z := _const(value.src[1])) is not None:
+    value, zero = value.src[0], int(z)
+  if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES:
+    return None
   return value.src[0], zero
+
 
 def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
   """(kernels, the 8-bit buffers made, the ids of the int32 ones they replace): a kernel writing an 8-bit value widened
@@ -338,13 +444,15 @@ def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
     # reads of a narrowed buffer: the byte widened, less the zero; zero where the read's gate is off, as before
     mapping = {}
     for u in ast.toposort():
-      if u.op is not Ops.LOAD or (n := narrowed.get(id(k.bufs[u.src[0].arg]))) is None: continue
+      if u.op is not Ops.LOAD or (n := narrowed.get(id(k.bufs[u.src[0].arg]))) is None:
+        continue
       b8, zero = n
       bufs[u.src[0].arg] = b8
       read = UOp(Ops.LOAD, b8.dtype, (UOp(Ops.DEFINE_GLOBAL, b8.dtype, (), u.src[0].arg), u.src[1], u.src[2]))
       v = UOp(Ops.SUB, dtypes.int32, (UOp(Ops.CAST, dtypes.int32, (read,)), UOp.const(dtypes.int32, zero)))
       mapping[u] = v if _const(u.src[2]) is True else UOp(Ops.WHERE, dtypes.int32, (u.src[2], v, u.const_like(0)))
-    if mapping: ast = substitute(ast, mapping)
+    if mapping:
+      ast = substitute(ast, mapping)
     if k.bufs[0].kind == "scratch" and ast.op is Ops.STORE and (w := _widened(ast.src[2])) is not None:
       x8, zero = w
       old = k.bufs[0]
@@ -355,13 +463,15 @@ def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
     out.append(k if ast is k.ast else Kernel(k.name, ast, bufs, k.shape))
   return out, [b for b, _ in narrowed.values()], set(narrowed)
 
+
 def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   """(the kernel's buffers with new slots appended, the buffers made for them, its QGemms, the kernel reading their
   results or None) when the kernel's contractions are int8 contractions with a requantizing cast (the int32 sum of
   8-bit activations times int8 constant weights, plus an int32 bias, scaled per tensor or per output channel), else
   None. producers: buffer id -> the kernel writing it; qresults (updated): output buffer id of a lowered kernel ->
   (its requantize node, the 8-bit buffer holding it)."""
-  if ast.op is not Ops.STORE: return None
+  if ast.op is not Ops.STORE:
+    return None
   # the requantized contractions: each holds one int32 sum, its own; sums around them (a global average pool of a
   # convolution's requantized result, itself requantized: QOperator ResNet's last layer) stay in the epilogue,
   # reading the int8 result
@@ -369,20 +479,26 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   found = [u for u in ast.src[2].toposort() if _requant(u) is not None and sums(u) == 1]
   # int32 sums outside them (MatMulInteger, ConvInteger: scaled to float after) where they are int8 contractions
   inside = {id(v) for u in found for v in u.toposort()}
-  found += [u for u in ast.src[2].toposort() if u.op is Ops.ACCUMULATE and u.dtype == dtypes.int32 and
-            id(u) not in inside]
-  if not found: return None
+  found += [
+    u for u in ast.src[2].toposort() if u.op is Ops.ACCUMULATE and u.dtype == dtypes.int32 and id(u) not in inside
+  ]
+  if not found:
+    return None
   # a kernel that is one int8 contraction writes it straight to its output; else an epilogue reads them
   bare = len(found) == 1 and found[0] is ast.src[2]
   bufs, made, qgemms, results = list(bufs), [], [], {}
   for node in found:
     if (r := _lower_one(ast, node, bare, bufs, made, producers, qresults)) is None:
       # a requantized sum that is not one is not lowered; an int32 one stays in the generated code
-      if node.op is not Ops.ACCUMULATE: return None
+      if node.op is not Ops.ACCUMULATE:
+        return None
       continue
     qgemms.append(r[0])
     results[node] = r[1]
-  if not qgemms: return None
-  if bare: return bufs, made, qgemms, None
-  if len(found) == 1 and found[0].op is not Ops.ACCUMULATE: qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
+  if not qgemms:
+    return None
+  if bare:
+    return bufs, made, qgemms, None
+  if len(found) == 1 and found[0].op is not Ops.ACCUMULATE:
+    qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
   return bufs, made, qgemms, graph_rewrite(substitute(ast, results), pm_simplify)

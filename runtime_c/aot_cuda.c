@@ -44,7 +44,8 @@ static int cuda_fail(aot_gpu *g, CUresult r, char *error, const char *what) {
   if (g->error_string) g->error_string(r, &s);
   return aot_fail(error, AOT_ERR_DEVICE, "CUDA: %s failed: %s (error %d)", what, s ? s : "unknown error", (int)r);
 }
-#define CHECK(call, what) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) return cuda_fail(g, r_, error, what); } while (0)
+#define CHECK(call, what) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) return cuda_fail(g, r_, error, what); } \
+    while (0)
 
 int aot_gpu_open(aot_gpu **out, const void *image, size_t image_bytes, char *error) {
   (void)image_bytes;
@@ -67,10 +68,12 @@ int aot_gpu_open(aot_gpu **out, const void *image, size_t image_bytes, char *err
   CUresult r;
   if ((r = g->init(0)) != CUDA_SUCCESS) st = cuda_fail(g, r, error, "cuInit (no usable NVIDIA GPU?)");
   else if ((r = g->device_get(&g->device, 0)) != CUDA_SUCCESS) st = cuda_fail(g, r, error, "cuDeviceGet(0)");
-  else if ((r = g->ctx_retain(&g->context, g->device)) != CUDA_SUCCESS) st = cuda_fail(g, r, error, "cuDevicePrimaryCtxRetain");
+  else if ((r = g->ctx_retain(&g->context, g->device)) != CUDA_SUCCESS) st = cuda_fail(g, r, error,
+      "cuDevicePrimaryCtxRetain");
   else if ((r = g->ctx_set(g->context)) != CUDA_SUCCESS) st = cuda_fail(g, r, error, "cuCtxSetCurrent");
   /* the image is a fatbin holding sm_90 code and PTX: the driver picks the cubin, or JIT-compiles the PTX */
-  else if ((r = g->module_load(&g->module, image)) != CUDA_SUCCESS) st = cuda_fail(g, r, error, "cuModuleLoadData (the kernels)");
+  else if ((r = g->module_load(&g->module, image)) != CUDA_SUCCESS) st = cuda_fail(g, r, error,
+      "cuModuleLoadData (the kernels)");
   if (st != AOT_OK) { aot_gpu_close(g); return st; }
   *out = g;
   return AOT_OK;
@@ -123,7 +126,8 @@ int aot_gpu_download(aot_gpu *g, void *dst, aot_devptr src, size_t bytes, char *
   return AOT_OK;
 }
 
-int aot_gpu_launch(aot_gpu *g, void *fn, unsigned grid, unsigned block, const aot_devptr *args, int nargs, char *error) {
+int aot_gpu_launch(aot_gpu *g, void *fn, unsigned grid, unsigned block, const aot_devptr *args, int nargs,
+                   char *error) {
   CURRENT();
   /* kernel parameters are passed by address; every one is a device pointer */
   CUdeviceptr values[nargs > 0 ? nargs : 1];

@@ -11,13 +11,16 @@ typedef unsigned long long aot_devptr;
 typedef struct aot_gpu aot_gpu;
 
 /* loads the runtime library, picks device 0 and loads the device code (a fatbin, an offload bundle, Metal source) */
-__attribute__((visibility("hidden"))) int aot_gpu_open(aot_gpu **out, const void *image, size_t image_bytes, char *error);
+__attribute__((visibility("hidden"))) int aot_gpu_open(aot_gpu **out, const void *image, size_t image_bytes,
+    char *error);
 __attribute__((visibility("hidden"))) void aot_gpu_close(aot_gpu *gpu);
 __attribute__((visibility("hidden"))) int aot_gpu_function(aot_gpu *gpu, const char *name, void **fn, char *error);
 __attribute__((visibility("hidden"))) int aot_gpu_alloc(aot_gpu *gpu, size_t bytes, aot_devptr *out, char *error);
 __attribute__((visibility("hidden"))) void aot_gpu_free(aot_gpu *gpu, aot_devptr p);
-__attribute__((visibility("hidden"))) int aot_gpu_upload(aot_gpu *gpu, aot_devptr dst, const void *src, size_t bytes, char *error);
-__attribute__((visibility("hidden"))) int aot_gpu_download(aot_gpu *gpu, void *dst, aot_devptr src, size_t bytes, char *error);
+__attribute__((visibility("hidden"))) int aot_gpu_upload(aot_gpu *gpu, aot_devptr dst, const void *src, size_t bytes,
+    char *error);
+__attribute__((visibility("hidden"))) int aot_gpu_download(aot_gpu *gpu, void *dst, aot_devptr src, size_t bytes,
+    char *error);
 /* queues fn on grid x block threads; args are its buffer parameters in order. Kernels run in the order launched */
 __attribute__((visibility("hidden"))) int aot_gpu_launch(aot_gpu *gpu, void *fn, unsigned grid, unsigned block,
                                                          const aot_devptr *args, int nargs, char *error);

@@ -39,9 +39,11 @@ struct aot_gpu {
 
 static int hip_fail(aot_gpu *g, hipError_t r, char *error, const char *what) {
   const char *s = g->error_string ? g->error_string(r) : NULL;
-  return aot_fail(error, AOT_ERR_DEVICE, "HIP runtime (libamdhip64): %s failed: %s (error %d)", what, s ? s : "unknown error", (int)r);
+  return aot_fail(error, AOT_ERR_DEVICE, "HIP runtime (libamdhip64): %s failed: %s (error %d)", what, s ? s :
+      "unknown error", (int)r);
 }
-#define CHECK(call, what) do { hipError_t r_ = (call); if (r_ != hipSuccess) return hip_fail(g, r_, error, what); } while (0)
+#define CHECK(call, what) do { hipError_t r_ = (call); if (r_ != hipSuccess) return hip_fail(g, r_, error, what); } \
+    while (0)
 /* the current device is per host thread: set it before each use (device 0, the one the module was loaded on) */
 #define CURRENT() CHECK(g->set_device(0), "hipSetDevice(0)")
 
@@ -54,7 +56,8 @@ int aot_gpu_open(aot_gpu **out, const void *image, size_t image_bytes, char *err
     g->lib = dlopen(HIP_LIBRARIES[i], RTLD_NOW | RTLD_LOCAL);
   if (!g->lib) {
     free(g);
-    return aot_fail(error, AOT_ERR_DEVICE, "cannot load the HIP runtime library %s (is ROCm installed?)", HIP_LIBRARIES[0]);
+    return aot_fail(error, AOT_ERR_DEVICE, "cannot load the HIP runtime library %s (is ROCm installed?)",
+        HIP_LIBRARIES[0]);
   }
 #define RESOLVE(name, symbol, type) \
   if (!(g->name = (__typeof__(type))dlsym(g->lib, symbol))) { \
@@ -65,7 +68,8 @@ int aot_gpu_open(aot_gpu **out, const void *image, size_t image_bytes, char *err
   hipError_t r;
   if ((r = g->init(0)) != hipSuccess) st = hip_fail(g, r, error, "hipInit (no usable AMD GPU?)");
   else if ((r = g->device_count(&n)) != hipSuccess || n < 1)
-    st = r != hipSuccess ? hip_fail(g, r, error, "hipGetDeviceCount") : aot_fail(error, AOT_ERR_DEVICE, "HIP: no AMD GPU found");
+    st = r != hipSuccess ? hip_fail(g, r, error, "hipGetDeviceCount") : aot_fail(error, AOT_ERR_DEVICE,
+        "HIP: no AMD GPU found");
   else if ((r = g->set_device(0)) != hipSuccess) st = hip_fail(g, r, error, "hipSetDevice(0)");
   /* the image is a clang offload bundle with one code object per --offload-arch: the runtime picks this GPU's */
   else if ((r = g->module_load(&g->module, image)) != hipSuccess)
@@ -118,7 +122,8 @@ int aot_gpu_download(aot_gpu *g, void *dst, aot_devptr src, size_t bytes, char *
   return AOT_OK;
 }
 
-int aot_gpu_launch(aot_gpu *g, void *fn, unsigned grid, unsigned block, const aot_devptr *args, int nargs, char *error) {
+int aot_gpu_launch(aot_gpu *g, void *fn, unsigned grid, unsigned block, const aot_devptr *args, int nargs,
+                   char *error) {
   CURRENT();
   /* kernel parameters are passed by address; every one is a device pointer */
   void *values[nargs > 0 ? nargs : 1];

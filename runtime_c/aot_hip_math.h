@@ -29,10 +29,12 @@ AOT_DEVICE float aot_erff(float x) {
   if (a < 0.5f) {
     /* Taylor series: relative accuracy where the absolute error of the approximation below would be too coarse */
     float z = x * x;
-    return 1.1283791671f * x * (1.0f + z * (-1.0f / 3 + z * (1.0f / 10 + z * (-1.0f / 42 + z * (1.0f / 216 + z * (-1.0f / 1320))))));
+    return 1.1283791671f * x * (1.0f + z * (-1.0f / 3 + z * (1.0f / 10 + z * (-1.0f / 42 + z * (1.0f / 216 + z *
+        (-1.0f / 1320))))));
   }
   /* Abramowitz & Stegun 7.1.28 */
-  float t = 1.0f + a * (0.0705230784f + a * (0.0422820123f + a * (0.0092705272f + a * (0.0001520143f + a * (0.0002765672f
+  float t = 1.0f + a * (0.0705230784f + a * (0.0422820123f + a * (0.0092705272f + a * (0.0001520143f + a *
+      (0.0002765672f
             + a * 0.0000430638f)))));
   t = t * t; t = t * t; t = t * t; t = t * t;
   return __builtin_copysignf(1.0f - 1.0f / t, x);
@@ -44,7 +46,8 @@ AOT_DEVICE float aot_sinhf(float x) {
 }
 AOT_DEVICE float aot_coshf(float x) { float e = __builtin_expf(__builtin_fabsf(x)); return 0.5f * (e + 1.0f / e); }
 AOT_DEVICE float aot_atanf(float x) {
-  /* reduce to |x| <= tan(pi/12) by atan(x) = pi/2 - atan(1/x) and atan(x) = pi/6 + atan((x - c) / (1 + c x)), c = 1/sqrt(3) */
+  /* reduce to |x| <= tan(pi/12) by atan(x) = pi/2 - atan(1/x) and atan(x) = pi/6 + atan((x - c) / (1 + c x)), c =
+     1/sqrt(3) */
   float a = __builtin_fabsf(x), off = 0.0f;
   int inv = a > 1.0f;
   if (inv) a = 1.0f / a;

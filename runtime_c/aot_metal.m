@@ -42,7 +42,8 @@ int aot_gpu_open(aot_gpu **out, const void *image, size_t image_bytes, char *err
     NSError *err = nil;
     id<MTLLibrary> library = [device newLibraryWithSource:source options:options error:&err];
     if (!library)
-      return aot_fail(error, AOT_ERR_DEVICE, "Metal: compiling the kernels failed: %s", err.localizedDescription.UTF8String);
+      return aot_fail(error, AOT_ERR_DEVICE, "Metal: compiling the kernels failed: %s",
+          err.localizedDescription.UTF8String);
     aot_gpu *g = calloc(1, sizeof *g);
     if (!g) return aot_fail(error, AOT_ERR_OUT_OF_MEMORY, "out of memory");
     g->device = (__bridge_retained void *)device;
@@ -78,8 +79,10 @@ int aot_gpu_function(aot_gpu *g, const char *name, void **fn, char *error) {
     id<MTLFunction> f = [library newFunctionWithName:[NSString stringWithUTF8String:name]];
     if (!f) return aot_fail(error, AOT_ERR_DEVICE, "Metal: no kernel %s in the library", name);
     NSError *err = nil;
-    id<MTLComputePipelineState> p = [(__bridge id<MTLDevice>)g->device newComputePipelineStateWithFunction:f error:&err];
-    if (!p) return aot_fail(error, AOT_ERR_DEVICE, "Metal: pipeline for %s: %s", name, err.localizedDescription.UTF8String);
+    id<MTLComputePipelineState> p = [(__bridge id<MTLDevice>)g->device newComputePipelineStateWithFunction:f
+        error:&err];
+    if (!p) return aot_fail(error, AOT_ERR_DEVICE, "Metal: pipeline for %s: %s", name,
+        err.localizedDescription.UTF8String);
     *fn = g->pipelines[g->npipelines++] = (__bridge_retained void *)p;
     return AOT_OK;
   }
@@ -120,7 +123,8 @@ int aot_gpu_download(aot_gpu *g, void *dst, aot_devptr src, size_t bytes, char *
   return AOT_OK;
 }
 
-int aot_gpu_launch(aot_gpu *g, void *fn, unsigned grid, unsigned block, const aot_devptr *args, int nargs, char *error) {
+int aot_gpu_launch(aot_gpu *g, void *fn, unsigned grid, unsigned block, const aot_devptr *args, int nargs,
+                   char *error) {
   @autoreleasepool {
     /* every kernel of a run goes into one command buffer; a serial compute encoder runs them in order */
     if (!g->commands) {
@@ -149,6 +153,7 @@ int aot_gpu_sync(aot_gpu *g, char *error) {
   [e endEncoding];
   [c commit];
   [c waitUntilCompleted];
-  if (c.error) return aot_fail(error, AOT_ERR_DEVICE, "Metal: running the kernels failed: %s", c.error.localizedDescription.UTF8String);
+  if (c.error) return aot_fail(error, AOT_ERR_DEVICE, "Metal: running the kernels failed: %s",
+      c.error.localizedDescription.UTF8String);
   return AOT_OK;
 }

@@ -42,9 +42,11 @@ __attribute__((visibility("hidden"))) int aot_default_threads(void);
 #ifndef AOT_RUNTIME_GEMM_H
 #define AOT_RUNTIME_GEMM_H
 /* C[b][m][n] = sum_k A[b][m][k] B[b][k][n] (runtime_c/aot_gemm.c). An operand's element (batch, row, k), row = m for
-   A and n for B in tiles of R = mr or nr rows, is p[batch*batch_stride + (row/R)*tile + (row%R)*row_stride + k*k_stride]:
+   A and n for B in tiles of R = mr or nr rows, is p[batch*batch_stride + (row/R)*tile + (row%R)*row_stride +
+   k*k_stride]:
    tiles packed ahead of time, or a plain strided matrix. A padded operand may be read past its last row up to a whole
-   tile (what is there only reaches C's elements past the edge, which are dropped). (mr, nr) is 8x32 or 6x16; mc, nc, the rows and columns of C
+   tile (what is there only reaches C's elements past the edge, which are dropped). (mr, nr) is 8x32 or 6x16; mc, nc,
+   the rows and columns of C
    one task computes, are multiples of them; next counts the tasks taken (0 to start). Run aot_gemm_run(g, 0,
    aot_gemm_tasks(g)) on any number of threads at once: each takes tasks until none is left, and every element of C is
    summed in the same order whoever computes it.
@@ -82,7 +84,8 @@ __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int 
 #define AOT_RUNTIME_DIRECT_H
 /* Depthwise convolution (runtime_c/aot_direct.c): plane p = f * images + i (filter f, image i) has output
    y[p*OH*OW + oh*OW + ow] = sum over kh, kw of w[f*KH*KW + kh*KW + kw] * x[x_planes[p] + ih*x_row + iw],
-   ih = oh*SH + kh - PH, iw = ow*SW + kw - PW, zero outside H x W (x_planes: any order, e.g. a channel shuffle's). Tasks are planes / tasks planes each; after a task, epilogue(epilogue_ctx, t, t + 1) runs when not NULL.
+   ih = oh*SH + kh - PH, iw = ow*SW + kw - PW, zero outside H x W (x_planes: any order, e.g. a channel shuffle's).
+   Tasks are planes / tasks planes each; after a task, epilogue(epilogue_ctx, t, t + 1) runs when not NULL.
    Run aot_depthwise_run(d, 0, tasks) on any split of [0, tasks). */
 /* floats of the stack buffer holding a band of padded input rows (32 KB: a 112-wide plane's rows stay in L1) */
 #define AOT_DEPTHWISE_BUFFER 8192
@@ -112,7 +115,8 @@ __attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start,
 /* The int8 contraction (runtime_c/aot_qgemm.c): C[m][n] = sum_k (A[m][k] - a_zero) * B[k][n] + bias[n] in int32,
    A uint8 (or int8: a_signed) at a + m*lda + k, B int8 packed by codegen/quant.py as [N/QNR][K4/4][QNR][4] with
    col_sum[n] = sum_k B[k][n]; bias may be NULL. out_type INT32 writes C; UINT8/INT8 write
-   clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). C's element (m, n) is at c + m*ldc_m + n*ldc_n. Run
+   clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). C's element (m, n) is at c + m*ldc_m +
+   n*ldc_n. Run
    aot_qgemm_run(g, 0, aot_qgemm_tasks(g)) on any number of threads at once (next = 0 to start); results are the
    same for any count. a_kmajor: A lies as [K][M] instead (A[m][k] at a + k*lda + m). a_zero_at, when not NULL, holds
    A's zero point instead of a_zero: one computed at run time (DynamicQuantizeLinear's), written by an earlier call. */

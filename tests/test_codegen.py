@@ -1,17 +1,21 @@
 """The loop nest the codegen produces: placement of values, shared reduction loops of upcast lanes."""
+
 import numpy as np
 import pytest
+from conftest import TARGETS
+
 import aot
 from aot import Tensor
+from aot.codegen.linearize import flop_count, linearize
+from aot.codegen.opt import optimize
 from aot.compiler import resolve
 from aot.schedule import schedule
-from aot.codegen.linearize import linearize, flop_count
-from aot.codegen.opt import optimize
-from conftest import TARGETS
+
 
 def kernels(fn, *xs):
   t = resolve(fn, list(xs))
   return schedule(t.outputs, t.inputs).kernels
+
 
 def test_upcast_lanes_share_one_reduction_loop():
   x, w = np.zeros((4, 32), np.float32), np.ones((32, 64), np.float32)
@@ -24,26 +28,44 @@ def test_upcast_lanes_share_one_reduction_loop():
   # the unrolled kernel does the same arithmetic: 2 flops per multiply-add
   assert flop_count(optimize(k.ast)) == flop_count(k.ast) == 2 * 4 * 64 * 32
 
+
 def test_a_value_is_computed_in_the_loop_it_varies_in():
   # the row max of softmax is a reduction inside the row loop, before (not inside) the loop over the row's elements
   (_, k) = kernels(lambda x: x.softmax(-1), np.zeros((3, 16), np.float32))
-  kinds = [(kind, u.arg[2] if kind == "loop" else None) for kind, u in linearize(k.ast) if kind in ("loop", "end", "acc_init")]
+  kinds = [
+    (kind, u.arg[2] if kind == "loop" else None) for kind, u in linearize(k.ast) if kind in ("loop", "end", "acc_init")
+  ]
   assert kinds[:2] == [("loop", "loop"), ("acc_init", None)]
+
 
 def grouped_1x1_model(cin: int = 24, cout: int = 64, groups: int = 4, h: int = 10, w: int = 12):
   """A grouped 1x1 convolution with 6 input channels per group (ShuffleNet's first stage), batch norm and ReLU: a
   reduction too short for the microkernel (codegen/contract.py's MIN_K), left to the generated loops."""
   from onnx import TensorProto, helper, numpy_helper
+
   rng = np.random.default_rng(0)
   c = lambda name, x: numpy_helper.from_array(np.asarray(x, np.float32), name)
-  inits = [c("w", rng.normal(0, 0.3, (cout, cin // groups, 1, 1))), c("s", rng.uniform(0.5, 1.5, cout)),
-           c("b", rng.normal(0, 0.1, cout)), c("mean", rng.normal(0, 0.1, cout)), c("var", rng.uniform(0.5, 1.5, cout))]
-  nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=groups),
-           helper.make_node("BatchNormalization", ["y", "s", "b", "mean", "var"], ["z"]),
-           helper.make_node("Relu", ["z"], ["out"])]
-  graph = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, h, w])],
-                            [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+  inits = [
+    c("w", rng.normal(0, 0.3, (cout, cin // groups, 1, 1))),
+    c("s", rng.uniform(0.5, 1.5, cout)),
+    c("b", rng.normal(0, 0.1, cout)),
+    c("mean", rng.normal(0, 0.1, cout)),
+    c("var", rng.uniform(0.5, 1.5, cout)),
+  ]
+  nodes = [
+    helper.make_node("Conv", ["x", "w"], ["y"], group=groups),
+    helper.make_node("BatchNormalization", ["y", "s", "b", "mean", "var"], ["z"]),
+    helper.make_node("Relu", ["z"], ["out"]),
+  ]
+  graph = helper.make_graph(
+    nodes,
+    "grouped",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, h, w])],
+    [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+    inits,
+  )
   return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
 
 def test_a_short_grouped_sum_runs_lanes_of_channels_over_the_whole_plane():
   # the plane's rows and columns are one loop (it vectorises without a remainder per row), and 4 output channels of
@@ -55,11 +77,12 @@ def test_a_short_grouped_sum_runs_lanes_of_channels_over_the_whole_plane():
   # (64 channels in lanes of 4: 16 iterations left for the threads, SHARED_LANES_MIN_SPLIT)
   assert [(size, kind) for _, size, kind in loops] == [(16, "loop"), (120, "loop"), (6, "reduce")]
   start = next(i for i, (kind, u) in enumerate(prog) if kind == "loop" and u.arg[2] == "reduce")
-  body = prog[start:next(i for i, (kind, u) in enumerate(prog) if kind == "end" and u is prog[start][1])]
+  body = prog[start : next(i for i, (kind, u) in enumerate(prog) if kind == "end" and u is prog[start][1])]
   loads = [u for kind, u in body if kind == "value" and u.op.name == "LOAD"]
   # one input load for the 4 lanes, one weight load each
   assert sum(kind == "acc_update" for kind, _ in body) == 4 and len(loads) == 5
   assert flop_count(optimize(k.ast)) == flop_count(k.ast)
+
 
 def test_a_short_grouped_sum_matches_onnxruntime(tmp_path):
   ort = __import__("pytest").importorskip("onnxruntime")
@@ -68,8 +91,11 @@ def test_a_short_grouped_sum_matches_onnxruntime(tmp_path):
   ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
   for target in ("c", "llvm"):
     loaded = aot.load(aot.compile_model(model, out_dir=tmp_path / target, target=target))
-    try: np.testing.assert_allclose(loaded(x), ref, rtol=1e-4, atol=1e-5)
-    finally: loaded.close()
+    try:
+      np.testing.assert_allclose(loaded(x), ref, rtol=1e-4, atol=1e-5)
+    finally:
+      loaded.close()
+
 
 def test_a_small_window_is_written_out_inside_the_output_loop():
   # a 3x3 max pool's 9 terms are combined in the loop over output columns (which the C and LLVM loop vectorisers
@@ -81,46 +107,57 @@ def test_a_small_window_is_written_out_inside_the_output_loop():
     assert sum(kind == "reduce" for _, _, kind in loops) == reduce_loops
     assert loops[-1 - reduce_loops][1] == (23 - window) // 2 + 1
 
+
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("op, attrs", [("MaxPool", {}), ("AveragePool", {"count_include_pad": 0}),
-                                       ("AveragePool", {"count_include_pad": 1})])
+@pytest.mark.parametrize(
+  "op, attrs", [("MaxPool", {}), ("AveragePool", {"count_include_pad": 0}), ("AveragePool", {"count_include_pad": 1})]
+)
 def test_pools_with_written_out_windows_match_onnxruntime(op, attrs, target, tmp_path):
   # odd sizes and padding: the edge columns' terms are gated, 1 and 2 threads bitwise equal
   from onnx import helper
-  from test_contract import onnx_graph, check_against_onnxruntime
+  from test_contract import check_against_onnxruntime, onnx_graph
+
   node = helper.make_node(op, ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], **attrs)
   x = np.random.default_rng(3).standard_normal((1, 5, 13, 11)).astype(np.float32)
   check_against_onnxruntime(onnx_graph([node], {"x": x.shape}, {}), {"x": x}, tmp_path, target)
+
 
 def test_a_kernel_reading_at_a_small_stride_indexes_in_64_bits():
   # a 3x3/2 pool written out reads every 2nd element along its innermost loop: 64-bit indices let the vectorisers
   # see one interleaved load per window row; a contiguous elementwise kernel keeps 32-bit ones
   from aot.codegen.linearize import widen_index
   from aot.dtype import dtypes
+
   x = np.zeros((1, 3, 23, 23), np.float32)
   (pool,) = kernels(lambda x: x.max_pool2d(3, 2), x)
   (relu,) = kernels(lambda x: x.relu(), x)
   wide = lambda k: any(u.dtype == dtypes.index64 for u in widen_index(optimize(k.ast)).toposort())
   assert wide(pool) and not wide(relu)
 
+
 def test_an_edge_gated_loop_runs_in_pieces_with_constant_gates():
   # a 3x3/1 average pool padded by 1: the column loop is cut where its gates change (c >= 1, c + 1 < 17), so the
   # interior piece's loads are plain ones; a kernel with sums is left whole
-  from aot.codegen.linearize import loop_pieces
   from aot.codegen.c import CRenderer
+  from aot.codegen.linearize import loop_pieces
+
   x = np.zeros((1, 3, 17, 17), np.float32)
   (pool,) = kernels(lambda x: x.avg_pool2d(3, 1, padding=1), x)
   ast = optimize(pool.ast)
   inner = [u for kind, u in linearize(ast) if kind == "loop"][-1]
   assert loop_pieces(ast, inner) == [(0, 1), (1, 16), (16, 17)]
   src = CRenderer().render_kernel("k", ast)
-  assert [line.strip().split("=")[1].split(";")[0] for line in src.splitlines()
-          if line.strip().startswith(f"for (int r{inner.number} ")] == [" 0", " 1", " 16"]
+  assert [
+    line.strip().split("=")[1].split(";")[0]
+    for line in src.splitlines()
+    if line.strip().startswith(f"for (int r{inner.number} ")
+  ] == [" 0", " 1", " 16"]
   # a 5x5 window keeps its sum loops: its column loop, as gated, stays one loop
   (big,) = kernels(lambda x: x.avg_pool2d(5, 1, padding=2), x)
   ast = optimize(big.ast)
   columns = [u for kind, u in linearize(ast) if kind == "loop" and u.kind == "loop"][-1]
   assert columns.size == 17 and loop_pieces(ast, columns) == [(0, 17)]
+
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("op, attrs", [("AveragePool", {"count_include_pad": 0}), ("MaxPool", {"ceil_mode": 1})])
@@ -128,32 +165,42 @@ def test_pools_run_in_pieces_match_onnxruntime(op, attrs, target, tmp_path):
   # a 3x3/1 window padded by 1 (three pieces), or a ceil-mode 3x3/2 one (its right edge gated: two), 1 and 2 threads
   # bitwise equal
   from onnx import helper
-  from test_contract import onnx_graph, check_against_onnxruntime
-  shape = dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]) if op == "AveragePool" else \
-    dict(kernel_shape=[3, 3], strides=[2, 2])
+  from test_contract import check_against_onnxruntime, onnx_graph
+
+  shape = (
+    dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    if op == "AveragePool"
+    else dict(kernel_shape=[3, 3], strides=[2, 2])
+  )
   node = helper.make_node(op, ["x"], ["y"], **shape, **attrs)
   x = np.random.default_rng(4).standard_normal((1, 4, 14, 19)).astype(np.float32)
   check_against_onnxruntime(onnx_graph([node], {"x": x.shape}, {}), {"x": x}, tmp_path, target)
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_panel_pack_masks_its_rows_tail(target, tmp_path):
   # a 3x3 conv over 8x40x40 packs B in panels of 4 rows of 40: in C, the 40-wide row runs its last 8 columns as a
   # masked vector iteration (AOT_TAIL_MASKED; clang ran them as scalar gated loads), the loops around it as they are
   from onnx import helper
-  from test_contract import onnx_graph, check_against_onnxruntime
+  from test_contract import check_against_onnxruntime, onnx_graph
+
   rng = np.random.default_rng(5)
   w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
   node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
   x = rng.standard_normal((1, 8, 40, 40)).astype(np.float32)
   model = onnx_graph([node], {"x": x.shape}, {"w": w})
   check_against_onnxruntime(model, {"x": x}, tmp_path, target)
-  if target != "c": return
+  if target != "c":
+    return
   from aot.compiler import render
+
   t = resolve(model)
   files = render("m", schedule(t.outputs, t.inputs, t.output_names), "c").files
   src = "\n".join(text for f, text in files.items() if f.endswith(".c"))
-  pack = next(src[i:src.index("\n}\n", i)] for i in (src.index(line) for line in src.splitlines()
-                                                      if "_pack0b(" in line and line.endswith("{"))).splitlines()
+  pack = next(
+    src[i : src.index("\n}\n", i)]
+    for i in (src.index(line) for line in src.splitlines() if "_pack0b(" in line and line.endswith("{"))
+  ).splitlines()
   loops = [i for i, line in enumerate(pack) if line.strip().startswith("for (")]
   masked = [i for i in loops if pack[i - 1].strip() == "AOT_TAIL_MASKED"]
   # the panel loop (the threads'), then channels, 3 taps, 3 taps, 4 rows, then the 40-wide row

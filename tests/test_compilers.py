@@ -1,12 +1,18 @@
 """The c target under every C compiler a user may have: gcc, Debian 12's default clang (14, also as a plain `clang`)
 and clang-19. Flags one of them lacks are probed and dropped, the build cache tells them apart, and a compiler's
 failure reaches the user with the compiler's own words. Set CI=true to make a missing compiler a failure."""
-import os, shutil, subprocess, sys
+
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+
 import aot
 from aot import build
 from aot.errors import BuildError
@@ -14,12 +20,15 @@ from aot.models import get
 
 COMPILERS = ("gcc", "clang-14", "clang-19")
 
+
 def need(compiler: str) -> str:
   """The compiler's path; a skip where it is not installed, a failure in CI (.ci/run installs all of them)."""
-  if path := shutil.which(compiler): return path
+  if path := shutil.which(compiler):
+    return path
   if os.environ.get("CI", "") not in ("", "0", "false"):
     pytest.fail(f"{compiler} is not installed (.ci/run installs it)")
   pytest.skip(f"{compiler} is not installed")
+
 
 @pytest.fixture(params=COMPILERS)
 def compiler(request, monkeypatch):
@@ -27,15 +36,18 @@ def compiler(request, monkeypatch):
   monkeypatch.setenv("CC", request.param)
   return request.param
 
+
 def check_reference_model(name: str, out_dir):
   art = aot.compile_model(f"models:{name}", out_dir=out_dir, target="c")
   ref = get(name)
   x = ref.example_inputs(3)
   np.testing.assert_allclose(aot.load(art)(*x), ref.reference(*x), rtol=1e-4, atol=1e-4)
 
+
 @pytest.mark.parametrize("name", ["mlp", "mnist"])
 def test_reference_model(compiler, name, tmp_path):
   check_reference_model(name, tmp_path)
+
 
 def test_resnet18_under_clang_14(monkeypatch, tmp_path):
   # the biggest reference model, under the compiler most likely to differ (clang-19 builds it in test_models.py)
@@ -43,22 +55,36 @@ def test_resnet18_under_clang_14(monkeypatch, tmp_path):
   monkeypatch.setenv("CC", "clang-14")
   check_reference_model("resnet18", tmp_path)
 
+
 def op_chain() -> onnx.ModelProto:
   """Transpose, a reversed Slice (the read gcc 12's vectoriser got wrong), a broadcasting Mul, ReduceSum over two
   axes, Tanh."""
   const = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)
-  nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[2, 0, 1]),
-           helper.make_node("Slice", ["t", "starts", "ends", "axes", "steps"], ["s"]),
-           helper.make_node("Mul", ["s", "y"], ["m"]),
-           helper.make_node("ReduceSum", ["m", "raxes"], ["r"], keepdims=1),
-           helper.make_node("Tanh", ["r"], ["out"])]
+  nodes = [
+    helper.make_node("Transpose", ["x"], ["t"], perm=[2, 0, 1]),
+    helper.make_node("Slice", ["t", "starts", "ends", "axes", "steps"], ["s"]),
+    helper.make_node("Mul", ["s", "y"], ["m"]),
+    helper.make_node("ReduceSum", ["m", "raxes"], ["r"], keepdims=1),
+    helper.make_node("Tanh", ["r"], ["out"]),
+  ]
   graph = helper.make_graph(
-    nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 7, 9]),
-                     helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 1])],
+    nodes,
+    "chain",
+    [
+      helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 7, 9]),
+      helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 1]),
+    ],
     [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
-    initializer=[const("starts", [-1]), const("ends", [-100]), const("axes", [0]), const("steps", [-1]),
-                 const("raxes", [0, 2])])
+    initializer=[
+      const("starts", [-1]),
+      const("ends", [-100]),
+      const("axes", [0]),
+      const("steps", [-1]),
+      const("raxes", [0, 2]),
+    ],
+  )
   return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
 
 def test_onnx_op_chain_with_a_reduction(compiler, tmp_path):
   model = op_chain()
@@ -69,6 +95,7 @@ def test_onnx_op_chain_with_a_reduction(compiler, tmp_path):
   got = aot.load(aot.compile_model(model, out_dir=tmp_path, target="c"))(x, y)
   assert got.shape == want.shape == (1, 6, 1)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
 
 @pytest.fixture
 def plain_clang(tmp_path, monkeypatch):
@@ -81,10 +108,12 @@ def plain_clang(tmp_path, monkeypatch):
   monkeypatch.setenv("CC", "clang")
   return link
 
+
 def test_plain_clang_14_builds_a_model(plain_clang, tmp_path):
   # clang 14 rejects -mno-gather/-mno-scatter, which clang 19 takes: probed and dropped, so the build works
   assert "-mno-gather" not in build.cflags("native")
   check_reference_model("mnist", tmp_path / "mnist")
+
 
 def test_flags_are_probed_per_compiler(monkeypatch):
   need("clang-19")
@@ -95,26 +124,35 @@ def test_flags_are_probed_per_compiler(monkeypatch):
   flags = build.cflags("native")
   assert "-fno-tree-loop-vectorize" in flags and "-mno-gather" not in flags
 
+
 def fake_compiler(path, script: str) -> str:
   path.write_text("#!/bin/sh\n" + script)
   path.chmod(0o755)
   return str(path)
 
+
 def test_a_flag_that_only_warns_is_dropped(tmp_path):
   # clang takes some flags it cannot use with only a warning ("argument unused during compilation")
   gcc = need("gcc")
-  cc = fake_compiler(tmp_path / "warncc", f'case "$*" in *-mfancy*) echo "warning: argument unused during '
-                                          f"compilation: '-mfancy'\" >&2; exit 0;; esac\nexec {gcc} \"$@\"\n")
+  cc = fake_compiler(
+    tmp_path / "warncc",
+    f'case "$*" in *-mfancy*) echo "warning: argument unused during '
+    f'compilation: \'-mfancy\'" >&2; exit 0;; esac\nexec {gcc} "$@"\n',
+  )
   assert not build._accepts(build.compiler_identity(cc), "-mfancy")
   assert build._accepts(build.compiler_identity(cc), "-O2")
 
+
 def test_newest_clang_on_path_is_preferred(tmp_path):
-  for name in ("clang", "clang-14", "clang-17", "clang-9", "gcc"): fake_compiler(tmp_path / name, "exit 0\n")
+  for name in ("clang", "clang-14", "clang-17", "clang-9", "gcc"):
+    fake_compiler(tmp_path / name, "exit 0\n")
   assert build._find_cc(str(tmp_path)) == "clang-17"
-  for name in ("clang-14", "clang-17"): (tmp_path / name).unlink()
+  for name in ("clang-14", "clang-17"):
+    (tmp_path / name).unlink()
   assert build._find_cc(str(tmp_path)) == "clang"
   (tmp_path / "clang").unlink()
   assert build._find_cc(str(tmp_path)) == "gcc"
+
 
 def test_the_build_cache_tells_compilers_of_one_name_apart(plain_clang, tmp_path, monkeypatch):
   monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path / "cache"))
@@ -131,10 +169,14 @@ def test_the_build_cache_tells_compilers_of_one_name_apart(plain_clang, tmp_path
   plain_clang.symlink_to(need("clang-19"))
   assert build.build_library(src, ["a.c"], out) is False
 
+
 # a compiler that fails on model.c with a known message (on stderr or stdout), and is gcc otherwise
-REFUSE_MODEL_C = ('for a in "$@"; do\n'
-                  '  [ "$a" = model.c ] && {{ echo "model.c:1:1: error: {message}" {to}; exit 1; }}\n'
-                  'done\nexec {gcc} "$@"\n')
+REFUSE_MODEL_C = (
+  'for a in "$@"; do\n'
+  '  [ "$a" = model.c ] && {{ echo "model.c:1:1: error: {message}" {to}; exit 1; }}\n'
+  'done\nexec {gcc} "$@"\n'
+)
+
 
 @pytest.mark.parametrize("to", ["stderr", "stdout"])
 def test_a_failed_build_shows_the_compilers_message(to, tmp_path, monkeypatch):
@@ -146,7 +188,10 @@ def test_a_failed_build_shows_the_compilers_message(to, tmp_path, monkeypatch):
     aot.compile_model("models:mlp", out_dir=tmp_path / "out", cache=False)
   assert not (tmp_path / "out").exists()
   # and compile-model prints it, not just the command
-  p = subprocess.run([sys.executable, "-m", "aot.cli", "models:mlp", "-o", str(tmp_path / "out"), "--no-cache"],
-                     capture_output=True, text=True)
+  p = subprocess.run(
+    [sys.executable, "-m", "aot.cli", "models:mlp", "-o", str(tmp_path / "out"), "--no-cache"],
+    capture_output=True,
+    text=True,
+  )
   assert p.returncode == 1 and "Traceback" not in p.stderr
   assert f"error: {message}" in p.stderr, p.stderr

@@ -3,14 +3,17 @@ constant, strided view, dense copy), edges that fill no whole tile, batches, swa
 through a scratch matrix, against numpy in float64. Each artifact runs on inputs other than those it was compiled with,
 on 1, 2 and 3 threads, bitwise the same, compiled to split every kernel across the pool (split_every_kernel in
 conftest.py): odd extents, so a split that lost its remainder rows would show."""
+
 import numpy as np
 import pytest
+from conftest import TARGETS, fresh_like
+
 import aot
 from aot.frontends.tensor import Tensor
-from conftest import TARGETS, fresh_like
 
 rng = np.random.default_rng(0)
 f32 = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
+
 
 def compiled(fn, xs, tmp_path, target, **kw):
   """(outputs, the inputs they were computed from, the number of microkernel calls in the artifact's model.c, its
@@ -20,11 +23,14 @@ def compiled(fn, xs, tmp_path, target, **kw):
   outs = []
   for threads in (1, 2, 3):
     model = aot.load(art, threads=threads)
-    try: outs.append(model(*fresh))
-    finally: model.close()
+    try:
+      outs.append(model(*fresh))
+    finally:
+      model.close()
   for n, out in zip((2, 3), outs[1:]):
     np.testing.assert_array_equal(out, outs[0], err_msg=f"{n} threads differ from 1")
   return outs[0], fresh, (art.dir / "src" / "model.c").read_text().count("aot_gemm g ="), art.num_kernels
+
 
 def conv_ref(x, w, stride=1, padding=0):
   x, w = x.astype(np.float64), w.astype(np.float64)
@@ -32,33 +38,70 @@ def conv_ref(x, w, stride=1, padding=0):
   win = np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
   return np.einsum("nchwij,ocij->nohw", win, w)
 
+
 def close(out, ref):
   np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
 
 W_CONST, W1, W2 = f32(100, 77), f32(96, 64, 3, 3), f32(96, 32, 1, 1)
 CASES = {
   # name: (program, inputs, numpy reference, microkernel calls)
-  "runtime operands, odd sizes": (lambda a, b: a @ b, [f32(37, 71), f32(71, 45)],
-                                  lambda a, b: a.astype(np.float64) @ b, 1),
-  "constant B packed ahead": (lambda a: (a @ Tensor(W_CONST)).relu(), [f32(33, 100)],
-                              lambda a: np.maximum(a.astype(np.float64) @ W_CONST, 0), 1),
-  "constant transposed (linear)": (lambda a: a.linear(Tensor(W_CONST.T.copy())), [f32(21, 100)],
-                                   lambda a: a.astype(np.float64) @ W_CONST, 1),
-  "runtime B read across its lanes (dense copy)": (lambda a, b: a @ b.transpose(-2, -1), [f32(40, 64), f32(50, 64)],
-                                                   lambda a, b: a.astype(np.float64) @ b.T, 1),
-  "batched, odd M, N, K": (lambda a, b: a @ b, [f32(3, 21, 63), f32(3, 63, 41)],
-                           lambda a, b: a.astype(np.float64) @ b, 1),
+  "runtime operands, odd sizes": (
+    lambda a, b: a @ b,
+    [f32(37, 71), f32(71, 45)],
+    lambda a, b: a.astype(np.float64) @ b,
+    1,
+  ),
+  "constant B packed ahead": (
+    lambda a: (a @ Tensor(W_CONST)).relu(),
+    [f32(33, 100)],
+    lambda a: np.maximum(a.astype(np.float64) @ W_CONST, 0),
+    1,
+  ),
+  "constant transposed (linear)": (
+    lambda a: a.linear(Tensor(W_CONST.T.copy())),
+    [f32(21, 100)],
+    lambda a: a.astype(np.float64) @ W_CONST,
+    1,
+  ),
+  "runtime B read across its lanes (dense copy)": (
+    lambda a, b: a @ b.transpose(-2, -1),
+    [f32(40, 64), f32(50, 64)],
+    lambda a, b: a.astype(np.float64) @ b.T,
+    1,
+  ),
+  "batched, odd M, N, K": (
+    lambda a, b: a @ b,
+    [f32(3, 21, 63), f32(3, 63, 41)],
+    lambda a, b: a.astype(np.float64) @ b,
+    1,
+  ),
   "conv 3x3 padded (im2col), bias and relu in place": (
-    lambda x: x.conv2d(Tensor(W1), Tensor(np.arange(96, dtype=np.float32)), padding=1).relu(), [f32(2, 64, 13, 11)],
-    lambda x: np.maximum(conv_ref(x, W1, padding=1) + np.arange(96).reshape(1, -1, 1, 1), 0), 1),
-  "conv 1x1 stride 2": (lambda x: x.conv2d(Tensor(W2), stride=2), [f32(1, 32, 15, 15)], lambda x: conv_ref(x, W2, 2), 1),
+    lambda x: x.conv2d(Tensor(W1), Tensor(np.arange(96, dtype=np.float32)), padding=1).relu(),
+    [f32(2, 64, 13, 11)],
+    lambda x: np.maximum(conv_ref(x, W1, padding=1) + np.arange(96).reshape(1, -1, 1, 1), 0),
+    1,
+  ),
+  "conv 1x1 stride 2": (
+    lambda x: x.conv2d(Tensor(W2), stride=2),
+    [f32(1, 32, 15, 15)],
+    lambda x: conv_ref(x, W2, 2),
+    1,
+  ),
   "conv then global average pool (result through scratch)": (
-    lambda x: x.conv2d(Tensor(W1), padding=1).relu().mean((2, 3)), [f32(1, 64, 9, 9)],
-    lambda x: np.maximum(conv_ref(x, W1, padding=1), 0).mean((2, 3)), 1),
+    lambda x: x.conv2d(Tensor(W1), padding=1).relu().mean((2, 3)),
+    [f32(1, 64, 9, 9)],
+    lambda x: np.maximum(conv_ref(x, W1, padding=1), 0).mean((2, 3)),
+    1,
+  ),
   "two contractions in one kernel (a block's residual conv)": (
-    lambda x, y: (x.conv2d(Tensor(W1), padding=1) + y.conv2d(Tensor(W2))).relu(), [f32(1, 64, 10, 10), f32(1, 32, 10, 10)],
-    lambda x, y: np.maximum(conv_ref(x, W1, padding=1) + conv_ref(y, W2), 0), 2),
+    lambda x, y: (x.conv2d(Tensor(W1), padding=1) + y.conv2d(Tensor(W2))).relu(),
+    [f32(1, 64, 10, 10), f32(1, 32, 10, 10)],
+    lambda x, y: np.maximum(conv_ref(x, W1, padding=1) + conv_ref(y, W2), 0),
+    2,
+  ),
 }
+
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -68,7 +111,9 @@ def test_contraction_matches_numpy(case, target, tmp_path, split_every_kernel):
   close(out, ref(*fresh))
   assert gemms == calls, f"{gemms} microkernel calls, expected {calls}"
 
+
 _X7 = f32(1, 128, 7, 7)
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_small_images_swap_operands(target, tmp_path, split_every_kernel):
@@ -80,6 +125,7 @@ def test_small_images_swap_operands(target, tmp_path, split_every_kernel):
   model_c = (tmp_path / target / "src" / "model.c").read_text()
   assert gemms == 1 and kernels == 1 and "49, 128, 1152, 8, 32" in model_c
 
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_avx2_tiles(target, tmp_path, split_every_kernel):
   # a CPU without 16-float vectors gets the 6x16 microkernel; it runs here too (AVX-512 machines run AVX2 code)
@@ -87,6 +133,7 @@ def test_avx2_tiles(target, tmp_path, split_every_kernel):
   out, fresh, gemms, _ = compiled(fn, xs, tmp_path, target, cpu="x86-64-v3")
   close(out, ref(*fresh))
   assert "6, 16" in (tmp_path / target / "src" / "model.c").read_text()
+
 
 @pytest.mark.parametrize("n", [41, 48, 49, 169])
 def test_narrow_edge_tiles(n, tmp_path, split_every_kernel):
@@ -99,13 +146,16 @@ def test_narrow_edge_tiles(n, tmp_path, split_every_kernel):
   close(out, np.maximum(x64 @ w, 0) @ wb + x64 @ y)
   assert gemms == 3
 
+
 def test_bare_product_runs_no_epilogue(tmp_path):
   # the microkernel writes a bare matmul's result in place: reading it back and storing it again would be a wasted pass
   a, b = f32(64, 96), f32(96, 80)
+
   def run_body(fn, d):
     art = aot.compile_model(fn, [a], out_dir=tmp_path / d, target="c", name="m")
     src = (art.dir / "src" / "model.c").read_text()
-    return art, src[src.index("API int m_run"):src.index("API int m_set_threads")]
+    return art, src[src.index("API int m_run") : src.index("API int m_set_threads")]
+
   art, body = run_body(lambda p: p @ Tensor(b), "bare")
   assert "m_f0(" not in body and "aot_gemm_run" in body
   fresh = fresh_like(a, 1)
@@ -119,59 +169,83 @@ def test_bare_product_runs_no_epilogue(tmp_path):
   assert "m_f0(" in body and ".nsteps" not in body
   close(aot.load(art)(fresh), np.exp(fresh.astype(np.float64) @ b))
 
+
 # *** concatenated and grouped contractions: each branch and each group is its own contraction, no work on zeros ***
+
 
 def planned(model) -> tuple[list[tuple[int, int, int, int]], int]:
   """((batch, M, N, K) of each microkernel call the compiler plans, accumulators left to the generated loops)."""
-  from aot.compiler import resolve
-  from aot.schedule import schedule
-  from aot.kernel import Buffer
-  from aot.ir import Ops
-  from aot.dtype import dtypes
   from aot.codegen.contract import lower_contractions
+  from aot.compiler import resolve
+  from aot.dtype import dtypes
+  from aot.ir import Ops
+  from aot.kernel import Buffer
+  from aot.schedule import schedule
+
   traced = resolve(model)
   shapes, left = [], 0
+
   def make(kind, x):
     return Buffer(kind, dtypes.float32, x.size, data=x) if kind == "const" else Buffer(kind, dtypes.float32, x)
+
   for k in schedule(traced.outputs, traced.inputs).kernels:
     last, _, gemms = lower_contractions(k.ast, k.bufs, (8, 32), make)
     shapes += [(g.c.B, g.c.a.size, g.c.b.size, g.c.K) for g in gemms]
     left += sum(u.op is Ops.ACCUMULATE for u in last.toposort())
   return shapes, left
 
+
 def onnx_graph(nodes, inputs: dict[str, tuple], weights: dict[str, np.ndarray]):
-  from onnx import helper, numpy_helper, TensorProto
-  g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
-                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                        [numpy_helper.from_array(w, n) for n, w in weights.items()])
+  from onnx import TensorProto, helper, numpy_helper
+
+  g = helper.make_graph(
+    nodes,
+    "g",
+    [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    [numpy_helper.from_array(w, n) for n, w in weights.items()],
+  )
   return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
 
 def check_against_onnxruntime(model, xs: dict[str, np.ndarray], tmp_path, target: str) -> dict:
   """Compile, run at 1 and 2 threads (bitwise equal), compare with onnxruntime; the artifact's manifest."""
   import json
+
   import onnxruntime as ort
+
   art = aot.compile_model(model, out_dir=tmp_path / target, target=target, name="m")
   want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, xs)[0]
   outs = []
   for threads in (1, 2):
     m = aot.load(art, threads=threads)
-    try: outs.append(m(*xs.values()))
-    finally: m.close()
+    try:
+      outs.append(m(*xs.values()))
+    finally:
+      m.close()
   close(outs[0], want)
   assert np.array_equal(outs[0], outs[1])
   return json.loads((art.dir / "m.json").read_text())
 
-def conv_macs(cout, cin_per_group, kernel, out_hw) -> int: return cout * cin_per_group * kernel * kernel * out_hw
+
+def conv_macs(cout, cin_per_group, kernel, out_hw) -> int:
+  return cout * cin_per_group * kernel * kernel * out_hw
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_concat_of_convs_runs_each_branch_on_its_slice(target, tmp_path):
   # a fire module's expand layer: Concat(Relu(1x1 conv), Relu(3x3 conv)) then an epilogue after the concat; the
   # concat's gate used to make the channel a batch axis of M = 1, computing each branch for all channels
   from onnx import helper
+
   w = {"w1": f32(24, 16, 1, 1), "b1": f32(24), "w2": f32(48, 16, 3, 3), "b2": f32(48)}
-  nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
-           helper.make_node("Conv", ["x", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
-           helper.make_node("Concat", ["r1", "c2"], ["cat"], axis=1), helper.make_node("Relu", ["cat"], ["y"])]
+  nodes = [
+    helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),
+    helper.make_node("Relu", ["c1"], ["r1"]),
+    helper.make_node("Conv", ["x", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+    helper.make_node("Concat", ["r1", "c2"], ["cat"], axis=1),
+    helper.make_node("Relu", ["cat"], ["y"]),
+  ]
   model = onnx_graph(nodes, {"x": (1, 16, 16, 16)}, w)
   shapes, left = planned(model)
   # each branch is one call with M = its own channels, and the multiply-adds are the model's
@@ -182,17 +256,24 @@ def test_concat_of_convs_runs_each_branch_on_its_slice(target, tmp_path):
   assert manifest["weights_bytes"] <= 1.2 * sum(a.nbytes for a in w.values())
   assert manifest["arena_bytes"] <= 2 * 144 * 256 * 4
 
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_concat_of_matmuls_runs_each_branch_on_its_slice(target, tmp_path):
   from onnx import helper
+
   w = {"m1": f32(64, 64), "m2": f32(64, 96)}
-  nodes = [helper.make_node("MatMul", ["a", "m1"], ["p1"]), helper.make_node("MatMul", ["a", "m2"], ["p2"]),
-           helper.make_node("Relu", ["p2"], ["r2"]), helper.make_node("Concat", ["p1", "r2"], ["y"], axis=1)]
+  nodes = [
+    helper.make_node("MatMul", ["a", "m1"], ["p1"]),
+    helper.make_node("MatMul", ["a", "m2"], ["p2"]),
+    helper.make_node("Relu", ["p2"], ["r2"]),
+    helper.make_node("Concat", ["p1", "r2"], ["y"], axis=1),
+  ]
   model = onnx_graph(nodes, {"a": (48, 64)}, w)
   shapes, left = planned(model)
   assert sorted(shapes) == [(1, 48, 64, 64), (1, 48, 96, 64)] and left == 0
   manifest = check_against_onnxruntime(model, {"a": f32(48, 64)}, tmp_path, target)
   assert manifest["weights_bytes"] <= 1.2 * sum(a.nbytes for a in w.values())
+
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("groups", [2, 4])
@@ -200,16 +281,20 @@ def test_grouped_conv_is_a_batch_over_groups(groups, target, tmp_path):
   # AlexNet's and ShuffleNet's grouped convolutions: the group is the batch, each group's channels are M (they were
   # a batch of M = 1 with the input's window copied per output channel)
   from onnx import helper
+
   cin, cout = 8 * groups, 24 * groups
   w = {"w": f32(cout, cin // groups, 3, 3), "b": f32(cout)}
-  nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=groups),
-           helper.make_node("Relu", ["c"], ["y"])]
+  nodes = [
+    helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=groups),
+    helper.make_node("Relu", ["c"], ["y"]),
+  ]
   model = onnx_graph(nodes, {"x": (1, cin, 16, 16)}, w)
   shapes, left = planned(model)
   assert shapes == [(groups, 24, 256, 72)] and left == 0
   manifest = check_against_onnxruntime(model, {"x": f32(1, cin, 16, 16)}, tmp_path, target)
   # no dense expansion of the weights over the groups
   assert manifest["weights_bytes"] <= 1.2 * sum(a.nbytes for a in w.values())
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_concat_branches_share_one_window_copy(target, tmp_path):
@@ -219,8 +304,9 @@ def test_concat_branches_share_one_window_copy(target, tmp_path):
   out, (x,), gemms, kernels = compiled(fn, [x], tmp_path, target, name="m")
   close(out, np.concatenate([np.maximum(conv_ref(x, w1, padding=1), 0), conv_ref(x, w2, padding=1)], 1))
   src = (tmp_path / target / "src" / "model.c").read_text()
-  body = src[src.index("API int m_run"):]
+  body = src[src.index("API int m_run") :]
   assert gemms == 2 and body.count("_dense") == 1
+
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("groups, shape", [(1, (1, 128, 30, 28)), (2, (1, 64, 40, 40)), (1, (1, 32, 24, 24))])
@@ -229,20 +315,30 @@ def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tm
   # 9x), is never written whole: each task packs its panel of output rows into its thread's buffer (30 rows in panels
   # of 8 leave the last one short; a grouped conv's panels run over the groups too), so the arena holds the input and
   # the output only
-  from aot.codegen.contract import PANEL_MAX_BYTES, DENSE_SMALL, DENSE_GROWTH
+  from aot.codegen.contract import DENSE_GROWTH, DENSE_SMALL, PANEL_MAX_BYTES
+
   cin, n = shape[1], shape[2] * shape[3]
   w, x = f32(16 * groups, cin // groups, 3, 3), f32(*shape)
   whole = cin * 9 * n * 4
   assert whole > PANEL_MAX_BYTES or whole > max(DENSE_SMALL, DENSE_GROWTH * x.nbytes)
-  art = aot.compile_model(lambda x: x.conv2d(Tensor(w), padding=1, groups=groups).relu(), [x],
-                          out_dir=tmp_path / target, target=target, name="m")
+  art = aot.compile_model(
+    lambda x: x.conv2d(Tensor(w), padding=1, groups=groups).relu(),
+    [x],
+    out_dir=tmp_path / target,
+    target=target,
+    name="m",
+  )
   g = cin // groups
-  ref = np.concatenate([conv_ref(x[:, i * g:(i + 1) * g], w[i * 16:(i + 1) * 16], padding=1) for i in range(groups)], 1)
+  ref = np.concatenate(
+    [conv_ref(x[:, i * g : (i + 1) * g], w[i * 16 : (i + 1) * 16], padding=1) for i in range(groups)], 1
+  )
   outs = []
   for threads in (1, 2):
     model = aot.load(art, threads=threads)
-    try: outs.append(model(x))
-    finally: model.close()
+    try:
+      outs.append(model(x))
+    finally:
+      model.close()
   close(outs[0], np.maximum(ref, 0))
   assert np.array_equal(outs[0], outs[1])
   body = (art.dir / "src" / "model.c").read_text()

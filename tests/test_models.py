@@ -1,13 +1,15 @@
 """The bundled reference models: they match their independent numpy references and compile to their pinned counts."""
+
 import numpy as np
 import pytest
-import aot
-from aot.ir import Ops
-from aot.models import NAMES, get
-from aot.testing import assert_kernel_count
-from aot.compiler import resolve
-
 from conftest import TARGETS
+
+import aot
+from aot.compiler import resolve
+from aot.ir import Ops
+from aot.models import NAMES
+from aot.testing import assert_kernel_count
+
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", NAMES)
@@ -21,6 +23,7 @@ def test_model_matches_numpy_reference(compiled_model, name, target):
     rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
     assert rel <= 1e-4, f"{name}: max relative error {rel:.2e}"
 
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", NAMES)
 def test_model_kernel_count_is_pinned(compiled_model, name, target):
@@ -32,6 +35,7 @@ def test_model_kernel_count_is_pinned(compiled_model, name, target):
   assert f"#define {art.name.upper()}_NUM_KERNELS {model.expected_kernels}\n" in header
   assert f"#define {art.name.upper()}_ARENA_BYTES {art.arena_bytes}\n" in header
 
+
 def test_arena_reuses_memory(compiled_model):
   # ResNet-18's intermediates and the convolutions' operand copies (im2col) add up to more than twice the arena:
   # liveness-based reuse is working. The arena cannot be smaller than the first conv's output plus the maxpool's,
@@ -42,6 +46,7 @@ def test_arena_reuses_memory(compiled_model):
   assert sizes[0] + sizes[1] <= art.arena_bytes < min(art.arena_holds_bytes / 2, 4 * 147 * 112 * 112)
   assert art.arena_holds_bytes > sum(sizes)
 
+
 def test_mnist_arena_is_within_four_activations(compiled_model):
   # issue 11's bound: the arena is at most 4x the largest activation, here conv1's output (32x24x24 floats). The 5x5
   # conv2's window matrix (800 x 400 floats, 17x its input) is packed a panel at a time in a thread's buffer: written
@@ -49,12 +54,14 @@ def test_mnist_arena_is_within_four_activations(compiled_model):
   art, _ = compiled_model("mnist")
   assert art.arena_bytes <= 4 * (4 * 32 * 24 * 24)
 
+
 def test_transformer_layer_is_traced_once():
   traced = resolve("models:transformer")
   nodes = {u for o in traced.outputs for u in o.toposort()}
   functions = [u for u in nodes if u.op is Ops.FUNCTION]
   calls = [u for u in nodes if u.op is Ops.CALL]
   assert len(functions) == 1 and len(calls) == 2
+
 
 @pytest.mark.parametrize("name", NAMES)
 def test_c_and_llvm_agree(compiled_model, name):

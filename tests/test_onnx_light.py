@@ -1,33 +1,50 @@
 """The real architectures that ship with onnx (backend/test/data/light), with seeded random weights in place of their
 constant 0.02 ones: they compile, match onnxruntime (on c, on 2 threads bitwise as on 1), keep their pinned kernel
 counts and stay within the memory bounds."""
+
 import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import aot
-from aot.testing import randomize_constant_weights, assert_kernel_count
 from conftest import TARGETS
+
+import aot
+from aot.testing import assert_kernel_count, randomize_constant_weights
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
 # pinned kernel counts: one kernel per conv (with its batchnorm, bias, relu and residual add fused), plus pools,
 # concatenations that feed windowed reads, fully-connected layers and the softmax
 KERNELS = {
-  "bvlc_alexnet": 17, "densenet121": 180, "inception_v1": 50, "inception_v2": 56, "resnet50": 53,
-  "shufflenet": 53, "squeezenet": 23, "vgg19": 21, "zfnet512": 16,
+  "bvlc_alexnet": 17,
+  "densenet121": 180,
+  "inception_v1": 50,
+  "inception_v2": 56,
+  "resnet50": 53,
+  "shufflenet": 53,
+  "squeezenet": 23,
+  "vgg19": 21,
+  "zfnet512": 16,
 }
 
 # memory bounds (issue 11): the weights blob against the model's own weights (each constant packed once; a fused
 # batch norm or scale may add a copy), the arena against the largest tensor the model computes, takes or gives
 WEIGHTS_MAX, ARENA_MAX = 1.2, 4.0
 
+
 def own_weight_bytes(model) -> int:
   """Bytes of the model's initializers and Constant tensors."""
-  tensors = list(model.graph.initializer) + [a.t for n in model.graph.node if n.op_type == "Constant"
-                                             for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+  tensors = list(model.graph.initializer) + [
+    a.t
+    for n in model.graph.node
+    if n.op_type == "Constant"
+    for a in n.attribute
+    if a.type == onnx.AttributeProto.TENSOR
+  ]
   return sum(onnx.numpy_helper.to_array(t).nbytes for t in tensors)
+
 
 def largest_tensor_bytes(model) -> int:
   """Bytes of the largest tensor computed from the model's inputs (an activation; not a weight reshaped), or input, by
@@ -35,32 +52,41 @@ def largest_tensor_bytes(model) -> int:
   g = onnx.shape_inference.infer_shapes(model).graph
   live = {i.name for i in g.input} - {t.name for t in g.initializer}
   for n in g.node:
-    if any(x in live for x in n.input): live.update(n.output)
-  sizes = [np.prod([d.dim_value for d in v.type.tensor_type.shape.dim], dtype=np.int64) *
-           onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).itemsize
-           for v in [*g.input, *g.value_info, *g.output] if v.name in live]
+    if any(x in live for x in n.input):
+      live.update(n.output)
+  sizes = [
+    np.prod([d.dim_value for d in v.type.tensor_type.shape.dim], dtype=np.int64)
+    * onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).itemsize
+    for v in [*g.input, *g.value_info, *g.output]
+    if v.name in live
+  ]
   return int(max(sizes))
+
 
 def assert_memory_bounds(art, model, name: str):
   weights_x, arena_x = art.weights_bytes / own_weight_bytes(model), art.arena_bytes / largest_tensor_bytes(model)
   assert weights_x <= WEIGHTS_MAX, f"{name}: weights blob {weights_x:.3f}x the model's weights"
   assert arena_x <= ARENA_MAX, f"{name}: arena {arena_x:.2f}x the largest tensor"
 
+
 def light_model(name: str):
   """One of the light models, its constant weights made seeded random ones."""
   return randomize_constant_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), seed=0)
+
 
 def assert_matches_onnxruntime(art, model, name: str):
   """The artifact's output on a seeded input is within 1e-4 (relative to the largest value) of onnxruntime's."""
   ort.set_default_logger_severity(3)
   x = np.random.default_rng(1).standard_normal(art.inputs[0].shape).astype(np.float32)
   want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-    None, {art.inputs[0].name: x})[0]
+    None, {art.inputs[0].name: x}
+  )[0]
   got = aot.load(art)(x)
   assert got.shape == want.shape
   rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
   assert rel <= 1e-4, f"{name}: max relative error {rel:.2e}"
   return x, got
+
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", sorted(KERNELS))

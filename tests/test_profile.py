@@ -1,12 +1,20 @@
 """The profiler (aot/profile.py): a timed build that computes what the normal one does, a normal one with no timing;
 and the bench's memory columns."""
-import ctypes, json, re, subprocess, sys
+
+import ctypes
+import json
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+
 import aot
-from aot.models import get
 from aot.frontends.tensor import Tensor
-from aot.profile import load_calls, profile_artifact, format_profile, busiest_share, thread_bound
+from aot.models import get
+from aot.profile import busiest_share, format_profile, load_calls, profile_artifact, thread_bound
+
 
 @pytest.fixture(scope="module")
 def mnist_builds(tmp_path_factory):
@@ -16,15 +24,20 @@ def mnist_builds(tmp_path_factory):
   timed = aot.compile_model("models:mnist", out_dir=base / "timed", profile=True)
   return aot.compile_model("models:mnist", out_dir=base / "normal"), timed
 
+
 def _timed_calls(model_c: str) -> list[str]:
   """The function each timed block of a profile build's model.c calls, in order (the microkernel as aot_gemm_run)."""
   blocks = re.findall(r"double t_ = aot_profile_now\(\);\n(.*?)\n\s*m->profile\[(\d+)\]", model_c, re.S)
   assert [int(i) for _, i in blocks] == list(range(len(blocks)))
+
   def function(line: str) -> str:
-    if "aot_gemm_run" in line: return "aot_gemm_run"
+    if "aot_gemm_run" in line:
+      return "aot_gemm_run"
     on_pool = re.search(r"aot_parallel\(m->pool, run_(\w+),", line)
     return on_pool.group(1) if on_pool else re.match(r"\s*(\w+)\(", line).group(1)
+
   return [function(line) for line, _ in blocks]
+
 
 def test_normal_build_has_no_profile_symbol(mnist_builds):
   normal, timed = mnist_builds
@@ -32,7 +45,9 @@ def test_normal_build_has_no_profile_symbol(mnist_builds):
   assert hasattr(ctypes.CDLL(str(timed.library_path)), "mnist_profile")
   assert "clock_gettime" not in (normal.dir / "src" / "model.c").read_text()
   assert "MNIST_PROFILE_CALLS" not in normal.header_path.read_text()
-  with pytest.raises(ValueError, match="not a profile build"): profile_artifact(normal)
+  with pytest.raises(ValueError, match="not a profile build"):
+    profile_artifact(normal)
+
 
 def test_profile_build_computes_bitwise_what_the_normal_one_does(mnist_builds):
   normal, timed = mnist_builds
@@ -41,6 +56,7 @@ def test_profile_build_computes_bitwise_what_the_normal_one_does(mnist_builds):
   a, b = aot.load(normal)(*x), aot.load(timed)(*x)
   np.testing.assert_allclose(a, ref.reference(*x), rtol=1e-4, atol=1e-4)
   assert a.tobytes() == b.tobytes()
+
 
 def test_calls_match_the_kernel_list_and_model_c(mnist_builds):
   _, timed = mnist_builds
@@ -52,13 +68,17 @@ def test_calls_match_the_kernel_list_and_model_c(mnist_builds):
   # every kernel's calls, in kernel order: its operands' copies and contractions, then its epilogue or itself
   assert list(dict.fromkeys(c.kernel for c in calls)) == list(kernels)
   for c in calls:
-    if c.role == "contraction": assert (c.path, c.function) == ("microkernel", "aot_gemm_run")
-    elif c.role == "operand": assert c.function.startswith(kernels[c.kernel] + "_dense") and c.path == "copy"
-    else: assert c.function == kernels[c.kernel] and c.path == "loop"
+    if c.role == "contraction":
+      assert (c.path, c.function) == ("microkernel", "aot_gemm_run")
+    elif c.role == "operand":
+      assert c.function.startswith(kernels[c.kernel] + "_dense") and c.path == "copy"
+    else:
+      assert c.function == kernels[c.kernel] and c.path == "loop"
   # mnist's convolutions and its dense layer contract; its last kernel (the small 10-wide one) is a loop
   assert sum(c.path == "microkernel" for c in calls) == model_c.count("aot_gemm_run(&g") == 4
   # a contraction's flops are 2 M N K: the first convolution is 32 channels x 24x24 positions x 5x5 window
   assert calls[[c.path for c in calls].index("microkernel")].flops == 2 * 32 * 24 * 24 * 25
+
 
 def test_call_times_add_up_to_the_run(mnist_builds):
   _, timed = mnist_builds
@@ -66,14 +86,16 @@ def test_call_times_add_up_to_the_run(mnist_builds):
   assert p["runs"] >= 3 and len(p["calls"]) == len(load_calls(timed))
   # the calls are all of the run but its checks and the pool's rest; the run is all of a call from Python but cffi's
   assert 0.8 * p["total_ms"] <= p["calls_ms"] <= p["total_ms"] <= p["wall_ms"]
-  assert all(r["ms"] > 0 for r in p["calls"]) and [r["ms"] for r in p["calls"]] == sorted((r["ms"] for r in p["calls"]),
-                                                                                        reverse=True)
+  assert all(r["ms"] > 0 for r in p["calls"]) and [r["ms"] for r in p["calls"]] == sorted(
+    (r["ms"] for r in p["calls"]), reverse=True
+  )
   assert abs(sum(r["share"] for r in p["calls"]) - p["calls_ms"] / p["total_ms"]) < 1e-9
   text = format_profile(p)
   lines = text.splitlines()
   assert lines[-2].startswith("total ") and lines[-1].startswith("on 2 threads: ")
   assert "microkernel" in text and "k4_r_1_10" in text
   assert p["cpu_ms"] == p["cpu_all_ms"] == 0
+
 
 def test_thread_cpu_times(mnist_builds):
   _, timed = mnist_builds
@@ -82,13 +104,16 @@ def test_thread_cpu_times(mnist_builds):
   assert all(r["cpu_ms"] == r["cpu_all_ms"] > 0 for r in p["calls"]) and 0 < p["cpu_ms"] <= 1.2 * p["total_ms"]
   assert "thread CPU time: " in format_profile(p)
 
+
 def test_profile_is_for_cpu_targets():
   with pytest.raises(ValueError, match="profile is for the CPU targets"):
     aot.compile_model("models:mlp", target="cuda", profile=True)
 
+
 def test_cli_profile_writes_the_table_and_json(tmp_path):
-  p = subprocess.run([sys.executable, "-m", "aot.cli", "models:mlp", "-o", str(tmp_path), "--profile"],
-                     capture_output=True, text=True)
+  p = subprocess.run(
+    [sys.executable, "-m", "aot.cli", "models:mlp", "-o", str(tmp_path), "--profile"], capture_output=True, text=True
+  )
   assert p.returncode == 0, p.stderr
   # three microkernel calls: each layer's bias (and ReLU) is applied to the finished tiles, not by a call of its own
   assert re.search(r"^total [\d.]+ ms per run \([\d.]+ ms in 3 calls\)", p.stdout, re.M)
@@ -99,10 +124,13 @@ def test_cli_profile_writes_the_table_and_json(tmp_path):
   ref = get("mlp")
   np.testing.assert_allclose(aot.load(tmp_path)(x), ref.reference(x), rtol=1e-4, atol=1e-5)
 
+
 def test_bench_rows_give_weights_and_arena_against_the_model(tmp_path):
   from onnx import numpy_helper
+
   from aot.bench import bench_model, slower_note
   from aot.models.onnx_forms import onnx_model
+
   form, ref = onnx_model("mlp"), get("mlp")
   rows = bench_model("mlp", form, form, lambda art: ref.example_inputs(0), [1, 2], ["c"], 3, 0.1)
   assert [r["threads"] for r in rows] == [1, 2] and all(r["c_rel_err"] < 1e-4 for r in rows)
@@ -114,14 +142,17 @@ def test_bench_rows_give_weights_and_arena_against_the_model(tmp_path):
   fast, slow = {"model": "a", "threads": 1, "c_vs_ort": 0.9}, {"model": "b", "threads": 2, "c_vs_ort": 3.0}
   assert slower_note([fast, slow], ["c"]) == "Slower than onnxruntime: b (2t: c 3.0x)."
 
+
 def _contraction_flops(model) -> int:
   """2 x the multiply-adds of a model's Conv and Gemm nodes, from ONNX's own shape inference: the analytic count,
   2 N K (C / groups) R S H W per convolution."""
   import onnx
-  from onnx import numpy_helper
+
   model = onnx.shape_inference.infer_shapes(model)
-  shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-            for v in [*model.graph.value_info, *model.graph.output, *model.graph.input]}
+  shapes = {
+    v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+    for v in [*model.graph.value_info, *model.graph.output, *model.graph.input]
+  }
   shapes |= {t.name: list(t.dims) for t in model.graph.initializer}
   total = 0
   for n in model.graph.node:
@@ -131,23 +162,29 @@ def _contraction_flops(model) -> int:
       total += 2 * int(np.prod(out)) * (int(np.prod(w[1:])) if n.op_type == "Conv" else int(np.prod(w)) // out[-1])
   return total
 
+
 def test_flop_count_counts_each_concat_branch_over_its_own_slice():
   # a concat of two convolutions is one kernel whose value selects between the two sums; its generated loops compute
   # both sums at every output element, but the model's work is each branch over its own channels
   from onnx import TensorProto, helper, numpy_helper
+
   from aot.codegen.linearize import flop_count
   from aot.compiler import resolve
   from aot.schedule import schedule
+
   rng = np.random.default_rng(0)
   N, C, H, W = 1, 5, 9, 11
-  branches = [(6, 3), (4, 5)]   # (out channels, square window), 'same' padding
-  inits = [numpy_helper.from_array(rng.standard_normal((k, C, r, r)).astype(np.float32), f"w{i}")
-           for i, (k, r) in enumerate(branches)]
+  branches = [(6, 3), (4, 5)]  # (out channels, square window), 'same' padding
+  inits = [
+    numpy_helper.from_array(rng.standard_normal((k, C, r, r)).astype(np.float32), f"w{i}")
+    for i, (k, r) in enumerate(branches)
+  ]
   nodes = [helper.make_node("Conv", ["x", f"w{i}"], [f"y{i}"], pads=[r // 2] * 4) for i, (k, r) in enumerate(branches)]
   nodes.append(helper.make_node("Concat", ["y0", "y1"], ["y"], axis=1))
   x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, C, H, W])
-  graph = helper.make_graph(nodes, "concat_convs", [x],
-                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+  graph = helper.make_graph(
+    nodes, "concat_convs", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits
+  )
   model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
   t = resolve(model)
   sched = schedule(t.outputs, t.inputs, t.output_names)
@@ -159,19 +196,23 @@ def test_flop_count_counts_each_concat_branch_over_its_own_slice():
   assert len(sched.kernels) == 1 and flop_count(sched.kernels[0].ast) == 2 * N * C * 10 * (9 + 25) * H * W + joins
   assert flop_count(sched.kernels[0].ast, live_only=True) == analytic + joins
 
+
 @pytest.mark.parametrize("name", ["squeezenet", "densenet121"])
 def test_flop_count_of_concat_heavy_light_models_is_their_contractions(name):
   # densenet121: 2.87 GMAC, 5.7 GFLOP (the count was 26.7 before gated branches were counted over their slices)
   from test_onnx_light import light_model
+
   from aot.codegen.linearize import flop_count
   from aot.compiler import resolve
   from aot.schedule import schedule
+
   model = light_model(name)
   t = resolve(model)
   sched = schedule(t.outputs, t.inputs, t.output_names)
   ours, contractions = sum(flop_count(k.ast, live_only=True) for k in sched.kernels), _contraction_flops(model)
   # the rest is elementwise work (bias, batch norm, ReLU, pooling): a few percent
   assert contractions <= ours <= 1.05 * contractions
+
 
 def test_big_calls_split_evenly_across_threads(tmp_path):
   """Every call doing real work splits across the pool into tasks that share out evenly over 2 threads (the bar of
@@ -181,10 +222,12 @@ def test_big_calls_split_evenly_across_threads(tmp_path):
   w3 = rng.standard_normal((32, 128, 3, 3)).astype(np.float32)
   w1 = rng.standard_normal((128, 160, 1, 1)).astype(np.float32)
   scale, shift = (rng.standard_normal((1, 160, 1, 1)).astype(np.float32) for _ in range(2))
+
   def block(x):
     y = Tensor.cat([x, x.relu().conv2d(Tensor(w3), padding=1)], 1)
     y = (y * Tensor(scale) + Tensor(shift)).relu().conv2d(Tensor(w1)).relu()
     return y.avg_pool2d(2)
+
   art = aot.compile_model(block, [((1, 128, 28, 28), np.float32)], out_dir=tmp_path, profile=True, name="block")
   calls = load_calls(art)
   big = [c for c in calls if c.flops >= 1 << 20 or c.bytes >= 1 << 18]

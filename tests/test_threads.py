@@ -1,8 +1,12 @@
 """The thread pool: kernels split their outermost loop across threads, and the results are bitwise the same."""
+
 import numpy as np
 import pytest
-import aot, aot.models
 from conftest import TARGETS
+
+import aot
+import aot.models
+
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", ["resnet18", "transformer"])
@@ -16,10 +20,12 @@ def test_results_are_bitwise_identical_for_any_thread_count(compiled_model, name
     assert np.array_equal(one.view(np.uint32), many.view(np.uint32)), f"{n} threads differ from 1"
   np.testing.assert_allclose(one, model.reference(*x), rtol=1e-4, atol=1e-4)
 
+
 def test_thread_count_must_be_positive(compiled_model):
   art, _ = compiled_model("mlp")
   m = aot.load(art)
-  with pytest.raises(ValueError, match="at least 1, got 0"): m.set_threads(0)
+  with pytest.raises(ValueError, match="at least 1, got 0"):
+    m.set_threads(0)
   m.set_threads(2)
   x = aot.models.get("mlp").example_inputs(0)
   np.testing.assert_allclose(m(*x), aot.models.get("mlp").reference(*x), rtol=1e-4, atol=1e-5)
