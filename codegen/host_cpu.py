@@ -249,37 +249,14 @@ class GemmCall:
     return f"  {{ void *a[] = {{{ptrs}}}; {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
 
 
-def render_model_c(
-  name: str,
-  sched: Schedule,
-  calls: list,
-  protos: list[str],
-  external_weights: ExternalWeights | None = None,
-  profile: bool = False,
-  panel_floats: int = 0,
-) -> str:
-  """The C API over the kernel list. calls: GemmCall, or (function, [(slot, buffer)] of its arguments, extent of its
-  outermost loop, run it on the pool?).
-  external_weights: NAME.weights, if the weights are not linked in.
-  profile: time every call into the instance and export NAME_profile (aot/profile.py); a normal build has none of it.
-  panel_floats: the floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does."""
-  ins, outs = param_names(sched)
-  args = api_args(sched)
-  ptr = {id(b): n for b, n in zip(sched.inputs + sched.outputs, ins + outs)}
-  ctype = lambda b, slot: f"{'' if slot == 0 else 'const '}{b.dtype.cname} *"
-
-  def arg(b: Buffer, slot: int) -> str:
-    base = {"scratch": "A", "const": "W"}.get(b.kind)
-    where = f"({base} + {b.offset})" if base else ptr[id(b)]
-    return f"({ctype(b, slot)}){where}"
-
-  checks = null_checks(sched)
-  # a kernel on the pool is called through a trampoline that unpacks its pointers from an array
+def _call_lines(calls: list, arg) -> tuple[dict[str, str], list[str]]:
+  """(trampolines by function, one C statement per call): a kernel on the pool is called through a trampoline that
+  unpacks its pointers from an array."""
   tramps, body = {}, []
 
   def trampoline(fn: str, fargs) -> str:
     if fn not in tramps:
-      unpack = ", ".join(f"({ctype(b, s)})a[{i}]" for i, (s, b) in enumerate(fargs))
+      unpack = ", ".join(f"({_ctype(b, s)})a[{i}]" for i, (s, b) in enumerate(fargs))
       tramps[fn] = f"static void run_{fn}(void *c, int s, int e) {{ void **a = c; {fn}({unpack}, s, e); }}"
     return f"run_{fn}"
 
@@ -297,16 +274,63 @@ def render_model_c(
       continue
     ptrs = ", ".join(f"(void *){arg(b, s)}" for s, b in fargs)
     body.append(f"  {{ void *a[] = {{{ptrs}}}; aot_parallel(m->pool, {trampoline(fn, fargs)}, a, {extent}); }}")
+  return tramps, body
+
+
+def _ctype(b: Buffer, slot: int) -> str:
+  """A kernel argument's C pointer type: slot 0 is the output, the others are read."""
+  return f"{'' if slot == 0 else 'const '}{b.dtype.cname} *"
+
+
+def _timed(body: list[str]) -> list[str]:
+  """Each call timed in wall time, and in thread CPU time when NAME_profile_cpu is on: a split call's busiest
+  thread, read through the aot_parallel of _profile_c, is what it would take on that many free cores however
+  loaded this machine is."""
+  return [
+    f"  {{ m->call = {i}; m->split = 0; double c_ = m->cpu ? aot_thread_now() : 0;\n"
+    f"  double t_ = aot_profile_now();\n  {line.strip()}\n"
+    f"  m->profile[{i}] += aot_profile_now() - t_; aot_serial_cpu(m, c_); }}"
+    for i, line in enumerate(body)
+  ]
+
+
+def render_model_c(
+  name: str,
+  sched: Schedule,
+  calls: list,
+  protos: list[str],
+  external_weights: ExternalWeights | None = None,
+  profile: bool = False,
+  panel_floats: int = 0,
+) -> str:
+  """The C API over the kernel list. calls: GemmCall, or (function, [(slot, buffer)] of its arguments, extent of its
+  outermost loop, run it on the pool?).
+  external_weights: NAME.weights, if the weights are not linked in.
+  profile: time every call into the instance and export NAME_profile (aot/profile.py); a normal build has none of it.
+  panel_floats: the floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does."""
+  ins, outs = param_names(sched)
+  ptr = {id(b): n for b, n in zip(sched.inputs + sched.outputs, ins + outs)}
+
+  def arg(b: Buffer, slot: int) -> str:
+    base = {"scratch": "A", "const": "W"}.get(b.kind)
+    where = f"({base} + {b.offset})" if base else ptr[id(b)]
+    return f"({_ctype(b, slot)}){where}"
+
+  tramps, body = _call_lines(calls, arg)
   if profile:
-    # thread CPU time as well as wall time: a split call's busiest thread, read through the aot_parallel of
-    # _profile_c, is what it would take on that many free cores however loaded this machine is
-    body = [
-      f"  {{ m->call = {i}; m->split = 0; double c_ = m->cpu ? aot_thread_now() : 0;\n"
-      f"  double t_ = aot_profile_now();\n  {line.strip()}\n"
-      f"  m->profile[{i}] += aot_profile_now() - t_; aot_serial_cpu(m, c_); }}"
-      for i, line in enumerate(body)
-    ]
-  n = len(body)
+    body = _timed(body)
+  return (
+    _model_preamble(name, protos, tramps, external_weights, panel_floats)
+    + _model_struct(name, len(body), profile, external_weights)
+    + _model_create(name, external_weights)
+    + _model_run(name, sched, body, profile)
+    + _model_set_threads(name)
+    + _model_destroy(name, external_weights)
+    + _model_last_error(name, external_weights)
+  )
+
+
+def _model_preamble(name: str, protos: list[str], tramps: dict[str, str], external_weights, panel_floats: int) -> str:
   return f"""/* {name}: the C API over the kernel list, generated by aot-compiler */
 #include <stdlib.h>
 #include <string.h>
@@ -319,7 +343,12 @@ def render_model_c(
 {chr(10).join(tramps.values())}
 #define PANEL_FLOATS {panel_floats}L
 
-struct {name}_model {{
+"""
+
+
+def _model_struct(name: str, n: int, profile: bool, external_weights) -> str:
+  """The instance, the profile build's counters, and the code reading external weights."""
+  return f"""struct {name}_model {{
   unsigned char *arena;
   const unsigned char *weights;
   aot_pool *pool;
@@ -328,7 +357,12 @@ struct {name}_model {{
 {f"  double profile[{3 * n + 1}];{chr(10)}  int cpu, call, split;{chr(10)}" if profile else ""}}};
 {_profile_c(name, n) if profile else ""}{external_weights_c(name, external_weights) if external_weights else ""}\
 {_CREATE_ERROR if external_weights else ""}
-/* zeroed: the lanes past a panel's last column are read, never written (they only reach C's dropped columns) */
+"""
+
+
+def _model_create(name: str, external_weights) -> str:
+  return f"""/* zeroed: the lanes past a panel's last column are read, never written (they only reach C's \
+dropped columns) */
 static float *panels_alloc(int threads) {{
   if (!PANEL_FLOATS) return NULL;
   float *p = aot_arena_alloc((size_t)threads * PANEL_FLOATS * sizeof(float));
@@ -353,9 +387,14 @@ API int {name}_create({name}_model **out) {{
   return AOT_OK;
 }}
 
-API int {name}_run({name}_model *m, {", ".join(args)}) {{
+"""
+
+
+def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> str:
+  n = len(body)
+  return f"""API int {name}_run({name}_model *m, {", ".join(api_args(sched))}) {{
   if (!m) return AOT_ERR_NULL_ARGUMENT;
-{chr(10).join(checks)}
+{chr(10).join(null_checks(sched))}
   m->error[0] = 0;
   unsigned char *A = m->arena;
   const unsigned char *W = m->weights;
@@ -365,7 +404,11 @@ API int {name}_run({name}_model *m, {", ".join(args)}) {{
 {f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}  return AOT_OK;
 }}
 
-API int {name}_set_threads({name}_model *m, int n) {{
+"""
+
+
+def _model_set_threads(name: str) -> str:
+  return f"""API int {name}_set_threads({name}_model *m, int n) {{
   if (!m) return AOT_ERR_NULL_ARGUMENT;
   if (n < 1) return aot_fail(m->error, AOT_ERR_INVALID_ARGUMENT, "the thread count must be at least 1, got %d", n);
   aot_pool *p = aot_pool_create(n);
@@ -382,16 +425,27 @@ API int {name}_set_threads({name}_model *m, int n) {{
   return AOT_OK;
 }}
 
-API void {name}_destroy({name}_model *m) {{
+"""
+
+
+def _model_destroy(name: str, external_weights) -> str:
+  unmap = (
+    f"if (m->weights) munmap((void *)m->weights, (size_t){external_weights.nbytes}ULL);" if external_weights else ""
+  )
+  return f"""API void {name}_destroy({name}_model *m) {{
   if (!m) return;
   aot_pool_destroy(m->pool);
   aot_arena_free(m->panels);
-  {f"if (m->weights) munmap((void *)m->weights, (size_t){external_weights.nbytes}ULL);" if external_weights else ""}
+  {unmap}
   aot_arena_free(m->arena);
   free(m);
 }}
 
-API const char *{name}_last_error(const {name}_model *m) {{
+"""
+
+
+def _model_last_error(name: str, external_weights) -> str:
+  return f"""API const char *{name}_last_error(const {name}_model *m) {{
   if (!m) return {"create_error[0] ? create_error : " if external_weights else ""}"the model pointer is NULL";
   return m->error[0] ? m->error : "no error";
 }}
