@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from aot.dtype import dtypes
-from aot.ir import Ops, ReduceOp, UOp, prod
+from aot.ir import LIBM, Ops, ReduceOp, UOp, prod
 from aot.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from aot.symbolic import pm_simplify, simplify
 
@@ -34,24 +34,8 @@ UNROLL_MAX_NODES = 512
 COMBINE = {ReduceOp.SUM: Ops.ADD, ReduceOp.PROD: Ops.MUL, ReduceOp.MAX: Ops.MAX, ReduceOp.MIN: Ops.MIN}
 # ... in a kernel that calls none of libm's functions that do not vectorise: around those the vectorised loop only
 # adds packing (AlexNet's LRN, a 5-channel window under powf: 1.28 -> 1.53 ms written out)
-SCALAR_CALLS = {
-  Ops.POW,
-  Ops.EXP,
-  Ops.LOG,
-  Ops.SIN,
-  Ops.COS,
-  Ops.TAN,
-  Ops.TANH,
-  Ops.ERF,
-  Ops.ASIN,
-  Ops.ACOS,
-  Ops.ATAN,
-  Ops.SINH,
-  Ops.COSH,
-  Ops.ASINH,
-  Ops.ACOSH,
-  Ops.ATANH,
-}
+# (libm's functions less those the vectorisers have instructions for, and pow)
+SCALAR_CALLS = {Ops.POW, *LIBM} - {Ops.SQRT, Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC}
 
 
 def unroll_small_reduces(ast: UOp) -> UOp:
