@@ -383,16 +383,30 @@ def main(argv=None) -> int:
   return 0
 
 
+def _profile_arg(what: str):
+  """A model to profile: models:NAME (the Tensor form), models:NAME:FORM (its ONNX form quantized), or _onnx_arg's."""
+  if not what.startswith("models:") or ":" not in what[len("models:") :]:
+    return what if what.startswith("models:") else _onnx_arg(what)[1]
+  from aot.models.onnx_forms import onnx_model
+  from aot.models.quantized import quantized
+
+  base, _, form = what[len("models:") :].partition(":")
+  return quantized(onnx_model(base), form)
+
+
 def _profile(models: list[str], targets, threads: list[int], args) -> int:
   """Profile builds of each model for each target and thread count: the tables, and with --json all of them."""
   import aot
   from aot.profile import cpu_speedup, profile_and_report
 
   if not models:
-    raise SystemExit("python -m aot.bench --profile: name the models to profile (models:NAME, a file, light:NAME)")
+    raise SystemExit(
+      "python -m aot.bench --profile: name the models to profile (models:NAME, models:NAME:FORM, a file, light:NAME, "
+      "light:NAME:FORM)"
+    )
   profiles = []
   for what in models:
-    model = what if what.startswith("models:") else _onnx_arg(what)[1]
+    model = _profile_arg(what)
     for t in targets:
       out = Path(tempfile.mkdtemp(prefix=f"profile_{t}_"))
       art = aot.compile_model(model, target=t, out_dir=out, profile=True)

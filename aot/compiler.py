@@ -337,14 +337,16 @@ def _call_list(
   kernels, plans, directs, qgemms = low.kernels, low.plans, low.directs, low.qgemms
   calls: list = []
   notes: list = []  # (kernel, role, AST) of each call, for a profile build
-  threads = sum(flop_count(k.ast) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
+  # integer sums count as work too: a quantized model's are nearly all of it
+  threads = sum(flop_count(k.ast, integer=True) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
   for k, (lasts, gemms), ds in zip(kernels, plans, directs):
 
     def call(ast: UOp, out: Buffer):
       # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
       ast, extent = optimized[ast], parallel_extent(optimized[ast])
       args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
-      return (functions[ast], args, extent, threads and extent > 1 and flop_count(ast) + out.size >= PARALLEL_MIN_WORK)
+      work = flop_count(ast, integer=True) + out.size
+      return (functions[ast], args, extent, threads and extent > 1 and work >= PARALLEL_MIN_WORK)
 
     if k.name in qgemms:
       qs, epilogue = qgemms[k.name]

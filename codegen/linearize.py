@@ -239,11 +239,12 @@ def _live_fractions(ast: UOp) -> dict[UOp, float]:
   return live
 
 
-def flop_count(ast: UOp, live_only: bool = False) -> int:
+def flop_count(ast: UOp, live_only: bool = False, integer: bool = False) -> int:
   """Floating-point operations one run of the kernel performs (loads, stores and index arithmetic excluded).
   live_only: only those the model needs, each sum counted over the part of the output where it can be nonzero (a
   concat's branches are computed everywhere by generated loops, but only in their slice by the microkernel): the
-  bench's GFLOP. Without it, what the generated loops execute, which is what deciding a thread split needs."""
+  bench's GFLOP. Without it, what the generated loops execute, which is what deciding a thread split needs.
+  integer: the data's integer arithmetic too (a quantized model's int32 sums), still not the index arithmetic."""
   from aot.ir import GroupOp
 
   live = _live_fractions(ast) if live_only else {}
@@ -256,7 +257,7 @@ def flop_count(ast: UOp, live_only: bool = False) -> int:
     # arithmetic only: selects and comparisons (padding masks) are not floating-point work
     elif (
       kind in ("value", "acc_update")
-      and u.dtype.is_float
+      and (u.dtype.is_float or (integer and u.dtype.is_int and u.dtype not in (dtypes.index, dtypes.index64)))
       and (kind == "acc_update" or (u.op in GroupOp.ALU and u.op is not Ops.WHERE))
     ):
       total += trips[-1] * live.get(u, 1.0)

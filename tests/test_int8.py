@@ -169,12 +169,14 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
   from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
   rng = np.random.default_rng(11)
-  if kind in ("conv", "wide conv"):
+  if kind in ("conv", "wide conv", "big conv"):
     # a wide one spans several of the microkernel's 64-row blocks, its result lines written through the epilogue's
-    # transpose (m contiguous) block by block
-    shape, out_shape, stride = (
-      ([1, 64, 10, 9], [1, 20, 5, 5], 2) if kind == "conv" else ([1, 16, 21, 18], [1, 20, 21, 18], 1)
-    )
+    # transpose (m contiguous) block by block; a big one is ResNet's 3x3 at 56x56, work enough to split over threads
+    shape, out_shape, stride = {
+      "conv": ([1, 64, 10, 9], [1, 20, 5, 5], 2),
+      "wide conv": ([1, 16, 21, 18], [1, 20, 21, 18], 1),
+      "big conv": ([1, 64, 56, 56], [1, 20, 56, 56], 1),
+    }[kind]
     w = numpy_helper.from_array((rng.standard_normal((20, shape[1], 3, 3)) * 0.2).astype(np.float32), "w")
     b = numpy_helper.from_array((rng.standard_normal(20) * 0.1).astype(np.float32), "b")
     nodes = [
@@ -259,6 +261,29 @@ def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
     got = aot.load(art, threads=threads)(x)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_quantized_model_splits_its_int8_work_across_threads(tmp_path):
+  """A model whose work is int32 sums (no float arithmetic to speak of) still runs its big calls on the pool: the
+  thread decision counted only float operations, so every int8 model ran on one thread (QDQ ResNet-18: 2 threads
+  1.06x as fast as 1)."""
+  import onnxruntime as ort
+
+  import aot
+  from aot.profile import load_calls
+
+  model = _qdq_model("big conv", True, "u8", tmp_path)
+  art = aot.compile_model(model, out_dir=tmp_path / "art", profile=True)
+  calls = load_calls(art)
+  big = [c for c in calls if c.path == "int8 microkernel"]
+  assert big and all(c.parallel and c.tasks > 1 for c in big), [(c.function, c.tasks, c.parallel) for c in calls]
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  x = np.random.default_rng(3).integers(0, 256, (1, 64, 56, 56)).astype(np.uint8)
+  want = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+  for threads in (1, 2, 3):
+    np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
 
 
 def test_qoperator_conv_then_global_average_pool_runs_on_the_int8_microkernel(tmp_path):
