@@ -143,6 +143,29 @@ def test_bench_rows_give_weights_and_arena_against_the_model(tmp_path):
   assert slower_note([fast, slow], ["c"]) == "Slower than onnxruntime: b (2t: c 3.0x)."
 
 
+def test_bench_times_a_fast_call_in_batches_the_same_for_every_fn():
+  """A sample of a call much shorter than SAMPLE_S is a batch of calls (one call timed alone is mostly the clock and
+  the load), the same number for each fn compared, and the result is per call."""
+  import time
+
+  from aot.bench import SAMPLE_S, _time
+
+  counts = {"fast": 0, "slow": 0}
+
+  def fast():
+    counts["fast"] += 1
+
+  def slow():
+    counts["slow"] += 1
+    t = time.perf_counter()
+    while time.perf_counter() - t < 1e-4:
+      pass
+
+  med = _time({"fast": fast, "slow": slow}, 3, 0.0)
+  assert counts["fast"] == counts["slow"] > 3 * 10
+  assert 1e-4 <= med["slow"] < SAMPLE_S and med["fast"] < med["slow"]
+
+
 def _contraction_flops(model) -> int:
   """2 x the multiply-adds of a model's Conv and Gemm nodes, from ONNX's own shape inference: the analytic count,
   2 N K (C / groups) R S H W per convolution."""
