@@ -193,7 +193,9 @@ def matmul_integer_to_float(n, a, b, a_scale, b_scale, a_zp=None, b_zp=None, bia
 def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
   """onnxruntime's uint8 scale and zero point for x: the range widened to hold 0, scale 1 when it is empty, the zero
   point clamped to [0, 255] before it is rounded."""
-  lo, hi = _f(x).min().minimum(0.0), _f(x).max().maximum(0.0)
+  # the minimum is a buffer of its own: else the quantizing kernel, which needs it for the zero point, recomputes it
+  # (a scalar pass over the whole tensor, 0.2 ms of the reference transformer's 0.22 ms quantize over 128x1024)
+  lo, hi = _f(x).min().minimum(0.0).contiguous(), _f(x).max().maximum(0.0)
   scale = (hi == lo).where(1.0, (hi - lo) / 255.0)
   zp = (0.0 - lo / scale).maximum(0.0).minimum(255.0).round().cast(dtypes.uint8)
   return scale, zp
