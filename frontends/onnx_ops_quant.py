@@ -190,12 +190,36 @@ def matmul_integer_to_float(n, a, b, a_scale, b_scale, a_zp=None, b_zp=None, bia
   return y + bias if bias is not None else y
 
 
+# A tensor's min or max is reduced in RANGE_PARTS parts of RANGE_LANES interleaved lanes each, then over those
+# partials: the parts split over threads (one scalar chain cannot), the lanes are independent chains the upcast
+# vectorises. 128x1024 floats, 1 thread: 0.20 ms as one chain, 0.036 ms so (16x8, 16x32, 32x16 measure the same).
+RANGE_PARTS = 16
+RANGE_LANES = 16
+# fewer elements than this per lane and the second reduction and the extra kernel cost more than they save
+RANGE_MIN_PER_LANE = 16
+
+
+def _whole(x: Tensor, op: str) -> Tensor:
+  """x reduced to a scalar by op ("min" or "max"), as partial reductions when it is large enough (RANGE_PARTS); the
+  same value as one reduction over x: min and max are exact in any order."""
+  flat = x.reshape(-1)
+  group = RANGE_PARTS * RANGE_LANES
+  n = flat.shape[0] // group * group
+  if n < group * RANGE_MIN_PER_LANE:
+    return getattr(flat, op)()
+  parts = getattr(flat.shrink([(0, n)]).reshape(RANGE_PARTS, -1, RANGE_LANES), op)(axis=1).contiguous()
+  whole = getattr(parts, op)()
+  if n < flat.shape[0]:
+    whole = getattr(whole, "minimum" if op == "min" else "maximum")(getattr(flat.shrink([(n, flat.shape[0])]), op)())
+  return whole
+
+
 def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
   """onnxruntime's uint8 scale and zero point for x: the range widened to hold 0, scale 1 when it is empty, the zero
   point clamped to [0, 255] before it is rounded."""
   # the minimum is a buffer of its own: else the quantizing kernel, which needs it for the zero point, recomputes it
   # (a scalar pass over the whole tensor, 0.2 ms of the reference transformer's 0.22 ms quantize over 128x1024)
-  lo, hi = _f(x).min().minimum(0.0).contiguous(), _f(x).max().maximum(0.0)
+  lo, hi = _whole(_f(x), "min").minimum(0.0).contiguous(), _whole(_f(x), "max").maximum(0.0)
   scale = (hi == lo).where(1.0, (hi - lo) / 255.0)
   zp = (0.0 - lo / scale).maximum(0.0).minimum(255.0).round().cast(dtypes.uint8)
   return scale, zp

@@ -451,6 +451,44 @@ def test_dynamic_quantize_linear_reads_its_range_once(tmp_path):
   run.close()
 
 
+def test_dynamic_quantize_range_is_reduced_in_parts_that_split_over_threads(tmp_path):
+  # a tensor's min and max as one scalar chain cannot split over threads: they are reduced in RANGE_PARTS parts of
+  # RANGE_LANES lanes (a kernel the pool splits), then over the partials; the elements past the last whole group (a
+  # tail of 4 here) are reduced beside them. Outputs bit-equal to onnxruntime's, with the ends in the parts and in
+  # the tail, on 1, 2 and 3 threads
+  import onnxruntime as ort
+
+  import aot
+  from aot.compiler import resolve
+  from aot.frontends.onnx_ops_quant import RANGE_LANES, RANGE_PARTS
+  from aot.schedule import schedule
+
+  shape = (3, 50, 70)
+  m = _dynamic_quantize_model(shape, 70, 24, seed=29)
+  traced = resolve(m)
+  kernels = schedule(traced.outputs, traced.inputs).kernels
+  assert sum(k.shape == (RANGE_PARTS, RANGE_LANES) for k in kernels) == 2
+  art = aot.compile_model(m, out_dir=tmp_path / "art")
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  runs = [aot.load(art, threads=t) for t in (1, 2, 3)]
+  rng = np.random.default_rng(31)
+  xs = []
+  for at in (0, 5000, -1, -4):
+    for end in (-40.0, 40.0):
+      x = rng.standard_normal(shape).astype(np.float32)
+      x.reshape(-1)[at] = end
+      xs.append(x)
+  for x in xs:
+    want = sess.run(None, {"x": x})
+    for run in runs:
+      for g, w in zip(run(x), want):
+        np.testing.assert_array_equal(np.asarray(g).reshape(np.shape(w)), w)
+  for run in runs:
+    run.close()
+
+
 def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tmp_path):
   # QuantizeLinear's result (x8 - zero in int32) is read by a conv and by the residual add: it is stored as x8, both
   # widen it as they read it, and no int32 scratch is left for the conv's copy to narrow again
