@@ -489,6 +489,27 @@ def test_dynamic_quantize_range_is_reduced_in_parts_that_split_over_threads(tmp_
     run.close()
 
 
+def test_a_range_in_parts_is_the_whole_tensors_with_nan_and_infinities(tmp_path):
+  # reduced in parts, folds and lanes, then over the partials (and a tail): still the one min and max numpy finds,
+  # a NaN anywhere the result
+  import aot
+  from aot.frontends.onnx_ops_quant import _whole
+
+  shape = (3, 50, 70)
+  art = aot.compile_model(
+    lambda x: (_whole(x, "min"), _whole(x, "max")), [np.zeros(shape, np.float32)], out_dir=tmp_path
+  )
+  run = aot.load(art, threads=2)
+  rng = np.random.default_rng(3)
+  for at in (0, 77, 5000, 10239, 10240, 10499):
+    for special in (np.nan, -np.inf, np.inf):
+      x = rng.standard_normal(shape).astype(np.float32)
+      x.reshape(-1)[at] = special
+      lo, hi = run(x)
+      np.testing.assert_array_equal([lo, hi], [x.min(), x.max()])
+  run.close()
+
+
 def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tmp_path):
   # QuantizeLinear's result (x8 - zero in int32) is read by a conv and by the residual add: it is stored as x8, both
   # widen it as they read it, and no int32 scratch is left for the conv's copy to narrow again
