@@ -206,7 +206,6 @@ def _whole(x: Tensor, op: str) -> Tensor:
   """x reduced to a scalar by op ("min" or "max"), in parts when it is large enough (RANGE_PARTS); the same value as
   one reduction over x: min and max are exact in any order, and NaN-aware (a NaN anywhere is the result)."""
   flat = x.reshape(-1)
-  pairwise = "minimum" if op == "min" else "maximum"
   group = RANGE_PARTS * RANGE_FOLDS * RANGE_LANES
   n = flat.shape[0] // group * group
   if n < group * RANGE_MIN_GROUPS:
@@ -214,11 +213,18 @@ def _whole(x: Tensor, op: str) -> Tensor:
   slices = flat.shrink([(0, n)]).reshape(RANGE_PARTS, RANGE_FOLDS, -1, RANGE_LANES)
   folded = slices[:, 0]
   for i in range(1, RANGE_FOLDS):
-    folded = getattr(folded, pairwise)(slices[:, i])
+    folded = _pick(folded, slices[:, i], op)
   whole = getattr(getattr(folded, op)(axis=1).contiguous(), op)()
   if n < flat.shape[0]:
-    whole = getattr(whole, pairwise)(getattr(flat.shrink([(n, flat.shape[0])]), op)())
+    whole = _pick(whole, getattr(flat.shrink([(n, flat.shape[0])]), op)(), op)
   return whole
+
+
+def _pick(a: Tensor, b: Tensor, op: str) -> Tensor:
+  """The NaN-aware min or max of a and b as two selects: gcc, whose vectoriser is off in reducing kernels, branches
+  on Tensor.minimum's `a < b || a != a` form, an unpredictable branch here (the folds took 0.33 ms, not 0.056)."""
+  better = b < a if op == "min" else a < b
+  return (b != b).where(b, better.where(b, a))
 
 
 def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
