@@ -223,8 +223,10 @@ def _whole(x: Tensor, op: str) -> Tensor:
 def _pick(a: Tensor, b: Tensor, op: str) -> Tensor:
   """The NaN-aware min or max of a and b as two selects: gcc, whose vectoriser is off in reducing kernels, branches
   on Tensor.minimum's `a < b || a != a` form, an unpredictable branch here (the folds took 0.33 ms, not 0.056)."""
-  better = b < a if op == "min" else a < b
-  return (b != b).where(b, better.where(b, a))
+  # b's NaN test is b != b for the min and b == b for the max: one node read by both ends' kernels would be staged
+  if op == "min":
+    return (b != b).where(b, (b < a).where(b, a))
+  return (b == b).where((a < b).where(b, a), b)
 
 
 def dynamic_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
