@@ -390,6 +390,128 @@ def test_dynamic_quantization_runs_on_the_int8_microkernel(tmp_path):
       np.testing.assert_array_equal(a, b)
 
 
+def _dynamic_quantize_model(shape, k: int, n: int, seed: int):
+  """DynamicQuantizeLinear -> MatMulInteger as quantize_dynamic writes them; every output is a graph output."""
+  from onnx import TensorProto, helper, numpy_helper
+
+  rng = np.random.default_rng(seed)
+  w = numpy_helper.from_array(rng.integers(-128, 128, (k, n)).astype(np.int8), "w")
+  wz = numpy_helper.from_array(np.int8(0), "wz")
+  nodes = [
+    helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+    helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["y"]),
+  ]
+  outs = [helper.make_tensor_value_info(o, t, None) for o, t in (("xq", TensorProto.UINT8), ("xs", 1), ("xz", 2))]
+  g = helper.make_graph(
+    nodes,
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+    outs + [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+    [w, wz],
+  )
+  m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+  m.ir_version = 9
+  return m
+
+
+def test_dynamic_quantize_linear_reads_its_range_once(tmp_path):
+  # the zero point needs the minimum and the scale needs both ends of the range: the minimum is computed once, in a
+  # kernel of its own, not again inside the kernel that quantizes (where it ran as a scalar chain over the whole
+  # tensor, half of that kernel's time); the quantizing kernel is elementwise. Outputs bit-equal to onnxruntime's
+  import onnxruntime as ort
+
+  import aot
+  from aot.compiler import resolve
+  from aot.ir import Ops
+  from aot.schedule import schedule
+
+  m = _dynamic_quantize_model((64, 96), 96, 40, seed=23)
+  traced = resolve(m)
+  kernels = schedule(traced.outputs, traced.inputs).kernels
+  reads_x = [k for k in kernels if any(b.kind == "input" for b in k.bufs)]
+  # one reduction for the minimum, one for the maximum; the quantizing kernel reads x elementwise
+  assert sum(u.op is Ops.ACCUMULATE for k in reads_x for u in k.ast.toposort()) == 2
+  assert any(k.shape == (64, 96) for k in reads_x)
+  art = aot.compile_model(m, out_dir=tmp_path / "art")
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  run = aot.load(art, threads=2)
+  rng = np.random.default_rng(5)
+  base = rng.standard_normal((64, 96)).astype(np.float32)
+  # mixed signs (zero point inside the range), all positive (zero point 0), all negative (255), all zero (scale 1),
+  # and values on half steps of a scale of 1/16 (the range [-8, 7.9375]), where rounding half to even matters
+  steps = (rng.integers(-256, 255, (64, 96)) / 32).astype(np.float32)
+  steps[0, :2] = -8.0, 7.9375
+  for x in (base * 3 + 0.4, np.abs(base) + 0.1, -np.abs(base) - 0.1, np.zeros_like(base), steps):
+    want = sess.run(None, {"x": x})
+    got = run(x)
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(np.asarray(g).reshape(np.shape(w)), w)
+  run.close()
+
+
+def test_dynamic_quantize_range_is_reduced_in_parts_that_split_over_threads(tmp_path):
+  # a tensor's min and max as one scalar chain cannot split over threads: they are reduced in RANGE_PARTS parts of
+  # RANGE_LANES lanes (a kernel the pool splits), then over the partials; the elements past the last whole group (a
+  # tail of 4 here) are reduced beside them. Outputs bit-equal to onnxruntime's, with the ends in the parts and in
+  # the tail, on 1, 2 and 3 threads
+  import onnxruntime as ort
+
+  import aot
+  from aot.compiler import resolve
+  from aot.frontends.onnx_ops_quant import RANGE_LANES, RANGE_PARTS
+  from aot.schedule import schedule
+
+  shape = (3, 50, 70)
+  m = _dynamic_quantize_model(shape, 70, 24, seed=29)
+  traced = resolve(m)
+  kernels = schedule(traced.outputs, traced.inputs).kernels
+  assert sum(k.shape == (RANGE_PARTS, RANGE_LANES) for k in kernels) == 2
+  # and nothing of the parts' folds is staged (a NaN test both ends shared was, in a kernel of its own)
+  assert not any(len(k.shape) == 3 and k.shape[0] == RANGE_PARTS for k in kernels)
+  art = aot.compile_model(m, out_dir=tmp_path / "art")
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  runs = [aot.load(art, threads=t) for t in (1, 2, 3)]
+  rng = np.random.default_rng(31)
+  xs = []
+  for at in (0, 5000, -1, -4):
+    for end in (-40.0, 40.0):
+      x = rng.standard_normal(shape).astype(np.float32)
+      x.reshape(-1)[at] = end
+      xs.append(x)
+  for x in xs:
+    want = sess.run(None, {"x": x})
+    for run in runs:
+      for g, w in zip(run(x), want):
+        np.testing.assert_array_equal(np.asarray(g).reshape(np.shape(w)), w)
+  for run in runs:
+    run.close()
+
+
+def test_a_range_in_parts_is_the_whole_tensors_with_nan_and_infinities(tmp_path):
+  # reduced in parts, folds and lanes, then over the partials (and a tail): still the one min and max numpy finds,
+  # a NaN anywhere the result
+  import aot
+  from aot.frontends.onnx_ops_quant import _whole
+
+  shape = (3, 50, 70)
+  art = aot.compile_model(
+    lambda x: (_whole(x, "min"), _whole(x, "max")), [np.zeros(shape, np.float32)], out_dir=tmp_path
+  )
+  run = aot.load(art, threads=2)
+  rng = np.random.default_rng(3)
+  for at in (0, 77, 5000, 10239, 10240, 10499):
+    for special in (np.nan, -np.inf, np.inf):
+      x = rng.standard_normal(shape).astype(np.float32)
+      x.reshape(-1)[at] = special
+      lo, hi = run(x)
+      np.testing.assert_array_equal([lo, hi], [x.min(), x.max()])
+  run.close()
+
+
 def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tmp_path):
   # QuantizeLinear's result (x8 - zero in int32) is read by a conv and by the residual add: it is stored as x8, both
   # widen it as they read it, and no int32 scratch is left for the conv's copy to narrow again
