@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from aot.codegen.linearize import is_outer, kernel_params, linearize, loop_pieces, widen_index
+from aot.codegen.linearize import is_outer, kernel_params, linearize, loop_pieces, reads_strided, widen_index
 from aot.dtype import DType, dtypes, min_value
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -40,7 +40,10 @@ def abs_with(fabs):
 # written out), at least this long and not a whole number of 16-float vectors, has its remainder run as a masked
 # vector iteration: clang ran the 8 columns left of a 56-wide row as scalar gated loads. 14 panels of a 3x3 conv's
 # pack, thread CPU time, not inlined: ResNet-18's 64x56x56 0.262 -> 0.147 ms (clang-19; the llvm target's 0.129),
-# VGG-19's 128x56x56 0.307 -> 0.174, 512x28x28 0.125 -> 0.074 (clang-14 0.236 -> 0.198, 0.133 -> 0.078)
+# VGG-19's 128x56x56 0.307 -> 0.174, 512x28x28 0.125 -> 0.074 (clang-14 0.236 -> 0.198, 0.133 -> 0.078). Not in a
+# kernel that reads at a small stride (reads_strided: a pool's window at stride 2): masked, its interleaved loads
+# became one scalar load and insert per element (SqueezeNet's 3x3/2 max pool over 64x111x111: clang-19 0.40 -> 0.15
+# ms unmasked, clang-14 0.70 -> 0.19; gcc, which has no such hint, 0.19 either way)
 TAIL_MASKED_MIN, TAIL_MASKED_VECTOR = 16, 16
 
 
@@ -120,6 +123,8 @@ class CRenderer:
     return buffers + ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
+    # a kernel that reads at a small stride keeps its tails unmasked (TAIL_MASKED_MIN)
+    maskable = not any(u.op is Ops.ACCUMULATE for u in ast.toposort()) and not reads_strided(ast)
     ast = widen_index(ast)
     names: dict[UOp, str] = {}
 
@@ -130,7 +135,6 @@ class CRenderer:
 
     lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
     program = linearize(ast)
-    copy = not any(u.op is Ops.ACCUMULATE for u in ast.toposort())
     loops = [u for kind, u in program if kind == "loop"]
     # the innermost loop in pieces (loop_pieces): its body is written once per piece
     pieces = loop_pieces(ast, loops[-1]) if loops else []
@@ -141,7 +145,7 @@ class CRenderer:
         lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.size))
         if u is loops[-1] and len(pieces) > 1:
           body_at = len(lines)
-        elif u is loops[-1] and not is_outer(u) and self.masks_tail(copy, 0, u.size):
+        elif u is loops[-1] and not is_outer(u) and self.masks_tail(maskable, 0, u.size):
           lines.append(f"{ind}{self.tail_masked}")
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{")
         depth += 1
@@ -153,7 +157,7 @@ class CRenderer:
           del lines[body_at:]
           for lo, hi in pieces:
             lo_, hi_ = self.literal(u.dtype, lo), self.literal(u.dtype, hi)
-            if self.masks_tail(copy, lo, hi):
+            if self.masks_tail(maskable, lo, hi):
               lines.append(f"{'  ' * depth}{self.tail_masked}")
             head = f"for ({u.dtype.cname} {names[u]} = {lo_}; {names[u]} < {hi_}; {names[u]}++) {{"
             lines += [f"{'  ' * depth}{head}", *body]
@@ -169,10 +173,11 @@ class CRenderer:
         lines.append(f"{ind}const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
     return "\n".join(lines + ["}"])
 
-  def masks_tail(self, copy: bool, lo: int, hi: int) -> bool:
-    """Does an innermost loop over [lo, hi) of a kernel without sums (copy) run its remainder masked (tail_masked)?"""
+  def masks_tail(self, maskable: bool, lo: int, hi: int) -> bool:
+    """Does an innermost loop over [lo, hi) run its remainder masked (tail_masked)? maskable: the kernel has no sums
+    and no reads at a small stride."""
     n = hi - lo
-    return self.tail_masked is not None and copy and n >= TAIL_MASKED_MIN and n % TAIL_MASKED_VECTOR != 0
+    return self.tail_masked is not None and maskable and n >= TAIL_MASKED_MIN and n % TAIL_MASKED_VECTOR != 0
 
   def render_value(self, u: UOp, r) -> str:
     if u.op is Ops.LOAD:
