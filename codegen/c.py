@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from aot.codegen.linearize import is_outer, kernel_params, linearize, loop_pieces, reads_strided, widen_index
+from aot.codegen.linearize import in_pieces, is_outer, kernel_params, linearize, reads_strided, widen_index
 from aot.dtype import DType, dtypes, min_value
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -135,41 +135,31 @@ class CRenderer:
 
     lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
     program = linearize(ast)
-    loops = [u for kind, u in program if kind == "loop"]
-    # the innermost loop in pieces (loop_pieces): its body is written once per piece
-    pieces = loop_pieces(ast, loops[-1]) if loops else []
-    for kind, u in program:
+    inner = next((u for kind, u in reversed(program) if kind == "loop"), None)
+    # the innermost loop and the one around it in pieces (in_pieces): a body is written once per piece
+    for kind, u, bounds in in_pieces(ast, program):
       ind = "  " * depth
       if kind == "loop":
         names[u] = f"r{u.number}"
-        lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.size))
-        if u is loops[-1] and len(pieces) > 1:
-          body_at = len(lines)
-        elif u is loops[-1] and not is_outer(u) and self.masks_tail(maskable, 0, u.size):
+        lo, hi = ("start", "end") if is_outer(u) else (self.literal(u.dtype, x) for x in bounds)
+        lo = "0" if bounds == (0, u.size) and not is_outer(u) else lo
+        if u is inner and not is_outer(u) and self.masks_tail(maskable, *bounds):
           lines.append(f"{ind}{self.tail_masked}")
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{")
         depth += 1
       elif kind == "end":
         depth -= 1
         lines.append("  " * depth + "}")
-        if len(pieces) > 1 and u is loops[-1]:
-          body = lines[body_at + 1 :]
-          del lines[body_at:]
-          for lo, hi in pieces:
-            lo_, hi_ = self.literal(u.dtype, lo), self.literal(u.dtype, hi)
-            if self.masks_tail(maskable, lo, hi):
-              lines.append(f"{'  ' * depth}{self.tail_masked}")
-            head = f"for ({u.dtype.cname} {names[u]} = {lo_}; {names[u]} < {hi_}; {names[u]}++) {{"
-            lines += [f"{'  ' * depth}{head}", *body]
       elif kind == "acc_init":
-        names[u] = f"acc{len(names)}"
+        names.setdefault(u, f"acc{len(names)}")
         lines.append(f"{ind}{u.dtype.cname} {names[u]} = {self.identity(u.reduce_op, u.dtype)};")
       elif kind == "acc_update":
         lines.append(f"{ind}{self.accumulate(u.reduce_op, u.dtype, names[u], r(u.src[0]))}")
       elif kind == "store":
         lines.append(f"{ind}d{u.src[0].slot}[{r(u.src[1])}] = {r(u.src[2])};")
       else:
-        names[u] = f"v{len(names)}"
+        # a body written once per piece (in_pieces) keeps its names
+        names.setdefault(u, f"v{len(names)}")
         lines.append(f"{ind}const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
     return "\n".join(lines + ["}"])
 

@@ -137,21 +137,23 @@ def test_a_kernel_reading_at_a_small_stride_indexes_in_64_bits():
 
 def test_an_edge_gated_loop_runs_in_pieces_with_constant_gates():
   # a 3x3/1 average pool padded by 1: the column loop is cut where its gates change (c >= 1, c + 1 < 17), so the
-  # interior piece's loads are plain ones; a kernel with sums is left whole
+  # interior piece's loads are plain ones, and so is the row loop around it (in_pieces), the columns' pieces inside
+  # each row piece; a kernel with sums is left whole
   from aot.codegen.c import CRenderer
   from aot.codegen.linearize import loop_pieces
 
   x = np.zeros((1, 3, 17, 17), np.float32)
   (pool,) = kernels(lambda x: x.avg_pool2d(3, 1, padding=1), x)
   ast = optimize(pool.ast)
-  inner = [u for kind, u in linearize(ast) if kind == "loop"][-1]
-  assert loop_pieces(ast, inner) == [(0, 1), (1, 16), (16, 17)]
+  rows, inner = [u for kind, u in linearize(ast) if kind == "loop"][-2:]
+  assert loop_pieces(ast, inner) == loop_pieces(ast, rows) == [(0, 1), (1, 16), (16, 17)]
   src = CRenderer().render_kernel("k", ast)
-  assert [
+  starts = lambda r: [
     line.strip().split("=")[1].split(";")[0]
     for line in src.splitlines()
-    if line.strip().startswith(f"for (int r{inner.number} ")
-  ] == [" 0", " 1", " 16"]
+    if line.strip().startswith(f"for (int r{r.number} ")
+  ]
+  assert starts(rows) == [" 0", " 1", " 16"] and starts(inner) == [" 0", " 1", " 16"] * 3
   # a 5x5 window keeps its sum loops: its column loop, as gated, stays one loop
   (big,) = kernels(lambda x: x.avg_pool2d(5, 1, padding=2), x)
   ast = optimize(big.ast)
