@@ -44,8 +44,10 @@ SCALAR_CALLS = {Ops.POW, *LIBM} - {Ops.SQRT, Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops
 # 3x faster again, but would change which zero or which NaN comes out (the sequential order's first zero, its last
 # NaN); the tree keeps the order, so the result is bitwise the sequential one (maxmin_blocks)
 MAXMIN_BLOCK = 16
-# ... for a reduction of at least this many terms, in a kernel of at most this many outputs (more outputs are lanes
-# of upcast's), whose summand is at most this many nodes (the block repeats it MAXMIN_BLOCK times)
+# ... for a reduction of at least this many terms, whose summand is at most this many nodes (the block repeats it
+# MAXMIN_BLOCK times), in a kernel of at most this many outputs (more outputs are lanes of upcast's), or one that
+# reads no output loop (computed once for all of them: DynamicQuantizeLinear's min(x) for its zero point, in the
+# kernel that quantizes x)
 MAXMIN_BLOCK_MIN_TERMS = 256
 MAXMIN_BLOCK_MAX_OUTPUTS = 16
 MAXMIN_BLOCK_MAX_NODES = 32
@@ -96,13 +98,13 @@ def maxmin_blocks(ast: UOp) -> UOp | None:
   the result (a zero keeps the sign of the first zero reaching the extreme, a NaN the payload of the last NaN).
   None when no accumulator qualifies."""
   outs, accs = _loops_and_sums(ast)
-  if prod(r.size for r in outs) > MAXMIN_BLOCK_MAX_OUTPUTS:
-    return None
+  few = prod(r.size for r in outs) <= MAXMIN_BLOCK_MAX_OUTPUTS
   mapping = {}
   for acc in accs:
     inner = acc.src[-1]
     if (
-      acc.reduce_op not in (ReduceOp.MAX, ReduceOp.MIN)
+      not (few or not {r for r in acc.src[0].toposort() if r.op is Ops.RANGE} - set(acc.src[1:]))
+      or acc.reduce_op not in (ReduceOp.MAX, ReduceOp.MIN)
       or not acc.dtype.is_float
       or acc.dtype != acc.src[0].dtype
       or prod(r.size for r in acc.src[1:]) < MAXMIN_BLOCK_MIN_TERMS
@@ -291,6 +293,10 @@ def optimize(ast: UOp) -> UOp:
   ast = graph_rewrite(ast, pm_decompose)
   blocks = maxmin_blocks(ast)
   if blocks is not None:
-    return blocks
+    outs, _ = _loops_and_sums(blocks)
+    # a few outputs, each from a long reduction in blocks: as they are (upcast would repeat the blocks per lane)
+    if prod(r.size for r in outs) <= MAXMIN_BLOCK_MAX_OUTPUTS:
+      return blocks
+    ast = blocks
   shared = short_sum_lanes(ast)
   return shared if shared is not None else upcast(unroll_small_reduces(ast))

@@ -31,6 +31,11 @@ def test_a_long_max_min_is_combined_in_blocks_of_neighbours():
     assert sum(kind == "value" and u.op.name == "LOAD" for kind, u in prog) == block
   (k,) = kernels(lambda x: x.max(), np.zeros((4, 32), np.float32))
   assert [u.arg[1] for kind, u in linearize(optimize(k.ast)) if kind == "loop"] == [4, 32]
+  # a min computed once for a kernel of many outputs (x less its min; DynamicQuantizeLinear's zero point) runs in
+  # blocks too, the output loop still upcast in lanes of 8
+  (k,) = kernels(lambda x: x - x.min(), np.zeros((64, 256), np.float32))
+  loops = [u.arg[1:] for kind, u in linearize(optimize(k.ast)) if kind == "loop"]
+  assert loops == [(64, "reduce"), (256 // MAXMIN_BLOCK, "reduce"), (64, "loop"), (256 // 8, "loop")]
 
 
 def test_a_strided_pool_keeps_its_rows_tail_unmasked():
@@ -94,12 +99,15 @@ def _model():
     helper.make_node("ReduceMin", ["b"], ["min"], keepdims=0),
     # a few values, each from a long reduction
     helper.make_node("ReduceMax", ["b", "axes"], ["rowmax"], keepdims=0),
+    # many values, all reading one long reduction
+    helper.make_node("ReduceMin", ["b"], ["bmin"], keepdims=1),
+    helper.make_node("Sub", ["b", "bmin"], ["centred"]),
   ]
   graph = helper.make_graph(
     nodes,
     "g",
     [helper.make_tensor_value_info("a", f, [1, 4, 40, 63]), helper.make_tensor_value_info("b", f, [3, 40, 64])],
-    [helper.make_tensor_value_info(n, f, None) for n in ("pool2", "pool1", "max", "min", "rowmax")],
+    [helper.make_tensor_value_info(n, f, None) for n in ("pool2", "pool1", "max", "min", "rowmax", "centred")],
     [helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])],
   )
   return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
@@ -131,15 +139,16 @@ def test_max_min_keep_the_sequential_result_bit_for_bit(build, tmp_path, monkeyp
       outs = [r(a, b) for r in runs]
       for out in outs[1:]:
         assert all(_same_bits(x, y) for x, y in zip(outs[0], out)), f"{kind}: threads differ"
-      pool2, pool1, mx, mn, rowmax = outs[0]
+      pool2, pool1, mx, mn, rowmax, centred = outs[0]
       want = {
         "pool2": _sequential(_windows(a, 2, 0), True),
         "pool1": _sequential(_windows(a, 1, 1), True),
         "max": _sequential(b.reshape(-1), True),
         "min": _sequential(b.reshape(-1), False),
         "rowmax": _sequential(b.reshape(3, -1), True),
+        "centred": b - _sequential(b.reshape(-1), False),
       }
-      got = dict(zip(want, (pool2, pool1, mx, mn, rowmax)))
+      got = dict(zip(want, (pool2, pool1, mx, mn, rowmax, centred)))
       for name in want:
         assert _same_bits(got[name], want[name]), f"{kind}: {name}"
       if kind != "nan":
