@@ -40,12 +40,13 @@ SCALAR_CALLS = {Ops.POW, *LIBM} - {Ops.SQRT, Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops
 # a long float max/min (a ReduceMax to one value, DynamicQuantizeLinear's min(x) and max(x)) runs over blocks of this
 # many neighbours, each block combined pairwise in a tree and then into the accumulator: one scalar chain of selects
 # was latency-bound (128x1024 floats, thread CPU time: clang-19 0.19 -> 0.043 ms, clang-14 0.19 -> 0.053, gcc 0.048
-# -> 0.034; 8 lanes measured the same, 32 slower under clang-14). Interleaved accumulators combined at the end ran
+# -> 0.034; blocks of 8 measured the same, 32 slower under clang-14). Interleaved accumulators combined at the end ran
 # 3x faster again, but would change which zero or which NaN comes out (the sequential order's first zero, its last
-# NaN); the tree keeps the order, so the result is bitwise the sequential one (maxmin_blocks)
-MAXMIN_BLOCK = 16
-# ... for a reduction of at least this many terms, whose summand is at most this many nodes (the block repeats it
-# MAXMIN_BLOCK times), in a kernel of at most this many outputs (more outputs are lanes of upcast's), or one that
+# NaN); the tree keeps the order, so the result is bitwise the sequential one (maxmin_blocks). 8 where 16 does not
+# divide the range (a classifier's 1000 logits)
+MAXMIN_BLOCKS = (16, 8)
+# ... for a reduction of at least this many terms, whose summand is at most this many nodes (a block repeats it once
+# per term), in a kernel of at most this many outputs (more outputs are lanes of upcast's), or one that
 # reads no output loop (computed once for all of them: DynamicQuantizeLinear's min(x) for its zero point, in the
 # kernel that quantizes x)
 MAXMIN_BLOCK_MIN_TERMS = 256
@@ -92,7 +93,7 @@ def _tree(op: Ops, terms: list[UOp]) -> UOp:
 
 
 def maxmin_blocks(ast: UOp) -> UOp | None:
-  """Each long float MAX/MIN accumulator -> one over blocks of MAXMIN_BLOCK neighbours along its innermost range,
+  """Each long float MAX/MIN accumulator -> one over blocks of neighbours (MAXMIN_BLOCKS) along its innermost range,
   each block combined in a tree (_tree). NaN-propagating max/min (keep the newer value when it is NaN, else the older
   on a tie) is associative with the identity on both sides, so grouping the terms, in their order, changes no bit of
   the result (a zero keeps the sign of the first zero reaching the extreme, a NaN the payload of the last NaN).
@@ -108,12 +109,12 @@ def maxmin_blocks(ast: UOp) -> UOp | None:
       or not acc.dtype.is_float
       or acc.dtype != acc.src[0].dtype
       or prod(r.size for r in acc.src[1:]) < MAXMIN_BLOCK_MIN_TERMS
-      or inner.size % MAXMIN_BLOCK
+      or (size := next((b for b in MAXMIN_BLOCKS if inner.size % b == 0), None)) is None
       or len(acc.src[0].toposort()) > MAXMIN_BLOCK_MAX_NODES
     ):
       continue
-    block = UOp(Ops.RANGE, dtypes.index, (), (inner.number, inner.size // MAXMIN_BLOCK, "reduce"))
-    terms = [substitute(acc.src[0], {inner: block * MAXMIN_BLOCK + j}) for j in range(MAXMIN_BLOCK)]
+    block = UOp(Ops.RANGE, dtypes.index, (), (inner.number, inner.size // size, "reduce"))
+    terms = [substitute(acc.src[0], {inner: block * size + j}) for j in range(size)]
     tree = _tree(COMBINE[acc.reduce_op], terms)
     mapping[acc] = UOp(Ops.ACCUMULATE, acc.dtype, (tree, *acc.src[1:-1], block), acc.arg)
   return graph_rewrite(substitute(ast, mapping), pm_simplify) if mapping else None

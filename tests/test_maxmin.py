@@ -9,9 +9,11 @@ from onnx import TensorProto, helper
 import aot
 from aot.codegen.c import CRenderer
 from aot.codegen.linearize import linearize
-from aot.codegen.opt import MAXMIN_BLOCK, optimize
+from aot.codegen.opt import MAXMIN_BLOCKS, optimize
 from aot.compiler import resolve
 from aot.schedule import schedule
+
+MAXMIN_BLOCK = MAXMIN_BLOCKS[0]
 
 
 def kernels(fn, *xs):
@@ -31,6 +33,9 @@ def test_a_long_max_min_is_combined_in_blocks_of_neighbours():
     assert sum(kind == "value" and u.op.name == "LOAD" for kind, u in prog) == block
   (k,) = kernels(lambda x: x.max(), np.zeros((4, 32), np.float32))
   assert [u.arg[1] for kind, u in linearize(optimize(k.ast)) if kind == "loop"] == [4, 32]
+  # 1000 terms: blocks of 8, which divide them
+  (k,) = kernels(lambda x: x.max(), np.zeros((1, 1000), np.float32))
+  assert [u.arg[1] for kind, u in linearize(optimize(k.ast)) if kind == "loop"][-1] == 1000 // MAXMIN_BLOCKS[1]
   # a min computed once for a kernel of many outputs (x less its min; DynamicQuantizeLinear's zero point) runs in
   # blocks too, the output loop still upcast in lanes of 8
   (k,) = kernels(lambda x: x - x.min(), np.zeros((64, 256), np.float32))
