@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from aot.codegen.linearize import is_outer, kernel_params, linearize, loop_pieces, widen_index
+from aot.codegen.linearize import in_pieces, is_outer, kernel_params, linearize, reads_strided, widen_index
 from aot.dtype import DType, dtypes, min_value
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -40,8 +40,19 @@ def abs_with(fabs):
 # written out), at least this long and not a whole number of 16-float vectors, has its remainder run as a masked
 # vector iteration: clang ran the 8 columns left of a 56-wide row as scalar gated loads. 14 panels of a 3x3 conv's
 # pack, thread CPU time, not inlined: ResNet-18's 64x56x56 0.262 -> 0.147 ms (clang-19; the llvm target's 0.129),
-# VGG-19's 128x56x56 0.307 -> 0.174, 512x28x28 0.125 -> 0.074 (clang-14 0.236 -> 0.198, 0.133 -> 0.078)
+# VGG-19's 128x56x56 0.307 -> 0.174, 512x28x28 0.125 -> 0.074 (clang-14 0.236 -> 0.198, 0.133 -> 0.078). Not in a
+# kernel that reads at a small stride (reads_strided: a pool's window at stride 2): masked, its interleaved loads
+# became one scalar load and insert per element (SqueezeNet's 3x3/2 max pool over 64x111x111: clang-19 0.40 -> 0.15
+# ms unmasked, clang-14 0.70 -> 0.19; gcc, which has no such hint, 0.19 either way). Nor in one that reads the buffer
+# it writes (an epilogue applied in place): masked, its loop ran 2.5-4x slower (SqueezeNet's bias + ReLU over 27- and
+# 55-wide rows, clang-19 0.0063 -> 0.0018 and 0.0072 -> 0.0025 ms unmasked, clang-14 alike), where a pack, which
+# writes a panel of its own, stays faster masked
 TAIL_MASKED_MIN, TAIL_MASKED_VECTOR = 16, 16
+
+
+def reads_own_output(ast: UOp) -> bool:
+  """Does the kernel load from the buffer it stores to (slot 0)?"""
+  return any(u.op is Ops.LOAD and u.src[0].slot == 0 for u in ast.toposort())
 
 
 class CRenderer:
@@ -120,6 +131,9 @@ class CRenderer:
     return buffers + ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
+    # a kernel that reads at a small stride, or its own output, keeps its tails unmasked (TAIL_MASKED_MIN)
+    maskable = not any(u.op is Ops.ACCUMULATE for u in ast.toposort()) and not reads_strided(ast)
+    maskable = maskable and not reads_own_output(ast)
     ast = widen_index(ast)
     names: dict[UOp, str] = {}
 
@@ -130,49 +144,39 @@ class CRenderer:
 
     lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
     program = linearize(ast)
-    copy = not any(u.op is Ops.ACCUMULATE for u in ast.toposort())
-    loops = [u for kind, u in program if kind == "loop"]
-    # the innermost loop in pieces (loop_pieces): its body is written once per piece
-    pieces = loop_pieces(ast, loops[-1]) if loops else []
-    for kind, u in program:
+    inner = next((u for kind, u in reversed(program) if kind == "loop"), None)
+    # the innermost loop and the one around it in pieces (in_pieces): a body is written once per piece
+    for kind, u, bounds in in_pieces(ast, program):
       ind = "  " * depth
       if kind == "loop":
         names[u] = f"r{u.number}"
-        lo, hi = ("start", "end") if is_outer(u) else ("0", self.literal(u.dtype, u.size))
-        if u is loops[-1] and len(pieces) > 1:
-          body_at = len(lines)
-        elif u is loops[-1] and not is_outer(u) and self.masks_tail(copy, 0, u.size):
+        lo, hi = ("start", "end") if is_outer(u) else (self.literal(u.dtype, x) for x in bounds)
+        lo = "0" if bounds == (0, u.size) and not is_outer(u) else lo
+        if u is inner and not is_outer(u) and self.masks_tail(maskable, *bounds):
           lines.append(f"{ind}{self.tail_masked}")
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{")
         depth += 1
       elif kind == "end":
         depth -= 1
         lines.append("  " * depth + "}")
-        if len(pieces) > 1 and u is loops[-1]:
-          body = lines[body_at + 1 :]
-          del lines[body_at:]
-          for lo, hi in pieces:
-            lo_, hi_ = self.literal(u.dtype, lo), self.literal(u.dtype, hi)
-            if self.masks_tail(copy, lo, hi):
-              lines.append(f"{'  ' * depth}{self.tail_masked}")
-            head = f"for ({u.dtype.cname} {names[u]} = {lo_}; {names[u]} < {hi_}; {names[u]}++) {{"
-            lines += [f"{'  ' * depth}{head}", *body]
       elif kind == "acc_init":
-        names[u] = f"acc{len(names)}"
+        names.setdefault(u, f"acc{len(names)}")
         lines.append(f"{ind}{u.dtype.cname} {names[u]} = {self.identity(u.reduce_op, u.dtype)};")
       elif kind == "acc_update":
         lines.append(f"{ind}{self.accumulate(u.reduce_op, u.dtype, names[u], r(u.src[0]))}")
       elif kind == "store":
         lines.append(f"{ind}d{u.src[0].slot}[{r(u.src[1])}] = {r(u.src[2])};")
       else:
-        names[u] = f"v{len(names)}"
+        # a body written once per piece (in_pieces) keeps its names
+        names.setdefault(u, f"v{len(names)}")
         lines.append(f"{ind}const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
     return "\n".join(lines + ["}"])
 
-  def masks_tail(self, copy: bool, lo: int, hi: int) -> bool:
-    """Does an innermost loop over [lo, hi) of a kernel without sums (copy) run its remainder masked (tail_masked)?"""
+  def masks_tail(self, maskable: bool, lo: int, hi: int) -> bool:
+    """Does an innermost loop over [lo, hi) run its remainder masked (tail_masked)? maskable: the kernel has no sums,
+    no reads at a small stride and none of its own output."""
     n = hi - lo
-    return self.tail_masked is not None and copy and n >= TAIL_MASKED_MIN and n % TAIL_MASKED_VECTOR != 0
+    return self.tail_masked is not None and maskable and n >= TAIL_MASKED_MIN and n % TAIL_MASKED_VECTOR != 0
 
   def render_value(self, u: UOp, r) -> str:
     if u.op is Ops.LOAD:

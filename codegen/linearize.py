@@ -96,6 +96,32 @@ def loop_pieces(ast: UOp, r: UOp) -> list[tuple[int, int]]:
   return list(zip(cuts, cuts[1:]))
 
 
+# ... and the loop around it likewise (a padded pool's rows: the gate on a row, r >= 1, is invariant in the innermost
+# loop, where the compilers read it as a mask on every load: ResNet-18's padded 3x3/2 max pool over 64x112x112,
+# thread CPU time, clang-19 0.47 -> 0.25 ms, clang-14 0.38 -> 0.21, gcc 0.66 -> 0.21), when the copies of the
+# innermost body this makes are at most this many (a 3x3/1 window's three pieces each way)
+PEEL_MAX_COPIES = 9
+# the loops taken in pieces, innermost first
+PEEL_LOOPS = 2
+
+
+def in_pieces(ast: UOp, program: list[tuple[str, UOp]]) -> list[tuple[str, UOp, tuple[int, int] | None]]:
+  """The program with each loop's bounds: the innermost loop and the one around it in pieces (loop_pieces), their
+  instructions repeated once per piece, the innermost's within each of the outer's; every other loop (0, size)."""
+  out = [(kind, u, (0, u.size) if kind == "loop" else None) for kind, u in program]
+  copies = 1
+  for r in reversed([u for kind, u in program if kind == "loop"][-PEEL_LOOPS:]):
+    pieces = loop_pieces(ast, r)
+    if len(pieces) == 1 or copies * len(pieces) > PEEL_MAX_COPIES:
+      continue
+    copies *= len(pieces)
+    at = next(i for i, (kind, u, _) in enumerate(out) if kind == "loop" and u is r)
+    to = next(i for i, (kind, u, _) in enumerate(out) if kind == "end" and u is r) + 1
+    repeated = [[(k, u, piece if k == "loop" and u is r else b) for k, u, b in out[at:to]] for piece in pieces]
+    out = out[:at] + [x for rep in repeated for x in rep] + out[to:]
+  return out
+
+
 def parallel_extent(ast: UOp) -> int:
   """How many iterations of the outermost output loop a kernel has (1 when it has none: it runs whole, once)."""
   return next((r.size for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)

@@ -13,7 +13,7 @@ import re
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from aot.codegen.linearize import is_outer, kernel_params, linearize, loop_pieces, widen_index
+from aot.codegen.linearize import in_pieces, is_outer, kernel_params, linearize, widen_index
 from aot.dtype import DType, dtypes
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -110,24 +110,15 @@ class LLVMRenderer:
         return b.load(accs[u])
       return vals[u]
 
-    program = linearize(ast)
-    inner = next((u for kind, u in reversed(program) if kind == "loop"), None)
-    # the innermost loop in pieces (loop_pieces): its instructions are emitted once per piece
-    pieces = loop_pieces(ast, inner) if inner is not None else []
-    if len(pieces) > 1:
-      at, to = program.index(("loop", inner)), program.index(("end", inner)) + 1
-      program = program[:at] + program[at:to] * len(pieces) + program[to:]
-    pieces = iter(pieces)
-    for kind, u in program:
+    # the innermost loop and the one around it in pieces (in_pieces): their instructions are emitted once per piece
+    for kind, u, bounds in in_pieces(ast, linearize(ast)):
       if kind == "loop":
         it = ltype(u.dtype)
         counter = alloca_b.alloca(it, name=f"r{u.number}")
         outer = is_outer(u)
         # a 64-bit counter (widen_index) still starts and ends where the int arguments say
         lo, hi = (
-          (b.sext(x, it) if it != i32 else x for x in (start, end))
-          if outer
-          else (ir.Constant(it, x) for x in (next(pieces) if u is inner else (0, u.size)))
+          (b.sext(x, it) if it != i32 else x for x in (start, end)) if outer else (ir.Constant(it, x) for x in bounds)
         )
         b.store(lo, counter)
         head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.number}") for s in ("head", "loop", "exit"))
