@@ -8,6 +8,7 @@ import math
 from aot.codegen.linearize import is_outer, kernel_params, linearize, loop_pieces, widen_index
 from aot.dtype import DType, dtypes, min_value
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
+from aot.symbolic import linear
 
 
 def _fn(name: str):
@@ -40,8 +41,28 @@ def abs_with(fabs):
 # written out), at least this long and not a whole number of 16-float vectors, has its remainder run as a masked
 # vector iteration: clang ran the 8 columns left of a 56-wide row as scalar gated loads. 14 panels of a 3x3 conv's
 # pack, thread CPU time, not inlined: ResNet-18's 64x56x56 0.262 -> 0.147 ms (clang-19; the llvm target's 0.129),
-# VGG-19's 128x56x56 0.307 -> 0.174, 512x28x28 0.125 -> 0.074 (clang-14 0.236 -> 0.198, 0.133 -> 0.078)
+# VGG-19's 128x56x56 0.307 -> 0.174, 512x28x28 0.125 -> 0.074 (clang-14 0.236 -> 0.198, 0.133 -> 0.078).
+# Not in a copy that reads at a stride along that loop (a strided conv's im2col panel): masked, its strided reads are
+# assembled element by element, where unmasked clang makes one interleaved load per vector or keeps the loop scalar,
+# both faster. SqueezeNet's 3x3/2 stem over 3x224x224 (4 panels): 0.141 -> 0.031 ms, ResNet-18's padded 3x3/2 conv
+# over 64x56x56: 0.749 -> 0.626 ms with its gemm (clang-19, thread CPU time). Kernels that compute (a strided max pool
+# and the residual add it is fused into) are left as they were: forced vectorisation still pays in some of them
 TAIL_MASKED_MIN, TAIL_MASKED_VECTOR = 16, 16
+
+
+def strided_copy(ast: UOp, r: UOp) -> bool:
+  """Does the kernel store only loaded elements (under gates) and read at a stride other than 0 or 1 along r?"""
+  if ast.op is not Ops.STORE:
+    return False
+  moves = (Ops.LOAD, Ops.WHERE, Ops.CONST, Ops.DEFINE_GLOBAL)
+  if any(u.dtype == ast.src[2].dtype and u.op not in moves for u in ast.src[2].toposort()):
+    return False
+  for u in ast.toposort():
+    if u.op is Ops.LOAD:
+      terms = linear(u.src[1])[0]
+      if terms.get(r, 0) not in (0, 1) or any(t is not r and r in t.toposort() for t in terms):
+        return True
+  return False
 
 
 class CRenderer:
@@ -130,8 +151,8 @@ class CRenderer:
 
     lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
     program = linearize(ast)
-    copy = not any(u.op is Ops.ACCUMULATE for u in ast.toposort())
     loops = [u for kind, u in program if kind == "loop"]
+    copy = bool(loops) and not any(u.op is Ops.ACCUMULATE for u in ast.toposort()) and not strided_copy(ast, loops[-1])
     # the innermost loop in pieces (loop_pieces): its body is written once per piece
     pieces = loop_pieces(ast, loops[-1]) if loops else []
     for kind, u in program:
@@ -170,7 +191,8 @@ class CRenderer:
     return "\n".join(lines + ["}"])
 
   def masks_tail(self, copy: bool, lo: int, hi: int) -> bool:
-    """Does an innermost loop over [lo, hi) of a kernel without sums (copy) run its remainder masked (tail_masked)?"""
+    """Does an innermost loop over [lo, hi) of a kernel without sums (copy; no strided_copy) run its
+    remainder masked (tail_masked)?"""
     n = hi - lo
     return self.tail_masked is not None and copy and n >= TAIL_MASKED_MIN and n % TAIL_MASKED_VECTOR != 0
 
