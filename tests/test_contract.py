@@ -369,3 +369,20 @@ def test_strided_panel_pack_runs_its_rows_unmasked(pads, target, tmp_path):
   pack = src[start : src.index("\n}\n", start)].splitlines()
   rows = [i for i, line in enumerate(pack) if line.strip().startswith("for (")][-1]
   assert f"< {40 + pads}" in pack[rows] and "AOT_TAIL_MASKED" not in pack[rows - 1]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_long_reduction_keeps_wide_panels(target, tmp_path):
+  # K = 2304 > GEMM_KC: only a K slice of the panel has to sit in L2, so a 28x28 image is packed in panels of 8 rows
+  # (224 columns, 7 whole tiles), not of 1 row (28 columns: the weights streamed past every 28 columns)
+  from onnx import helper
+
+  from aot.codegen.contract import GEMM_KC
+
+  w = f32(16, 256, 3, 3)
+  assert 256 * 9 > GEMM_KC
+  node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+  model = onnx_graph([node], {"x": (1, 256, 28, 28)}, {"w": w})
+  check_against_onnxruntime(model, {"x": f32(1, 256, 28, 28)}, tmp_path, target)
+  # batch, M, N, K, the tile, then the rows and columns of one task: the panel's
+  assert "aot_gemm g = {1, 16, 784, 2304, 8, 32, 16, 224," in (tmp_path / target / "src" / "model.c").read_text()
