@@ -460,10 +460,14 @@ def blocks(c: Contraction, mr: int, nr: int, panel: int = 0) -> tuple[int, int]:
     return min(up(c.a.size, mr), MC_TILES * mr), panel
   mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.b.size, nr), NC_TILES * nr)
   tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
-  while tasks() < MIN_TASKS and mc > mr:
-    mc = up(mc // 2, mr)
-  while tasks() < MIN_TASKS and nc > nr:
-    nc = up(nc // 2, nr)
+  # the longer side first: a task reads mc x K of A and K x nc of B for mc x nc x K multiply-adds, so square blocks
+  # read the least (rows first had a swapped 7x7 conv's 49 rows in blocks of 8, each re-reading its 64 x 4608 block
+  # of weights)
+  while tasks() < MIN_TASKS and (mc > mr or nc > nr):
+    if nc > nr and (nc > mc or mc == mr):
+      nc = up(nc // 2, nr)
+    else:
+      mc = up(mc // 2, mr)
   return mc, nc
 
 

@@ -386,3 +386,17 @@ def test_long_reduction_keeps_wide_panels(target, tmp_path):
   check_against_onnxruntime(model, {"x": f32(1, 256, 28, 28)}, tmp_path, target)
   # batch, M, N, K, the tile, then the rows and columns of one task: the panel's
   assert "aot_gemm g = {1, 16, 784, 2304, 8, 32, 16, 224," in (tmp_path / target / "src" / "model.c").read_text()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_task_blocks_shrink_their_longer_side(target, tmp_path):
+  # a swapped 7x7 conv (M = 49 positions, N = 256 channels, K = 2304) split into MIN_TASKS tasks: blocks of 16 rows x
+  # 32 columns, not rows first down to one tile (8 x 32 here; ResNet's 512-channel ones were 8 x 64, each task
+  # re-reading its block of weights for 8 rows)
+  from onnx import helper
+
+  w = f32(256, 256, 3, 3)
+  node = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
+  model = onnx_graph([node, helper.make_node("Relu", ["c"], ["y"])], {"x": (1, 256, 7, 7)}, {"w": w})
+  check_against_onnxruntime(model, {"x": f32(1, 256, 7, 7)}, tmp_path, target)
+  assert "aot_gemm g = {1, 49, 256, 2304, 8, 32, 16, 32," in (tmp_path / target / "src" / "model.c").read_text()
