@@ -57,8 +57,14 @@ PACK_GROWTH = 4
 PACK_SMALL = 1 << 16
 # a B operand copied whole (im2col) is written out one panel of columns at a time instead when the whole copy is
 # bigger than this: each task packs its panel into a buffer of its thread's and runs every row block over it while it
-# sits in L2 (1 MiB per core here), rather than writing the whole matrix to memory and reading it back
+# sits in L2 (1 MiB per core here), rather than writing the whole matrix to memory and reading it back. What must sit
+# there is one K slice of the panel (GEMM_KC rows: the microkernel walks K in slices), so a long K does not narrow the
+# panel: VGG-19's 512x28x28 3x3 convs (K = 4608) ran in 1-row panels of 28 columns, each streaming all 9.4 MB of the
+# weights past 28 columns, and run in 8-row panels of 224 now (a thread's buffer 0.6 -> 4.1 MB): 22.3 -> 20.3
+# ms, 256x56x56 (K = 2304) 20.3 -> 18.1 ms (thread CPU time, interleaved; 37.0 -> 22.7 ms while the memory was busy)
 PANEL_MAX_BYTES = 3 << 19
+# K's slice in runtime_c/aot_gemm.c (KC)
+GEMM_KC = 1024
 # ... or when it is bigger than DENSE_SMALL and than DENSE_GROWTH times the runtime tensors it is copied from (a 5x5
 # window matrix is 25x its input): a whole copy that many times an activation makes the arena a multiple of the model's
 # tensors (MNIST's 5x5 conv: a 1.28 MB copy of a 74 KB input, the arena 19.9x the largest tensor), while its panels
@@ -280,7 +286,7 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
   grown = whole > max(DENSE_SMALL, DENSE_GROWTH * source_bytes)
   if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS:
     return None
-  fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * c.K * 4 <= PANEL_MAX_BYTES]
+  fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= PANEL_MAX_BYTES]
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel
   h = max(
@@ -454,10 +460,14 @@ def blocks(c: Contraction, mr: int, nr: int, panel: int = 0) -> tuple[int, int]:
     return min(up(c.a.size, mr), MC_TILES * mr), panel
   mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.b.size, nr), NC_TILES * nr)
   tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
-  while tasks() < MIN_TASKS and mc > mr:
-    mc = up(mc // 2, mr)
-  while tasks() < MIN_TASKS and nc > nr:
-    nc = up(nc // 2, nr)
+  # the longer side first: a task reads mc x K of A and K x nc of B for mc x nc x K multiply-adds, so square blocks
+  # read the least (rows first had a swapped 7x7 conv's 49 rows in blocks of 8, each re-reading its 64 x 4608 block
+  # of weights)
+  while tasks() < MIN_TASKS and (mc > mr or nc > nr):
+    if nc > nr and (nc > mc or mc == mr):
+      nc = up(nc // 2, nr)
+    else:
+      mc = up(mc // 2, mr)
   return mc, nc
 
 

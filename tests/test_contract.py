@@ -344,3 +344,59 @@ def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tm
   body = (art.dir / "src" / "model.c").read_text()
   assert "_pack" in body and "_dense" not in body
   assert art.arena_bytes <= (x.size + ref.size) * 4 + 4096
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("pads", [0, 1])
+def test_strided_panel_pack_runs_its_rows_unmasked(pads, target, tmp_path):
+  # a 3x3/2 conv packs B in panels whose innermost loop reads every 2nd input column: in C that loop is not run as a
+  # masked vector iteration (AOT_TAIL_MASKED), which assembled each strided read element by element (SqueezeNet's
+  # stem 4.5x slower than without the mask), padded (ResNet's downsampling convs) or not
+  from onnx import helper
+
+  from aot.compiler import render, resolve
+  from aot.schedule import schedule
+
+  w = f32(16, 8, 3, 3)
+  node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[pads] * 4, strides=[2, 2])
+  model = onnx_graph([node], {"x": (1, 8, 81, 81)}, {"w": w})
+  check_against_onnxruntime(model, {"x": f32(1, 8, 81, 81)}, tmp_path, target)
+  if target != "c":
+    return
+  t = resolve(model)
+  src = "\n".join(text for f, text in render("m", schedule(t.outputs, t.inputs), "c").files.items() if f.endswith(".c"))
+  start = src.index("void m_f0_pack0b(")
+  pack = src[start : src.index("\n}\n", start)].splitlines()
+  rows = [i for i, line in enumerate(pack) if line.strip().startswith("for (")][-1]
+  assert f"< {40 + pads}" in pack[rows] and "AOT_TAIL_MASKED" not in pack[rows - 1]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_long_reduction_keeps_wide_panels(target, tmp_path):
+  # K = 2304 > GEMM_KC: only a K slice of the panel has to sit in L2, so a 28x28 image is packed in panels of 8 rows
+  # (224 columns, 7 whole tiles), not of 1 row (28 columns: the weights streamed past every 28 columns)
+  from onnx import helper
+
+  from aot.codegen.contract import GEMM_KC
+
+  w = f32(16, 256, 3, 3)
+  assert 256 * 9 > GEMM_KC
+  node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+  model = onnx_graph([node], {"x": (1, 256, 28, 28)}, {"w": w})
+  check_against_onnxruntime(model, {"x": f32(1, 256, 28, 28)}, tmp_path, target)
+  # batch, M, N, K, the tile, then the rows and columns of one task: the panel's
+  assert "aot_gemm g = {1, 16, 784, 2304, 8, 32, 16, 224," in (tmp_path / target / "src" / "model.c").read_text()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_task_blocks_shrink_their_longer_side(target, tmp_path):
+  # a swapped 7x7 conv (M = 49 positions, N = 256 channels, K = 2304) split into MIN_TASKS tasks: blocks of 16 rows x
+  # 32 columns, not rows first down to one tile (8 x 32 here; ResNet's 512-channel ones were 8 x 64, each task
+  # re-reading its block of weights for 8 rows)
+  from onnx import helper
+
+  w = f32(256, 256, 3, 3)
+  node = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
+  model = onnx_graph([node, helper.make_node("Relu", ["c"], ["y"])], {"x": (1, 256, 7, 7)}, {"w": w})
+  check_against_onnxruntime(model, {"x": f32(1, 256, 7, 7)}, tmp_path, target)
+  assert "aot_gemm g = {1, 49, 256, 2304, 8, 32, 16, 32," in (tmp_path / target / "src" / "model.c").read_text()
