@@ -94,6 +94,39 @@ def _qdq_groups(model) -> list[tuple]:
   return groups
 
 
+def _qdq_pools(model) -> list[tuple]:
+  """(DequantizeLinear, MaxPool, QuantizeLinear) of each DequantizeLinear -> MaxPool -> QuantizeLinear whose two
+  quantizations are the same constant per-tensor scale and zero point (the quantizer writes them so) and whose pooled
+  floats only the QuantizeLinear reads. The pool's max commutes with the monotone dequantization, and requantizing
+  the dequantized byte gives it back (|q - z| <= 255 times the scale rounds back to within 255 * 2^-23 of q - z), so
+  the group is the max pool over the bytes, as onnxruntime runs it."""
+  import onnx
+
+  g = model.graph
+  inits = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if len(t.dims) == 0}
+  producer = {o: n for n in g.node for o in n.output}
+  readers: dict[str, list] = {}
+  for n in g.node:
+    for i in n.input:
+      readers.setdefault(i, []).append(n)
+  outputs = {o.name for o in g.output}
+  same = lambda a, b: a in inits and b in inits and inits[a].dtype == inits[b].dtype and inits[a] == inits[b]
+  found = []
+  for n in g.node:
+    if n.op_type != "MaxPool" or n.domain not in ("", "ai.onnx") or len([o for o in n.output if o]) != 1:
+      continue
+    dq, users = producer.get(n.input[0]), readers.get(n.output[0], [])
+    if dq is None or dq.op_type != "DequantizeLinear" or len(users) != 1 or n.output[0] in outputs:
+      continue
+    q = users[0]
+    if q.op_type != "QuantizeLinear" or len(dq.input) < 3 or len(q.input) < 3:
+      continue
+    if not all(same(dq.input[i], q.input[i]) for i in (1, 2)):
+      continue
+    found.append((dq, n, q))
+  return found
+
+
 def fuse_qdq(model, in_place: bool = False):
   """The model with each QDQ group (_qdq_groups) as one QLinearConv or QLinearMatMul, as onnxruntime's graph
   optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
@@ -102,8 +135,7 @@ def fuse_qdq(model, in_place: bool = False):
   import onnx
   from onnx import helper
 
-  groups = _qdq_groups(model)
-  if not groups:
+  if not _qdq_groups(model) and not _qdq_pools(model):
     return model
   if not in_place:
     copy = onnx.ModelProto()
@@ -122,6 +154,12 @@ def fuse_qdq(model, in_place: bool = False):
     g.node[at].CopyFrom(fused)
     g.node.remove(q)
     by_output = {m.output[0]: i for i, m in enumerate(g.node)}
+  # 8-bit max pools: the pool reads the bytes and writes the QuantizeLinear's output (the DequantizeLinear stays for
+  # any other reader)
+  for dq, pool, q in _qdq_pools(model):
+    pool.input[0] = dq.input[0]
+    pool.output[0] = q.output[0]
+    g.node.remove(q)
   return model
 
 
@@ -156,9 +194,18 @@ class QGemm:
   zero_slot: int | None = None  # A's zero point computed at run time: a 1-element int32 scratch that zero writes
   zero: UOp | None = None
 
+  role = "int8 contraction"
+
   @property
   def tasks(self) -> int:
     return -(-self.M // 64) * -(-self.N // 128)
+
+  @property
+  def work(self) -> int:
+    return self.M * self.N * self.K
+
+  def call(self, bufs: list, parallel: bool) -> QGemmCall:
+    return QGemmCall(self, bufs, parallel)
 
 
 @dataclass

@@ -199,3 +199,87 @@ void aot_qgemm_run(void *ctx, int start, int end) {
       }
   }
 }
+
+/* *** 8-bit max pools (aot_qpool): separable, each output row the column maxima of its window's rows, then the
+   maxima along that row at the window's steps, both along contiguous bytes in 32-byte vectors (GNU C vector types:
+   the same code for gcc and clang, x86 and arm). The generated loop over the window's gated taps ran as byte inserts
+   at 4 GB/s (ResNet-18's 3x3/2 pool over 64x112x112 uint8: 0.51 ms). int8 is compared as uint8 with its sign bit
+   flipped. *** */
+
+typedef uint8_t qv8 __attribute__((vector_size(32), aligned(1)));
+typedef uint16_t qv16 __attribute__((vector_size(32), aligned(1)));
+typedef uint8_t qh8 __attribute__((vector_size(16), aligned(1)));
+#define QV 32
+
+static inline qv8 qmax(qv8 a, qv8 b) {
+  const qv8 m = (qv8)(a > b);
+  return (a & m) | (b & ~m);
+}
+
+/* the vector steps over [0, n): whole vectors, then one more ending at n (overlapping: each lane's value is the same
+   whichever step computes it); none when n < step (the scalar loop after takes all) */
+#define QPOOL_STEPS(i, n, step) for (int i = 0, last_ = (n) - (step); i <= last_; i = i < last_ && i + (step) > last_ ? last_ : i + (step))
+
+static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_qpool *p, uint8_t flip) {
+  const int OW = p->OW, SW = p->SW, KW = p->KW, DW = p->DW;
+  const qv8 f = (qv8){0} + flip;
+  int done = 0;
+  if (DW == 1 && KW == 3 && SW == 1 && OW >= QV) {
+    QPOOL_STEPS(ox, OW, QV) {
+      const qv8 m = qmax(qmax(*(const qv8 *)(t + ox), *(const qv8 *)(t + ox + 1)), *(const qv8 *)(t + ox + 2));
+      *(qv8 *)(y + ox) = m ^ f;
+    }
+    done = OW;
+  } else if (DW == 1 && (KW == 3 || KW == 2) && SW == 2 && OW >= QV / 2) {
+    /* the window's maxima at every column, then every other one: the low bytes of 16-bit lanes, narrowed */
+    QPOOL_STEPS(ox, OW, QV / 2) {
+      const uint8_t *s = t + 2 * ox;
+      qv8 m = qmax(*(const qv8 *)s, *(const qv8 *)(s + 1));
+      if (KW == 3) m = qmax(m, *(const qv8 *)(s + 2));
+      *(qh8 *)(y + ox) = __builtin_convertvector((qv16)m & 0xff, qh8) ^ (qh8){0} + flip;
+    }
+    done = OW;
+  }
+  for (int ox = done; ox < OW; ox++) {
+    uint8_t m = t[ox * SW];
+    for (int kx = 1; kx < KW; kx++) m = t[ox * SW + kx * DW] > m ? t[ox * SW + kx * DW] : m;
+    y[ox] = m ^ flip;
+  }
+}
+
+void aot_qpool_run(void *ctx, int start, int end) {
+  const aot_qpool *p = ctx;
+  const uint8_t flip = p->x_signed ? 0x80 : 0;
+  const qv8 f = (qv8){0} + flip;
+  /* the row with its padding: t[PW + ix] holds column ix, the padding (and a vector past the end, which the steps
+     read into lanes they drop) the identity 0, flipped the minimum; codegen/qpool.py keeps the row within
+     AOT_QPOOL_ROW - QV */
+  uint8_t t[AOT_QPOOL_ROW] __attribute__((aligned(64)));
+  memset(t, 0, sizeof t);
+  uint8_t *restrict row = t + p->PW;
+  const int W = p->W;
+  for (int plane = start; plane < end; plane++) {
+    const uint8_t *x = p->x + plane * p->x_plane;
+    for (int oy = 0; oy < p->OH; oy++) {
+      int taps = 0;
+      for (int ky = 0; ky < p->KH; ky++) {
+        const int iy = oy * p->SH - p->PH + ky * p->DH;
+        if (iy < 0 || iy >= p->H) continue;
+        const uint8_t *restrict in = x + iy * p->x_row;
+        if (W >= QV) {
+          QPOOL_STEPS(ix, W, QV) {
+            const qv8 v = *(const qv8 *)(in + ix) ^ f;
+            *(qv8 *)(row + ix) = taps ? qmax(v, *(qv8 *)(row + ix)) : v;
+          }
+        } else
+          for (int ix = 0; ix < W; ix++) {
+            const uint8_t v = in[ix] ^ flip;
+            row[ix] = taps && row[ix] > v ? row[ix] : v;
+          }
+        taps++;
+      }
+      if (taps == 0) memset(row, 0, (size_t)W);
+      qpool_row(t, p->y + plane * p->y_plane + oy * p->y_row, p, flip);
+    }
+  }
+}

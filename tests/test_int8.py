@@ -420,3 +420,70 @@ def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tm
   # the output dequantizes a uint8 tensor: equal floats are equal integers
   for threads in (1, 2, 3):
     np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
+
+
+# *** 8-bit max pools: the runtime's pool (codegen/qpool.py), exact against onnxruntime's ***
+
+
+def _pool_model(dtype, shape, kernel, strides, pads, form: str):
+  """An 8-bit MaxPool: over the bytes (QOperator's), followed by a DequantizeLinear (its float result read through
+  an epilogue), or between a DequantizeLinear and a QuantizeLinear of the same scale (QDQ's)."""
+  import onnx
+  from onnx import TensorProto, helper, numpy_helper
+
+  et = TensorProto.UINT8 if dtype == np.uint8 else TensorProto.INT8
+  pool = dict(kernel_shape=kernel, strides=strides, pads=pads)
+  inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(dtype(3), "z")]
+  nodes = {
+    "bytes": [helper.make_node("MaxPool", ["x"], ["y"], **pool)],
+    "dequantized": [
+      helper.make_node("MaxPool", ["x"], ["p"], **pool),
+      helper.make_node("DequantizeLinear", ["p", "s", "z"], ["y"]),
+    ],
+    "qdq": [
+      helper.make_node("DequantizeLinear", ["x", "s", "z"], ["f"]),
+      helper.make_node("MaxPool", ["f"], ["p"], **pool),
+      helper.make_node("QuantizeLinear", ["p", "s", "z"], ["y"]),
+    ],
+  }[form]
+  out = TensorProto.FLOAT if form == "dequantized" else et
+  g = helper.make_graph(
+    nodes, "g", [helper.make_tensor_value_info("x", et, shape)], [helper.make_tensor_value_info("y", out, None)], inits
+  )
+  return helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+  "dtype,shape,kernel,strides,pads,form",
+  [
+    # ResNet's stem pool (3x3/2, padded) over rows wide enough for the vector steps, and its last partial step
+    (np.uint8, [1, 3, 37, 70], [3, 3], [2, 2], [1, 1, 1, 1], "bytes"),
+    (np.int8, [2, 3, 37, 70], [3, 3], [2, 2], [1, 1, 1, 1], "bytes"),
+    (np.int8, [1, 4, 9, 40], [3, 3], [1, 1], [1, 1, 1, 1], "dequantized"),
+    (np.uint8, [1, 4, 12, 66], [2, 2], [2, 2], [0, 0, 0, 0], "qdq"),
+    # narrow rows (the scalar steps), an uneven window and padding on one side only
+    (np.uint8, [1, 2, 11, 13], [2, 3], [1, 2], [0, 2, 1, 0], "qdq"),
+    (np.int8, [1, 2, 8, 9], [3, 3], [3, 2], [1, 0, 0, 1], "bytes"),
+  ],
+)
+def test_8bit_max_pool_runs_on_the_runtime_pool(tmp_path, dtype, shape, kernel, strides, pads, form):
+  import onnxruntime as ort
+
+  import aot
+
+  model = _pool_model(dtype, shape, kernel, strides, pads, form)
+  art = aot.compile_model(model, out_dir=tmp_path / "art")
+  assert "aot_qpool_run" in (art.dir / "src" / "model.c").read_text()
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  info = np.iinfo(dtype)
+  x = np.random.default_rng(sum(shape)).integers(info.min, info.max + 1, shape).astype(dtype)
+  # the extremes, which the sign flip and the padding's identity must get right
+  x[..., 0, :] = info.min
+  x[..., -1, -1] = info.max
+  want = sess.run(None, {"x": x})[0]
+  for threads in (1, 2, 3):
+    got = aot.load(art, threads=threads)(x)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)

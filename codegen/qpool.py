@@ -1,0 +1,177 @@
+"""8-bit max pools to the runtime's pool (aot_qpool in runtime_c/aot_qgemm.c), not to a generated loop.
+
+A max pool over uint8 or int8 planes (QOperator's MaxPool, QDQ's once fused to one) is, as a generated loop, a max
+over the window's gated taps at the pool's stride: the compilers vectorise it as byte inserts or not at all
+(ResNet-18's 3x3/2 pool over 64x112x112 ran at 4 GB/s, 0.51 ms). The runtime's pool is separable and runs along
+contiguous bytes (0.10 ms). Integer max has no NaN to propagate, so skipping the padding is exact.
+
+The shape is recognised from the kernel, as codegen/direct.py recognises a depthwise convolution: a MAX of one gated
+8-bit load over two window ranges, at an index linear in (planes, oh, ow, kh, kw) with unit steps along the window
+and the plane's row, whose gate is exactly "inside an H x W plane" (checked by evaluating it over its grid). What
+the kernel does with the pooled bytes (a dequantization) is an epilogue kernel reading them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from aot.codegen.direct import _runtime_load, _valid_span
+from aot.dtype import dtypes
+from aot.interpret import evaluate_grid
+from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
+from aot.kernel import Buffer
+from aot.rewrite import graph_rewrite, substitute
+from aot.symbolic import flat_stride, linear, pm_simplify
+
+# bytes of the runtime's row buffer (AOT_QPOOL_ROW in runtime_c/aot_runtime.h), less the vector read past a row's end
+ROW_BUFFER = 4096 - 32
+# windows wider than this are reductions to leave to the generated loop (a global pool's)
+MAX_WINDOW = 16
+
+_SIGNED = {dtypes.uint8: False, dtypes.int8: True}
+
+
+@dataclass
+class QPool:
+  """One 8-bit max pool as aot_qpool_run computes it (the fields of aot_qpool), over a kernel's buffer slots."""
+
+  x_slot: int
+  x_offset: int
+  x_plane: int
+  x_row: int
+  H: int
+  W: int
+  x_signed: bool
+  KH: int
+  KW: int
+  SH: int
+  SW: int
+  PH: int
+  PW: int
+  y_slot: int
+  y_offset: int
+  y_plane: int
+  y_row: int
+  OH: int
+  OW: int
+  planes: int
+  # as QGemm's: no dense copy of the input, no zero point computed at run time
+  dense = None
+  zero = None
+  role = "int8 pool"
+
+  @property
+  def tasks(self) -> int:
+    return self.planes
+
+  @property
+  def work(self) -> int:
+    return self.planes * self.OH * self.OW * self.KH * self.KW
+
+  def call(self, bufs: list, parallel: bool) -> QPoolCall:
+    return QPoolCall(self, bufs, parallel)
+
+
+@dataclass
+class QPoolCall:
+  """aot_qpool_run over the kernel's buffers (rendered into model.c beside QGemmCall)."""
+
+  p: QPool
+  bufs: list
+  parallel: bool
+
+  def render(self, arg, trampoline=None) -> str:
+    p, b = self.p, self.bufs
+    desc = (
+      f"(const uint8_t *){arg(b[p.x_slot], p.x_slot)} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, "
+      f"{int(p.x_signed)}, {p.KH}, {p.KW}, {p.SH}, {p.SW}, {p.PH}, {p.PW}, 1, 1, "
+      f"(uint8_t *){arg(b[p.y_slot], p.y_slot)} + {p.y_offset}, {p.y_plane}, {p.y_row}, {p.OH}, {p.OW}, {p.planes}"
+    )
+    run = "aot_parallel(m->pool, aot_qpool_run, &p, p.planes)" if self.parallel else "aot_qpool_run(&p, 0, p.planes)"
+    return f"  {{ aot_qpool p = {{{desc}}}; {run}; }}"
+
+
+def _window(acc: UOp, bufs: list) -> dict | None:
+  """The pool's geometry of an 8-bit MAX accumulate over a window of one gated load, else None."""
+  if acc.arg is not ReduceOp.MAX or acc.dtype not in _SIGNED or len(acc.src) != 3:
+    return None
+  # the gates' else is the type's minimum, the max's identity: a padded tap is one skipped
+  expr, gates, low = acc.src[0], [], np.iinfo(acc.dtype.np).min
+  while expr.op is Ops.WHERE and expr.src[2].op is Ops.CONST and expr.src[2].arg == low:
+    gates.append(expr.src[0])
+    expr = expr.src[1]
+  found = _runtime_load(expr)
+  if found is None or found[0].dtype != acc.dtype:
+    return None
+  load, more = found
+  gates += more
+  terms, offset = linear(load.src[1])
+  rows = sorted(ranges_of(acc) - set(acc.src[1:]), key=lambda r: r.number)
+  if len(rows) < 2 or any(t.op is not Ops.RANGE for t in terms):
+    return None
+  *planes, oh, ow = rows
+  ka, kb = acc.src[1:]
+  # kw is the window range with unit stride (the row's columns), kh the other (no dilation)
+  kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
+  if kh is None or max(kh.size, kw.size) > MAX_WINDOW or set(terms) - {*planes, oh, ow, kh, kw}:
+    return None
+  x_row, SW = terms.get(kh, 0), terms.get(ow, 0)
+  if x_row <= 0 or SW <= 0 or terms.get(oh, 0) <= 0 or terms[oh] % x_row:
+    return None
+  x_plane = flat_stride(planes, terms)
+  if x_plane is None or (planes and x_plane <= 0):
+    return None
+  SH, KH, KW, OH, OW = terms[oh] // x_row, kh.size, kw.size, oh.size, ow.size
+  # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
+  axes = [oh, kh, ow, kw]
+  mask = np.ones((OH, KH, OW, KW), bool)
+  for g in gates:
+    if ranges_of(g) - set(axes):
+      return None
+    mask &= evaluate_grid(g, axes).astype(bool)
+  rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
+  ih = np.arange(OH)[:, None] * SH + np.arange(KH)
+  iw = np.arange(OW)[:, None] * SW + np.arange(KW)
+  row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
+  row_ok[ih.reshape(-1)] = mask.any(axis=(2, 3)).reshape(-1)
+  col_ok[iw.reshape(-1)] = mask.any(axis=(0, 1)).reshape(-1)
+  rs, cs = _valid_span(row_ok), _valid_span(col_ok)
+  if rs is None or cs is None:
+    return None
+  (PH, H), (PW, W) = rs, cs
+  if not np.array_equal(mask, row_ok[ih][:, :, None, None] & col_ok[iw][None, None, :, :]):
+    return None
+  # the first plane's element (0, 0); the row with its padding must fit the runtime's buffer
+  x_offset = offset + PH * x_row + PW
+  if x_offset < 0 or max(cols_in, PW + W) > ROW_BUFFER or W > x_row:
+    return None
+  g = dict(x_offset=x_offset, x_plane=x_plane, x_row=x_row, H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW)
+  return dict(load=load, rows=rows, x_signed=_SIGNED[acc.dtype], OH=OH, OW=OW, planes=prod(r.size for r in planes), **g)
+
+
+def lower_qpool(ast: UOp, bufs: list):
+  """(the kernel's buffers with new slots appended, the buffers made for them, its QPool, the kernel reading the
+  pooled bytes or None) when the kernel's one reduction is an 8-bit max pool, else None."""
+  if ast.op is not Ops.STORE:
+    return None
+  accs = [u for u in ast.src[2].toposort() if u.op is Ops.ACCUMULATE]
+  if len(accs) != 1 or (g := _window(accs[0], bufs)) is None:
+    return None
+  acc, load, rows = accs[0], g.pop("load"), g.pop("rows")
+  *planes, oh, ow = rows
+  bufs, made = list(bufs), []
+  bare = ast.src[2] is acc and bufs[0].dtype == acc.dtype
+  terms, offset = linear(ast.src[1])
+  if bare and set(terms) == set(rows) and terms[ow] == 1 and offset >= 0:
+    y_plane, y_row = flat_stride(planes, terms), terms[oh]
+    if y_plane is not None and y_row >= g["OW"]:
+      return bufs, made, [QPool(load.src[0].arg, y_slot=0, y_offset=offset, y_plane=y_plane, y_row=y_row, **g)], None
+  # else the pooled bytes go to a scratch [planes][OH][OW] that the rest of the kernel reads
+  bufs.append(b := Buffer("scratch", acc.dtype, g["planes"] * g["OH"] * g["OW"], "qpool"))
+  made.append(b)
+  slot = len(bufs) - 1
+  at = flat_of(rows)
+  read = UOp(Ops.LOAD, acc.dtype, (UOp(Ops.DEFINE_GLOBAL, acc.dtype, (), slot), at, UOp.const(dtypes.bool, True)))
+  pool = QPool(load.src[0].arg, y_slot=slot, y_offset=0, y_plane=g["OH"] * g["OW"], y_row=g["OW"], **g)
+  return bufs, made, [pool], graph_rewrite(substitute(ast, {acc: read}), pm_simplify)
