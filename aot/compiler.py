@@ -360,6 +360,9 @@ def _call_list(
         if q.dense is not None:
           calls.append(call(q.dense, k.bufs[q.a_slot]))
           notes.append((k.name, "operand", optimized[q.dense]))
+        if q.im2col is not None:
+          calls.append(q.im2col.call(k.bufs, threads and q.im2col.tasks > 1 and q.M * q.K >= PARALLEL_MIN_WORK))
+          notes.append((k.name, "operand", None))
         calls.append(q.call(k.bufs, threads and q.tasks > 1 and q.work >= PARALLEL_MIN_WORK))
         notes.append((k.name, q.role, None))
       if epilogue is not None:

@@ -56,9 +56,10 @@ class QPool:
   OH: int
   OW: int
   planes: int
-  # as QGemm's: no dense copy of the input, no zero point computed at run time
+  # as QGemm's: no dense copy of the input (generated or the runtime's), no zero point computed at run time
   dense = None
   zero = None
+  im2col = None
   role = "int8 pool"
 
   @property
@@ -69,27 +70,35 @@ class QPool:
   def work(self) -> int:
     return self.planes * self.OH * self.OW * self.KH * self.KW
 
-  def call(self, bufs: list, parallel: bool) -> QPoolCall:
-    return QPoolCall(self, bufs, parallel)
+  def call(self, bufs: list, parallel: bool) -> RuntimeCall:
+    p = self
+    desc = (
+      f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {int(p.x_signed)}, {p.KH}, "
+      f"{p.KW}, {p.SH}, {p.SW}, {p.PH}, {p.PW}, 1, 1, (uint8_t *){{y}} + {p.y_offset}, {p.y_plane}, {p.y_row}, "
+      f"{p.OH}, {p.OW}, {p.planes}"
+    )
+    return RuntimeCall("aot_qpool", desc, {"x": self.x_slot, "y": self.y_slot}, p.planes, bufs, parallel, "int8 pool")
 
 
 @dataclass
-class QPoolCall:
-  """aot_qpool_run over the kernel's buffers (rendered into model.c beside QGemmCall)."""
+class RuntimeCall:
+  """A call of one of the runtime's 8-bit routines (NAME_run over an aot_NAME descriptor whose text desc names the
+  kernel's buffers {name}: slots), rendered into model.c beside QGemmCall; path and tasks for the profile."""
 
-  p: QPool
+  name: str
+  desc: str
+  slots: dict
+  tasks: int
   bufs: list
   parallel: bool
+  path: str
 
   def render(self, arg, trampoline=None) -> str:
-    p, b = self.p, self.bufs
-    desc = (
-      f"(const uint8_t *){arg(b[p.x_slot], p.x_slot)} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, "
-      f"{int(p.x_signed)}, {p.KH}, {p.KW}, {p.SH}, {p.SW}, {p.PH}, {p.PW}, 1, 1, "
-      f"(uint8_t *){arg(b[p.y_slot], p.y_slot)} + {p.y_offset}, {p.y_plane}, {p.y_row}, {p.OH}, {p.OW}, {p.planes}"
-    )
-    run = "aot_parallel(m->pool, aot_qpool_run, &p, p.planes)" if self.parallel else "aot_qpool_run(&p, 0, p.planes)"
-    return f"  {{ aot_qpool p = {{{desc}}}; {run}; }}"
+    desc = self.desc.format(**{n: arg(self.bufs[s], s) for n, s in self.slots.items()})
+    run = f"{self.name}_run(&p, 0, {self.tasks})"
+    if self.parallel:
+      run = f"aot_parallel(m->pool, {self.name}_run, &p, {self.tasks})"
+    return f"  {{ {self.name} p = {{{desc}}}; {run}; }}"
 
 
 def _window(acc: UOp, bufs: list) -> dict | None:
@@ -106,15 +115,29 @@ def _window(acc: UOp, bufs: list) -> dict | None:
     return None
   load, more = found
   gates += more
-  terms, offset = linear(load.src[1])
   rows = sorted(ranges_of(acc) - set(acc.src[1:]), key=lambda r: r.number)
-  if len(rows) < 2 or any(t.op is not Ops.RANGE for t in terms):
+  terms = linear(load.src[1])[0]
+  if len(rows) < 2:
     return None
   *planes, oh, ow = rows
   ka, kb = acc.src[1:]
   # kw is the window range with unit stride (the row's columns), kh the other (no dilation)
   kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
-  if kh is None or max(kh.size, kw.size) > MAX_WINDOW or set(terms) - {*planes, oh, ow, kh, kw}:
+  if kh is None or max(kh.size, kw.size) > MAX_WINDOW:
+    return None
+  g = window_geometry(load, gates, planes, oh, ow, kh, kw)
+  # the row with its padding must fit the runtime's buffer
+  if g is None or max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) > ROW_BUFFER:
+    return None
+  return dict(load=load, rows=rows, x_signed=_SIGNED[acc.dtype], planes=prod(r.size for r in planes), **g)
+
+
+def window_geometry(load: UOp, gates: list[UOp], planes, oh: UOp, ow: UOp, kh: UOp, kw: UOp) -> dict | None:
+  """The window's geometry of a load at planes x (oh * SH + kh - PH) x (ow * SW + kw - PW) of H x W planes (a
+  pool's or a convolution's input), whose gates are exactly "inside the plane": the fields of aot_qpool and
+  aot_qim2col, else None."""
+  terms, offset = linear(load.src[1])
+  if any(t.op is not Ops.RANGE for t in terms) or set(terms) - {*planes, oh, ow, kh, kw} or terms.get(kw) != 1:
     return None
   x_row, SW = terms.get(kh, 0), terms.get(ow, 0)
   if x_row <= 0 or SW <= 0 or terms.get(oh, 0) <= 0 or terms[oh] % x_row:
@@ -142,12 +165,13 @@ def _window(acc: UOp, bufs: list) -> dict | None:
   (PH, H), (PW, W) = rs, cs
   if not np.array_equal(mask, row_ok[ih][:, :, None, None] & col_ok[iw][None, None, :, :]):
     return None
-  # the first plane's element (0, 0); the row with its padding must fit the runtime's buffer
+  # the first plane's element (0, 0)
   x_offset = offset + PH * x_row + PW
-  if x_offset < 0 or max(cols_in, PW + W) > ROW_BUFFER or W > x_row:
+  if x_offset < 0 or W > x_row:
     return None
-  g = dict(x_offset=x_offset, x_plane=x_plane, x_row=x_row, H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW)
-  return dict(load=load, rows=rows, x_signed=_SIGNED[acc.dtype], OH=OH, OW=OW, planes=prod(r.size for r in planes), **g)
+  return dict(
+    x_offset=x_offset, x_plane=x_plane, x_row=x_row, H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, OH=OH, OW=OW
+  )
 
 
 def lower_qpool(ast: UOp, bufs: list):
@@ -175,3 +199,66 @@ def lower_qpool(ast: UOp, bufs: list):
   read = UOp(Ops.LOAD, acc.dtype, (UOp(Ops.DEFINE_GLOBAL, acc.dtype, (), slot), at, UOp.const(dtypes.bool, True)))
   pool = QPool(load.src[0].arg, y_slot=slot, y_offset=0, y_plane=g["OH"] * g["OW"], y_row=g["OW"], **g)
   return bufs, made, [pool], graph_rewrite(substitute(ast, {acc: read}), pm_simplify)
+
+
+@dataclass
+class QIm2col:
+  """An 8-bit convolution's k-major A as aot_qim2col_run writes it (the fields of aot_qim2col), over a kernel's
+  buffer slots."""
+
+  x_slot: int
+  x_offset: int
+  x_plane: int
+  x_row: int
+  H: int
+  W: int
+  KH: int
+  KW: int
+  SH: int
+  SW: int
+  PH: int
+  PW: int
+  y_slot: int
+  y_plane: int
+  y_kh: int
+  y_kw: int
+  OH: int
+  OW: int
+  planes: int
+  pad: int
+
+  def call(self, bufs: list, parallel: bool) -> RuntimeCall:
+    p = self
+    desc = (
+      f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {p.KH}, {p.KW}, {p.SH}, {p.SW}, "
+      f"{p.PH}, {p.PW}, (uint8_t *){{y}}, {p.y_plane}, {p.y_kh}, {p.y_kw}, {p.OH}, {p.OW}, {p.planes}, {p.pad}"
+    )
+    return RuntimeCall("aot_qim2col", desc, {"x": p.x_slot, "y": p.y_slot}, p.tasks, bufs, parallel, "copy")
+
+  @property
+  def tasks(self) -> int:
+    return self.planes * self.KH
+
+
+def im2col(load: UOp, gates: list[UOp], m_rows, k, pad: int, x_slot: int, y_slot: int) -> QIm2col | None:
+  """The runtime's im2col for a dense k-major A of an int8 convolution over one image (m the output's (oh, ow), k
+  its (c, kh, kw) in any order), read from an 8-bit buffer inside its planes and pad elsewhere; else None."""
+  if len(m_rows) != 2 or len(k) != 3:
+    return None
+  terms = linear(load.src[1])[0]
+  kw = next((r for r in k if terms.get(r) == 1), None)
+  if kw is None:
+    return None
+  kh, c = sorted((r for r in k if r is not kw), key=lambda r: terms.get(r, 0))
+  oh, ow = m_rows
+  g = window_geometry(load, gates, [c], oh, ow, kh, kw)
+  if g is None:
+    return None
+  # A's row of tap (c, kh, kw) is its flat index over k (in k's order) times M
+  M, stride = oh.size * ow.size, {}
+  for r in reversed(k):
+    stride[r] = M
+    M *= r.size
+  return QIm2col(
+    x_slot, **g, y_slot=y_slot, y_plane=stride[c], y_kh=stride[kh], y_kw=stride[kw], planes=c.size, pad=pad & 0xFF
+  )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aot.codegen.qpool import QIm2col, im2col
 from aot.dtype import dtypes
 from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
 from aot.kernel import Buffer, Kernel
@@ -193,6 +194,7 @@ class QGemm:
   k_major: bool = False  # A lies as [K][M] (lda its k stride), not [M][K]
   zero_slot: int | None = None  # A's zero point computed at run time: a 1-element int32 scratch that zero writes
   zero: UOp | None = None
+  im2col: QIm2col | None = None  # the runtime writes the dense A instead (an 8-bit convolution's input)
 
   role = "int8 contraction"
 
@@ -459,6 +461,12 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   pad = UOp.const(a_dt, p_zero) if zero_read is None else UOp(Ops.CAST, a_dt, (zero_read,))
   value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, pad))
+  # an 8-bit convolution's input by the runtime's im2col (strided rows read as vectors, not byte by byte)
+  if k_major and not from_int32 and zero_read is None:
+    gates = [] if gate is None else [gate]
+    if (cols := im2col(load, gates, m_rows, k, p_zero, x8_slot, a_slot)) is not None:
+      q = QGemm(M, N, K, a_slot, 0, M, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, True, im2col=cols)
+      return q, result
   m_flat, k_flat = flat_of([fresh[r] for r in m_rows]), flat_of([fresh[r] for r in k])
   idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
   dense = graph_rewrite(

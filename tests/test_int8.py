@@ -169,18 +169,21 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
   from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
   rng = np.random.default_rng(11)
-  if kind in ("conv", "wide conv", "big conv"):
+  if kind in ("conv", "wide conv", "big conv", "stem conv"):
     # a wide one spans several of the microkernel's 64-row blocks, its result lines written through the epilogue's
-    # transpose (m contiguous) block by block; a big one is ResNet's 3x3 at 56x56, work enough to split over threads
-    shape, out_shape, stride = {
-      "conv": ([1, 64, 10, 9], [1, 20, 5, 5], 2),
-      "wide conv": ([1, 16, 21, 18], [1, 20, 21, 18], 1),
-      "big conv": ([1, 64, 56, 56], [1, 20, 56, 56], 1),
+    # transpose (m contiguous) block by block; a big one is ResNet's 3x3 at 56x56, work enough to split over threads;
+    # a stem one ResNet's first 7x7/2 over 3 channels, rows long enough for the im2col's stride-2 vectors
+    shape, out_shape, stride, kernel = {
+      "conv": ([1, 64, 10, 9], [1, 20, 5, 5], 2, 3),
+      "wide conv": ([1, 16, 21, 18], [1, 20, 21, 18], 1, 3),
+      "big conv": ([1, 64, 56, 56], [1, 20, 56, 56], 1, 3),
+      "stem conv": ([1, 3, 21, 71], [1, 20, 11, 36], 2, 7),
     }[kind]
-    w = numpy_helper.from_array((rng.standard_normal((20, shape[1], 3, 3)) * 0.2).astype(np.float32), "w")
+    w = numpy_helper.from_array((rng.standard_normal((20, shape[1], kernel, kernel)) * 0.2).astype(np.float32), "w")
     b = numpy_helper.from_array((rng.standard_normal(20) * 0.1).astype(np.float32), "b")
+    pads = [kernel // 2] * 4
     nodes = [
-      helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
+      helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, strides=[stride, stride]),
       helper.make_node("Relu", ["c"], ["y"]),
     ]
     inits = [w, b]
@@ -238,6 +241,8 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
     ("wide conv", True, "u8"),
     ("wide conv", False, "s8"),
     ("vector matmul", True, "u8"),
+    ("stem conv", True, "u8"),
+    ("stem conv", False, "s8"),
   ],
 )
 def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
@@ -247,8 +252,11 @@ def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
 
   model = _qdq_model(kind, per_channel, activations, tmp_path)
   art = aot.compile_model(model, out_dir=tmp_path / "art")
-  # the plan takes the int8 path: the contraction is a call of the int8 microkernel
-  assert "aot_qgemm_run" in (art.dir / "src" / "model.c").read_text()
+  # the plan takes the int8 path: the contraction is a call of the int8 microkernel, a convolution's input copied by
+  # the runtime's im2col
+  calls = (art.dir / "src" / "model.c").read_text()
+  assert "aot_qgemm_run" in calls
+  assert ("aot_qim2col_run" in calls) == ("conv" in kind)
   opts = ort.SessionOptions()
   opts.intra_op_num_threads = 1
   sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
