@@ -25,7 +25,7 @@ from aot.rewrite import graph_rewrite, substitute
 from aot.symbolic import flat_stride, linear, pm_simplify
 
 # bytes of the runtime's row buffer (AOT_QPOOL_ROW in runtime_c/aot_runtime.h), less the vector read past a row's end
-ROW_BUFFER = 4096 - 32
+ROW_BUFFER = 4096 - 64
 # windows wider than this are reductions to leave to the generated loop (a global pool's)
 MAX_WINDOW = 16
 
@@ -258,7 +258,8 @@ def im2col(load: UOp, gates: list[UOp], m_rows, k, pad: int, x_slot: int, y_slot
   kh, c = sorted((r for r in k if r is not kw), key=lambda r: terms.get(r, 0))
   oh, ow = m_rows
   g = window_geometry(load, gates, [c], oh, ow, kh, kw)
-  if g is None or g["SW"] < IM2COL_MIN_STRIDE:
+  # the row with its padding must fit the runtime's buffer
+  if g is None or g["SW"] < IM2COL_MIN_STRIDE or max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) > ROW_BUFFER:
     return None
   # A's row of tap (c, kh, kw) is its flat index over k (in k's order) times M
   M, stride = oh.size * ow.size, {}
