@@ -17,7 +17,7 @@ from aot.dtype import dtypes
 from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
 from aot.kernel import Buffer, Kernel
 from aot.rewrite import graph_rewrite, substitute
-from aot.symbolic import flat_stride, linear, pm_simplify
+from aot.symbolic import flat_stride, from_linear, linear, pm_simplify
 
 # columns of a packed weight tile (QNR in runtime_c/aot_runtime.h): two 16-lane int32 vectors of the microkernel
 QNR = 32
@@ -487,6 +487,39 @@ def _widened(value: UOp) -> tuple[UOp, int] | None:
   return value.src[0], zero
 
 
+def collapse_rows(ast: UOp) -> UOp:
+  """An elementwise kernel with each pair of adjacent inner loops (a, b) that every index reads as one flat range
+  (a's coefficient b.size times b's) made one loop of a.size * b.size, the outermost loop (the threads') kept: a
+  quantized model's elementwise kernels over 14x14 or 7x7 planes (QDQ's requantized residual adds) ran their
+  14-wide rows as scalar code. Values and the order of the stores are unchanged."""
+  if ast.op is not Ops.STORE or any(u.op is Ops.ACCUMULATE for u in ast.toposort()):
+    return ast
+  while True:
+    loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda r: r.number)
+    access = [u for u in ast.toposort() if u.op in (Ops.LOAD, Ops.STORE)]
+    merged = None
+    for a, b in zip(loops[1:], loops[2:]):
+      if b.number != a.number + 1:
+        continue
+      lin = [linear(u.src[1]) for u in access]
+      if any(t.get(a, 0) != b.size * t.get(b, 0) for t, _ in lin):
+        continue
+      r = UOp(Ops.RANGE, dtypes.index, (), (a.number, a.size * b.size, a.kind))
+      index = {}
+      for u, (t, c) in zip(access, lin):
+        k = t.pop(b, 0)
+        t.pop(a, None)
+        index[u.src[1]] = from_linear({**t, r: k}, c)
+      new = substitute(ast, index)
+      # a or b read anywhere but in an index (a padding gate) keeps the loops apart
+      if not ranges_of(new) & {a, b}:
+        merged = new
+        break
+    if merged is None:
+      return ast
+    ast = merged
+
+
 def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
   """(kernels, the 8-bit buffers made, the ids of the int32 ones they replace): a kernel writing an 8-bit value widened
   to int32 less a constant zero point into a scratch (QuantizeLinear's, a requantized residual add's) writes the 8-bit
@@ -515,6 +548,8 @@ def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
       narrowed[id(old)] = (b8, zero)
       bufs[0] = b8
       ast = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, x8.dtype, (), 0), ast.src[1], x8))
+    if bufs[0].dtype in _QTYPES:
+      ast = collapse_rows(ast)
     out.append(k if ast is k.ast else Kernel(k.name, ast, bufs, k.shape))
   return out, [b for b, _ in narrowed.values()], set(narrowed)
 
@@ -556,4 +591,4 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
     return bufs, made, qgemms, None
   if len(found) == 1 and found[0].op is not Ops.ACCUMULATE:
     qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
-  return bufs, made, qgemms, graph_rewrite(substitute(ast, results), pm_simplify)
+  return bufs, made, qgemms, collapse_rows(graph_rewrite(substitute(ast, results), pm_simplify))

@@ -495,3 +495,38 @@ def test_8bit_max_pool_runs_on_the_runtime_pool(tmp_path, dtype, shape, kernel, 
     got = aot.load(art, threads=threads)(x)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+def test_qdq_residual_add_over_small_planes_runs_as_one_loop_per_channel(tmp_path):
+  # the requantized residual add after a conv over 14x14 planes: its rows (h, w) are one flat range, run as one loop
+  # of 196 (vectorised), not 14 rows of 14 run as scalar code
+  import onnxruntime as ort
+  from onnx import TensorProto, helper, numpy_helper
+
+  import aot
+  from aot.models.quantized import quantized
+
+  rng = np.random.default_rng(12)
+  w = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "w")
+  b = numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "b")
+  g = helper.make_graph(
+    [
+      helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+      helper.make_node("Add", ["c", "x"], ["s"]),
+      helper.make_node("Relu", ["s"], ["y"]),
+    ],
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 14, 14])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 14, 14])],
+    [w, b],
+  )
+  q = quantized(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "qdq")
+  art = aot.compile_model(q, out_dir=tmp_path / "art")
+  src = "".join(p.read_text() for p in (art.dir / "src").glob("*.c") if not p.name.startswith("aot_"))
+  assert "< 196; r1++" in src and "< 14; r2++" not in src
+  x = rng.standard_normal((1, 8, 14, 14)).astype(np.float32) * 2
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  want = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  for threads in (1, 2, 3):
+    np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
