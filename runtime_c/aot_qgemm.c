@@ -301,10 +301,13 @@ typedef uint8_t qh8 __attribute__((vector_size(16), aligned(1)));
 typedef uint16_t qw16 __attribute__((vector_size(64), aligned(1)));
 #define QV 32
 
-static inline qv8 qmax(qv8 a, qv8 b) {
-  const qv8 m = (qv8)(a > b);
-  return (a & m) | (b & ~m);
-}
+/* lanewise max (a statement expression, not a function: a 32-byte vector returned by value changes the ABI where
+   the target has no AVX, which gcc warns of) */
+#define qmax(a, b)                                                                                                   \
+  ({                                                                                                                 \
+    const qv8 a_ = (a), b_ = (b), m_ = (qv8)(a_ > b_);                                                               \
+    (a_ & m_) | (b_ & ~m_);                                                                                          \
+  })
 
 /* the vector steps over [0, n): whole vectors, then one more ending at n (overlapping: each lane's value is the same
    whichever step computes it); none when n < step (the scalar loop after takes all) */
@@ -326,7 +329,7 @@ static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_
       const uint8_t *s = t + 2 * ox;
       qv8 m = qmax(*(const qv8 *)s, *(const qv8 *)(s + 1));
       if (KW == 3) m = qmax(m, *(const qv8 *)(s + 2));
-      *(qh8 *)(y + ox) = __builtin_convertvector((qv16)m & 0xff, qh8) ^ (qh8){0} + flip;
+      *(qh8 *)(y + ox) = __builtin_convertvector((qv16)m & 0xff, qh8) ^ ((qh8){0} + flip);
     }
     done = OW;
   }
