@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aot.codegen.direct import _runtime_load, _valid_span
+from aot.codegen.direct import _valid_span
 from aot.dtype import dtypes
 from aot.interpret import evaluate_grid
 from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
@@ -116,11 +116,12 @@ def _window(acc: UOp, bufs: list) -> dict | None:
   while expr.op is Ops.WHERE and expr.src[2].op is Ops.CONST and expr.src[2].arg == low:
     gates.append(expr.src[0])
     expr = expr.src[1]
-  found = _runtime_load(expr)
-  if found is None or found[0].dtype != acc.dtype:
+  # (an int8 tap gated to 0, a zero padding's, is a value, not one skipped: not a pool's window)
+  if expr.op is not Ops.LOAD or expr.dtype != acc.dtype:
     return None
-  load, more = found
-  gates += more
+  load = expr
+  if not (load.src[2].op is Ops.CONST and load.src[2].arg is True):
+    gates.append(load.src[2])
   rows = sorted(ranges_of(acc) - set(acc.src[1:]), key=lambda r: r.number)
   terms = linear(load.src[1])[0]
   if len(rows) < 2:

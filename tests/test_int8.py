@@ -530,3 +530,31 @@ def test_qdq_residual_add_over_small_planes_runs_as_one_loop_per_channel(tmp_pat
   want = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
   for threads in (1, 2, 3):
     np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
+
+
+def test_int8_max_pool_after_a_zero_pad_keeps_the_zeros(tmp_path):
+  # a constant zero Pad before an int8 MaxPool puts real zeros in the window (above every negative value): they are
+  # not the padding the runtime's pool skips, and the result must still be onnxruntime's
+  import onnxruntime as ort
+  from onnx import TensorProto, helper, numpy_helper
+
+  import aot
+
+  g = helper.make_graph(
+    [
+      helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
+      helper.make_node("MaxPool", ["p"], ["y"], kernel_shape=[3, 3], strides=[2, 2]),
+    ],
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.INT8, [1, 2, 9, 40])],
+    [helper.make_tensor_value_info("y", TensorProto.INT8, None)],
+    [numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")],
+  )
+  model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+  art = aot.compile_model(model, out_dir=tmp_path / "art")
+  # all negative: a skipped zero would leave -128 or a negative maximum at the edges
+  x = np.random.default_rng(4).integers(-128, 0, (1, 2, 9, 40)).astype(np.int8)
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  want = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+  np.testing.assert_array_equal(aot.load(art)(x), want[0])
