@@ -36,7 +36,8 @@ from aot.codegen.host_cpu import GemmCall, render_header, render_model_c, render
 from aot.codegen.host_gpu import render_emulated_host, render_gpu_host
 from aot.codegen.linearize import flop_count, kernel_params, parallel_extent
 from aot.codegen.opt import optimize
-from aot.codegen.quant import QGemmCall, lower_qgemm, narrow_int8_producers
+from aot.codegen.qpool import lower_qpool
+from aot.codegen.quant import lower_qgemm, narrow_int8_producers
 from aot.dtype import dtypes, to_dtype
 from aot.frontends.tensor import Tensor
 from aot.ir import Ops, UOp, release_mapped_pages
@@ -257,7 +258,8 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
   scratch_made += made8
   producers, qgemms, qresults = {id(k.bufs[0]): k for k in narrowed}, {}, {}
   for k in narrowed:
-    if (q := lower_qgemm(k.ast, k.bufs, producers, qresults)) is not None:
+    # and 8-bit max pools to the runtime's pool (codegen/qpool.py)
+    if (q := lower_qgemm(k.ast, k.bufs, producers, qresults) or lower_qpool(k.ast, k.bufs)) is not None:
       for b in q[1]:
         if b.kind == "scratch":
           scratch_made.append(b)
@@ -358,8 +360,11 @@ def _call_list(
         if q.dense is not None:
           calls.append(call(q.dense, k.bufs[q.a_slot]))
           notes.append((k.name, "operand", optimized[q.dense]))
-        calls.append(QGemmCall(q, k.bufs, threads and q.tasks > 1 and q.M * q.N * q.K >= PARALLEL_MIN_WORK))
-        notes.append((k.name, "int8 contraction", None))
+        if q.im2col is not None:
+          calls.append(q.im2col.call(k.bufs, threads and q.im2col.tasks > 1 and q.M * q.K >= PARALLEL_MIN_WORK))
+          notes.append((k.name, "operand", None))
+        calls.append(q.call(k.bufs, threads and q.tasks > 1 and q.work >= PARALLEL_MIN_WORK))
+        notes.append((k.name, q.role, None))
       if epilogue is not None:
         calls.append(call(epilogue, k.bufs[0]))
         notes.append((k.name, "epilogue", optimized[epilogue]))

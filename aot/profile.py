@@ -96,6 +96,12 @@ def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[Ca
         )
       )
       continue
+    if type(call).__name__ == "RuntimeCall":
+      # the runtime's 8-bit pool and im2col (codegen/qpool.py)
+      used = {id(call.bufs[s]): call.bufs[s] for s in call.slots.values()}
+      nbytes = sum(b.nbytes for b in used.values())
+      infos.append(CallInfo(kernel, f"{call.name}_run", role, call.path, 0, nbytes, None, call.parallel, call.tasks))
+      continue
     if not isinstance(call, tuple):
       # the direct depthwise kernel (codegen/direct.py), with its epilogue when fused (ast is then the epilogue's)
       d = call.d

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aot.codegen.qpool import QIm2col, im2col
 from aot.dtype import dtypes
 from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
 from aot.kernel import Buffer, Kernel
 from aot.rewrite import graph_rewrite, substitute
-from aot.symbolic import flat_stride, linear, pm_simplify
+from aot.symbolic import flat_stride, from_linear, linear, pm_simplify
 
 # columns of a packed weight tile (QNR in runtime_c/aot_runtime.h): two 16-lane int32 vectors of the microkernel
 QNR = 32
@@ -94,6 +95,39 @@ def _qdq_groups(model) -> list[tuple]:
   return groups
 
 
+def _qdq_pools(model) -> list[tuple]:
+  """(DequantizeLinear, MaxPool, QuantizeLinear) of each DequantizeLinear -> MaxPool -> QuantizeLinear whose two
+  quantizations are the same constant per-tensor scale and zero point (the quantizer writes them so) and whose pooled
+  floats only the QuantizeLinear reads. The pool's max commutes with the monotone dequantization, and requantizing
+  the dequantized byte gives it back (|q - z| <= 255 times the scale rounds back to within 255 * 2^-23 of q - z), so
+  the group is the max pool over the bytes, as onnxruntime runs it."""
+  import onnx
+
+  g = model.graph
+  inits = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if len(t.dims) == 0}
+  producer = {o: n for n in g.node for o in n.output}
+  readers: dict[str, list] = {}
+  for n in g.node:
+    for i in n.input:
+      readers.setdefault(i, []).append(n)
+  outputs = {o.name for o in g.output}
+  same = lambda a, b: a in inits and b in inits and inits[a].dtype == inits[b].dtype and inits[a] == inits[b]
+  found = []
+  for n in g.node:
+    if n.op_type != "MaxPool" or n.domain not in ("", "ai.onnx") or len([o for o in n.output if o]) != 1:
+      continue
+    dq, users = producer.get(n.input[0]), readers.get(n.output[0], [])
+    if dq is None or dq.op_type != "DequantizeLinear" or len(users) != 1 or n.output[0] in outputs:
+      continue
+    q = users[0]
+    if q.op_type != "QuantizeLinear" or len(dq.input) < 3 or len(q.input) < 3:
+      continue
+    if not all(same(dq.input[i], q.input[i]) for i in (1, 2)):
+      continue
+    found.append((dq, n, q))
+  return found
+
+
 def fuse_qdq(model, in_place: bool = False):
   """The model with each QDQ group (_qdq_groups) as one QLinearConv or QLinearMatMul, as onnxruntime's graph
   optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
@@ -102,8 +136,7 @@ def fuse_qdq(model, in_place: bool = False):
   import onnx
   from onnx import helper
 
-  groups = _qdq_groups(model)
-  if not groups:
+  if not _qdq_groups(model) and not _qdq_pools(model):
     return model
   if not in_place:
     copy = onnx.ModelProto()
@@ -122,6 +155,12 @@ def fuse_qdq(model, in_place: bool = False):
     g.node[at].CopyFrom(fused)
     g.node.remove(q)
     by_output = {m.output[0]: i for i, m in enumerate(g.node)}
+  # 8-bit max pools: the pool reads the bytes and writes the QuantizeLinear's output (the DequantizeLinear stays for
+  # any other reader)
+  for dq, pool, q in _qdq_pools(model):
+    pool.input[0] = dq.input[0]
+    pool.output[0] = q.output[0]
+    g.node.remove(q)
   return model
 
 
@@ -155,10 +194,20 @@ class QGemm:
   k_major: bool = False  # A lies as [K][M] (lda its k stride), not [M][K]
   zero_slot: int | None = None  # A's zero point computed at run time: a 1-element int32 scratch that zero writes
   zero: UOp | None = None
+  im2col: QIm2col | None = None  # the runtime writes the dense A instead (an 8-bit convolution's input)
+
+  role = "int8 contraction"
 
   @property
   def tasks(self) -> int:
     return -(-self.M // 64) * -(-self.N // 128)
+
+  @property
+  def work(self) -> int:
+    return self.M * self.N * self.K
+
+  def call(self, bufs: list, parallel: bool) -> QGemmCall:
+    return QGemmCall(self, bufs, parallel)
 
 
 @dataclass
@@ -412,6 +461,12 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
   pad = UOp.const(a_dt, p_zero) if zero_read is None else UOp(Ops.CAST, a_dt, (zero_read,))
   value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, pad))
+  # an 8-bit convolution's input by the runtime's im2col (strided rows read as vectors, not byte by byte)
+  if k_major and not from_int32 and zero_read is None:
+    gates = [] if gate is None else [gate]
+    if (cols := im2col(load, gates, m_rows, k, p_zero, x8_slot, a_slot)) is not None:
+      q = QGemm(M, N, K, a_slot, 0, M, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, True, im2col=cols)
+      return q, result
   m_flat, k_flat = flat_of([fresh[r] for r in m_rows]), flat_of([fresh[r] for r in k])
   idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
   dense = graph_rewrite(
@@ -430,6 +485,39 @@ def _widened(value: UOp) -> tuple[UOp, int] | None:
   if value.op is not Ops.CAST or value.dtype != dtypes.int32 or value.src[0].dtype not in _QTYPES:
     return None
   return value.src[0], zero
+
+
+def collapse_rows(ast: UOp) -> UOp:
+  """An elementwise kernel with each pair of adjacent inner loops (a, b) that every index reads as one flat range
+  (a's coefficient b.size times b's) made one loop of a.size * b.size, the outermost loop (the threads') kept: a
+  quantized model's elementwise kernels over 14x14 or 7x7 planes (QDQ's requantized residual adds) ran their
+  14-wide rows as scalar code. Values and the order of the stores are unchanged."""
+  if ast.op is not Ops.STORE or any(u.op is Ops.ACCUMULATE for u in ast.toposort()):
+    return ast
+  while True:
+    loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda r: r.number)
+    access = [u for u in ast.toposort() if u.op in (Ops.LOAD, Ops.STORE)]
+    merged = None
+    for a, b in zip(loops[1:], loops[2:]):
+      if b.number != a.number + 1:
+        continue
+      lin = [linear(u.src[1]) for u in access]
+      if any(t.get(a, 0) != b.size * t.get(b, 0) for t, _ in lin):
+        continue
+      r = UOp(Ops.RANGE, dtypes.index, (), (a.number, a.size * b.size, a.kind))
+      index = {}
+      for u, (t, c) in zip(access, lin):
+        k = t.pop(b, 0)
+        t.pop(a, None)
+        index[u.src[1]] = from_linear({**t, r: k}, c)
+      new = substitute(ast, index)
+      # a or b read anywhere but in an index (a padding gate) keeps the loops apart
+      if not ranges_of(new) & {a, b}:
+        merged = new
+        break
+    if merged is None:
+      return ast
+    ast = merged
 
 
 def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
@@ -460,6 +548,8 @@ def narrow_int8_producers(kernels: list) -> tuple[list, list[Buffer], set[int]]:
       narrowed[id(old)] = (b8, zero)
       bufs[0] = b8
       ast = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, x8.dtype, (), 0), ast.src[1], x8))
+    if bufs[0].dtype in _QTYPES:
+      ast = collapse_rows(ast)
     out.append(k if ast is k.ast else Kernel(k.name, ast, bufs, k.shape))
   return out, [b for b, _ in narrowed.values()], set(narrowed)
 
@@ -501,4 +591,4 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
     return bufs, made, qgemms, None
   if len(found) == 1 and found[0].op is not Ops.ACCUMULATE:
     qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
-  return bufs, made, qgemms, graph_rewrite(substitute(ast, results), pm_simplify)
+  return bufs, made, qgemms, collapse_rows(graph_rewrite(substitute(ast, results), pm_simplify))

@@ -169,18 +169,21 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
   from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
   rng = np.random.default_rng(11)
-  if kind in ("conv", "wide conv", "big conv"):
+  if kind in ("conv", "wide conv", "big conv", "stem conv"):
     # a wide one spans several of the microkernel's 64-row blocks, its result lines written through the epilogue's
-    # transpose (m contiguous) block by block; a big one is ResNet's 3x3 at 56x56, work enough to split over threads
-    shape, out_shape, stride = {
-      "conv": ([1, 64, 10, 9], [1, 20, 5, 5], 2),
-      "wide conv": ([1, 16, 21, 18], [1, 20, 21, 18], 1),
-      "big conv": ([1, 64, 56, 56], [1, 20, 56, 56], 1),
+    # transpose (m contiguous) block by block; a big one is ResNet's 3x3 at 56x56, work enough to split over threads;
+    # a stem one ResNet's first 7x7/2 over 3 channels, rows long enough for the im2col's stride-2 vectors
+    shape, out_shape, stride, kernel = {
+      "conv": ([1, 64, 10, 9], [1, 20, 5, 5], 2, 3),
+      "wide conv": ([1, 16, 21, 18], [1, 20, 21, 18], 1, 3),
+      "big conv": ([1, 64, 56, 56], [1, 20, 56, 56], 1, 3),
+      "stem conv": ([1, 3, 21, 71], [1, 20, 11, 36], 2, 7),
     }[kind]
-    w = numpy_helper.from_array((rng.standard_normal((20, shape[1], 3, 3)) * 0.2).astype(np.float32), "w")
+    w = numpy_helper.from_array((rng.standard_normal((20, shape[1], kernel, kernel)) * 0.2).astype(np.float32), "w")
     b = numpy_helper.from_array((rng.standard_normal(20) * 0.1).astype(np.float32), "b")
+    pads = [kernel // 2] * 4
     nodes = [
-      helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
+      helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, strides=[stride, stride]),
       helper.make_node("Relu", ["c"], ["y"]),
     ]
     inits = [w, b]
@@ -238,6 +241,8 @@ def _qdq_model(kind: str, per_channel: bool, activations: str, tmp):
     ("wide conv", True, "u8"),
     ("wide conv", False, "s8"),
     ("vector matmul", True, "u8"),
+    ("stem conv", True, "u8"),
+    ("stem conv", False, "s8"),
   ],
 )
 def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
@@ -247,8 +252,11 @@ def test_qdq_equals_onnxruntime(kind, per_channel, activations, tmp_path):
 
   model = _qdq_model(kind, per_channel, activations, tmp_path)
   art = aot.compile_model(model, out_dir=tmp_path / "art")
-  # the plan takes the int8 path: the contraction is a call of the int8 microkernel
-  assert "aot_qgemm_run" in (art.dir / "src" / "model.c").read_text()
+  # the plan takes the int8 path: the contraction is a call of the int8 microkernel, a strided convolution's input
+  # copied by the runtime's im2col
+  calls = (art.dir / "src" / "model.c").read_text()
+  assert "aot_qgemm_run" in calls
+  assert ("aot_qim2col_run" in calls) == (kind in ("conv", "stem conv"))
   opts = ort.SessionOptions()
   opts.intra_op_num_threads = 1
   sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -542,3 +550,133 @@ def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tm
   # the output dequantizes a uint8 tensor: equal floats are equal integers
   for threads in (1, 2, 3):
     np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
+
+
+# *** 8-bit max pools: the runtime's pool (codegen/qpool.py), exact against onnxruntime's ***
+
+
+def _pool_model(dtype, shape, kernel, strides, pads, form: str):
+  """An 8-bit MaxPool: over the bytes (QOperator's), followed by a DequantizeLinear (its float result read through
+  an epilogue), or between a DequantizeLinear and a QuantizeLinear of the same scale (QDQ's)."""
+  import onnx
+  from onnx import TensorProto, helper, numpy_helper
+
+  et = TensorProto.UINT8 if dtype == np.uint8 else TensorProto.INT8
+  pool = dict(kernel_shape=kernel, strides=strides, pads=pads)
+  inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(dtype(3), "z")]
+  nodes = {
+    "bytes": [helper.make_node("MaxPool", ["x"], ["y"], **pool)],
+    "dequantized": [
+      helper.make_node("MaxPool", ["x"], ["p"], **pool),
+      helper.make_node("DequantizeLinear", ["p", "s", "z"], ["y"]),
+    ],
+    "qdq": [
+      helper.make_node("DequantizeLinear", ["x", "s", "z"], ["f"]),
+      helper.make_node("MaxPool", ["f"], ["p"], **pool),
+      helper.make_node("QuantizeLinear", ["p", "s", "z"], ["y"]),
+    ],
+  }[form]
+  out = TensorProto.FLOAT if form == "dequantized" else et
+  g = helper.make_graph(
+    nodes, "g", [helper.make_tensor_value_info("x", et, shape)], [helper.make_tensor_value_info("y", out, None)], inits
+  )
+  return helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+  "dtype,shape,kernel,strides,pads,form",
+  [
+    # ResNet's stem pool (3x3/2, padded) over rows wide enough for the vector steps, and its last partial step
+    (np.uint8, [1, 3, 37, 70], [3, 3], [2, 2], [1, 1, 1, 1], "bytes"),
+    (np.int8, [2, 3, 37, 70], [3, 3], [2, 2], [1, 1, 1, 1], "bytes"),
+    (np.int8, [1, 4, 9, 40], [3, 3], [1, 1], [1, 1, 1, 1], "dequantized"),
+    (np.uint8, [1, 4, 12, 66], [2, 2], [2, 2], [0, 0, 0, 0], "qdq"),
+    # narrow rows (the scalar steps), an uneven window and padding on one side only
+    (np.uint8, [1, 2, 11, 13], [2, 3], [1, 2], [0, 2, 1, 0], "qdq"),
+    (np.int8, [1, 2, 8, 9], [3, 3], [3, 2], [1, 0, 0, 1], "bytes"),
+  ],
+)
+def test_8bit_max_pool_runs_on_the_runtime_pool(tmp_path, dtype, shape, kernel, strides, pads, form):
+  import onnxruntime as ort
+
+  import aot
+
+  model = _pool_model(dtype, shape, kernel, strides, pads, form)
+  art = aot.compile_model(model, out_dir=tmp_path / "art")
+  assert "aot_qpool_run" in (art.dir / "src" / "model.c").read_text()
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  info = np.iinfo(dtype)
+  x = np.random.default_rng(sum(shape)).integers(info.min, info.max + 1, shape).astype(dtype)
+  # the extremes, which the sign flip and the padding's identity must get right
+  x[..., 0, :] = info.min
+  x[..., -1, -1] = info.max
+  want = sess.run(None, {"x": x})[0]
+  for threads in (1, 2, 3):
+    got = aot.load(art, threads=threads)(x)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_qdq_residual_add_over_small_planes_runs_as_one_loop_per_channel(tmp_path):
+  # the requantized residual add after a conv over 14x14 planes: its rows (h, w) are one flat range, run as one loop
+  # of 196 (vectorised), not 14 rows of 14 run as scalar code
+  import onnxruntime as ort
+  from onnx import TensorProto, helper, numpy_helper
+
+  import aot
+  from aot.models.quantized import quantized
+
+  rng = np.random.default_rng(12)
+  w = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "w")
+  b = numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "b")
+  g = helper.make_graph(
+    [
+      helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+      helper.make_node("Add", ["c", "x"], ["s"]),
+      helper.make_node("Relu", ["s"], ["y"]),
+    ],
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 14, 14])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 14, 14])],
+    [w, b],
+  )
+  q = quantized(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "qdq")
+  art = aot.compile_model(q, out_dir=tmp_path / "art")
+  src = "".join(p.read_text() for p in (art.dir / "src").glob("*.c") if not p.name.startswith("aot_"))
+  assert "< 196; r1++" in src and "< 14; r2++" not in src
+  x = rng.standard_normal((1, 8, 14, 14)).astype(np.float32) * 2
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  want = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  for threads in (1, 2, 3):
+    np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
+
+
+def test_int8_max_pool_after_a_zero_pad_keeps_the_zeros(tmp_path):
+  # a constant zero Pad before an int8 MaxPool puts real zeros in the window (above every negative value): they are
+  # not the padding the runtime's pool skips, and the result must still be onnxruntime's
+  import onnxruntime as ort
+  from onnx import TensorProto, helper, numpy_helper
+
+  import aot
+
+  g = helper.make_graph(
+    [
+      helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
+      helper.make_node("MaxPool", ["p"], ["y"], kernel_shape=[3, 3], strides=[2, 2]),
+    ],
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.INT8, [1, 2, 9, 40])],
+    [helper.make_tensor_value_info("y", TensorProto.INT8, None)],
+    [numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")],
+  )
+  model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+  art = aot.compile_model(model, out_dir=tmp_path / "art")
+  # all negative: a skipped zero would leave -128 or a negative maximum at the edges
+  x = np.random.default_rng(4).integers(-128, 0, (1, 2, 9, 40)).astype(np.int8)
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  want = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+  np.testing.assert_array_equal(aot.load(art)(x), want[0])

@@ -1,0 +1,272 @@
+"""8-bit max pools to the runtime's pool (aot_qpool in runtime_c/aot_qgemm.c), not to a generated loop.
+
+A max pool over uint8 or int8 planes (QOperator's MaxPool, QDQ's once fused to one) is, as a generated loop, a max
+over the window's gated taps at the pool's stride: the compilers vectorise it as byte inserts or not at all
+(ResNet-18's 3x3/2 pool over 64x112x112 ran at 4 GB/s, 0.51 ms). The runtime's pool is separable and runs along
+contiguous bytes (0.10 ms). Integer max has no NaN to propagate, so skipping the padding is exact.
+
+The shape is recognised from the kernel, as codegen/direct.py recognises a depthwise convolution: a MAX of one gated
+8-bit load over two window ranges, at an index linear in (planes, oh, ow, kh, kw) with unit steps along the window
+and the plane's row, whose gate is exactly "inside an H x W plane" (checked by evaluating it over its grid). What
+the kernel does with the pooled bytes (a dequantization) is an epilogue kernel reading them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from aot.codegen.direct import _valid_span
+from aot.dtype import dtypes
+from aot.interpret import evaluate_grid
+from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
+from aot.kernel import Buffer
+from aot.rewrite import graph_rewrite, substitute
+from aot.symbolic import flat_stride, linear, pm_simplify
+
+# bytes of the runtime's row buffer (AOT_QPOOL_ROW in runtime_c/aot_runtime.h), less the vector read past a row's end
+ROW_BUFFER = 4096 - 64
+# windows wider than this are reductions to leave to the generated loop (a global pool's)
+MAX_WINDOW = 16
+
+# the column stride from which the runtime's im2col writes A: at stride 1 the generated copy's rows are contiguous
+# and vectorised, and it is the faster (thread CPU medians of 40, generated vs runtime, clang-19: 3x3/1 over
+# 64x56x56 0.068 vs 0.142 ms, over 512x7x7 0.060 vs 0.128); at stride 2 it reads bytes one by one (7x7/2 over
+# 3x224x224 0.47 vs 0.15, 3x3/2 over 64x56x56 0.34 vs 0.076)
+IM2COL_MIN_STRIDE = 2
+
+_SIGNED = {dtypes.uint8: False, dtypes.int8: True}
+
+
+@dataclass
+class QPool:
+  """One 8-bit max pool as aot_qpool_run computes it (the fields of aot_qpool), over a kernel's buffer slots."""
+
+  x_slot: int
+  x_offset: int
+  x_plane: int
+  x_row: int
+  H: int
+  W: int
+  x_signed: bool
+  KH: int
+  KW: int
+  SH: int
+  SW: int
+  PH: int
+  PW: int
+  y_slot: int
+  y_offset: int
+  y_plane: int
+  y_row: int
+  OH: int
+  OW: int
+  planes: int
+  # as QGemm's: no dense copy of the input (generated or the runtime's), no zero point computed at run time
+  dense = None
+  zero = None
+  im2col = None
+  role = "int8 pool"
+
+  @property
+  def tasks(self) -> int:
+    return self.planes
+
+  @property
+  def work(self) -> int:
+    return self.planes * self.OH * self.OW * self.KH * self.KW
+
+  def call(self, bufs: list, parallel: bool) -> RuntimeCall:
+    p = self
+    desc = (
+      f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {int(p.x_signed)}, {p.KH}, "
+      f"{p.KW}, {p.SH}, {p.SW}, {p.PH}, {p.PW}, 1, 1, (uint8_t *){{y}} + {p.y_offset}, {p.y_plane}, {p.y_row}, "
+      f"{p.OH}, {p.OW}, {p.planes}"
+    )
+    return RuntimeCall("aot_qpool", desc, {"x": self.x_slot, "y": self.y_slot}, p.planes, bufs, parallel, "int8 pool")
+
+
+@dataclass
+class RuntimeCall:
+  """A call of one of the runtime's 8-bit routines (NAME_run over an aot_NAME descriptor whose text desc names the
+  kernel's buffers {name}: slots), rendered into model.c beside QGemmCall; path and tasks for the profile."""
+
+  name: str
+  desc: str
+  slots: dict
+  tasks: int
+  bufs: list
+  parallel: bool
+  path: str
+
+  def render(self, arg, trampoline=None) -> str:
+    desc = self.desc.format(**{n: arg(self.bufs[s], s) for n, s in self.slots.items()})
+    run = f"{self.name}_run(&p, 0, {self.tasks})"
+    if self.parallel:
+      run = f"aot_parallel(m->pool, {self.name}_run, &p, {self.tasks})"
+    return f"  {{ {self.name} p = {{{desc}}}; {run}; }}"
+
+
+def _window(acc: UOp, bufs: list) -> dict | None:
+  """The pool's geometry of an 8-bit MAX accumulate over a window of one gated load, else None."""
+  if acc.arg is not ReduceOp.MAX or acc.dtype not in _SIGNED or len(acc.src) != 3:
+    return None
+  # the gates' else is the type's minimum, the max's identity: a padded tap is one skipped
+  expr, gates, low = acc.src[0], [], np.iinfo(acc.dtype.np).min
+  while expr.op is Ops.WHERE and expr.src[2].op is Ops.CONST and expr.src[2].arg == low:
+    gates.append(expr.src[0])
+    expr = expr.src[1]
+  # (an int8 tap gated to 0, a zero padding's, is a value, not one skipped: not a pool's window)
+  if expr.op is not Ops.LOAD or expr.dtype != acc.dtype:
+    return None
+  load = expr
+  if not (load.src[2].op is Ops.CONST and load.src[2].arg is True):
+    gates.append(load.src[2])
+  rows = sorted(ranges_of(acc) - set(acc.src[1:]), key=lambda r: r.number)
+  terms = linear(load.src[1])[0]
+  if len(rows) < 2:
+    return None
+  *planes, oh, ow = rows
+  ka, kb = acc.src[1:]
+  # kw is the window range with unit stride (the row's columns), kh the other (no dilation)
+  kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
+  if kh is None or max(kh.size, kw.size) > MAX_WINDOW:
+    return None
+  g = window_geometry(load, gates, planes, oh, ow, kh, kw)
+  # the row with its padding must fit the runtime's buffer
+  if g is None or max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) > ROW_BUFFER:
+    return None
+  return dict(load=load, rows=rows, x_signed=_SIGNED[acc.dtype], planes=prod(r.size for r in planes), **g)
+
+
+def window_geometry(load: UOp, gates: list[UOp], planes, oh: UOp, ow: UOp, kh: UOp, kw: UOp) -> dict | None:
+  """The window's geometry of a load at planes x (oh * SH + kh - PH) x (ow * SW + kw - PW) of H x W planes (a
+  pool's or a convolution's input), whose gates are exactly "inside the plane": the fields of aot_qpool and
+  aot_qim2col, else None."""
+  terms, offset = linear(load.src[1])
+  if any(t.op is not Ops.RANGE for t in terms) or set(terms) - {*planes, oh, ow, kh, kw} or terms.get(kw) != 1:
+    return None
+  x_row, SW = terms.get(kh, 0), terms.get(ow, 0)
+  if x_row <= 0 or SW <= 0 or terms.get(oh, 0) <= 0 or terms[oh] % x_row:
+    return None
+  x_plane = flat_stride(planes, terms)
+  if x_plane is None or (planes and x_plane <= 0):
+    return None
+  SH, KH, KW, OH, OW = terms[oh] // x_row, kh.size, kw.size, oh.size, ow.size
+  # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
+  axes = [oh, kh, ow, kw]
+  mask = np.ones((OH, KH, OW, KW), bool)
+  for g in gates:
+    if ranges_of(g) - set(axes):
+      return None
+    mask &= evaluate_grid(g, axes).astype(bool)
+  rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
+  ih = np.arange(OH)[:, None] * SH + np.arange(KH)
+  iw = np.arange(OW)[:, None] * SW + np.arange(KW)
+  row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
+  row_ok[ih.reshape(-1)] = mask.any(axis=(2, 3)).reshape(-1)
+  col_ok[iw.reshape(-1)] = mask.any(axis=(0, 1)).reshape(-1)
+  rs, cs = _valid_span(row_ok), _valid_span(col_ok)
+  if rs is None or cs is None:
+    return None
+  (PH, H), (PW, W) = rs, cs
+  if not np.array_equal(mask, row_ok[ih][:, :, None, None] & col_ok[iw][None, None, :, :]):
+    return None
+  # the first plane's element (0, 0)
+  x_offset = offset + PH * x_row + PW
+  if x_offset < 0 or W > x_row:
+    return None
+  return dict(
+    x_offset=x_offset, x_plane=x_plane, x_row=x_row, H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, OH=OH, OW=OW
+  )
+
+
+def lower_qpool(ast: UOp, bufs: list):
+  """(the kernel's buffers with new slots appended, the buffers made for them, its QPool, the kernel reading the
+  pooled bytes or None) when the kernel's one reduction is an 8-bit max pool, else None."""
+  if ast.op is not Ops.STORE:
+    return None
+  accs = [u for u in ast.src[2].toposort() if u.op is Ops.ACCUMULATE]
+  if len(accs) != 1 or (g := _window(accs[0], bufs)) is None:
+    return None
+  acc, load, rows = accs[0], g.pop("load"), g.pop("rows")
+  *planes, oh, ow = rows
+  bufs, made = list(bufs), []
+  bare = ast.src[2] is acc and bufs[0].dtype == acc.dtype
+  terms, offset = linear(ast.src[1])
+  if bare and set(terms) == set(rows) and terms[ow] == 1 and offset >= 0:
+    y_plane, y_row = flat_stride(planes, terms), terms[oh]
+    if y_plane is not None and y_row >= g["OW"]:
+      return bufs, made, [QPool(load.src[0].arg, y_slot=0, y_offset=offset, y_plane=y_plane, y_row=y_row, **g)], None
+  # else the pooled bytes go to a scratch [planes][OH][OW] that the rest of the kernel reads
+  bufs.append(b := Buffer("scratch", acc.dtype, g["planes"] * g["OH"] * g["OW"], "qpool"))
+  made.append(b)
+  slot = len(bufs) - 1
+  at = flat_of(rows)
+  read = UOp(Ops.LOAD, acc.dtype, (UOp(Ops.DEFINE_GLOBAL, acc.dtype, (), slot), at, UOp.const(dtypes.bool, True)))
+  pool = QPool(load.src[0].arg, y_slot=slot, y_offset=0, y_plane=g["OH"] * g["OW"], y_row=g["OW"], **g)
+  return bufs, made, [pool], graph_rewrite(substitute(ast, {acc: read}), pm_simplify)
+
+
+@dataclass
+class QIm2col:
+  """An 8-bit convolution's k-major A as aot_qim2col_run writes it (the fields of aot_qim2col), over a kernel's
+  buffer slots."""
+
+  x_slot: int
+  x_offset: int
+  x_plane: int
+  x_row: int
+  H: int
+  W: int
+  KH: int
+  KW: int
+  SH: int
+  SW: int
+  PH: int
+  PW: int
+  y_slot: int
+  y_plane: int
+  y_kh: int
+  y_kw: int
+  OH: int
+  OW: int
+  planes: int
+  pad: int
+
+  def call(self, bufs: list, parallel: bool) -> RuntimeCall:
+    p = self
+    desc = (
+      f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {p.KH}, {p.KW}, {p.SH}, {p.SW}, "
+      f"{p.PH}, {p.PW}, (uint8_t *){{y}}, {p.y_plane}, {p.y_kh}, {p.y_kw}, {p.OH}, {p.OW}, {p.planes}, {p.pad}"
+    )
+    return RuntimeCall("aot_qim2col", desc, {"x": p.x_slot, "y": p.y_slot}, p.tasks, bufs, parallel, "copy")
+
+  @property
+  def tasks(self) -> int:
+    return self.planes * self.KH
+
+
+def im2col(load: UOp, gates: list[UOp], m_rows, k, pad: int, x_slot: int, y_slot: int) -> QIm2col | None:
+  """The runtime's im2col for a dense k-major A of an int8 convolution over one image (m the output's (oh, ow), k
+  its (c, kh, kw) in any order), read from an 8-bit buffer inside its planes and pad elsewhere; else None."""
+  if len(m_rows) != 2 or len(k) != 3:
+    return None
+  terms = linear(load.src[1])[0]
+  kw = next((r for r in k if terms.get(r) == 1), None)
+  if kw is None:
+    return None
+  kh, c = sorted((r for r in k if r is not kw), key=lambda r: terms.get(r, 0))
+  oh, ow = m_rows
+  g = window_geometry(load, gates, [c], oh, ow, kh, kw)
+  # the row with its padding must fit the runtime's buffer
+  if g is None or g["SW"] < IM2COL_MIN_STRIDE or max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) > ROW_BUFFER:
+    return None
+  # A's row of tap (c, kh, kw) is its flat index over k (in k's order) times M
+  M, stride = oh.size * ow.size, {}
+  for r in reversed(k):
+    stride[r] = M
+    M *= r.size
+  return QIm2col(
+    x_slot, **g, y_slot=y_slot, y_plane=stride[c], y_kh=stride[kh], y_kw=stride[kw], planes=c.size, pad=pad & 0xFF
+  )
