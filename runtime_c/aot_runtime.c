@@ -48,9 +48,12 @@ void aot_arena_free(void *arena) { free(arena); }
 #define AOT_SPIN_CHECK 64
 /* past this (ns) a spinning thread yields its core at each look at the clock: the thread it waits for may be waiting
    for that very core (more threads than free cores: a loaded machine), and spinning would keep it off for the whole
-   spin and then sleep. Measured, DenseNet-121 with its 2 threads on one core: 0.78x as fast as 1 thread and ~160
-   sleeps a run when spinning, 0.98x and ~1 when yielding; on 2 free cores the same speed (~1.8x) either way */
-#define AOT_SPIN_YIELD_NS 5000L
+   spin and then sleep; but a yield also hands the core to any other program's thread, so not at once. Measured
+   (DenseNet-121, c, 2 threads, medians of all runs on this loaded 2-core machine): pinned to one core, 65 ms never
+   yielding, 58 yielding past 5 us, 50 past 20 us, 48 past 50 us (1 thread: 43-53 ms; ~160 sleeps a run never
+   yielding, ~1 yielding); on both cores beside a program busy half the time 62 / 54 / 51 / 51 ms; on free cores the
+   same (~1.8x as fast as 1 thread) either way */
+#define AOT_SPIN_YIELD_NS 20000L
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)

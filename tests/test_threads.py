@@ -127,8 +127,8 @@ int main(int argc, char **argv) {
 """
 # sleeps per call allowed when a pool's threads share one core: a waiting thread yields the core to the one it waits
 # for, so the wait ends without sleeping (0 measured, on 2 and 4 threads); spinning instead kept the other thread off
-# the core for the whole spin, then slept (1 a call on 2 threads, 4 on 4; DenseNet-121 on 2 threads pinned to one
-# core ran 0.78x as fast as on 1, ~160 sleeps a run; yielding: 0.98x, 1.3 sleeps)
+# the core for the whole spin, then slept (1 a call on 2 threads, 4 on 4; DenseNet-121, 2 threads pinned to one core:
+# ~160 sleeps a run, yielding ~1)
 ONE_CORE_SLEEPS_PER_CALL = 0.05
 
 
