@@ -31,8 +31,8 @@ def test_a_long_max_min_is_combined_in_blocks_of_neighbours():
     loops = [u.arg for kind, u in prog if kind == "loop"]
     assert [(size, kind) for _, size, kind in loops] == [(4, "reduce"), (256 // block, "reduce")]
     assert sum(kind == "value" and u.op.name == "LOAD" for kind, u in prog) == block
-  (k,) = kernels(lambda x: x.max(), np.zeros((4, 32), np.float32))
-  assert [u.arg[1] for kind, u in linearize(optimize(k.ast)) if kind == "loop"] == [4, 32]
+  (k,) = kernels(lambda x: x.max(), np.zeros((4, 16), np.float32))
+  assert [u.arg[1] for kind, u in linearize(optimize(k.ast)) if kind == "loop"] == [4, 16]
   # 1000 terms: blocks of 8, which divide them
   (k,) = kernels(lambda x: x.max(), np.zeros((1, 1000), np.float32))
   assert [u.arg[1] for kind, u in linearize(optimize(k.ast)) if kind == "loop"][-1] == 1000 // MAXMIN_BLOCKS[1]
@@ -41,6 +41,19 @@ def test_a_long_max_min_is_combined_in_blocks_of_neighbours():
   (k,) = kernels(lambda x: x - x.min(), np.zeros((64, 256), np.float32))
   loops = [u.arg[1:] for kind, u in linearize(optimize(k.ast)) if kind == "loop"]
   assert loops == [(64, "reduce"), (256 // MAXMIN_BLOCK, "reduce"), (64, "loop"), (256 // 8, "loop")]
+
+
+def test_softmax_row_max_runs_in_blocks_once_per_row():
+  # softmax over rows of 128: each row's max, read by all of the row's lanes, runs over blocks once per row; its
+  # sum keeps its sequential loop (a sum's order is its result)
+  x = np.zeros((4, 32, 128), np.float32)
+  first, second = (linearize(optimize(k.ast)) for k in kernels(lambda x: x.softmax(-1), x))
+  loops = lambda prog: [u.arg[1:] for kind, u in prog if kind == "loop"]
+  assert loops(first) == [(4, "loop"), (32, "loop"), (128 // MAXMIN_BLOCK, "reduce"), (128 // 8, "loop")]
+  assert (128, "reduce") in loops(second)
+  # many rows each read by their own output (a ReduceMax over the last axis): the rows are upcast's lanes already
+  (k,) = kernels(lambda x: x.max(-1), x)
+  assert (128, "reduce") in loops(linearize(optimize(k.ast)))
 
 
 def test_a_strided_pool_keeps_its_rows_tail_unmasked():
@@ -95,6 +108,10 @@ def _windows(x: np.ndarray, stride: int, pad: int) -> np.ndarray:
   return w.reshape(*w.shape[:4], 9)
 
 
+A, B, C = (1, 4, 40, 63), (3, 40, 64), (2, 24, 128)
+OUTPUTS = ("pool2", "pool1", "max", "min", "rowmax", "centred", "shifted")
+
+
 def _model():
   f = TensorProto.FLOAT
   nodes = [
@@ -107,13 +124,19 @@ def _model():
     # many values, all reading one long reduction
     helper.make_node("ReduceMin", ["b"], ["bmin"], keepdims=1),
     helper.make_node("Sub", ["b", "bmin"], ["centred"]),
+    # softmax's first step: each row less its max, the max computed once per row for the row's lanes
+    helper.make_node("ReduceMax", ["c", "last"], ["cmax"], keepdims=1),
+    helper.make_node("Sub", ["c", "cmax"], ["shifted"]),
   ]
   graph = helper.make_graph(
     nodes,
     "g",
-    [helper.make_tensor_value_info("a", f, [1, 4, 40, 63]), helper.make_tensor_value_info("b", f, [3, 40, 64])],
-    [helper.make_tensor_value_info(n, f, None) for n in ("pool2", "pool1", "max", "min", "rowmax", "centred")],
-    [helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])],
+    [helper.make_tensor_value_info(n, f, shape) for n, shape in (("a", A), ("b", B), ("c", C))],
+    [helper.make_tensor_value_info(n, f, None) for n in OUTPUTS],
+    [
+      helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2]),
+      helper.make_tensor("last", TensorProto.INT64, [1], [-1]),
+    ],
   )
   return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
@@ -139,12 +162,14 @@ def test_max_min_keep_the_sequential_result_bit_for_bit(build, tmp_path, monkeyp
   rng = np.random.default_rng(11)
   try:
     for kind in ("max_ties", "min_ties", "nan"):
-      a = _specials(rng, (1, 4, 40, 63), "max_ties" if kind == "min_ties" else kind)
-      b = _specials(rng, (3, 40, 64), kind)
-      outs = [r(a, b) for r in runs]
+      a = _specials(rng, A, "max_ties" if kind == "min_ties" else kind)
+      b = _specials(rng, B, kind)
+      c = _specials(rng, C, "max_ties" if kind == "min_ties" else kind)
+      outs = [r(a, b, c) for r in runs]
       for out in outs[1:]:
         assert all(_same_bits(x, y) for x, y in zip(outs[0], out)), f"{kind}: threads differ"
-      pool2, pool1, mx, mn, rowmax, centred = outs[0]
+      with np.errstate(invalid="ignore"):  # inf - inf in a row whose max is inf
+        shifted = c - _sequential(c, True)[..., None]
       want = {
         "pool2": _sequential(_windows(a, 2, 0), True),
         "pool1": _sequential(_windows(a, 1, 1), True),
@@ -152,14 +177,15 @@ def test_max_min_keep_the_sequential_result_bit_for_bit(build, tmp_path, monkeyp
         "min": _sequential(b.reshape(-1), False),
         "rowmax": _sequential(b.reshape(3, -1), True),
         "centred": b - _sequential(b.reshape(-1), False),
+        "shifted": shifted,
       }
-      got = dict(zip(want, (pool2, pool1, mx, mn, rowmax, centred)))
+      got = dict(zip(OUTPUTS, outs[0]))
       for name in want:
         assert _same_bits(got[name], want[name]), f"{kind}: {name}"
       if kind != "nan":
         # onnxruntime's max/min skip a NaN past the first term, and its vectorised ones take either zero of a tie:
         # without NaNs the values are the same
-        for name, ref in zip(want, sess.run(None, {"a": a, "b": b})):
+        for name, ref in zip(OUTPUTS, sess.run(None, {"a": a, "b": b, "c": c})):
           assert np.array_equal(got[name], ref), f"{kind}: {name} against onnxruntime"
   finally:
     for r in runs:
