@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import math
 
-from aot.codegen.linearize import Piece, in_pieces, is_outer, kernel_params, linearize, reads_strided, widen_index
+from aot.codegen.linearize import (
+  CORE_SPLIT,
+  Piece,
+  in_pieces,
+  is_outer,
+  kernel_params,
+  linearize,
+  reads_strided,
+  widen_index,
+)
 from aot.dtype import DType, dtypes, min_value
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -159,7 +168,7 @@ class CRenderer:
     inner = next((u for kind, u in reversed(program) if kind == "loop"), None)
     # the innermost loop and the one around it in pieces (in_pieces): a body is written once per piece, the gates a
     # piece keeps constant written as their values
-    pieces = in_pieces(ast, program)
+    pieces = in_pieces(ast, program, CORE_SPLIT["c"])
     prefix = self.prefix(ast)
     if self.no_idioms is not None and any(piece is not None and piece.varies for _, _, piece, _ in pieces):
       prefix = f"{self.no_idioms} {prefix}"

@@ -13,7 +13,7 @@ import re
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from aot.codegen.linearize import in_pieces, is_outer, kernel_params, linearize, widen_index
+from aot.codegen.linearize import CORE_SPLIT, in_pieces, is_outer, kernel_params, linearize, widen_index
 from aot.dtype import DType, dtypes
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -127,7 +127,7 @@ class LLVMRenderer:
 
     # the innermost loop and the one around it in pieces (in_pieces): their instructions are emitted once per piece,
     # the gates a piece keeps constant as their values; pieces bounded by the loops around them stay loops
-    pieces = in_pieces(ast, linearize(ast))
+    pieces = in_pieces(ast, linearize(ast), CORE_SPLIT["llvm"])
     if any(piece is not None and piece.varies for _, _, piece, _ in pieces):
       fn.attributes.add('"no-builtin-memset"')
       fn.attributes.add('"no-builtin-memcpy"')
