@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import math
 
-from aot.codegen.linearize import in_pieces, is_outer, kernel_params, linearize, reads_strided, widen_index
+from aot.codegen.linearize import (
+  CORE_SPLIT,
+  Piece,
+  in_pieces,
+  is_outer,
+  kernel_params,
+  linearize,
+  reads_strided,
+  widen_index,
+)
 from aot.dtype import DType, dtypes, min_value
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -48,6 +57,10 @@ def abs_with(fabs):
 # 55-wide rows, clang-19 0.0063 -> 0.0018 and 0.0072 -> 0.0025 ms unmasked, clang-14 alike), where a pack, which
 # writes a panel of its own, stays faster masked
 TAIL_MASKED_MIN, TAIL_MASKED_VECTOR = 16, 16
+# no_idioms: a kernel whose loops run in pieces bounded by the loops around them (a padded conv's im2col pack:
+# linearize.loop_pieces) has its padding pieces, a store of zeros 0-3 long, and its interior row copies made calls of
+# memset and memcpy by clang's idiom recognition, one call per row piece (ResNet-18's 3x3 packs over 128x28x28:
+# clang-14 0.19 -> 0.10 ms with the calls off); so it is told not to (gcc made two such calls, not per row)
 
 
 def reads_own_output(ast: UOp) -> bool:
@@ -60,6 +73,8 @@ class CRenderer:
   restrict = "restrict"
   # put before such a loop (KERNEL_PRELUDE); None where the target has no such hint
   tail_masked = "AOT_TAIL_MASKED"
+  # put before a kernel with loops in pieces bounded by the loops around them (NO_IDIOMS)
+  no_idioms = "AOT_NO_IDIOMS"
   code_for_op = {
     Ops.NEG: lambda dt, a: f"(-{a})" if dt != dtypes.bool else f"(!{a})",
     **{op: _fn(name) for op, name in LIBM.items()},
@@ -142,17 +157,29 @@ class CRenderer:
         return self.literal(u.dtype, u.arg)
       return names[u]
 
-    lines, depth = [f"{self.prefix(ast)} {name}({', '.join(self.param_decls(ast))}) {{"], 1
+    def expr(u: UOp) -> str:
+      # a piece's bound, written out from the values and loops around it
+      return r(u) if u.op is Ops.CONST or u in names else self.render_value(u, expr)
+
+    def bound(x: int | UOp, dt: DType) -> str:
+      return expr(x) if isinstance(x, UOp) else self.literal(dt, x)
+
     program = linearize(ast)
     inner = next((u for kind, u in reversed(program) if kind == "loop"), None)
-    # the innermost loop and the one around it in pieces (in_pieces): a body is written once per piece
-    for kind, u, bounds in in_pieces(ast, program):
+    # the innermost loop and the one around it in pieces (in_pieces): a body is written once per piece, the gates a
+    # piece keeps constant written as their values
+    pieces = in_pieces(ast, program, CORE_SPLIT["c"])
+    prefix = self.prefix(ast)
+    if self.no_idioms is not None and any(piece is not None and piece.varies for _, _, piece, _ in pieces):
+      prefix = f"{self.no_idioms} {prefix}"
+    lines, depth = [f"{prefix} {name}({', '.join(self.param_decls(ast))}) {{"], 1
+    for kind, u, piece, known in pieces:
       ind = "  " * depth
       if kind == "loop":
         names[u] = f"r{u.number}"
-        lo, hi = ("start", "end") if is_outer(u) else (self.literal(u.dtype, x) for x in bounds)
-        lo = "0" if bounds == (0, u.size) and not is_outer(u) else lo
-        if u is inner and not is_outer(u) and self.masks_tail(maskable, *bounds):
+        lo, hi = ("start", "end") if is_outer(u) else (bound(piece.lo, u.dtype), bound(piece.hi, u.dtype))
+        lo = "0" if piece == Piece(0, u.size) and not is_outer(u) else lo
+        if u is inner and not is_outer(u) and self.masks_tail(maskable, piece):
           lines.append(f"{ind}{self.tail_masked}")
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{")
         depth += 1
@@ -169,14 +196,17 @@ class CRenderer:
       else:
         # a body written once per piece (in_pieces) keeps its names
         names.setdefault(u, f"v{len(names)}")
-        lines.append(f"{ind}const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
+        value = self.literal(u.dtype, known[u]) if u in known else self.render_value(u, r)
+        lines.append(f"{ind}const {u.dtype.cname} {names[u]} = {value};")
     return "\n".join(lines + ["}"])
 
-  def masks_tail(self, maskable: bool, lo: int, hi: int) -> bool:
-    """Does an innermost loop over [lo, hi) run its remainder masked (tail_masked)? maskable: the kernel has no sums,
-    no reads at a small stride and none of its own output."""
-    n = hi - lo
-    return self.tail_masked is not None and maskable and n >= TAIL_MASKED_MIN and n % TAIL_MASKED_VECTOR != 0
+  def masks_tail(self, maskable: bool, piece: Piece) -> bool:
+    """Does an innermost loop over the piece run its remainder masked (tail_masked)? maskable: the kernel has no sums,
+    no reads at a small stride and none of its own output. A piece whose length varies with the loops around it (an
+    im2col row's interior) may have a remainder."""
+    fewest, most = piece.length()
+    whole = fewest == most and most % TAIL_MASKED_VECTOR == 0
+    return self.tail_masked is not None and maskable and most >= TAIL_MASKED_MIN and not whole
 
   def render_value(self, u: UOp, r) -> str:
     if u.op is Ops.LOAD:
@@ -208,7 +238,9 @@ KERNEL_PRELUDE = """#include <math.h>
 #endif
 #if defined(__clang__)
 #define AOT_TAIL_MASKED _Pragma("clang loop vectorize_predicate(enable)")
+#define AOT_NO_IDIOMS __attribute__((no_builtin("memset", "memcpy")))
 #else
 #define AOT_TAIL_MASKED
+#define AOT_NO_IDIOMS
 #endif
 """

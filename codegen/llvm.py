@@ -13,7 +13,7 @@ import re
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from aot.codegen.linearize import in_pieces, is_outer, kernel_params, linearize, widen_index
+from aot.codegen.linearize import CORE_SPLIT, in_pieces, is_outer, kernel_params, linearize, widen_index
 from aot.dtype import DType, dtypes
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -48,6 +48,13 @@ INT_SIGNED = {
   Ops.MOD: ("srem", "urem"),
   Ops.SHR: ("ashr", "lshr"),
 }
+
+
+class KernelAttributes(ir.FunctionAttributes):
+  """A kernel's attributes: llvmlite's, and LLVM's string attributes that keep memset and memcpy out of a loop (as
+  C's no_builtin: codegen/c.py's no_idioms)."""
+
+  _known = ir.FunctionAttributes._known | {'"no-builtin-memset"', '"no-builtin-memcpy"'}
 
 
 class LLVMRenderer:
@@ -90,6 +97,7 @@ class LLVMRenderer:
     fn = ir.Function(
       self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name
     )
+    fn.attributes = KernelAttributes()
     fn.attributes.add("nounwind")
     for a in fn.args[:-2]:
       a.add_attribute("noalias")
@@ -110,15 +118,29 @@ class LLVMRenderer:
         return b.load(accs[u])
       return vals[u]
 
-    # the innermost loop and the one around it in pieces (in_pieces): their instructions are emitted once per piece
-    for kind, u, bounds in in_pieces(ast, linearize(ast)):
+    def expr(u: UOp):
+      # a piece's bound, computed from the values and loops around it
+      return r(u) if u.op is Ops.CONST or u in vals else self.render_value(b, u, expr, ptr)
+
+    def bound(x: int | UOp, it: ir.Type):
+      return expr(x) if isinstance(x, UOp) else ir.Constant(it, x)
+
+    # the innermost loop and the one around it in pieces (in_pieces): their instructions are emitted once per piece,
+    # the gates a piece keeps constant as their values; pieces bounded by the loops around them stay loops
+    pieces = in_pieces(ast, linearize(ast), CORE_SPLIT["llvm"])
+    if any(piece is not None and piece.varies for _, _, piece, _ in pieces):
+      fn.attributes.add('"no-builtin-memset"')
+      fn.attributes.add('"no-builtin-memcpy"')
+    for kind, u, piece, known in pieces:
       if kind == "loop":
         it = ltype(u.dtype)
         counter = alloca_b.alloca(it, name=f"r{u.number}")
         outer = is_outer(u)
         # a 64-bit counter (widen_index) still starts and ends where the int arguments say
         lo, hi = (
-          (b.sext(x, it) if it != i32 else x for x in (start, end)) if outer else (ir.Constant(it, x) for x in bounds)
+          (b.sext(x, it) if it != i32 else x for x in (start, end))
+          if outer
+          else (bound(piece.lo, it), bound(piece.hi, it))
         )
         b.store(lo, counter)
         head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.number}") for s in ("head", "loop", "exit"))
@@ -147,7 +169,7 @@ class LLVMRenderer:
           v = b.zext(v, ir.IntType(8))
         b.store(v, b.gep(ptr[buf.slot], [r(idx)], inbounds=True))
       else:
-        vals[u] = self.render_value(b, u, r, ptr)
+        vals[u] = self.const(u.dtype, known[u]) if u in known else self.render_value(b, u, r, ptr)
     b.ret_void()
     alloca_b.branch(body)
     return fn
