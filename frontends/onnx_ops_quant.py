@@ -92,6 +92,33 @@ def qlinear_leaky_relu(n, x, x_scale, x_zp, y_scale, y_zp=None, alpha=0.01):
   return _requant((v < 0).where(v * alpha, v), y_scale, y_zp, _out_type(x, y_zp))
 
 
+@op("QLinearSoftmax", domain=MS)
+def qlinear_softmax(n, x, x_scale, x_zp, y_scale, y_zp=None, axis=None, opset=None):
+  """onnxruntime's integer softmax, step for step: e = float32(exp((x - max + shift) * x_scale)) in double, where
+  shift keeps a row's float32 sum of e finite; the sum in order; round(e * floor(1 / y_scale) / sum) + y_zp,
+  saturated. (x's zero point cancels in x - max.) Below opset 13 the row is everything from axis on, as Softmax-1."""
+  if opset is None:
+    raise Unsupported("QLinearSoftmax needs its 'opset' attribute (which Softmax it quantizes)")
+  if x.dtype not in (dtypes.int8, dtypes.uint8):
+    raise Unsupported(f"QLinearSoftmax of {x.dtype.name} (int8 or uint8 expected)")
+  axis = (1 if opset < 13 else -1) if axis is None else axis
+  axis = axis + x.ndim if axis < 0 else axis
+  xs = float(np.float32(n.const(_scalar(x_scale, "X_scale"), "X_scale")))
+  ys = np.float32(n.const(_scalar(y_scale, "Y_scale"), "Y_scale"))
+  shape = x.shape
+  if opset < 13:
+    rows = int(np.prod(shape[:axis], dtype=np.int64))
+    x, axis = x.reshape(rows, -1), 1
+  length = x.shape[axis]
+  # the table's shift: exp of it times the row's length stays 5 binary orders under float32's largest value
+  shift = max(0.0, np.log(float(np.finfo(np.float32).max) / length) - 5) / xs
+  xi = x.cast(dtypes.int32)
+  d = (xi - xi.max(axis, keepdim=True)).cast(dtypes.float64)
+  e = ((d + shift) * xs).exp().cast(F32)
+  y = e * float(np.floor(np.float32(1.0) / ys)) / e.sum(axis, keepdim=True)
+  return _saturate(y.round(), y_zp, _out_type(x, y_zp)).reshape(shape)
+
+
 # *** pooling and concatenation ***
 
 

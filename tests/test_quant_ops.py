@@ -114,6 +114,41 @@ def test_qlinear_sigmoid_and_leaky_relu(dt, target):
   )
 
 
+def _qlinear_softmax(x, xs, ys, yz, axis, opset, target="c"):
+  """One QLinearSoftmax node (its 'opset' attribute, which check's opset keyword would take) against onnxruntime."""
+  consts = {"xs": f32(xs), "xz": x.dtype.type(7), "ys": f32(ys), "yz": yz}
+  node = oh.make_node("QLinearSoftmax", ["x", *consts], ["y"], domain=MS, axis=axis, opset=opset)
+  ty = oh.np_dtype_to_tensor_dtype(x.dtype)
+  (got,), (want,) = _run_both(_model(node, {"x": x}, consts, [("y", ty)]), {"x": x}, target)
+  assert got.dtype == want.dtype and got.shape == want.shape
+  np.testing.assert_array_equal(got, want)
+  return got
+
+
+@pytest.mark.parametrize(
+  "dt,shape,axis,opset,target",
+  [
+    (U8, (2, 1000), -1, 13, "c"),  # a classifier's 1000 logits (light ResNet-50 quantized in QOperator form)
+    (I8, (3, 4, 37), 1, 13, "c"),  # along a middle axis
+    (U8, (3, 4, 5), 1, 12, "c"),  # below opset 13 a row is everything from axis on
+    (I8, (2, 300), -1, 13, "llvm"),
+  ],
+)
+def test_qlinear_softmax(dt, shape, axis, opset, target):
+  # fresh inputs over the whole range: rows with ties at their maximum and long tails of tiny values. The int8 output
+  # zero point is -127, not -128: a row whose maximum stands alone reaches 256 steps, which onnxruntime wraps (to -128
+  # from a zero point of -128) and we saturate (to 127)
+  yz = dt(0 if dt is U8 else -127)
+  _qlinear_softmax(qarr(rnd(9), shape, dt), 0.09, 1 / 256, yz, axis, opset, target)
+
+
+def test_qlinear_softmax_with_one_dominant_value_saturates():
+  # a maximum far above the rest of its row: its probability rounds to 256 steps of 1/256, past uint8's 255
+  x = np.zeros((2, 8), U8)
+  x[:, 3] = 255
+  assert _qlinear_softmax(x, 0.5, 1 / 256, U8(0), -1, 13)[0, 3] == 255
+
+
 # *** pooling and concatenation ***
 
 
