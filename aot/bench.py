@@ -328,7 +328,6 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   from aot.cli import random_inputs
   from aot.models import get
-  from aot.models.onnx_forms import onnx_model
 
   targets = [t for t in args.targets.split(",") if t]
   if args.scale is not None:
@@ -363,14 +362,9 @@ def main(argv=None) -> int:
   thread_counts = [int(t) for t in args.threads.split(",")]
   rows = []
   for name in [m for m in args.models.split(",") if m]:
-    base, _, quant = name.partition(":")
-    ref = get(base)
+    ref = get(name.partition(":")[0])
     # the ONNX form, compiled and given to onnxruntime alike (its kernels are the Tensor form's)
-    form = onnx_model(base)
-    if quant:
-      from aot.models.quantized import quantized
-
-      form = quantized(form, quant)
+    form = _reference_form(name)
     rows += bench_model(
       name, form, form, lambda art, r=ref: r.example_inputs(0), thread_counts, targets, args.repeats, args.budget
     )
@@ -395,15 +389,24 @@ def main(argv=None) -> int:
   return 0
 
 
-def _profile_arg(what: str):
-  """A model to profile: models:NAME (the Tensor form), models:NAME:FORM (its ONNX form quantized), or _onnx_arg's."""
-  if not what.startswith("models:") or ":" not in what[len("models:") :]:
-    return what if what.startswith("models:") else _onnx_arg(what)[1]
+def _reference_form(name: str):
+  """The ONNX form of bundled model NAME, or for NAME:FORM that form quantized by onnxruntime's quantizer."""
   from aot.models.onnx_forms import onnx_model
+
+  base, _, form = name.partition(":")
+  if not form:
+    return onnx_model(base)
   from aot.models.quantized import quantized
 
-  base, _, form = what[len("models:") :].partition(":")
   return quantized(onnx_model(base), form)
+
+
+def _profile_arg(what: str):
+  """A model to profile: models:NAME (the Tensor form), models:NAME:FORM (its ONNX form quantized), or _onnx_arg's."""
+  if not what.startswith("models:"):
+    return _onnx_arg(what)[1]
+  name = what[len("models:") :]
+  return _reference_form(name) if ":" in name else what
 
 
 def _profile(models: list[str], targets, threads: list[int], args) -> int:
