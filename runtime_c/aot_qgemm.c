@@ -262,9 +262,7 @@ typedef int32_t vq __attribute__((vector_size(64), aligned(4)));
 static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict b, int32_t *restrict c, int ldc,
                   int accumulate) {
   vq acc[QMR][2];
-  QUNROLL
   for (int i = 0; i < QMR; i++)
-    QUNROLL
     for (int j = 0; j < 2; j++) {
       if (accumulate) memcpy(&acc[i][j], c + i * ldc + j * 16, sizeof(vq));
       else acc[i][j] = (vq){0};
@@ -272,19 +270,14 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
   for (int g = 0; g < groups; g++)
     for (int q = 0; q < 4; q++) {
       vq bv[2];
-      QUNROLL
       for (int j = 0; j < 2; j++)
         for (int l = 0; l < 16; l++) bv[j][l] = b[g * QNR * 4 + (j * 16 + l) * 4 + q];
-      QUNROLL
       for (int i = 0; i < QMR; i++) {
         const int32_t av = a[g * QMR * 4 + i * 4 + q];
-        QUNROLL
         for (int j = 0; j < 2; j++) acc[i][j] += bv[j] * av;
       }
     }
-  QUNROLL
   for (int i = 0; i < QMR; i++)
-    QUNROLL
     for (int j = 0; j < 2; j++) memcpy(c + i * ldc + j * 16, &acc[i][j], sizeof(vq));
 }
 #endif
