@@ -47,51 +47,140 @@ def requantize(acc: np.ndarray, scale: np.ndarray, zero: int, dtype) -> np.ndarr
 
 # *** QDQ groups to the QLinear ops onnxruntime runs them as ***
 
+# onnxruntime fuses a Gemm's group into com.microsoft's QGemm (Conv's and MatMul's into the ai.onnx QLinear ops)
+_FUSED = {"Conv": ("QLinearConv", ""), "MatMul": ("QLinearMatMul", ""), "Gemm": ("QGemm", "com.microsoft")}
+
+
+def _redundant_clip(clip, q, consts: dict) -> bool:
+  """Does QuantizeLinear q's saturation already do what Relu or Clip `clip` before it does? Then onnxruntime leaves
+  the activation out of the group it fuses (its QDQ selectors' redundant Clip/Relu, and its Relu/Clip-QuantizeLinear
+  rules that run before them), and so do we: a Relu when q's zero point is its type's least value (every negative
+  value quantizes to it anyway), a Clip when its bounds quantize to or past the type's ends (rint(bound / scale) +
+  zero point, as onnxruntime tests it), or lie within float32's epsilon of the ends' values (its earlier rule)."""
+  scale, zero = consts.get(q.input[1]), consts.get(q.input[2]) if len(q.input) > 2 else None
+  if scale is None or zero is None or scale.dtype != np.float32 or zero.dtype not in (np.uint8, np.int8):
+    return False
+  info, z = np.iinfo(zero.dtype), int(zero.reshape(()))
+  if clip.op_type == "Relu":
+    return z == info.min
+  # (a Clip's test reads a scalar scale and zero point only: one of shape [1] keeps the Clip)
+  if scale.ndim or zero.ndim:
+    return False
+  # the Clip's bounds: attributes before opset 11, constant inputs since (an absent one is float32's end)
+  big = float(np.finfo(np.float32).max)
+  lo, hi = -big, big
+  for a in clip.attribute:
+    lo = a.f if a.name == "min" else lo
+    hi = a.f if a.name == "max" else hi
+  for i, name in ((1, "lo"), (2, "hi")):
+    if len(clip.input) <= i or not clip.input[i]:
+      continue
+    v = consts.get(clip.input[i])
+    if v is None or v.size != 1 or v.dtype != np.float32:
+      return False
+    lo, hi = (float(v.reshape(())), hi) if name == "lo" else (lo, float(v.reshape(())))
+  s = np.float32(scale.reshape(()))
+  with np.errstate(over="ignore", invalid="ignore"):
+    q_lo, q_hi = np.rint(np.float32(lo) / s), np.rint(np.float32(hi) / s)
+  # an infinite quotient converts to int32 as x86 does (INT_MIN): a low bound then passes, a high one fails
+  q_lo = q_lo + z if np.isfinite(q_lo) and abs(q_lo) < 2**31 else -(2**31)
+  q_hi = q_hi + z if np.isfinite(q_hi) and abs(q_hi) < 2**31 else -(2**31)
+  if q_lo <= info.min and q_hi >= info.max:
+    return True
+  eps = np.finfo(np.float32).eps
+  lower, upper = s * np.float32(info.min - z), s * np.float32(info.max - z)
+  return not (eps < np.float32(lo) - lower or eps < upper - np.float32(hi))
+
+
+# onnxruntime (1.32) leaves a QDQ Conv in float when its bias's DequantizeLinear has a zero point or a scale away from
+# x_scale * w_scale (the int32 bias is then not in the accumulator's scale). Found by trying, not in its source: it
+# fuses at 2% apart (and at the product's rounding, which the quantizer writes), not at 5%. We fuse within
+# BIAS_SCALE_RTOL; a bias between that and onnxruntime's bound runs as float, as it did before this fusion.
+BIAS_SCALE_RTOL = 0.02
+
+
+def _bias_at_product_scale(b, x, w, arrays) -> bool:
+  """Is the int32 bias of DequantizeLinear b at the scale of x's and w's product, with zero points of zero?"""
+  b_scale, x_scale, w_scale = arrays(b.input[1], x.input[1], w.input[1])
+  b_zero = arrays(b.input[2])[0] if len(b.input) > 2 and b.input[2] else np.zeros(1, np.int32)
+  if any(a is None for a in (b_scale, x_scale, w_scale, b_zero)) or np.any(b_zero != 0):
+    return False
+  want = (x_scale.astype(np.float32) * w_scale.astype(np.float32)).reshape(-1)
+  got = b_scale.astype(np.float32).reshape(-1)
+  if got.size not in (1, want.size) or not np.all(want > 0):
+    return False
+  return bool(np.all(np.abs(got - want) <= BIAS_SCALE_RTOL * want))
+
 
 def _qdq_groups(model) -> list[tuple]:
-  """(Conv/MatMul node, its QuantizeLinear, the DequantizeLinear of x, of w, of the bias or None) of each
-  DequantizeLinear -> Conv/MatMul -> QuantizeLinear group whose weights are constant and whose float result only the
-  QuantizeLinear reads."""
+  """(Conv/MatMul/Gemm node, its QuantizeLinear, the DequantizeLinear of x, of w, of the bias or None, a redundant
+  Relu/Clip between the node and the QuantizeLinear or None) of each DequantizeLinear -> Conv/MatMul/Gemm [-> Relu or
+  Clip] -> QuantizeLinear group onnxruntime's graph optimizer fuses, whose weights are constant and whose float result
+  only the QuantizeLinear reads."""
   import onnx
 
   g = model.graph
   inits = {t.name for t in g.initializer}
   size = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer}
   dtype = {t.name: t.data_type for t in g.initializer}
+  small = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if size[t.name] == 1}
   producer = {o: n for n in g.node for o in n.output}
   readers: dict[str, list] = {}
   for n in g.node:
     for i in n.input:
       readers.setdefault(i, []).append(n)
   outputs = {o.name for o in g.output}
+  by_name = {t.name: t for t in g.initializer}
+  arrays = lambda *names: [onnx.numpy_helper.to_array(by_name[k]) if k in by_name else None for k in names]
 
   def dq(name: str):
     p = producer.get(name)
     return p if p is not None and p.op_type == "DequantizeLinear" and p.domain in ("", "ai.onnx") else None
 
+  def only_reader(n):
+    users = readers.get(n.output[0], [])
+    return users[0] if len(users) == 1 and n.output[0] not in outputs and len(n.output) == 1 else None
+
   groups = []
   for n in g.node:
-    if n.op_type not in ("Conv", "MatMul") or n.domain not in ("", "ai.onnx") or len(n.input) < 2:
+    if n.op_type not in _FUSED or n.domain not in ("", "ai.onnx") or len(n.input) < 2:
       continue
-    users = readers.get(n.output[0], [])
-    if len(users) != 1 or users[0].op_type != "QuantizeLinear" or n.output[0] in outputs:
+    clip, q = None, only_reader(n)
+    if q is not None and q.op_type in ("Relu", "Clip") and q.domain in ("", "ai.onnx"):
+      clip, q = q, only_reader(q)
+    if q is None or q.op_type != "QuantizeLinear" or q.domain not in ("", "ai.onnx"):
+      continue
+    if clip is not None and not _redundant_clip(clip, q, small):
       continue
     x, w = dq(n.input[0]), dq(n.input[1])
     b = dq(n.input[2]) if len(n.input) > 2 and n.input[2] else None
     if x is None or w is None or w.input[0] not in inits or (len(n.input) > 2 and n.input[2] and b is None):
       continue
     # QLinear ops take zero points, per-tensor scales or the weights' per-output-channel ones (axis 0 of a conv's
-    # weights, the last of a matmul's), and an int32 bias (at scale x_scale * w_scale: the quantizer writes it so)
-    if len(w.input) < 3 or len(x.input) < 3 or len(users[0].input) < 3:
+    # weights, the last of a matmul's, a Gemm's N axis), and an int32 bias (at scale x_scale * w_scale: the
+    # quantizer writes it so)
+    if len(w.input) < 3 or len(x.input) < 3 or len(q.input) < 3:
       continue
-    if any(size.get(s.input[1], 0) != 1 for s in (x, users[0])):
+    if any(size.get(s.input[1], 0) != 1 for s in (x, q)):
       continue
+    # onnxruntime's selectors: the activations' type in and out the same; int8 activations with int8 weights
+    x_type, w_type, q_type = (dtype.get(s.input[2]) for s in (x, w, q))
+    if x_type != q_type or (x_type == onnx.TensorProto.INT8 and w_type != x_type):
+      continue
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
     axis = next((a.i for a in w.attribute if a.name == "axis"), 1)
-    if size.get(w.input[1], 0) != 1 and axis not in ((0, -4) if n.op_type == "Conv" else (1, -1)):
+    n_axis = {"Conv": (0, -4), "MatMul": (1, -1), "Gemm": (0, -2) if attrs.get("transB", 0) else (1, -1)}
+    if size.get(w.input[1], 0) != 1 and axis not in n_axis[n.op_type]:
       continue
     if b is not None and (dtype.get(b.input[0]) != onnx.TensorProto.INT32 or size.get(b.input[1], 0) == 0):
       continue
-    groups.append((n, users[0], x, w, b))
+    # QGemm adds the int32 bias unscaled, and scales it with the product by alpha: onnxruntime fuses a Gemm with a bias
+    # only at alpha 1 and beta 1
+    if n.op_type == "Gemm" and b is not None and (attrs.get("beta", 1.0) != 1.0 or attrs.get("alpha", 1.0) != 1.0):
+      continue
+    if n.op_type == "Conv" and b is not None and not _bias_at_product_scale(b, x, w, arrays):
+      continue
+    groups.append((n, q, x, w, b, clip))
   return groups
 
 
@@ -129,7 +218,7 @@ def _qdq_pools(model) -> list[tuple]:
 
 
 def fuse_qdq(model, in_place: bool = False):
-  """The model with each QDQ group (_qdq_groups) as one QLinearConv or QLinearMatMul, as onnxruntime's graph
+  """The model with each QDQ group (_qdq_groups) as one QLinearConv, QLinearMatMul or QGemm, as onnxruntime's graph
   optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
   (float products in the dequantized form round differently). The model itself is changed only when in_place (one
   loaded for this compile); else fused in a copy, made without serialising (which stops at 2 GB)."""
@@ -144,16 +233,24 @@ def fuse_qdq(model, in_place: bool = False):
     model = copy
   g = model.graph
   by_output = {n.output[0]: i for i, n in enumerate(g.node)}
-  for n, q, x, w, b in _qdq_groups(model):
-    qin = [x.input[0], x.input[1], x.input[2], w.input[0], w.input[1], w.input[2], q.input[1], q.input[2]]
-    fused = helper.make_node(
-      f"QLinear{n.op_type}", qin + ([b.input[0]] if b is not None else []), [q.output[0]], name=f"{n.name}_qlinear"
+  for n, q, x, w, b, clip in _qdq_groups(model):
+    op_type, domain = _FUSED[n.op_type]
+    qin = [x.input[0], x.input[1], x.input[2], w.input[0], w.input[1], w.input[2]]
+    bias = [b.input[0]] if b is not None else []
+    # QGemm's bias comes before the output's scale and zero point (an empty name when there is none)
+    qin = (
+      qin + (bias or [""]) + [q.input[1], q.input[2]] if op_type == "QGemm" else qin + [q.input[1], q.input[2]] + bias
     )
-    if n.op_type == "Conv":
-      fused.attribute.extend(n.attribute)
+    fused = helper.make_node(op_type, qin, [q.output[0]], name=f"{n.name}_qlinear", domain=domain)
+    # a Gemm's beta scales a bias QGemm adds unscaled (the group has beta 1)
+    fused.attribute.extend(a for a in n.attribute if n.op_type == "Conv" or (op_type == "QGemm" and a.name != "beta"))
+    if domain and not any(o.domain == domain for o in model.opset_import):
+      model.opset_import.append(helper.make_opsetid(domain, 1))
     at = by_output[n.output[0]]
     g.node[at].CopyFrom(fused)
     g.node.remove(q)
+    if clip is not None:
+      g.node.remove(clip)
     by_output = {m.output[0]: i for i, m in enumerate(g.node)}
   # 8-bit max pools: the pool reads the bytes and writes the QuantizeLinear's output (the DequantizeLinear stays for
   # any other reader)
