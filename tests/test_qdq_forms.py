@@ -193,3 +193,74 @@ def test_qdq_relu_or_clip_before_the_quantize_is_fused_where_onnxruntime_fuses_i
   attrs = {"transB": 1} if op == "Gemm" else {}
   model = _qdq_graph(op, act, dt, y_zero=None if y_zero is None else dt(y_zero), float_io=dt == I8, **attrs)
   _check(model, tmp_path, {"Conv": "QLinearConv", "MatMul": "QLinearMatMul", "Gemm": "QGemm"}[op])
+
+
+# *** models quantized by onnxruntime's quantizer ***
+
+
+@pytest.mark.parametrize("keep_activations", [False, True])
+def test_quantized_conv_relu_gemm_relu_matmul_add_run_on_the_int8_microkernel(tmp_path, keep_activations):
+  # quantize_static drops a Relu after a contraction into its QuantizeLinear's range; kept (QDQKeepRemovableActivations)
+  # it is DequantizeLinear -> Relu -> QuantizeLinear after the group, which onnxruntime folds away
+  from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+  r = np.random.default_rng(4)
+  inits = [
+    _const("w", (r.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32)),
+    _const("b", (r.standard_normal(8) * 0.1).astype(np.float32)),
+    _const("g", (r.standard_normal((24, 40)) * 0.2).astype(np.float32)),
+    _const("gb", (r.standard_normal(24) * 0.1).astype(np.float32)),
+    _const("m", (r.standard_normal((24, 10)) * 0.2).astype(np.float32)),
+    _const("mb", (r.standard_normal(10) * 0.1).astype(np.float32)),
+  ]
+  nodes = [
+    helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+    helper.make_node("Relu", ["c"], ["y0"]),
+    helper.make_node("Gemm", ["v", "g", "gb"], ["h"], transB=1),
+    helper.make_node("Relu", ["h"], ["hr"]),
+    helper.make_node("MatMul", ["hr", "m"], ["mm"]),
+    helper.make_node("Add", ["mm", "mb"], ["y1"]),
+  ]
+  shapes = {"x": [1, 4, 6, 6], "v": [3, 40]}
+  g = helper.make_graph(
+    nodes,
+    "g",
+    [helper.make_tensor_value_info(k, TP.FLOAT, v) for k, v in shapes.items()],
+    [
+      helper.make_tensor_value_info("y0", TP.FLOAT, [1, 8, 6, 6]),
+      helper.make_tensor_value_info("y1", TP.FLOAT, [3, 10]),
+    ],
+    inits,
+  )
+  onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "f.onnx")
+  feeds = lambda rng: {k: (rng.standard_normal(v) * 2).astype(np.float32) for k, v in shapes.items()}
+
+  class Data(CalibrationDataReader):
+    def __init__(self):
+      self.it = iter([feeds(r) for _ in range(4)])
+
+    def get_next(self):
+      return next(self.it, None)
+
+  quantize_static(
+    str(tmp_path / "f.onnx"),
+    str(tmp_path / "q.onnx"),
+    Data(),
+    quant_format=QuantFormat.QDQ,
+    per_channel=True,
+    weight_type=QuantType.QInt8,
+    activation_type=QuantType.QUInt8,
+    extra_options={"QDQKeepRemovableActivations": keep_activations},
+  )
+  model = onnx.load(tmp_path / "q.onnx")
+  assert ("Relu" in {n.op_type for n in model.graph.node}) == keep_activations
+  sess, ort_ops = _onnxruntime(model, tmp_path)
+  assert {"QLinearConv", "QGemm", "QLinearMatMul"} <= ort_ops
+  art = aot.compile_model(model, out_dir=tmp_path / "art")
+  assert (art.dir / "src" / "model.c").read_text().count("aot_qgemm_run(&g") == 3
+  weights = sum(numpy_helper.to_array(t).size for t in inits if t.name in ("w", "g", "m"))
+  assert art.weights_bytes <= INT8_WEIGHTS_SLACK * weights + 4096
+  for seed in range(3):
+    x = feeds(np.random.default_rng(seed))
+    for got, want in zip(aot.load(art)(*x.values()), sess.run(None, x)):
+      np.testing.assert_array_equal(got, want)
