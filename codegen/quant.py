@@ -674,11 +674,18 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   # a kernel that is one int8 contraction writes it straight to its output; else an epilogue reads them
   bare = len(found) == 1 and found[0] is ast.src[2]
   bufs, made, qgemms, results = list(bufs), [], [], {}
+  requantized = True
   for node in found:
-    if (r := _lower_one(ast, node, bare, bufs, made, producers, qresults)) is None:
-      # a requantized sum that is not one is not lowered; an int32 one stays in the generated code
-      if node.op is not Ops.ACCUMULATE:
+    r = _lower_one(ast, node, bare, bufs, made, producers, qresults)
+    if r is None and node.op is not Ops.ACCUMULATE:
+      # a requantized sum with more than a bias around it (uint8 weights' zero-point term, a row sum of the
+      # activations): its int32 sum on the microkernel, the rest in the epilogue; else the kernel is not lowered
+      node = next(s for s in node.toposort() if s.op is Ops.ACCUMULATE and s.dtype == dtypes.int32)
+      if (r := _lower_one(ast, node, False, bufs, made, producers, qresults)) is None:
         return None
+      requantized = bare = False
+    if r is None:
+      # an int32 sum that is not an int8 contraction stays in the generated code
       continue
     qgemms.append(r[0])
     results[node] = r[1]
@@ -686,6 +693,6 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
     return None
   if bare:
     return bufs, made, qgemms, None
-  if len(found) == 1 and found[0].op is not Ops.ACCUMULATE:
+  if len(found) == 1 and found[0].op is not Ops.ACCUMULATE and requantized:
     qresults[id(bufs[0])] = (found[0], bufs[qgemms[0].c_slot])
   return bufs, made, qgemms, collapse_rows(graph_rewrite(substitute(ast, results), pm_simplify))

@@ -29,7 +29,8 @@ def _qdq_graph(op, act, dt=U8, w_dt=I8, per_channel=True, bias=True, y_zero=None
   info = np.iinfo(dt)
   x_zero, w_zero = (dt(131), 0) if dt == U8 else (dt(-3), 0)
   if op == "Conv":
-    x_shape, w_shape, y_shape, n_axis, channels = [1, 8, 7, 6], [12, 8, 3, 3], [1, 12, 7, 6], 0, 12
+    # the output shape left to inference (strides, dilations and pads change it)
+    x_shape, w_shape, y_shape, n_axis, channels = [1, 8, 7, 6], [12, 8, 3, 3], None, 0, 12
     attrs.setdefault("pads", [1, 1, 1, 1])
   elif op == "MatMul":
     x_shape, w_shape, y_shape, n_axis, channels = [5, 40], [40, 24], [5, 24], 1, 24
@@ -45,6 +46,8 @@ def _qdq_graph(op, act, dt=U8, w_dt=I8, per_channel=True, bias=True, y_zero=None
   x_scale = np.float32(0.02)
   w_scale = (r.uniform(0.002, 0.006, channels) if per_channel else np.array(0.004)).astype(np.float32)
   w_zp = np.full(channels, w_zero, w_dt) if per_channel else np.array(w_zero, w_dt)
+  if w_dt == U8 and per_channel:
+    w_zp = r.integers(60, 200, channels).astype(U8)
   y_scale = np.float32(0.05 if act is None else 0.03)
   if y_zero is None:
     y_zero = info.min if act is not None else (dt(120) if dt == U8 else dt(-5))
@@ -264,3 +267,26 @@ def test_quantized_conv_relu_gemm_relu_matmul_add_run_on_the_int8_microkernel(tm
     x = feeds(np.random.default_rng(seed))
     for got, want in zip(aot.load(art)(*x.values()), sess.run(None, x)):
       np.testing.assert_array_equal(got, want)
+
+
+# *** uint8 weights: w - w_zero spans past int8 unless the zero point is 128 ***
+
+
+@pytest.mark.parametrize(
+  "op,per_channel,attrs",
+  [
+    ("Conv", False, {}),
+    ("Conv", True, {"strides": [2, 2]}),
+    ("Conv", True, {"dilations": [2, 2], "pads": [2, 1, 0, 2]}),
+    ("MatMul", False, {}),
+    ("MatMul", True, {}),
+    ("Gemm", True, {"transB": 1}),
+    ("Gemm", False, {}),
+  ],
+)
+def test_qdq_uint8_weights_run_on_the_int8_microkernel(tmp_path, op, per_channel, attrs):
+  # (a - za)(w - zw) = (a - za)(w - 128) + (128 - zw) * sum_k (a - za): int8 weights the microkernel packs, and the
+  # activations' row sum (zero in a convolution's padding, where a is za) times a constant per channel
+  _check(
+    _qdq_graph(op, None, U8, w_dt=U8, per_channel=per_channel, **attrs), tmp_path, f"Q{'Linear' * (op != 'Gemm')}{op}"
+  )
