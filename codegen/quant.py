@@ -236,13 +236,11 @@ def fuse_qdq(model, in_place: bool = False):
   for n, q, x, w, b, clip in _qdq_groups(model):
     op_type, domain = _FUSED[n.op_type]
     qin = [x.input[0], x.input[1], x.input[2], w.input[0], w.input[1], w.input[2]]
-    bias = [b.input[0]] if b is not None else []
-    # QGemm's bias comes before the output's scale and zero point (an empty name when there is none)
-    qin = (
-      qin + (bias or [""]) + [q.input[1], q.input[2]] if op_type == "QGemm" else qin + [q.input[1], q.input[2]] + bias
-    )
+    bias, out_q = [b.input[0]] if b is not None else [], [q.input[1], q.input[2]]
+    # QGemm takes its bias (an empty name for none) before the output's scale and zero point, the QLinear ops after
+    qin += (bias or [""]) + out_q if op_type == "QGemm" else out_q + bias
     fused = helper.make_node(op_type, qin, [q.output[0]], name=f"{n.name}_qlinear", domain=domain)
-    # a Gemm's beta scales a bias QGemm adds unscaled (the group has beta 1)
+    # QLinearConv keeps the Conv's attributes, QGemm the Gemm's less beta (QGemm has none; the group's beta is 1)
     fused.attribute.extend(a for a in n.attribute if n.op_type == "Conv" or (op_type == "QGemm" and a.name != "beta"))
     if domain and not any(o.domain == domain for o in model.opset_import):
       model.opset_import.append(helper.make_opsetid(domain, 1))
