@@ -113,10 +113,11 @@ def _bias_at_product_scale(b, x, w, arrays) -> bool:
 
 
 def _qdq_groups(model) -> list[tuple]:
-  """(Conv/MatMul/Gemm node, its QuantizeLinear, the DequantizeLinear of x, of w, of the bias or None, a redundant
-  Relu/Clip between the node and the QuantizeLinear or None) of each DequantizeLinear -> Conv/MatMul/Gemm [-> Relu or
-  Clip] -> QuantizeLinear group onnxruntime's graph optimizer fuses, whose weights are constant and whose float result
-  only the QuantizeLinear reads."""
+  """(Conv/MatMul/Gemm node, its QuantizeLinear or None, the DequantizeLinear of x, of w, of the bias or None, a
+  redundant Relu/Clip between the node and the QuantizeLinear or None) of each DequantizeLinear -> Conv/MatMul/Gemm
+  [-> Relu or Clip] -> QuantizeLinear group onnxruntime's graph optimizer fuses, whose weights are constant and whose
+  float result only the QuantizeLinear reads; and of each DequantizeLinear -> Gemm/MatMul it fuses with a float
+  result (no QuantizeLinear)."""
   import onnx
 
   g = model.graph
@@ -137,21 +138,26 @@ def _qdq_groups(model) -> list[tuple]:
     p = producer.get(name)
     return p if p is not None and p.op_type == "DequantizeLinear" and p.domain in ("", "ai.onnx") else None
 
-  def only_reader(n):
-    users = readers.get(n.output[0], [])
-    return users[0] if len(users) == 1 and n.output[0] not in outputs and len(n.output) == 1 else None
-
   groups = []
   for n in g.node:
     if n.op_type not in _FUSED or n.domain not in ("", "ai.onnx") or len(n.input) < 2:
       continue
-    clip, q = None, only_reader(n)
-    if q is not None and q.op_type in ("Relu", "Clip") and q.domain in ("", "ai.onnx"):
-      clip, q = q, only_reader(q)
-    if q is None or q.op_type != "QuantizeLinear" or q.domain not in ("", "ai.onnx"):
+    # as onnxruntime's selectors read the group: a Relu/Clip that is the node's one reader, and reads of its result
+    edges = readers.get(n.output[0], [])
+    clip = edges[0] if len(edges) == 1 and edges[0].op_type in ("Relu", "Clip") else None
+    if clip is not None and (len(readers.get(clip.output[0], [])) != 1 or clip.output[0] in outputs):
+      clip = None
+    after = readers.get(clip.output[0], []) if clip is not None else edges
+    qs = [r for r in after if r.op_type == "QuantizeLinear" and r.domain in ("", "ai.onnx")]
+    if clip is not None and (len(qs) != 1 or not _redundant_clip(clip, qs[0], small)):
       continue
-    if clip is not None and not _redundant_clip(clip, q, small):
+    if qs and (len(edges) != 1 or len(after) != 1 or n.output[0] in outputs or len(n.output) != 1):
       continue
+    # no QuantizeLinear after a Gemm or MatMul: onnxruntime still fuses it, with a float result (QGemm,
+    # MatMulIntegerToFloat)
+    if not qs and n.op_type == "Conv":
+      continue
+    q = qs[0] if qs else None
     x, w = dq(n.input[0]), dq(n.input[1])
     b = dq(n.input[2]) if len(n.input) > 2 and n.input[2] else None
     if x is None or w is None or w.input[0] not in inits or (len(n.input) > 2 and n.input[2] and b is None):
@@ -159,13 +165,14 @@ def _qdq_groups(model) -> list[tuple]:
     # QLinear ops take zero points, per-tensor scales or the weights' per-output-channel ones (axis 0 of a conv's
     # weights, the last of a matmul's, a Gemm's N axis), and an int32 bias (at scale x_scale * w_scale: the
     # quantizer writes it so)
-    if len(w.input) < 3 or len(x.input) < 3 or len(q.input) < 3:
-      continue
-    if any(size.get(s.input[1], 0) != 1 for s in (x, q)):
+    quantized = [x] if q is None else [x, q]
+    if len(w.input) < 3 or any(len(s.input) < 3 or size.get(s.input[1], 0) != 1 for s in quantized):
       continue
     # onnxruntime's selectors: the activations' type in and out the same; int8 activations with int8 weights
-    x_type, w_type, q_type = (dtype.get(s.input[2]) for s in (x, w, q))
-    if x_type != q_type or (x_type == onnx.TensorProto.INT8 and w_type != x_type):
+    x_type, w_type = dtype.get(x.input[2]), dtype.get(w.input[2])
+    if (q is not None and x_type != dtype.get(q.input[2])) or (x_type == onnx.TensorProto.INT8 and w_type != x_type):
+      continue
+    if q is None and n.op_type == "MatMul" and len(n.input) > 2:
       continue
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
     axis = next((a.i for a in w.attribute if a.name == "axis"), 1)
@@ -236,17 +243,22 @@ def fuse_qdq(model, in_place: bool = False):
   for n, q, x, w, b, clip in _qdq_groups(model):
     op_type, domain = _FUSED[n.op_type]
     qin = [x.input[0], x.input[1], x.input[2], w.input[0], w.input[1], w.input[2]]
-    bias, out_q = [b.input[0]] if b is not None else [], [q.input[1], q.input[2]]
+    bias, out_q = [b.input[0]] if b is not None else [], [] if q is None else [q.input[1], q.input[2]]
     # QGemm takes its bias (an empty name for none) before the output's scale and zero point, the QLinear ops after
     qin += (bias or [""]) + out_q if op_type == "QGemm" else out_q + bias
-    fused = helper.make_node(op_type, qin, [q.output[0]], name=f"{n.name}_qlinear", domain=domain)
+    if q is None and op_type == "QLinearMatMul":
+      op_type, domain = "MatMulIntegerToFloat", "com.microsoft"
+      qin = [x.input[0], w.input[0], x.input[1], w.input[1], x.input[2], w.input[2]]
+    out = n.output[0] if q is None else q.output[0]
+    fused = helper.make_node(op_type, qin, [out], name=f"{n.name}_qlinear", domain=domain)
     # QLinearConv keeps the Conv's attributes, QGemm the Gemm's less beta (QGemm has none; the group's beta is 1)
     fused.attribute.extend(a for a in n.attribute if n.op_type == "Conv" or (op_type == "QGemm" and a.name != "beta"))
     if domain and not any(o.domain == domain for o in model.opset_import):
       model.opset_import.append(helper.make_opsetid(domain, 1))
     at = by_output[n.output[0]]
     g.node[at].CopyFrom(fused)
-    g.node.remove(q)
+    if q is not None:
+      g.node.remove(q)
     if clip is not None:
       g.node.remove(clip)
     by_output = {m.output[0]: i for i, m in enumerate(g.node)}

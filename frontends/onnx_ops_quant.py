@@ -212,7 +212,7 @@ def _u8_weights_offset(n, w: Tensor, w_zp: Tensor | None) -> np.ndarray | None:
 
 def _int_mm_split(n, a: Tensor, a_zp, b: Tensor, b_zp) -> Tensor:
   """_int_mm(a, a_zp, b, b_zp), b's uint8 weights split around 128 where _u8_weights_offset says so."""
-  offset = _u8_weights_offset(n, b, b_zp)
+  offset = _u8_weights_offset(n, b, b_zp) if n is not None else None
   if offset is None:
     return _int_mm(a, a_zp, b, b_zp)
   rows = (a.cast(dtypes.int32) - _zp(a_zp)).sum(-1, keepdim=True).contiguous()
@@ -238,7 +238,9 @@ def qgemm(n, a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None
 
 @op("MatMulIntegerToFloat", domain=MS)
 def matmul_integer_to_float(n, a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None):
-  y = _f(_int_mm(a, a_zp, b, b_zp)) * (_f(_scalar(a_scale, "a_scale")) * _rows(_f(b_scale), max(a.ndim, b.ndim)))
+  y = _f(_int_mm_split(n, a, a_zp, b, b_zp)) * (
+    _f(_scalar(a_scale, "a_scale")) * _rows(_f(b_scale), max(a.ndim, b.ndim))
+  )
   return y + bias if bias is not None else y
 
 

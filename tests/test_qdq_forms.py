@@ -132,6 +132,8 @@ def _check(model, tmp, fused_as, seed=1):
   assert got.dtype == want.dtype
   if fused:
     np.testing.assert_array_equal(got, want)
+  elif want.dtype == np.float32:
+    np.testing.assert_allclose(got, want, rtol=1e-6)
   else:
     # both sides compute the float contraction: a value can round one step apart
     assert np.abs(got.astype(np.int32) - want).max() <= 1
@@ -173,6 +175,24 @@ def test_qdq_conv_bias_away_from_the_product_scale_stays_float(tmp_path, scale, 
     if t.name == "bz":
       t.CopyFrom(_const("bz", numpy_helper.to_array(t) + np.int32(zero)))
   _check(model, tmp_path, "QLinearConv")
+
+
+@pytest.mark.parametrize(
+  "op,act,attrs",
+  [("Gemm", None, {"transB": 1}), ("Gemm", None, {"alpha": 0.5}), ("MatMul", None, {}), ("Gemm", "relu", {})],
+)
+def test_qdq_gemm_and_matmul_with_a_float_result_run_on_the_int8_microkernel(tmp_path, op, act, attrs):
+  # no QuantizeLinear after: onnxruntime fuses the group all the same, into a float-out QGemm or MatMulIntegerToFloat
+  # (float(sum) * x_scale * w_scale), which its float Gemm/MatMul is not bit for bit; a Relu after (the graph's
+  # output) runs on the float result
+  model = _qdq_graph(op, act, U8, bias=not attrs.get("alpha"), **attrs)
+  g = model.graph
+  g.node.remove(next(n for n in g.node if n.op_type == "QuantizeLinear"))
+  del g.output[:]
+  g.output.append(helper.make_tensor_value_info(g.node[-1].output[0], TP.FLOAT, None))
+  sess, ort_ops = _onnxruntime(model, tmp_path)
+  assert {"QGemm" if op == "Gemm" else "MatMulIntegerToFloat"} <= ort_ops
+  _check(model, tmp_path, "QGemm" if op == "Gemm" else "MatMulIntegerToFloat")
 
 
 # *** a Relu or Clip between the contraction and its QuantizeLinear ***
