@@ -29,11 +29,10 @@ ROW_BUFFER = 4096 - 64
 # windows wider than this are reductions to leave to the generated loop (a global pool's)
 MAX_WINDOW = 16
 
-# the column stride from which the runtime's im2col writes A: at stride 1 the generated copy's rows are contiguous
-# and vectorised, and it is the faster (thread CPU medians of 40, generated vs runtime, clang-19: 3x3/1 over
-# 64x56x56 0.068 vs 0.142 ms, over 512x7x7 0.060 vs 0.128); at stride 2 it reads bytes one by one (7x7/2 over
-# 3x224x224 0.47 vs 0.15, 3x3/2 over 64x56x56 0.34 vs 0.076)
-IM2COL_MIN_STRIDE = 2
+# (the runtime's im2col writes A at every stride: thread CPU medians of 41, runtime before -> after its padded-plane
+# buffer and spilling row stores vs the generated copy, clang-19: 3x3/1 over 64x56x56 0.074 -> 0.026 vs 0.068 ms,
+# 256x14x14 0.066 -> 0.021 vs 0.14, 512x7x7 0.068 -> 0.028 vs 0.055; 3x3/2 over 256x14x14 0.065 -> 0.019; the
+# generated copy reads a stride-2 row byte by byte: 7x7/2 over 3x224x224 0.47 vs 0.107 -> 0.062)
 
 _SIGNED = {dtypes.uint8: False, dtypes.int8: True}
 
@@ -260,7 +259,7 @@ def im2col(load: UOp, gates: list[UOp], m_rows, k, pad: int, x_slot: int, y_slot
   oh, ow = m_rows
   g = window_geometry(load, gates, [c], oh, ow, kh, kw)
   # the row with its padding must fit the runtime's buffer
-  if g is None or g["SW"] < IM2COL_MIN_STRIDE or max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) > ROW_BUFFER:
+  if g is None or max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) > ROW_BUFFER:
     return None
   # A's row of tap (c, kh, kw) is its flat index over k (in k's order) times M
   M, stride = oh.size * ow.size, {}
