@@ -29,10 +29,11 @@ ROW_BUFFER = 4096 - 64
 # windows wider than this are reductions to leave to the generated loop (a global pool's)
 MAX_WINDOW = 16
 
-# (the runtime's im2col writes A at every stride: thread CPU medians of 41, runtime before -> after its padded-plane
-# buffer and spilling row stores vs the generated copy, clang-19: 3x3/1 over 64x56x56 0.074 -> 0.026 vs 0.068 ms,
-# 256x14x14 0.066 -> 0.021 vs 0.14, 512x7x7 0.068 -> 0.028 vs 0.055; 3x3/2 over 256x14x14 0.065 -> 0.019; the
-# generated copy reads a stride-2 row byte by byte: 7x7/2 over 3x224x224 0.47 vs 0.107 -> 0.062)
+# (the runtime's im2col writes A at every stride, 1 too: in ResNet-18's QDQ run, thread CPU, clang-19, the generated
+# stride-1 copy against the runtime's: 3x3/1 over 64x56x56 0.069 vs 0.035 ms, 256x14x14 0.14 vs 0.031, 512x7x7 0.054
+# vs 0.036; before its padded-plane buffer and one-vector rows, the runtime's was the slower at stride 1: medians of
+# 41 calls, before -> after, 3x3/1 over 64x56x56 0.074 -> 0.026, 512x7x7 0.068 -> 0.028, 3x3/2 over 256x14x14
+# 0.065 -> 0.019)
 
 _SIGNED = {dtypes.uint8: False, dtypes.int8: True}
 
