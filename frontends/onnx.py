@@ -514,9 +514,9 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler."""
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
   from aot.artifact import c_name
-  from aot.codegen.quant import fuse_qdq
+  from aot.frontends.onnx_qdq import fuse_qdq
 
-  # QDQ groups run as onnxruntime runs them: as integer contractions (codegen/quant.py)
+  # QDQ groups run as onnxruntime runs them: as integer contractions (frontends/onnx_qdq.py, codegen/quant.py)
   model = fuse_qdq(load_model(src), in_place=not isinstance(src, onnx.ModelProto))
   if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None):
     raise CompileError("; ".join(problems))

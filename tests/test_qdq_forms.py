@@ -1,4 +1,4 @@
-"""QDQ groups onnxruntime's graph optimizer fuses into one integer contraction (codegen/quant.py fuse_qdq), beyond
+"""QDQ groups onnxruntime's graph optimizer fuses into one integer contraction (frontends/onnx_qdq.py fuse_qdq), beyond
 DequantizeLinear -> Conv/MatMul -> QuantizeLinear: a Gemm's (com.microsoft QGemm), a redundant Relu or Clip before
 the QuantizeLinear, uint8 weights. Each against onnxruntime: the same groups fused (its optimized graph), the same
 bytes out, and ours on the int8 microkernel with int8-sized weights."""
