@@ -88,6 +88,42 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
    packs it, 4 k of QMR rows at a time by a 4 x 8 byte transpose where the tile is whole, bytewise at the edges */
 static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int kin, uint8_t flip,
                         uint8_t *restrict ap) {
+#if defined(__AVX512BW__) && QMC == 64 && QMR == 8
+  /* the whole block's 64 rows at once, rows past mr masked off (M = 49 of a 7x7 layer: its last tile of one row
+     was a bytewise loop, most of the pack's time there). Each 128-bit lane l of the byte/word unpacks holds rows
+     16l..16l+15: tile 2l's 4 x 8 group in lo (two halves) and tile 2l+1's in hi, paired into 32-byte stores */
+  const __mmask64 rows = mr >= 64 ? ~0ULL : (1ULL << mr) - 1;
+  const __m512i x = _mm512_maskz_set1_epi8(rows, (char)flip);
+  const __m512i even = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), odd = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  const uint8_t *src = g->a + (long)k0 * g->lda + m0;
+  int k = 0;
+  /* the last group of 4 k too, zero past kin (the stem's K = 147: its bytewise tail was half the pack) */
+  for (; k < kin; k += 4) {
+    const uint8_t *s0 = src + (long)k * g->lda;
+    __m512i r[4];
+    for (int i = 0; i < 4; i++)
+      r[i] = k + i < kin ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(rows, s0 + i * g->lda), x) : _mm512_setzero_si512();
+    const __m512i lo01 = _mm512_unpacklo_epi8(r[0], r[1]), lo23 = _mm512_unpacklo_epi8(r[2], r[3]);
+    const __m512i hi01 = _mm512_unpackhi_epi8(r[0], r[1]), hi23 = _mm512_unpackhi_epi8(r[2], r[3]);
+    const __m512i q[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
+                          _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+    /* tiles 0 2 | 4 6 from q0 q1, tiles 1 3 | 5 7 from q2 q3 */
+    for (int h = 0; h < 2; h++) {
+      const __m512i lo = _mm512_permutex2var_epi64(q[2 * h], even, q[2 * h + 1]);
+      const __m512i hi = _mm512_permutex2var_epi64(q[2 * h], odd, q[2 * h + 1]);
+      uint8_t *d = ap + h * QMR * kc + k * QMR;
+      _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(lo));
+      _mm256_storeu_si256((__m256i *)(d + 2 * QMR * kc), _mm512_extracti64x4_epi64(lo, 1));
+      _mm256_storeu_si256((__m256i *)(d + 4 * QMR * kc), _mm512_castsi512_si256(hi));
+      _mm256_storeu_si256((__m256i *)(d + 6 * QMR * kc), _mm512_extracti64x4_epi64(hi, 1));
+    }
+  }
+  for (int t = 0; t < cdiv(mr, QMR); t++)
+    for (int kk = k; kk < kc; kk++)
+      for (int i = 0; i < QMR; i++)
+        ap[t * QMR * kc + (kk / 4) * QMR * 4 + i * 4 + kk % 4] =
+          t * QMR + i < mr && kk < kin ? (uint8_t)(src[(long)kk * g->lda + t * QMR + i] ^ flip) : 0;
+#else
   for (int t = 0; t < cdiv(mr, QMR); t++) {
     uint8_t *tile = ap + t * QMR * kc;
     const uint8_t *src = g->a + (long)k0 * g->lda + m0 + t * QMR;
@@ -135,26 +171,35 @@ static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int 
     t += pair;
 #endif
   }
+#endif
 }
 
 /* dst[j][i] = src[i][j] for i < rows, j < cols (row strides ss, ds): 16 x 16 blocks by four rounds of byte
    unpacks where whole, bytewise at the edges. A convolution's result (m contiguous) is written through this: the
    bytewise transpose (which the compilers make a scatter of single bytes) was 31% of the first 7x7/2 convolution's
    int8 call */
+#if defined(__SSE2__)
+/* x[j] byte i = x[i] byte j */
+static inline void transpose16(__m128i x[16]) {
+  for (int round = 0; round < 4; round++) {
+    __m128i y[16];
+    for (int i = 0; i < 8; i++) {
+      y[2 * i] = _mm_unpacklo_epi8(x[i], x[i + 8]);
+      y[2 * i + 1] = _mm_unpackhi_epi8(x[i], x[i + 8]);
+    }
+    memcpy(x, y, sizeof y);
+  }
+}
+#endif
+
 static void transpose_bytes(const uint8_t *restrict src, int ss, uint8_t *restrict dst, int ds, int rows, int cols) {
   int i0 = 0;
 #if defined(__SSE2__)
   for (; i0 + 16 <= rows; i0 += 16)
     for (int j0 = 0; j0 + 16 <= cols; j0 += 16) {
-      __m128i x[16], y[16];
+      __m128i x[16];
       for (int i = 0; i < 16; i++) x[i] = _mm_loadu_si128((const __m128i *)(src + (i0 + i) * ss + j0));
-      for (int round = 0; round < 4; round++) {
-        for (int i = 0; i < 8; i++) {
-          y[2 * i] = _mm_unpacklo_epi8(x[i], x[i + 8]);
-          y[2 * i + 1] = _mm_unpackhi_epi8(x[i], x[i + 8]);
-        }
-        memcpy(x, y, sizeof x);
-      }
+      transpose16(x);
       for (int j = 0; j < 16; j++) _mm_storeu_si128((__m128i *)(dst + (j0 + j) * ds + i0), x[j]);
     }
   /* the columns past the whole blocks of the rows done */
@@ -203,20 +248,27 @@ static void pack_rows(const aot_qgemm *g, int m0, int mr, int k0, int kc, int ki
    to even (the default rounding mode, as rint). Written with vectors: gcc's loop vectoriser is off (build.py), and
    the scalar loop was a third of the stem's 12544x64x147 call built by gcc. The clamps as compares (fmaxf/fminf's
    NaN handling cost a compare and a blend each); max_ps(r, lo) gives lo for a NaN r, as the compare does */
+#if defined(__AVX512F__)
+typedef struct {
+  __m512 lo, hi;
+  __m512i bias;
+  __m128i flip;
+} requant16;
+
+static inline __m128i requantize16(const int32_t *sum, const int32_t *corr, const float *sc, const requant16 *p) {
+  const __m512i v = _mm512_add_epi32(_mm512_loadu_si512(sum), _mm512_loadu_si512(corr));
+  __m512 r = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(sc));
+  r = _mm512_min_ps(_mm512_max_ps(r, p->lo), p->hi);
+  return _mm_xor_si128(_mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(r), p->bias)), p->flip);
+}
+#endif
+
 static void requantize_row(const int32_t *restrict sum, const int32_t *restrict corr, const float *restrict sc, int nr,
                            float lo, float hi, int bias8, uint8_t flip8, uint8_t *restrict q) {
   int e = 0;
 #if defined(__AVX512F__)
-  const __m512 lo16 = _mm512_set1_ps(lo), hi16 = _mm512_set1_ps(hi);
-  const __m512i bias16 = _mm512_set1_epi32(bias8);
-  const __m128i flip16 = _mm_set1_epi8((char)flip8);
-  for (; e + 16 <= nr; e += 16) {
-    const __m512i v = _mm512_add_epi32(_mm512_loadu_si512(sum + e), _mm512_loadu_si512(corr + e));
-    __m512 r = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(sc + e));
-    r = _mm512_min_ps(_mm512_max_ps(r, lo16), hi16);
-    const __m512i b = _mm512_add_epi32(_mm512_cvtps_epi32(r), bias16);
-    _mm_storeu_si128((__m128i *)(q + e), _mm_xor_si128(_mm512_cvtepi32_epi8(b), flip16));
-  }
+  const requant16 p = {_mm512_set1_ps(lo), _mm512_set1_ps(hi), _mm512_set1_epi32(bias8), _mm_set1_epi8((char)flip8)};
+  for (; e + 16 <= nr; e += 16) _mm_storeu_si128((__m128i *)(q + e), requantize16(sum + e, corr + e, sc + e, &p));
 #elif defined(__AVX2__)
   const __m256 lo8 = _mm256_set1_ps(lo), hi8 = _mm256_set1_ps(hi);
   const __m256i bias8v = _mm256_set1_epi32(bias8);
@@ -305,6 +357,32 @@ void aot_qgemm_run(void *ctx, int start, int end) {
     uint8_t qb[QMC * QNC] __attribute__((aligned(64)));
     uint8_t tb[QNC * QMC] __attribute__((aligned(64)));
     const uint8_t flip8 = u8 ? 0 : 0x80;
+#if defined(__AVX512F__)
+    /* a convolution's output (m contiguous): 16 x 16 blocks requantized into a byte vector per row m, transposed in
+       registers to one per column and stored straight into that column's line; the rest (rows past the last 16,
+       columns past the last 16) byte by byte. The stem's 12544x64x147: the byte buffers, their transpose and a
+       memcpy per line had been a fifth of the call */
+    if (m_inner && g->ldc_m == 1) {
+      const requant16 p = {_mm512_set1_ps(lo), _mm512_set1_ps(hi), _mm512_set1_epi32(bias8),
+                           _mm_set1_epi8((char)flip8)};
+      const int m16 = mr / 16 * 16, e16 = nr / 16 * 16;
+      for (int mb = 0; mb < m16; mb += 16)
+        for (int eb = 0; eb < e16; eb += 16) {
+          __m128i x[16];
+          for (int i = 0; i < 16; i++) x[i] = requantize16(acc + (mb + i) * QNC + eb, corr + eb, sc + eb, &p);
+          transpose16(x);
+          uint8_t *out = c8 + (long)(n0 + eb) * g->ldc_n + m0 + mb;
+          for (int j = 0; j < 16; j++) _mm_storeu_si128((__m128i *)(out + j * g->ldc_n), x[j]);
+        }
+      for (int m = 0; m < mr; m++) {
+        const int e0 = m < m16 ? e16 : 0;
+        uint8_t *q = qb + m * QNC;
+        requantize_row(acc + m * QNC + e0, corr + e0, sc + e0, nr - e0, lo, hi, bias8, flip8, q);
+        for (int e = e0; e < nr; e++) c8[(long)(n0 + e) * g->ldc_n + m0 + m] = q[e - e0];
+      }
+      continue;
+    }
+#endif
     for (int m = 0; m < mr; m++) {
       const int32_t *sum = acc + m * QNC;
       uint8_t *q = qb + m * QNC;
