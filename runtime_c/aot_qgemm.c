@@ -284,17 +284,22 @@ static void pack_rows(const aot_qgemm *g, int m0, int mr, int k0, int kc, int ki
    the scalar loop was a third of the stem's 12544x64x147 call built by gcc. The clamps as compares (fmaxf/fminf's
    NaN handling cost a compare and a blend each); max_ps(r, lo) gives lo for a NaN r, as the compare does */
 #if defined(__AVX512F__)
+/* the bytes kept of the lanes (vpmovdb) are the low ones: (r + bias8) ^ 0x80 is r + bias8 - 128 there, so one add of
+   the zero point alone gives int8's bytes as uint8's */
 typedef struct {
   __m512 lo, hi;
-  __m512i bias;
-  __m128i flip;
+  __m512i zero;
 } requant16;
+
+static inline requant16 requant16_of(float lo, float hi, int bias8, uint8_t flip8) {
+  return (requant16){_mm512_set1_ps(lo), _mm512_set1_ps(hi), _mm512_set1_epi32(bias8 - (flip8 ? 128 : 0))};
+}
 
 static inline __m128i requantize16(const int32_t *sum, const int32_t *corr, const float *sc, const requant16 *p) {
   const __m512i v = _mm512_add_epi32(_mm512_loadu_si512(sum), _mm512_loadu_si512(corr));
   __m512 r = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(sc));
   r = _mm512_min_ps(_mm512_max_ps(r, p->lo), p->hi);
-  return _mm_xor_si128(_mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(r), p->bias)), p->flip);
+  return _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(r), p->zero));
 }
 #endif
 
@@ -355,7 +360,7 @@ static void requantize_row(const int32_t *restrict sum, const int32_t *restrict 
                            float lo, float hi, int bias8, uint8_t flip8, uint8_t *restrict q) {
   int e = 0;
 #if defined(__AVX512F__)
-  const requant16 p = {_mm512_set1_ps(lo), _mm512_set1_ps(hi), _mm512_set1_epi32(bias8), _mm_set1_epi8((char)flip8)};
+  const requant16 p = requant16_of(lo, hi, bias8, flip8);
   for (; e + 16 <= nr; e += 16) _mm_storeu_si128((__m128i *)(q + e), requantize16(sum + e, corr + e, sc + e, &p));
 #elif defined(__AVX2__)
   const __m256 lo8 = _mm256_set1_ps(lo), hi8 = _mm256_set1_ps(hi);
@@ -472,8 +477,7 @@ void aot_qgemm_run(void *ctx, int start, int end) {
        columns past the last 16) byte by byte. The stem's 12544x64x147: the byte buffers, their transpose and a
        memcpy per line had been a fifth of the call */
     if (m_inner && g->ldc_m == 1) {
-      const requant16 p = {_mm512_set1_ps(lo), _mm512_set1_ps(hi), _mm512_set1_epi32(bias8),
-                           _mm_set1_epi8((char)flip8)};
+      const requant16 p = requant16_of(lo, hi, bias8, flip8);
       const int m16 = mr / 16 * 16, e16 = nr / 16 * 16;
       for (int mb = 0; mb < m16; mb += 16)
         for (int eb = 0; eb < e16; eb += 16) {
