@@ -497,13 +497,13 @@ void aot_qgemm_run(void *ctx, int start, int end) {
 #endif
     for (int m = 0; m < mr; m++) {
       const int32_t *sum = acc + m * QNC;
-      uint8_t *q = qb + m * QNC;
-      requantize_row(sum, corr, sc, nr, lo, hi, bias8, flip8, q);
-      if (m_inner) continue;
       uint8_t *out = c8 + (long)(m0 + m) * g->ldc_m + (long)n0 * g->ldc_n;
-      if (g->ldc_n == 1) memcpy(out, q, (size_t)nr);
-      else
-        for (int e = 0; e < nr; e++) out[(long)e * g->ldc_n] = q[e];
+      /* a contiguous row of the output is written in place */
+      const int direct = !m_inner && g->ldc_n == 1;
+      uint8_t *q = direct ? out : qb + m * QNC;
+      requantize_row(sum, corr, sc, nr, lo, hi, bias8, flip8, q);
+      if (m_inner || direct) continue;
+      for (int e = 0; e < nr; e++) out[(long)e * g->ldc_n] = q[e];
     }
     if (m_inner) transpose_bytes(qb, QNC, tb, QMC, mr, nr);
     if (m_inner)
