@@ -455,6 +455,28 @@ void aot_qgemm_run(void *ctx, int start, int end) {
       corr[e] = (int32_t)((uint32_t)(g->bias ? g->bias[n] : 0) - (uint32_t)zero * (uint32_t)g->col_sum[n]);
       sc[e] = g->scale ? g->scale[n * g->scale_step] : 0.0f;
     }
+#if !defined(__clang__)
+    if (g->out_type == AOT_QGEMM_INT32 && g->ldc_n == 1) {
+      /* rows of n contiguous (a dynamically quantized matmul's) 16 lanes at a time where the loop vectoriser is off
+         (gcc: 3136x256x64 0.435 -> 0.195 ms); clang vectorises the loop below itself, 5% faster than this */
+      typedef uint32_t v16 __attribute__((vector_size(64), aligned(4)));
+      for (int m = 0; m < mr; m++) {
+        uint32_t *out = (uint32_t *)g->c + (long)(m0 + m) * g->ldc_m + n0;
+        const uint32_t *sum = (const uint32_t *)acc + m * QNC;
+        int e = 0;
+#pragma GCC unroll 4
+        for (; e + 16 <= nr; e += 16) {
+          v16 a, c;
+          memcpy(&a, sum + e, sizeof a);
+          memcpy(&c, (const uint32_t *)corr + e, sizeof c);
+          a += c;
+          memcpy(out + e, &a, sizeof a);
+        }
+        for (; e < nr; e++) out[e] = sum[e] + (uint32_t)corr[e];
+      }
+      continue;
+    }
+#endif
     if (g->out_type == AOT_QGEMM_INT32) {
       for (int m = 0; m < mr; m++)
         for (int e = 0; e < nr; e++)
