@@ -13,13 +13,15 @@ from test_int8 import DRIVER, RUNTIME, QGemm
 from aot.build import cc, cflags
 from aot.codegen.quant import pack_weights, requantize
 
-BUILDS = [(cc(), "native"), (cc(), "x86-64-v3")] + ([("gcc", "native")] if shutil.which("gcc") else [])
+BUILDS = [(cc(), "native"), (cc(), "x86-64-v3"), (cc(), "x86-64")] + (
+  [("gcc", "native")] if shutil.which("gcc") else []
+)
 
 
 @pytest.fixture(scope="module", params=BUILDS, ids=lambda b: f"{b[0]}-{b[1]}")
 def lib(request, tmp_path_factory, monkeypatch_module):
-  """Built for this CPU (AVX-512 VNNI where it has it) and for AVX2 (the portable micro), by the default compiler,
-  and by gcc, whose flags differ (build.cflags: its loop vectoriser off)."""
+  """Built for this CPU (AVX-512 VNNI where it has it), for AVX2 (the portable micro) and for SSE2 alone (the scalar
+  requantization), by the default compiler, and by gcc, whose flags differ (build.cflags: its loop vectoriser off)."""
   compiler, cpu = request.param
   monkeypatch_module.setenv("CC", compiler)
   d = tmp_path_factory.mktemp(f"qgemm_{compiler}_{cpu}")
