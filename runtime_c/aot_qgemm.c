@@ -435,9 +435,19 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         for (int m = 0; m < mr; m += QMR) {
           for (int l = m / QMR * lines / tiles; l < (m / QMR + 1) * lines / tiles; l++)
             __builtin_prefetch(next + l * 64);
-          const long call = (long)(n / QNR) * tiles + m / QMR;
-          for (long l = call * far_total / calls; l < (call + 1) * far_total / calls; l++)
-            __builtin_prefetch(far + l / far_lines * K4 * QNR + l % far_lines * 64);
+          /* this call's share of the lines, walked panel by panel (a division per line had cost 10% there) */
+          const long call = (long)(n / QNR) * tiles + m / QMR, end = (call + 1) * far_total / calls;
+          long l = call * far_total / calls;
+          if (l < end) {
+            const int8_t *panel = far + l / far_lines * K4 * QNR;
+            for (int line = (int)(l % far_lines); l < end; l++) {
+              __builtin_prefetch(panel + line * 64);
+              if (++line == far_lines) {
+                line = 0;
+                panel += (long)K4 * QNR;
+              }
+            }
+          }
           if (mr - m >= QMR) micro(kc / 4, ap + (m / QMR) * QMR * kc, bt, acc + m * QNC + n, QNC, k0 > 0);
           else micro_tail(mr - m, kc / 4, ap + (m / QMR) * QMR * kc, bt, acc + m * QNC + n, QNC, k0 > 0);
         }
