@@ -71,6 +71,7 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
 
 /* a tile of fewer rows (M = 49 of a 7x7 layer: its seventh tile has one) at the cost of those rows, not of QMR: the
    49x512x4608 call had spent 1/8 of its time on the 7 rows past M */
+#define MICRO_TAIL 1
 static void micro_tail(int rows, int groups, const uint8_t *restrict a, const int8_t *restrict b, int32_t *restrict c,
                        int ldc, int accumulate) {
   switch (rows) {
@@ -105,7 +106,11 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
   for (int i = 0; i < QMR; i++)
     for (int j = 0; j < 2; j++) memcpy(c + i * ldc + j * 16, &acc[i][j], sizeof(vq));
 }
-/* the whole tile, rows past the tile's rows too: their sums are never read */
+#endif
+
+#if !defined(MICRO_TAIL)
+/* where a path has no micro for fewer rows: the whole tile, rows past the tile's rows too (their sums are never
+   read) */
 static void micro_tail(int rows, int groups, const uint8_t *restrict a, const int8_t *restrict b, int32_t *restrict c,
                        int ldc, int accumulate) {
   (void)rows;
