@@ -29,11 +29,11 @@ ROW_BUFFER = 4096 - 64
 # windows wider than this are reductions to leave to the generated loop (a global pool's)
 MAX_WINDOW = 16
 
-# the column stride from which the runtime's im2col writes A: at stride 1 the generated copy's rows are contiguous
-# and vectorised, and it is the faster (thread CPU medians of 40, generated vs runtime, clang-19: 3x3/1 over
-# 64x56x56 0.068 vs 0.142 ms, over 512x7x7 0.060 vs 0.128); at stride 2 it reads bytes one by one (7x7/2 over
-# 3x224x224 0.47 vs 0.15, 3x3/2 over 64x56x56 0.34 vs 0.076)
-IM2COL_MIN_STRIDE = 2
+# (the runtime's im2col writes A at every stride, 1 too: in ResNet-18's QDQ run, thread CPU, clang-19, the generated
+# stride-1 copy against the runtime's: 3x3/1 over 64x56x56 0.069 vs 0.035 ms, 256x14x14 0.14 vs 0.031, 512x7x7 0.054
+# vs 0.036; before its padded-plane buffer and one-vector rows, the runtime's was the slower at stride 1: medians of
+# 41 calls, before -> after, 3x3/1 over 64x56x56 0.074 -> 0.026, 512x7x7 0.068 -> 0.028, 3x3/2 over 256x14x14
+# 0.065 -> 0.019)
 
 _SIGNED = {dtypes.uint8: False, dtypes.int8: True}
 
@@ -144,13 +144,16 @@ def window_geometry(load: UOp, gates: list[UOp], planes, oh: UOp, ow: UOp, kh: U
   pool's or a convolution's input), whose gates are exactly "inside the plane": the fields of aot_qpool and
   aot_qim2col, else None."""
   terms, offset = linear(load.src[1])
-  if any(t.op is not Ops.RANGE for t in terms) or set(terms) - {*planes, oh, ow, kh, kw} or terms.get(kw) != 1:
+  # a window one wide or one high may come as a one-long range the index does not name: kw then at unit step, kh at
+  # the output row's (a stride of 1 over rows SH apart)
+  unit_kw = 1 if kw.size == 1 else 0
+  if any(t.op is not Ops.RANGE for t in terms) or set(terms) - {*planes, oh, ow, kh, kw} or terms.get(kw, unit_kw) != 1:
     return None
-  x_row, SW = terms.get(kh, 0), terms.get(ow, 0)
+  x_row, SW = terms.get(kh, terms.get(oh, 0) if kh.size == 1 else 0), terms.get(ow, 0)
   if x_row <= 0 or SW <= 0 or terms.get(oh, 0) <= 0 or terms[oh] % x_row:
     return None
   x_plane = flat_stride(planes, terms)
-  if x_plane is None or (planes and x_plane <= 0):
+  if x_plane is None or (planes and x_plane <= 0 and prod(r.size for r in planes) > 1):
     return None
   SH, KH, KW, OH, OW = terms[oh] // x_row, kh.size, kw.size, oh.size, ow.size
   # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
@@ -249,24 +252,43 @@ class QIm2col:
 
 def im2col(load: UOp, gates: list[UOp], m_rows, k, pad: int, x_slot: int, y_slot: int) -> QIm2col | None:
   """The runtime's im2col for a dense k-major A of an int8 convolution over one image (m the output's (oh, ow), k
-  its (c, kh, kw) in any order), read from an 8-bit buffer inside its planes and pad elsewhere; else None."""
-  if len(m_rows) != 2 or len(k) != 3:
+  its (c, kh, kw) in any order, or (c, kw) and (c, kh) where the window is one high or one wide), read from an 8-bit
+  buffer inside its planes and pad elsewhere; else None."""
+  if len(m_rows) != 2 or len(k) not in (2, 3):
     return None
   terms = linear(load.src[1])[0]
   kw = next((r for r in k if terms.get(r) == 1), None)
-  if kw is None:
+  rest = sorted((r for r in k if r is not kw), key=lambda r: terms.get(r, 0))
+  # the window's missing range (1xK's kh, Kx1's kw, or one input plane's c) one long, numbered past the kernel's
+  unit = UOp(Ops.RANGE, dtypes.index, (), (1 + max(r.number for r in ranges_of(load) | {*k, *m_rows}), 1, "reduce"))
+  if len(k) == 3 and kw is not None:
+    candidates = [(rest[1], rest[0], kw)]
+  elif len(k) == 2 and kw is not None:
+    candidates = [(rest[0], unit, kw), (unit, rest[0], kw)]
+  elif len(k) == 2:
+    candidates = [(rest[1], rest[0], unit)]
+  else:
     return None
-  kh, c = sorted((r for r in k if r is not kw), key=lambda r: terms.get(r, 0))
   oh, ow = m_rows
-  g = window_geometry(load, gates, [c], oh, ow, kh, kw)
-  # the row with its padding must fit the runtime's buffer
-  if g is None or g["SW"] < IM2COL_MIN_STRIDE or max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) > ROW_BUFFER:
+  for c, kh, kw in candidates:
+    g = window_geometry(load, gates, [c], oh, ow, kh, kw)
+    # the row with its padding must fit the runtime's buffer
+    if g is not None and max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) <= ROW_BUFFER:
+      break
+  else:
     return None
-  # A's row of tap (c, kh, kw) is its flat index over k (in k's order) times M
+  # A's row of tap (c, kh, kw) is its flat index over k (in k's order) times M (a one-long range is at 0)
   M, stride = oh.size * ow.size, {}
   for r in reversed(k):
     stride[r] = M
     M *= r.size
   return QIm2col(
-    x_slot, **g, y_slot=y_slot, y_plane=stride[c], y_kh=stride[kh], y_kw=stride[kw], planes=c.size, pad=pad & 0xFF
+    x_slot,
+    **g,
+    y_slot=y_slot,
+    y_plane=stride.get(c, 0),
+    y_kh=stride.get(kh, 0),
+    y_kw=stride.get(kw, 0),
+    planes=c.size,
+    pad=pad & 0xFF,
   )

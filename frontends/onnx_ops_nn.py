@@ -448,7 +448,8 @@ def _sum_acc(x, axis):
 
 def _softmax(x, axis):
   e = (x - x.max(axis, keepdim=True)).exp()
-  return (e / _sum_acc(e, axis)).cast(x.dtype)
+  # times the row's reciprocal, as onnxruntime scales a row (one division per row, not one per element)
+  return (e * _sum_acc(e, axis).reciprocal()).cast(x.dtype)
 
 
 def _log_softmax(x, axis):

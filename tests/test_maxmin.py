@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 import aot
 from aot.codegen.c import CRenderer
 from aot.codegen.linearize import linearize
-from aot.codegen.opt import MAXMIN_BLOCKS, optimize
+from aot.codegen.opt import MAXMIN_BLOCKS, WIDE_SUM_BLOCK, optimize
 from aot.compiler import resolve
 from aot.schedule import schedule
 
@@ -23,9 +23,10 @@ def kernels(fn, *xs):
 
 def test_a_long_max_min_is_combined_in_blocks_of_neighbours():
   # one value from 4x256: the reduction's innermost loop runs over blocks of MAXMIN_BLOCK, whose loads are combined
-  # in one update; a sum, and a max too short to pay, keep their loop
+  # in one update; a long sum too, in float64 (codegen/opt.py wide_sums); a max too short to pay keeps its loop
   x = np.zeros((4, 256), np.float32)
-  for fn, block in ((lambda x: x.max(), MAXMIN_BLOCK), (lambda x: x.min(), MAXMIN_BLOCK), (lambda x: x.sum(), 1)):
+  blocks = ((lambda x: x.max(), MAXMIN_BLOCK), (lambda x: x.min(), MAXMIN_BLOCK), (lambda x: x.sum(), WIDE_SUM_BLOCK))
+  for fn, block in blocks:
     (k,) = kernels(fn, x)
     prog = linearize(optimize(k.ast))
     loops = [u.arg for kind, u in prog if kind == "loop"]
@@ -45,12 +46,12 @@ def test_a_long_max_min_is_combined_in_blocks_of_neighbours():
 
 def test_softmax_row_max_runs_in_blocks_once_per_row():
   # softmax over rows of 128: each row's max, read by all of the row's lanes, runs over blocks once per row; its
-  # sum keeps its sequential loop (a sum's order is its result)
+  # sum of the stored exponentials in float64 over blocks of WIDE_SUM_BLOCK
   x = np.zeros((4, 32, 128), np.float32)
   first, second = (linearize(optimize(k.ast)) for k in kernels(lambda x: x.softmax(-1), x))
   loops = lambda prog: [u.arg[1:] for kind, u in prog if kind == "loop"]
   assert loops(first) == [(4, "loop"), (32, "loop"), (128 // MAXMIN_BLOCK, "reduce"), (128 // 8, "loop")]
-  assert (128, "reduce") in loops(second)
+  assert (128 // WIDE_SUM_BLOCK, "reduce") in loops(second)
   # many rows each read by their own output (a ReduceMax over the last axis): the rows are upcast's lanes already
   (k,) = kernels(lambda x: x.max(-1), x)
   assert (128, "reduce") in loops(linearize(optimize(k.ast)))
