@@ -408,10 +408,6 @@ static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int 
 #endif
 }
 
-/* dst[j][i] = src[i][j] for i < rows, j < cols (row strides ss, ds): 16 x 16 blocks by four rounds of byte
-   unpacks where whole, bytewise at the edges. A convolution's result (m contiguous) is written through this: the
-   bytewise transpose (which the compilers make a scatter of single bytes) was 31% of the first 7x7/2 convolution's
-   int8 call */
 #if defined(__SSE2__)
 /* x[j] byte i = x[i] byte j */
 static inline void transpose16(__m128i x[16]) {
@@ -430,6 +426,10 @@ static inline void transpose16(__m128i x[16]) {
 }
 #endif
 
+/* dst[j][i] = src[i][j] for i < rows, j < cols (row strides ss, ds): 16 x 16 blocks by four rounds of byte
+   unpacks where whole, bytewise at the edges. A convolution's result (m contiguous) is written through this: the
+   bytewise transpose (which the compilers make a scatter of single bytes) was 31% of the first 7x7/2 convolution's
+   int8 call */
 static void transpose_bytes(const uint8_t *restrict src, int ss, uint8_t *restrict dst, int ds, int rows, int cols) {
   int i0 = 0;
 #if defined(__SSE2__)
@@ -481,14 +481,10 @@ static void pack_rows(const aot_qgemm *g, int m0, int mr, int k0, int kc, int ki
   }
 }
 
-/* q[e] = clamp(rint((sum[e] + corr[e]) * sc[e]), lo, hi) + bias8 as a byte, ^ flip8 (int8 as uint8 shifted by 128).
-   Clamping first is the same (lo and hi are integers) and keeps the conversion in range; the conversion rounds half
-   to even (the default rounding mode, as rint). Written with vectors: gcc's loop vectoriser is off (build.py), and
-   the scalar loop was a third of the stem's 12544x64x147 call built by gcc. The clamps as compares (fmaxf/fminf's
-   NaN handling cost a compare and a blend each); max_ps(r, lo) gives lo for a NaN r, as the compare does */
 #if defined(__AVX512F__)
-/* the bytes kept of the lanes (vpmovdb) are the low ones: (r + bias8) ^ 0x80 is r + bias8 - 128 there, so one add of
-   the zero point alone gives int8's bytes as uint8's */
+/* 16 columns of a row requantized as requantize_row does (below). The bytes kept of the lanes (vpmovdb) are the low
+   ones: (r + bias8) ^ 0x80 is r + bias8 - 128 there, so one add of the zero point alone gives int8's bytes as
+   uint8's */
 typedef struct {
   __m512 lo, hi;
   __m512i zero;
@@ -559,6 +555,11 @@ static inline void store_columns16(__m128i x[16], uint8_t *out, long ld) {
 }
 #endif
 
+/* q[e] = clamp(rint((sum[e] + corr[e]) * sc[e]), lo, hi) + bias8 as a byte, ^ flip8 (int8 as uint8 shifted by 128).
+   Clamping first is the same (lo and hi are integers) and keeps the conversion in range; the conversion rounds half
+   to even (the default rounding mode, as rint). Written with vectors: gcc's loop vectoriser is off (build.py), and
+   the scalar loop was a third of the stem's 12544x64x147 call built by gcc. The clamps as compares (fmaxf/fminf's
+   NaN handling cost a compare and a blend each); max_ps(r, lo) gives lo for a NaN r, as the compare does */
 static void requantize_row(const int32_t *restrict sum, const int32_t *restrict corr, const float *restrict sc, int nr,
                            float lo, float hi, int bias8, uint8_t flip8, uint8_t *restrict q) {
   int e = 0;
@@ -657,8 +658,8 @@ void aot_qgemm_run(void *ctx, int start, int end) {
       }
     }
     /* the epilogue: zero-point correction and bias per column first (corr), then each row of sums requantized
-       along n, as the sums lie (a loop the compiler vectorises); a convolution's output (m contiguous) goes through
-       a byte transpose tb so that each of its lines is written contiguously */
+       along n, as the sums lie; a convolution's output (m contiguous) is turned to columns 16 x 16 (with AVX-512 in
+       registers, else through the byte transpose tb) so that each of its lines is written contiguously */
     const int m_inner = g->ldc_m < g->ldc_n;
     int32_t corr[QNC] __attribute__((aligned(64)));
     float sc[QNC] __attribute__((aligned(64)));
