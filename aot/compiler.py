@@ -54,8 +54,10 @@ PARALLEL_MIN_WORK = 1 << 16
 # a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
 # the first wake-up of a run costs more than splitting gains (the 3-layer mlp: 2 threads were 0.74x as fast as 1)
 MODEL_PARALLEL_MIN_WORK = 1 << 25
-# the runtime's C files every CPU artifact links (the microkernel, the depthwise kernel, the int8 microkernel)
-RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c", "aot_qgemm.c")
+# the runtime's C files every CPU artifact links (the microkernel, the depthwise kernel, the int8 microkernel, the
+# 8-bit pool and im2col), and the headers they include
+RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c", "aot_qgemm.c", "aot_qwindow.c")
+RUNTIME_HEADERS = ("aot_runtime.h", "aot_qmicro.h")
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
@@ -562,7 +564,7 @@ def compile_model(
 def runtime_files(target: str, emulate: bool = False) -> list[str]:
   """The runtime_c files an artifact's src/ holds: what its build compiles and includes."""
   if target not in GPU_TARGETS and not emulate:
-    return [*RUNTIME_SOURCES, "aot_runtime.h"]
+    return [*RUNTIME_SOURCES, *RUNTIME_HEADERS]
   return (
     ["aot_runtime.c", "aot_runtime.h"]
     + (["aot_hip_math.h"] if target == "hip" else [])

@@ -1,4 +1,4 @@
-"""8-bit max pools to the runtime's pool (aot_qpool in runtime_c/aot_qgemm.c), not to a generated loop.
+"""8-bit max pools to the runtime's pool (aot_qpool in runtime_c/aot_qwindow.c), not to a generated loop.
 
 A max pool over uint8 or int8 planes (QOperator's MaxPool, QDQ's once fused to one) is, as a generated loop, a max
 over the window's gated taps at the pool's stride: the compilers vectorise it as byte inserts or not at all

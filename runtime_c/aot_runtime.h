@@ -139,7 +139,7 @@ typedef struct {
 } aot_qgemm;
 __attribute__((visibility("hidden"))) int aot_qgemm_tasks(const aot_qgemm *g);
 __attribute__((visibility("hidden"))) void aot_qgemm_run(void *g, int start, int end);
-/* An 8-bit max pool (runtime_c/aot_qgemm.c): y[p][oy][ox] (at y + p*y_plane + oy*y_row + ox) is the largest
+/* An 8-bit max pool (runtime_c/aot_qwindow.c): y[p][oy][ox] (at y + p*y_plane + oy*y_row + ox) is the largest
    x[p][iy][ix] (at x + p*x_plane + iy*x_row + ix) over iy = oy*SH - PH + ky*DH, ix = ox*SW - PW + kx*DW inside the
    H x W plane, uint8 or int8 (x_signed); taps outside it are skipped (the type's minimum where none is inside).
    Run aot_qpool_run(p, start, end) on any split of [0, planes). */
@@ -154,7 +154,7 @@ typedef struct {
   int OH, OW, planes;
 } aot_qpool;
 __attribute__((visibility("hidden"))) void aot_qpool_run(void *p, int start, int end);
-/* An 8-bit convolution's input as the int8 contraction's k-major A (runtime_c/aot_qgemm.c): for plane c and tap
+/* An 8-bit convolution's input as the int8 contraction's k-major A (runtime_c/aot_qwindow.c): for plane c and tap
    (kh, kw), the row at y + c*y_plane + kh*y_kh + kw*y_kw holds, at oy*OW + ox, x[c][iy][ix] (at x + c*x_plane +
    iy*x_row + ix) for iy = oy*SH - PH + kh, ix = ox*SW - PW + kw inside the H x W plane, else the byte pad (A's zero
    point). Run aot_qim2col_run(p, start, end) on any split of [0, planes * KH). */

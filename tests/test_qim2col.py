@@ -1,4 +1,4 @@
-"""The runtime's im2col of 8-bit convolutions (aot_qim2col_run, runtime_c/aot_qgemm.c) at every stride: the routine
+"""The runtime's im2col of 8-bit convolutions (aot_qim2col_run, runtime_c/aot_qwindow.c) at every stride: the routine
 against an independent numpy im2col, byte for byte, and QLinearConv / QDQ convolutions over small and odd planes
 against onnxruntime's int8 run, their operand made by the runtime's routine."""
 
@@ -51,7 +51,7 @@ def lib(tmp_path_factory):
   d = tmp_path_factory.mktemp("qim2col")
   (d / "driver.c").write_text(DRIVER)
   so = d / "libq.so"
-  sources = [str(d / "driver.c"), str(RUNTIME / "aot_qgemm.c"), str(RUNTIME / "aot_runtime.c")]
+  sources = [str(d / "driver.c"), *(str(RUNTIME / f) for f in ("aot_qwindow.c", "aot_qgemm.c", "aot_runtime.c"))]
   subprocess.run(
     [cc(), *cflags("native"), "-shared", f"-I{RUNTIME}", *sources, "-o", str(so), "-lpthread", "-lm"], check=True
   )

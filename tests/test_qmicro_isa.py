@@ -1,4 +1,4 @@
-"""Each instruction-set path of the int8 microkernel (runtime_c/aot_qgemm.c's micro) against an independent numpy
+"""Each instruction-set path of the int8 microkernel (runtime_c/aot_qmicro.h's micro) against an independent numpy
 computation, bit for bit: x86's AVX2 and AVX-VNNI paths and the portable one on this machine, aarch64's NEON, sdot and
 usdot paths cross-built and run under qemu-aarch64. Each build is checked to hold its path's instructions, so a
 change of the preprocessor tests that sent a build to another path fails here too."""

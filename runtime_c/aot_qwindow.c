@@ -1,0 +1,274 @@
+/* 8-bit windows of the runtime (declared in aot_runtime.h): the max pool (aot_qpool_run) and an 8-bit convolution's
+   k-major A (aot_qim2col_run) that the int8 microkernel (aot_qgemm.c) reads; recognised by codegen/qpool.py. */
+#include <stdint.h>
+#include <string.h>
+#include "aot_runtime.h"
+
+static int cdiv(int a, int b) { return (a + b - 1) / b; }
+static int min(int a, int b) { return a < b ? a : b; }
+
+/* *** 8-bit max pools (aot_qpool): separable, each output row the column maxima of its window's rows, then the
+   maxima along that row at the window's steps, both along contiguous bytes in 32-byte vectors (GNU C vector types:
+   the same code for gcc and clang, x86 and arm). The generated loop over the window's gated taps ran as byte inserts
+   at 4 GB/s (ResNet-18's 3x3/2 pool over 64x112x112 uint8: 0.51 ms). int8 is compared as uint8 with its sign bit
+   flipped. *** */
+
+typedef uint8_t qv8 __attribute__((vector_size(32), aligned(1)));
+typedef uint16_t qv16 __attribute__((vector_size(32), aligned(1)));
+typedef uint8_t qh8 __attribute__((vector_size(16), aligned(1)));
+typedef uint16_t qw16 __attribute__((vector_size(64), aligned(1)));
+#define QV 32
+
+/* lanewise max (a statement expression, not a function: a 32-byte vector returned by value changes the ABI where
+   the target has no AVX, which gcc warns of) */
+#define qmax(a, b)                                                                                                   \
+  ({                                                                                                                 \
+    const qv8 a_ = (a), b_ = (b), m_ = (qv8)(a_ > b_);                                                               \
+    (a_ & m_) | (b_ & ~m_);                                                                                          \
+  })
+
+/* the vector steps over [0, n): whole vectors, then one more ending at n (overlapping: each lane's value is the same
+   whichever step computes it); none when n < step (the scalar loop after takes all) */
+#define QPOOL_STEPS(i, n, step) for (int i = 0, last_ = (n) - (step); i <= last_; i = i < last_ && i + (step) > last_ ? last_ : i + (step))
+
+static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_qpool *p, uint8_t flip) {
+  const int OW = p->OW, SW = p->SW, KW = p->KW, DW = p->DW;
+  const qv8 f = (qv8){0} + flip;
+  int done = 0;
+  if (DW == 1 && KW == 3 && SW == 1 && OW >= QV) {
+    QPOOL_STEPS(ox, OW, QV) {
+      const qv8 m = qmax(qmax(*(const qv8 *)(t + ox), *(const qv8 *)(t + ox + 1)), *(const qv8 *)(t + ox + 2));
+      *(qv8 *)(y + ox) = m ^ f;
+    }
+    done = OW;
+  } else if (DW == 1 && (KW == 3 || KW == 2) && SW == 2 && OW >= QV / 2) {
+    /* the window's maxima at every column, then every other one: the low bytes of 16-bit lanes, narrowed */
+    QPOOL_STEPS(ox, OW, QV / 2) {
+      const uint8_t *s = t + 2 * ox;
+      qv8 m = qmax(*(const qv8 *)s, *(const qv8 *)(s + 1));
+      if (KW == 3) m = qmax(m, *(const qv8 *)(s + 2));
+      *(qh8 *)(y + ox) = __builtin_convertvector((qv16)m & 0xff, qh8) ^ ((qh8){0} + flip);
+    }
+    done = OW;
+  }
+  for (int ox = done; ox < OW; ox++) {
+    uint8_t m = t[ox * SW];
+    for (int kx = 1; kx < KW; kx++) m = t[ox * SW + kx * DW] > m ? t[ox * SW + kx * DW] : m;
+    y[ox] = m ^ flip;
+  }
+}
+
+void aot_qpool_run(void *ctx, int start, int end) {
+  const aot_qpool *p = ctx;
+  const uint8_t flip = p->x_signed ? 0x80 : 0;
+  const qv8 f = (qv8){0} + flip;
+  /* the row with its padding: t[PW + ix] holds column ix, the padding (and a vector past the end, which the steps
+     read into lanes they drop) the identity 0, flipped the minimum; codegen/qpool.py keeps the row within
+     AOT_QPOOL_ROW - QV */
+  uint8_t t[AOT_QPOOL_ROW] __attribute__((aligned(64)));
+  memset(t, 0, sizeof t);
+  uint8_t *restrict row = t + p->PW;
+  const int W = p->W;
+  for (int plane = start; plane < end; plane++) {
+    const uint8_t *x = p->x + plane * p->x_plane;
+    for (int oy = 0; oy < p->OH; oy++) {
+      int taps = 0;
+      for (int ky = 0; ky < p->KH; ky++) {
+        const int iy = oy * p->SH - p->PH + ky * p->DH;
+        if (iy < 0 || iy >= p->H) continue;
+        const uint8_t *restrict in = x + iy * p->x_row;
+        if (W >= QV) {
+          QPOOL_STEPS(ix, W, QV) {
+            const qv8 v = *(const qv8 *)(in + ix) ^ f;
+            *(qv8 *)(row + ix) = taps ? qmax(v, *(qv8 *)(row + ix)) : v;
+          }
+        } else
+          for (int ix = 0; ix < W; ix++) {
+            const uint8_t v = in[ix] ^ flip;
+            row[ix] = taps && row[ix] > v ? row[ix] : v;
+          }
+        taps++;
+      }
+      if (taps == 0) memset(row, 0, (size_t)W);
+      qpool_row(t, p->y + plane * p->y_plane + oy * p->y_row, p, flip);
+    }
+  }
+}
+
+/* *** an 8-bit convolution's k-major A (aot_qim2col): a tap's row of A is its output rows one after another
+   (oy * OW + ox), each a run of the padded input at the stride. The padded plane is put in a buffer once per plane
+   where it fits (ResNet's up to 56x56), else the padded input rows of a band of output rows once per (plane, kh); the
+   runs are then read with no bounds to check. A run is one vector where it fits in one (the smallest of 8 to 64
+   bytes that holds it), which spills past the run's end into the tap's next rows, written after it: a 7-byte row is
+   one 8-byte store, not a tail of two overlapping ones or a call of memcpy. A tap's last rows are written exactly,
+   as the bytes after them may be another task's. At stride 2, the low bytes of 16-bit lanes, narrowed. Thread CPU
+   medians, clang-19, 3x3 pad 1 over 512x7x7 / 256x14x14 / 64x56x56: at stride 1 0.028 / 0.021 / 0.026 ms, where the
+   generated copy (rows under 16 bytes as scalar gated loads) took 0.055 / 0.14 / 0.068 and a padded row buffer per
+   output row and tap row written exactly 0.068 / 0.066 / 0.074; at stride 2 over 256x14x14 0.019 against 0.065 for
+   that row buffer and its scalar loop under 16 outputs. The generated copy read stride-2 bytes one by one (ResNet-18's
+   7x7/2 first conv: 0.45 ms for 1.8 MB, 4 GB/s; this 0.062) *** */
+
+typedef uint8_t qq8 __attribute__((vector_size(8), aligned(1)));
+typedef uint16_t qh16 __attribute__((vector_size(16), aligned(1), may_alias));
+typedef uint16_t qv16a __attribute__((vector_size(32), aligned(1), may_alias));
+typedef uint16_t qw16a __attribute__((vector_size(64), aligned(1), may_alias));
+
+/* the buffer of padded rows (a 56x56 plane padded by 1 is 3364 bytes), and the bytes kept after its rows: a run's
+   one vector reads up to 31 past the row's end (64 bytes for a stride-2 run of 17 outputs) */
+#define QIM2COL_BUF (4 * AOT_QPOOL_ROW)
+#define QIM2COL_SLACK 128
+
+/* out[0, n) = x[0, n): up to 64 bytes (a row of a 7x7 to 56x56 plane) two overlapping moves of the largest vector
+   that fits, where a call of memcpy cost more than the copy */
+static inline void copy_run(uint8_t *restrict out, const uint8_t *restrict x, int n) {
+  /* (a loop of vector moves would be made a call of memcpy again) */
+  if (n > 2 * QV)
+    memcpy(out, x, (size_t)n);
+  else if (n >= QV) {
+    *(qv8 *)out = *(const qv8 *)x;
+    *(qv8 *)(out + n - QV) = *(const qv8 *)(x + n - QV);
+  } else if (n >= 16) {
+    *(qh8 *)out = *(const qh8 *)x;
+    *(qh8 *)(out + n - 16) = *(const qh8 *)(x + n - 16);
+  } else if (n >= 8) {
+    uint64_t a, b;
+    memcpy(&a, x, 8);
+    memcpy(&b, x + n - 8, 8);
+    memcpy(out, &a, 8);
+    memcpy(out + n - 8, &b, 8);
+  } else if (n >= 4) {
+    uint32_t a, b;
+    memcpy(&a, x, 4);
+    memcpy(&b, x + n - 4, 4);
+    memcpy(out, &a, 4);
+    memcpy(out + n - 4, &b, 4);
+  } else
+    for (int i = 0; i < n; i++) out[i] = x[i];
+}
+
+/* outputs [at, at + lanes) of a stride-2 run: the low bytes of 16-bit lanes, narrowed */
+#define QIM2COL_EVEN(bytes, pairs, at) (*(bytes *)(out + (at)) = __builtin_convertvector(*(const pairs *)(t + 2 * (at)) & 0xff, bytes))
+
+/* out[ox] = t[ox * SW] for ox < n, exactly; t may be read up to QIM2COL_SLACK past its last element used */
+static inline void exact_run(uint8_t *restrict out, const uint8_t *restrict t, int n, int SW) {
+  if (SW == 1)
+    copy_run(out, t, n);
+  else if (SW == 2 && n >= QV) {
+    /* whole vectors, the last ending at n (overlapping the one before) */
+    int ox = 0;
+    for (; ox + QV <= n; ox += QV) QIM2COL_EVEN(qv8, qw16a, ox);
+    if (ox < n) QIM2COL_EVEN(qv8, qw16a, n - QV);
+  } else if (SW == 2 && n >= 16) {
+    QIM2COL_EVEN(qh8, qv16a, 0);
+    QIM2COL_EVEN(qh8, qv16a, n - 16);
+  } else if (SW == 2 && n >= 8) {
+    QIM2COL_EVEN(qq8, qh16, 0);
+    QIM2COL_EVEN(qq8, qh16, n - 8);
+  } else
+    for (int ox = 0; ox < n; ox++) out[ox] = t[ox * SW];
+}
+
+/* rows [oy, stop) of a tap as one vector each, spilling past the row into the next (v: the vector's bytes) */
+#define QIM2COL_SPILL(stmt)                                                                                         \
+  for (; oy < stop; oy++) {                                                                                          \
+    uint8_t *restrict out = dst + (long)oy * n;                                                                      \
+    const uint8_t *restrict t = src + (oy - o0) * rs;                                                                \
+    stmt;                                                                                                            \
+  }
+
+/* the bytes of the vector a run of n outputs at stride SW spills into, 0 where none holds it */
+static int spill_width(int n, int SW) {
+  if (SW == 1 && n <= 2 * QV) return n <= 8 ? 8 : n <= 16 ? 16 : n <= QV ? QV : 2 * QV;
+  if (SW == 2 && n <= QV) return n <= 8 ? 8 : n <= 16 ? 16 : QV;
+  return 0;
+}
+
+/* (inlined where called, so that the callers' constant stride and vector width choose one store per row) */
+#define QIM2COL_INLINE static inline __attribute__((always_inline))
+
+/* output rows [o0, o1) of one tap's row of A (at dst), row oy read at src + (oy - o0) * rs at the column stride:
+   each row one vector of v bytes (spill_width's), spilling into the rows after, which are written later; the
+   rows from exact_from on, too near the tap's end for the spill, exactly */
+QIM2COL_INLINE void tap_rows(uint8_t *restrict dst, const uint8_t *restrict src, long rs, int o0, int o1, int n, int SW,
+                             int v, int exact_from) {
+  const int stop = min(o1, exact_from);
+  int oy = o0;
+  if (SW == 1 && v == 8) QIM2COL_SPILL(*(qq8 *)out = *(const qq8 *)t)
+  else if (SW == 1 && v == 16) QIM2COL_SPILL(*(qh8 *)out = *(const qh8 *)t)
+  else if (SW == 1 && v == QV) QIM2COL_SPILL(*(qv8 *)out = *(const qv8 *)t)
+  else if (SW == 1 && v == 2 * QV) {
+    QIM2COL_SPILL(*(qv8 *)out = *(const qv8 *)t; *(qv8 *)(out + QV) = *(const qv8 *)(t + QV))
+  }
+  else if (SW == 2 && v == 8) QIM2COL_SPILL(QIM2COL_EVEN(qq8, qh16, 0))
+  else if (SW == 2 && v == 16) QIM2COL_SPILL(QIM2COL_EVEN(qh8, qv16a, 0))
+  else if (SW == 2 && v == QV) QIM2COL_SPILL(QIM2COL_EVEN(qv8, qw16a, 0))
+  for (; oy < o1; oy++) exact_run(dst + (long)oy * n, src + (oy - o0) * rs, n, SW);
+}
+
+/* the taps (kh, kw) of one plane for kh in [kh0, kh1) into y (its rows of A), from its padded plane b (rows wp
+   apart) */
+QIM2COL_INLINE void plane_taps(const aot_qim2col *p, uint8_t *y, const uint8_t *b, int wp, int kh0, int kh1, int SW,
+                               int v, int exact_from) {
+  for (int kh = kh0; kh < kh1; kh++)
+    for (int kw = 0; kw < p->KW; kw++)
+      tap_rows(y + kh * p->y_kh + kw * p->y_kw, b + kh * wp + kw, (long)p->SH * wp, 0, p->OH, p->OW, SW, v, exact_from);
+}
+
+/* plane_taps for the stride and vector width given, as constants where they are one of spill_width's */
+static void plane_taps_at(const aot_qim2col *p, uint8_t *y, const uint8_t *b, int wp, int kh0, int kh1, int v,
+                          int exact_from) {
+  const int SW = p->SW;
+#define QIM2COL_CASE(sw, width) \
+  if (SW == (sw) && v == (width)) plane_taps(p, y, b, wp, kh0, kh1, sw, width, exact_from); else
+  QIM2COL_CASE(1, 8) QIM2COL_CASE(1, 16) QIM2COL_CASE(1, QV) QIM2COL_CASE(1, 2 * QV) QIM2COL_CASE(2, 8)
+  QIM2COL_CASE(2, 16) QIM2COL_CASE(2, QV) plane_taps(p, y, b, wp, kh0, kh1, SW, 0, 0);
+#undef QIM2COL_CASE
+}
+
+static int max(int a, int b) { return a > b ? a : b; }
+
+/* plane c of the input into its padded plane b (rows wp apart, the padding already there) */
+static void plane_in(const aot_qim2col *p, int c, uint8_t *restrict b, int wp) {
+  const uint8_t *x = p->x + c * p->x_plane;
+  for (int iy = 0; iy < p->H; iy++) copy_run(b + (long)(p->PH + iy) * wp + p->PW, x + iy * p->x_row, p->W);
+}
+
+void aot_qim2col_run(void *ctx, int start, int end) {
+  const aot_qim2col *p = ctx;
+  if (start >= end) return;
+  const int OW = p->OW, OH = p->OH, W = p->W, PW = p->PW, SW = p->SW, KH = p->KH;
+  /* the rows from exact_from on have fewer than v - OW bytes of their tap's row after them */
+  const int v = spill_width(OW, SW), exact_from = v ? OH - cdiv(v - OW, OW) : 0;
+  /* the padded rows: b[r * wp + PW + ix] holds column ix of padded row r, the rest the pad; codegen/qpool.py keeps
+     a row within AOT_QPOOL_ROW less the vector read past its end, so at least one fits */
+  const int wp = max((OW - 1) * SW + p->KW, PW + W), hp = max((OH - 1) * p->SH + KH, p->PH + p->H);
+  const int whole = (long)hp * wp <= QIM2COL_BUF - QIM2COL_SLACK;
+  const int band = whole ? OH : min(OH, (QIM2COL_BUF - QIM2COL_SLACK) / wp);
+  uint8_t b[QIM2COL_BUF] __attribute__((aligned(64)));
+  memset(b, p->pad, (size_t)(whole ? hp : band) * wp + QIM2COL_SLACK);
+  /* a task is one (plane, kh): a 3-channel image's first convolution splits into 21, not 3; a whole plane is put in
+     the buffer once for the tasks of a split that share it */
+  const int c0 = start / KH, c1 = (end - 1) / KH + 1;
+  for (int c = c0; c < c1; c++) {
+    const int kh0 = max(start - c * KH, 0), kh1 = min(end - c * KH, KH);
+    const uint8_t *x = p->x + c * p->x_plane;
+    uint8_t *y = p->y + c * p->y_plane;
+    if (whole) {
+      plane_in(p, c, b, wp);
+      plane_taps_at(p, y, b, wp, kh0, kh1, v, exact_from);
+      continue;
+    }
+    for (int kh = kh0; kh < kh1; kh++)
+      for (int o0 = 0; o0 < OH; o0 += band) {
+        const int o1 = min(OH, o0 + band);
+        for (int oy = o0; oy < o1; oy++) {
+          const int iy = oy * p->SH - p->PH + kh;
+          uint8_t *row = b + (long)(oy - o0) * wp + PW;
+          if (iy < 0 || iy >= p->H) memset(row, p->pad, (size_t)W);
+          else copy_run(row, x + iy * p->x_row, W);
+        }
+        for (int kw = 0; kw < p->KW; kw++)
+          tap_rows(y + kh * p->y_kh + kw * p->y_kw, b + kw, wp, o0, o1, OW, SW, v, exact_from);
+      }
+  }
+}
