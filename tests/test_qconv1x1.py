@@ -73,6 +73,11 @@ def _qgemm_calls(source: str) -> list[list[str]]:
   return [d.split(", ") for d in re.findall(r"aot_qgemm g = \{(.*?)\};", source)]
 
 
+def _arena(field: str) -> str:
+  """The arena buffer a descriptor's pointer field names."""
+  return re.search(r"\(A \+ \d+\)", field).group()
+
+
 @pytest.mark.parametrize("form", ["qlinear", "qdq"])
 @pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
 def test_1x1_convs_read_their_input_in_place_and_equal_onnxruntime(form, dt):
@@ -120,9 +125,64 @@ def test_1x1_convs_read_their_input_in_place_and_equal_onnxruntime(form, dt):
       c_offset = f" + {image * int(q[1]) * plane})" if image else ""
       assert q[14].startswith("(void *)((") == (image > 0) and q[14].endswith(c_offset)
   # the second convolution of each chain reads the first's result where the first wrote it
-  arena = lambda field: re.search(r"\(A \+ \d+\)", field).group()
   for first, second in ((0, 1), (2, 4)):
-    assert arena(calls[first][14]) == arena(calls[second][3])
+    assert _arena(calls[first][14]) == _arena(calls[second][3])
   # and the first reads the bytes the graph input's kernel wrote
   for i, first in enumerate((0, 2)):
-    assert arena(generated[i]) == arena(calls[first][3])
+    assert _arena(generated[i]) == _arena(calls[first][3])
+
+
+# one power-of-two scale for the residual add's operands and result: the add is then exact both in onnxruntime's
+# QLinearAdd (which its optimizer fuses the QDQ add into) and as the dequantized floats' sum, so the bytes agree
+POW2_SCALE = 2.0**-5
+
+
+def test_a_batch_of_1x1_convs_under_a_residual_add_reads_its_input_in_place():
+  """QDQ's conv -> QuantizeLinear -> DequantizeLinear -> Add(the input) -> QuantizeLinear over 2 images: the kernel's
+  epilogue (the add) reads each image's contraction result from a scratch at its own offset."""
+  B, C, H, W = 2, 8, 7, 9
+  r = np.random.default_rng(5)
+  consts = {
+    "xs": np.float32(POW2_SCALE),
+    "xz": np.uint8(118),
+    "w": r.integers(-127, 128, (C, C, 1, 1)).astype(np.int8),
+    "ws": r.uniform(0.0005, 0.0015, C).astype(np.float32),
+    "wz": np.zeros(C, np.int8),
+    "ys": np.float32(POW2_SCALE),
+    "yz": np.uint8(126),
+    "zs": np.float32(POW2_SCALE),
+    "zz": np.uint8(120),
+  }
+  nodes = [
+    oh.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"]),
+    oh.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
+    oh.make_node("Conv", ["xf", "wf"], ["cf"]),
+    oh.make_node("QuantizeLinear", ["cf", "ys", "yz"], ["cq"]),
+    oh.make_node("DequantizeLinear", ["cq", "ys", "yz"], ["cd"]),
+    oh.make_node("Add", ["cd", "xf"], ["sf"]),
+    oh.make_node("QuantizeLinear", ["sf", "zs", "zz"], ["y"]),
+  ]
+  vi = lambda n: oh.make_tensor_value_info(n, TP.UINT8, [B, C, H, W])
+  inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]
+  m = oh.make_model(
+    oh.make_graph(nodes, "g", [vi("x")], [vi("y")], initializer=inits), opset_imports=[oh.make_opsetid("", 17)]
+  )
+  m.ir_version = 9
+  x = r.integers(0, 256, (B, C, H, W)).astype(np.uint8)
+  want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  assert 0.01 < np.mean(want == 255) and 0.01 < np.mean(want == 0) and np.mean((want == 0) | (want == 255)) < 0.5
+  with tempfile.TemporaryDirectory(prefix="aot_qconv1x1_") as d:
+    art = aot.compile_model(m, out_dir=d)
+    source = (art.dir / "src" / "model.c").read_text()
+    model = aot.load(art, threads=2)
+    try:
+      np.testing.assert_array_equal(model(x), want)
+    finally:
+      model.close()
+  calls = _qgemm_calls(source)
+  # each image k-major where it lies in the input's bytes, its result at its own offset of one scratch
+  assert [(q[0], q[3].rsplit(" + ", 1)[1], q[4], q[18]) for q in calls] == [
+    ("63", "0", "63", "1"),
+    ("63", "504", "63", "1"),
+  ]
+  assert calls[1][14].endswith(f" + {C * H * W})") and _arena(calls[0][14]) == _arena(calls[1][14])
