@@ -442,9 +442,14 @@ def _k_major(m_rows, k) -> bool:
 # contractions of one int8 kernel split by its outer m rows (a batch's images, where each image's rows are flat but the
 # batch's are not: NCHW's m is (image, h, w) with the channels between) at most: model.c has a call per image
 MAX_SPLIT_CALLS = 64
+# the widest contraction whose k-major A is read in place (wider: a row-major copy, as before). The microkernel packs
+# A once per 128 columns of N, and a strided k-major A packs slower than a dense row-major copy (its last partial tile
+# byte by byte): light:resnet50:qdq's 7x7 layers, 49x2048x512 ate 0.038 ms more per call reading in place against
+# the 0.010 ms copy; 49x512x2048 +0.035 against 0.043; 196x256x1024 and the 28x28, 56x56 ones gained 0.07-0.22 ms each
+MAX_KMAJOR_IN_PLACE_N = 1024
 
 
-def _in_place(load: UOp, m_rows: tuple, k: tuple, out_terms: dict) -> tuple[bool, int, tuple] | None:
+def _in_place(load: UOp, m_rows: tuple, k: tuple, N: int, out_terms: dict) -> tuple[bool, int, tuple] | None:
   """(k_major, lda, the outer m rows split into calls of their own) when the load reads A's (m, k) where it lies, at
   offset + m*lda + k (a matmul's input: k contiguous) or at offset + k*lda + m (a 1x1 stride-1 convolution's NCHW
   input: each channel's plane a row of the k-major A), over the m rows inside the outer ones; else None. Rows are
@@ -458,7 +463,7 @@ def _in_place(load: UOp, m_rows: tuple, k: tuple, out_terms: dict) -> tuple[bool
       continue
     if flat_stride(k, terms) == 1 and (lda := flat_stride(inner, terms) if inner else prod(r.size for r in k)):
       return False, lda, outer
-    if inner and flat_stride(inner, terms) == 1 and (lda := flat_stride(k, terms)):
+    if inner and N <= MAX_KMAJOR_IN_PLACE_N and flat_stride(inner, terms) == 1 and (lda := flat_stride(k, terms)):
       return True, lda, outer
   return None
 
@@ -511,7 +516,9 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
   from_int32 = not isinstance(x8_buf, Buffer)
   # A where it lies, no copy (over the m rows inside those split off into calls of their own), when the load reads it so
-  in_place = None if from_int32 or gate is not None else _in_place(load, m_rows, k, out_terms)
+  in_place = (
+    None if from_int32 or gate is not None else _in_place(load, m_rows, k, prod(r.size for r in n_rows), out_terms)
+  )
   outer = () if in_place is None else in_place[2]
   ldc = (flat_stride(m_rows[len(outer) :], out_terms), flat_stride(n_rows, out_terms))
   if None in ldc:
