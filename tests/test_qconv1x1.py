@@ -186,3 +186,35 @@ def test_a_batch_of_1x1_convs_under_a_residual_add_reads_its_input_in_place():
     ("63", "504", "63", "1"),
   ]
   assert calls[1][14].endswith(f" + {C * H * W})") and _arena(calls[0][14]) == _arena(calls[1][14])
+
+
+def test_a_1x1_conv_wider_than_the_in_place_limit_copies_its_input_row_major():
+  """Past MAX_KMAJOR_IN_PLACE_N output channels the microkernel would pack a strided A once per 128 of them: A is a
+  row-major copy instead, and the result the same bytes as onnxruntime's."""
+  from aot.codegen.quant import MAX_KMAJOR_IN_PLACE_N
+
+  B, C, H, W, N = 1, 8, 3, 5, MAX_KMAJOR_IN_PLACE_N + 32
+  nodes, inits = [], {}
+  y, _, _ = _conv("qlinear", 0, 0, "x", np.float32(0.03), np.uint8(118), C, N, np.uint8, nodes, inits)
+  vi = lambda n, c: oh.make_tensor_value_info(n, TP.UINT8, [B, c, H, W])
+  g = oh.make_graph(
+    nodes,
+    "g",
+    [vi("x", C)],
+    [vi(y, N)],
+    initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+  )
+  m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+  m.ir_version = 9
+  x = np.random.default_rng(9).integers(0, 256, (B, C, H, W)).astype(np.uint8)
+  want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  with tempfile.TemporaryDirectory(prefix="aot_qconv1x1_") as d:
+    art = aot.compile_model(m, out_dir=d)
+    source = (art.dir / "src" / "model.c").read_text()
+    model = aot.load(art)
+    try:
+      np.testing.assert_array_equal(model(x), want)
+    finally:
+      model.close()
+  ((M, n, K, _, lda, *_, kmajor, _),) = _qgemm_calls(source)
+  assert (M, n, K, lda, kmajor) == (str(H * W), str(N), str(C), str(C), "0")
