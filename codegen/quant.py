@@ -8,6 +8,7 @@ sums for the activations' zero point: sum_k (a - z) w = sum_k a w - z sum_k w.""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +77,7 @@ class QGemm:
   zero_slot: int | None = None  # A's zero point computed at run time: a 1-element int32 scratch that zero writes
   zero: UOp | None = None
   im2col: QIm2col | None = None  # the runtime writes the dense A instead (an 8-bit convolution's input)
+  c_offset: int = 0  # C's first element in c_slot (one image's contraction of a batch)
 
   role = "int8 contraction"
 
@@ -102,11 +104,12 @@ class QGemmCall:
   def render(self, arg, trampoline=None) -> str:
     q, b = self.q, self.bufs
     ptr = lambda ty, s: f"(const {ty} *){arg(b[s], s)}" if s is not None else "NULL"
+    c = f"({arg(b[q.c_slot], q.c_slot)} + {q.c_offset})" if q.c_offset else arg(b[q.c_slot], q.c_slot)
     desc = (
       f"{q.M}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
       f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
       f"{ptr('int32_t', q.col_sum_slot)}, {ptr('int32_t', q.bias_slot)}, {ptr('float', q.scale_slot)}, "
-      f"{q.scale_step}, {q.out_type}, {q.out_zero}, (void *){arg(b[q.c_slot], q.c_slot)}, {q.ldc[0]}, "
+      f"{q.scale_step}, {q.out_type}, {q.out_zero}, (void *){c}, {q.ldc[0]}, "
       f"{q.ldc[1]}, 0, {int(q.k_major)}, {ptr('int32_t', q.zero_slot)}"
     )
     run = (
@@ -210,10 +213,39 @@ def _k_major(m_rows, k) -> bool:
   return bool(m_rows) and k[-1].size < m_rows[-1].size
 
 
+# contractions of one int8 kernel split by its outer m rows (a batch's images, where each image's rows are flat but the
+# batch's are not: NCHW's m is (image, h, w) with the channels between) at most: model.c has a call per image
+MAX_SPLIT_CALLS = 64
+# the widest contraction whose k-major A is read in place (wider: a row-major copy, as before). The microkernel packs
+# A once per 128 columns of N, and a strided k-major A packs slower than a dense row-major copy (its last partial tile
+# byte by byte): light:resnet50:qdq's 7x7 layers, 49x2048x512 ate 0.038 ms more per call reading in place against
+# the 0.010 ms copy; 49x512x2048 +0.035 against 0.043; 196x256x1024 and the 28x28, 56x56 ones gained 0.07-0.22 ms each
+MAX_KMAJOR_IN_PLACE_N = 1024
+
+
+def _in_place(load: UOp, m_rows: tuple, k: tuple, N: int, out_terms: dict) -> tuple[bool, int, tuple] | None:
+  """(k_major, lda, the outer m rows split into calls of their own) when the load reads A's (m, k) where it lies, at
+  offset + m*lda + k (a matmul's input: k contiguous) or at offset + k*lda + m (a 1x1 stride-1 convolution's NCHW
+  input: each channel's plane a row of the k-major A), over the m rows inside the outer ones; else None. Rows are
+  split only where the output's m rows are not flat as a whole (a batch of NCHW images)."""
+  terms, offset = linear(load.src[1])
+  if offset < 0 or set(terms) - set(m_rows) - set(k) or _const(load.src[2]) is not True:
+    return None
+  for s in [0] if flat_stride(m_rows, out_terms) is not None else range(1, len(m_rows)):
+    outer, inner = m_rows[:s], m_rows[s:]
+    if prod(r.size for r in outer) > MAX_SPLIT_CALLS or flat_stride(inner, out_terms) is None:
+      continue
+    if flat_stride(k, terms) == 1 and (lda := flat_stride(inner, terms) if inner else prod(r.size for r in k)):
+      return False, lda, outer
+    if inner and N <= MAX_KMAJOR_IN_PLACE_N and flat_stride(inner, terms) == 1 and (lda := flat_stride(k, terms)):
+      return True, lda, outer
+  return None
+
+
 def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
-  """(QGemm, the load of its result) of one int8 contraction of the kernel, requantized (requant a _requant node) or
-  its int32 sum (requant the ACCUMULATE: MatMulInteger's, which the epilogue scales to float), its buffers appended to
-  bufs (and the new ones to made); None when it is not one."""
+  """(its QGemms: one, or one per image of a batch; the load of their result) of one int8 contraction of the kernel,
+  requantized (requant a _requant node) or its int32 sum (requant the ACCUMULATE: MatMulInteger's, which the epilogue
+  scales to float), its buffers appended to bufs (and the new ones to made); None when it is not one."""
   if requant.op is Ops.ACCUMULATE:
     total, scale, out_zero, out_dt = requant, None, 0, dtypes.int32
   else:
@@ -255,10 +287,17 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   out_terms, out_offset = linear(at)
   if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0:
     return None
-  ldc = (flat_stride(m_rows, out_terms), flat_stride(n_rows, out_terms))
+  # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
+  from_int32 = not isinstance(x8_buf, Buffer)
+  # A where it lies, no copy (over the m rows inside those split off into calls of their own), when the load reads it so
+  in_place = (
+    None if from_int32 or gate is not None else _in_place(load, m_rows, k, prod(r.size for r in n_rows), out_terms)
+  )
+  outer = () if in_place is None else in_place[2]
+  ldc = (flat_stride(m_rows[len(outer) :], out_terms), flat_stride(n_rows, out_terms))
   if None in ldc:
     return None
-  M, N, K = (prod(r.size for r in g) for g in (m_rows, n_rows, k))
+  M, N, K = (prod(r.size for r in g) for g in (m_rows[len(outer) :], n_rows, k))
   scales = None if scale is None else _per_n(scale, n_rows, bufs)
   biases = None if bias is None else _per_n(bias, n_rows, bufs)
   if (scale is not None and scales is None) or (bias is not None and biases is None):
@@ -280,10 +319,8 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     return len(bufs) - 1
 
   const = lambda dt, arr: slot(Buffer("const", dt, arr.size, "qgemm", shape=arr.shape, data=arr))
-  # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
-  from_int32 = not isinstance(x8_buf, Buffer)
   a_dt = x8_buf if from_int32 else x8_buf.dtype
-  c_slot = 0 if bare else slot(Buffer("scratch", out_dt, M * N, "qgemm C"))
+  c_slot = 0 if bare else slot(Buffer("scratch", out_dt, prod(r.size for r in m_rows) * N, "qgemm C"))
   x8_slot = load.src[0].arg if from_int32 else slot(x8_buf, new=False)
   result = UOp(Ops.LOAD, out_dt, (UOp(Ops.DEFINE_GLOBAL, out_dt, (), c_slot), at, UOp.const(dtypes.bool, True)))
   tail = (
@@ -319,18 +356,16 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     p_zero, runtime = 0, dict(zero_slot=zero_slot, zero=zero_ast)
   else:
     runtime = {}
-  # A read where it lies: an 8-bit buffer whose rows are m and whose k is contiguous (a matmul's input)
-  terms, offset = linear(load.src[1])
-  lda = (flat_stride(m_rows, terms) if m_rows else K) if not set(terms) - set(m_rows) - set(k) else None
-  if (
-    not from_int32
-    and gate is None
-    and _const(load.src[2]) is True
-    and offset >= 0
-    and flat_stride(k, terms) == 1
-    and lda
-  ):
-    return QGemm(M, N, K, x8_slot, offset, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, **runtime), result
+  if in_place is not None:
+    k_major, lda, _ = in_place
+    terms, offset = linear(load.src[1])
+    calls = []
+    for image in itertools.product(*(range(r.size) for r in outer)):
+      a_at = offset + sum(i * terms.get(r, 0) for i, r in zip(image, outer))
+      c_at = sum(i * out_terms[r] for i, r in zip(image, outer))
+      q = QGemm(M, N, K, x8_slot, a_at, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, k_major, c_offset=c_at)
+      calls.append(q)
+    return calls, result
   # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
   k_major = _k_major(m_rows, k)
@@ -347,15 +382,16 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     gates = [] if gate is None else [gate]
     if (cols := im2col(load, gates, m_rows, k, p_zero, x8_slot, a_slot)) is not None:
       q = QGemm(M, N, K, a_slot, 0, M, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, True, im2col=cols)
-      return q, result
+      return [q], result
   m_flat, k_flat = flat_of([fresh[r] for r in m_rows]), flat_of([fresh[r] for r in k])
   idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
   dense = graph_rewrite(
     UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx, substitute(value, fresh))), pm_simplify
   )
-  return QGemm(
+  q = QGemm(
     M, N, K, a_slot, 0, M if k_major else K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot, k_major, **runtime
-  ), result
+  )
+  return [q], result
 
 
 def _widened(value: UOp) -> tuple[UOp, int] | None:
@@ -471,7 +507,7 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
     if r is None:
       # an int32 sum that is not an int8 contraction stays in the generated code
       continue
-    qgemms.append(r[0])
+    qgemms += r[0]
     results[node] = r[1]
   if not qgemms:
     return None
