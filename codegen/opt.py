@@ -233,7 +233,9 @@ def upcast(ast: UOp) -> UOp:
 # a low-degree rational; its square root as fast as a Gaussian twice as wide). Both fitted here in double precision
 # to erf's error (Lawson's reweighted least squares towards minimax; the rational linearised in its denominator),
 # float32 coefficients: within 1.4 ulp of erf evaluated in double over [-4, 4] (the one rational x P(x^2) / Q(x^2)
-# it replaced was within 6 ulp, onnxruntime's 1). No division but S's and no exp: about 30 operations per element.
+# it replaced was within 7, onnxruntime's 1). One division and no exp, but some 30 operations where the rational
+# took 16: an exact GELU over 128x1024 (thread CPU time, 1 thread) clang-19 0.044 -> 0.051 ms, clang-14 0.043 ->
+# 0.055, gcc 0.033 -> 0.041, llvm 0.044 -> 0.052; the float transformer's time unchanged within the noise.
 ERF_CLAMP = 4.0
 ERF_SPLIT = 0.9
 ERF_R = [0.12837915, -0.37612525, 0.11282141, -0.026778908, 0.0050119623, -0.0006090356]
