@@ -245,8 +245,8 @@ ERF_S_Q = [1.0, -0.015495601, 0.25280732, -0.006723319, 0.022162579]
 
 def _erf32(x: UOp) -> UOp:
   """erf(x) from multiplies, adds and one division, its two forms joined by selects only, so that it vectorises
-  (libm's erff does not, and was a third of the transformer's time). A NaN fails every compare and stays NaN, a
-  zero keeps its sign (x + x R(0)), and 1 - S^2 never passes 1."""
+  (libm's erff does not, and was a third of the transformer's time). A NaN fails every compare and stays NaN, the
+  result takes x's sign bit (-0 stays -0), and 1 - S^2 never passes 1."""
   f = lambda v: UOp.const(dtypes.float32, v)
 
   def poly(t: UOp, coeffs) -> UOp:
@@ -255,15 +255,18 @@ def _erf32(x: UOp) -> UOp:
       acc = acc.alu(Ops.MUL, t).alu(Ops.ADD, f(c))
     return acc
 
-  negative = x.alu(Ops.CMPLT, f(0.0))
-  ax = negative.alu(Ops.WHERE, x.alu(Ops.NEG), x, dtype=dtypes.float32)
+  # |x| and x's sign bit as integer masks: two ANDs and an OR where a compare, two negations and two selects were
+  bits = lambda v: UOp(Ops.BITCAST, dtypes.int32, (v,))
+  xb = bits(x)
+  ab = xb.alu(Ops.AND, UOp.const(dtypes.int32, 0x7FFFFFFF))
+  ax = UOp(Ops.BITCAST, dtypes.float32, (ab,))
   ax = f(ERF_CLAMP).alu(Ops.CMPLT, ax).alu(Ops.WHERE, f(ERF_CLAMP), ax, dtype=dtypes.float32)
   small = ax.alu(Ops.ADD, ax.alu(Ops.MUL, poly(ax.alu(Ops.MUL, ax), ERF_R)))
   u = ax.alu(Ops.SUB, f(ERF_SPLIT))
   s = poly(u, ERF_S_P).alu(Ops.DIV, poly(u, ERF_S_Q))
   big = f(1.0).alu(Ops.SUB, s.alu(Ops.MUL, s))
   y = ax.alu(Ops.CMPLT, f(ERF_SPLIT)).alu(Ops.WHERE, small, big, dtype=dtypes.float32)
-  return negative.alu(Ops.WHERE, y.alu(Ops.NEG), y, dtype=dtypes.float32)
+  return UOp(Ops.BITCAST, dtypes.float32, (bits(y).alu(Ops.OR, xb.alu(Ops.XOR, ab)),))
 
 
 # exp(x) = 2^n exp(r), n = rint(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two parts, the first exact in
