@@ -227,30 +227,27 @@ def upcast(ast: UOp) -> UOp:
   return _lanes(ast, r, factor)
 
 
-# erf(x) = x P(x^2) / Q(x^2) for |x| <= 4 (past it erf rounds to +-1), one rational for the whole range: the two
-# branches it replaced (a Taylor series near 0, an erfc fit with an exp elsewhere) were both computed for every
-# element, an exp and some 40 operations where this is 16 (an exact GELU over 128x1024, thread CPU time: clang-19
-# 0.17 -> 0.041 ms, clang-14 0.18 -> 0.042, gcc 0.13 -> 0.030, llvm 0.17 -> 0.042). Fitted here to erf's relative
-# error over [0, 4] (least squares linearised in Q, reweighted towards minimax, in double precision): 6.5e-8 exact,
-# within 3.7e-7 of erf evaluated in float32 (6 ulp; the two branches were within 1.8e-7, onnxruntime's 6e-8)
+# erf in two forms, both computed and one taken by a select (a blend, which vectorises): below ERF_SPLIT,
+# erf(x) = x + x R(x^2) (R small, so its rounding is a fraction of an ulp of erf); from it to ERF_CLAMP = 4 (past it
+# erf rounds to 1), erf(x) = 1 - S(x - ERF_SPLIT)^2 with S = sqrt(erfc) a rational (erfc itself decays too fast for
+# a low-degree rational; its square root as fast as a Gaussian twice as wide). Both fitted here in double precision
+# to erf's error (Lawson's reweighted least squares towards minimax; the rational linearised in its denominator and
+# weighted up near the split, where S^2's rounding is the largest part of an ulp), float32 coefficients: within
+# 1.38 ulp of erf evaluated in double over [-4, 4] (the one rational x P(x^2) / Q(x^2) it replaced was within 7,
+# onnxruntime's 1). One division and no exp, 40 operations where the rational took 31: an exact GELU over
+# 128x1024 (thread CPU time, 1 thread, medians of 300 interleaved) 1.02-1.06x the rational's under clang-19, clang-14,
+# gcc and llvm (0.044-0.050 ms; one run of three 1.10x under clang-19).
 ERF_CLAMP = 4.0
-ERF_P = [1.12837909, 0.207133902, 0.051526082, 0.00399093969, 0.000147294951, -1.94233931e-06, 1.91106091e-08]
-ERF_Q = [1.0, 0.51689889, 0.117974366, 0.0149588306, 0.00102120009]
-
-
-def _clamp32(v: UOp, limit: float) -> UOp:
-  """v clamped to [-limit, limit] by two plain selects, a NaN failing both compares and passing through: gcc 12
-  vectorised erf's loop no more with its two clamps as NaN-propagating max/min pairs."""
-  lim = UOp.const(dtypes.float32, limit)
-  neg = UOp.const(dtypes.float32, -limit)
-  low = v.alu(Ops.CMPLT, neg).alu(Ops.WHERE, neg, v, dtype=dtypes.float32)
-  return lim.alu(Ops.CMPLT, v).alu(Ops.WHERE, lim, low, dtype=dtypes.float32)
+ERF_SPLIT = 0.9
+ERF_R = [0.12837915, -0.37612525, 0.11282141, -0.026778908, 0.0050119623, -0.0006090356]
+ERF_S_P = [0.45065707, -0.54784924, 0.25745764, -0.055396937, 0.004598895]
+ERF_S_Q = [1.0, 0.020148339, 0.24759506, 0.00054075767, 0.020944446]
 
 
 def _erf32(x: UOp) -> UOp:
-  """erf(x) from multiplies, adds and one division, with no select between branches, so that it vectorises at the
-  cost of one form (libm's erff does not vectorise, and was a third of the transformer's time). A NaN stays NaN
-  (the clamps keep it), and the result is clamped to [-1, 1] (rounding could step past it by an ulp)."""
+  """erf(x) from multiplies, adds, one division and bit masks, its two forms joined by a select, so that it vectorises
+  (libm's erff does not, and was a third of the transformer's time). A NaN fails every compare and stays NaN, the
+  result takes x's sign bit (-0 stays -0), and 1 - S^2 never passes 1."""
   f = lambda v: UOp.const(dtypes.float32, v)
 
   def poly(t: UOp, coeffs) -> UOp:
@@ -259,9 +256,18 @@ def _erf32(x: UOp) -> UOp:
       acc = acc.alu(Ops.MUL, t).alu(Ops.ADD, f(c))
     return acc
 
-  xc = _clamp32(x, ERF_CLAMP)
-  x2 = xc.alu(Ops.MUL, xc)
-  return _clamp32(xc.alu(Ops.MUL, poly(x2, ERF_P)).alu(Ops.DIV, poly(x2, ERF_Q)), 1.0)
+  # |x| and x's sign bit as integer masks: two ANDs and an OR where a compare, two negations and two selects were
+  bits = lambda v: UOp(Ops.BITCAST, dtypes.int32, (v,))
+  xb = bits(x)
+  ab = xb.alu(Ops.AND, UOp.const(dtypes.int32, 0x7FFFFFFF))
+  ax = UOp(Ops.BITCAST, dtypes.float32, (ab,))
+  ax = f(ERF_CLAMP).alu(Ops.CMPLT, ax).alu(Ops.WHERE, f(ERF_CLAMP), ax, dtype=dtypes.float32)
+  small = ax.alu(Ops.ADD, ax.alu(Ops.MUL, poly(ax.alu(Ops.MUL, ax), ERF_R)))
+  u = ax.alu(Ops.SUB, f(ERF_SPLIT))
+  s = poly(u, ERF_S_P).alu(Ops.DIV, poly(u, ERF_S_Q))
+  big = f(1.0).alu(Ops.SUB, s.alu(Ops.MUL, s))
+  y = ax.alu(Ops.CMPLT, f(ERF_SPLIT)).alu(Ops.WHERE, small, big, dtype=dtypes.float32)
+  return UOp(Ops.BITCAST, dtypes.float32, (bits(y).alu(Ops.OR, xb.alu(Ops.XOR, ab)),))
 
 
 # exp(x) = 2^n exp(r), n = rint(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two parts, the first exact in
