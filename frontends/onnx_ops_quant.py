@@ -20,6 +20,7 @@ from aot.frontends.tensor import Tensor
 
 MS = "com.microsoft"
 F32 = dtypes.float32
+F64 = dtypes.float64
 
 
 def _f(t: Tensor) -> Tensor:
@@ -62,11 +63,17 @@ def _out_type(x: Tensor, zp: Tensor | None):
 
 @op("QLinearAdd", domain=MS)
 def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
-  # (a - za) * sa/sc + (b - zb) * sb/sc: the scale ratios onnxruntime's float kernel folds in first
+  """As onnxruntime's x86 kernel (MLAS's AVX2 QLinearAdd) computes it: the ratios ra = sa/sc, rb = sb/sc, the fixed
+  part zc - fma(ra, za, rb * zb) in float32, then fma(a, ra, fma(b, rb, fixed)) of the raw bytes, rounded half to
+  even and saturated. Each fused multiply-add is one float32 rounding of a sum float64 holds exactly (a byte times a
+  float32 has 32 significant bits); (a - za) * ra + (b - zb) * rb rounds differently, a step apart in 1 of ~3e4."""
   sa, sb, sc = (_f(_scalar(t, w)) for t, w in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")))
   ra, rb = sa / sc, sb / sc
-  v = _f(a.cast(dtypes.int32) - _zp(a_zp)) * ra + _f(b.cast(dtypes.int32) - _zp(b_zp)) * rb
-  return _saturate(v.round(), c_zp, _out_type(a, c_zp))
+  fma = lambda x, y, z: (x.cast(F64) * y.cast(F64) + z.cast(F64)).cast(F32)
+  za, zb, zc = (_f(_scalar(z, "the zero point")) if z is not None else Tensor(0.0, F32) for z in (a_zp, b_zp, c_zp))
+  fixed = zc - fma(ra, za, rb * zb)
+  v = fma(_f(a), ra, fma(_f(b), rb, fixed))
+  return _saturate(v.round(), None, _out_type(a, c_zp))
 
 
 @op("QLinearMul", domain=MS)
