@@ -8,6 +8,8 @@ DequantizeLinear, QLinearMatMul, QLinearConv) are here too."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from aot.dtype import dtypes, max_value, min_value
@@ -17,6 +19,7 @@ from aot.frontends.onnx import Unsupported, onnx_type, op
 from aot.frontends.onnx_ops_nn import _zp32, avg_pool, conv_integer
 from aot.frontends.onnx_ops_rnn import _activations, _rnn_outputs, _rnn_setup, _run_dirs, lstm_cell
 from aot.frontends.tensor import Tensor
+from aot.ir import Ops
 
 MS = "com.microsoft"
 F32 = dtypes.float32
@@ -121,8 +124,10 @@ def qlinear_softmax(n, x, x_scale, x_zp, y_scale, y_zp=None, axis=None, opset=No
   # the table's shift: exp of it times the row's length stays 5 binary orders under float32's largest value
   shift = max(0.0, np.log(float(np.finfo(np.float32).max) / length) - 5) / xs
   xi = x.cast(dtypes.int32)
-  d = (xi - xi.max(axis, keepdim=True)).cast(dtypes.float64)
-  e = ((d + shift) * xs).exp().cast(F32)
+  # x - max takes 256 values: e is read from their table, made here with the C library's exp as onnxruntime makes it
+  # (the double exp per element was a transformer's costliest kernel)
+  table = np.array([math.exp((float(d) + shift) * xs) for d in range(-255, 1)], np.float64).astype(np.float32)
+  e = Tensor(table).take(xi - xi.max(axis, keepdim=True) + 255)
   y = e * float(np.floor(np.float32(1.0) / ys)) / e.sum(axis, keepdim=True)
   return _saturate(y.round(), y_zp, _out_type(x, y_zp)).reshape(shape)
 
@@ -384,9 +389,25 @@ def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, ou
 
 # QLinearMatMul and QLinearConv: int32 accumulation, then one float multiplier, as onnxruntime computes them (a float
 # product of dequantized values would round differently near half steps).
+# a sum of K products of 8-bit differences (each at most 255 * 255) is an integer whose every partial sum float32
+# holds exactly while K * 255 * 255 < 2^24 (K <= 258), in any order and with fused multiply-adds
+FLOAT_EXACT_TERMS = (1 << 24) // (255 * 255)
+
+
+def _at_run_time(t: Tensor) -> bool:
+  """Does t depend on a model input (not only on constants)?"""
+  return any(u.op is Ops.PARAM or (u.op is Ops.BUFFER and u.arg.kind != "const") for u in t.uop.toposort())
+
+
 @op("QLinearMatMul", since=10)
 def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
-  if _u8_weights_offset(n, b, b_zp) is not None and a_zp.numel() == 1:
+  if _at_run_time(b) and a.shape[-1] <= FLOAT_EXACT_TERMS:
+    # two activations (attention's Q.K^T and P.V): the int8 microkernel packs its B at compile time, the float GEMM
+    # takes run-time and batched operands, and is exact here (FLOAT_EXACT_TERMS). The 8-bit operands are stored
+    # first: their producers (a QGemm's requantized projection) stay int8 contractions of their own
+    a_f, b_f = (_f(t.contiguous().cast(dtypes.int32) - _zp32(z)) for t, z in ((a, a_zp), (b, b_zp)))
+    acc = a_f.matmul(b_f).cast(dtypes.int32)
+  elif _u8_weights_offset(n, b, b_zp) is not None and a_zp.numel() == 1:
     acc = _int_mm_split(n, a, a_zp, b, b_zp)
   else:
     acc = (a.cast(dtypes.int32) - _zp32(a_zp)).matmul(b.cast(dtypes.int32) - _zp32(b_zp))
