@@ -75,7 +75,10 @@ def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
   fma = lambda x, y, z: (x.cast(F64) * y.cast(F64) + z.cast(F64)).cast(F32)
   za, zb, zc = (_f(_scalar(z, "the zero point")) if z is not None else Tensor(0.0, F32) for z in (a_zp, b_zp, c_zp))
   fixed = zc - fma(ra, za, rb * zb)
-  v = fma(_f(a), ra, fma(_f(b), rb, fixed))
+  # the raw bytes read as (x - zx) + zx: the widened-less-zero-point form the int8 passes fuse into the producer's
+  # kernel (a convolution's requantized output; read as plain bytes, ResNet-18's residual adds became 5 kernels more)
+  raw = lambda t, z, zf: _f(t.cast(dtypes.int32) - _zp(z)) + zf
+  v = fma(raw(a, a_zp, za), ra, fma(raw(b, b_zp, zb), rb, fixed))
   return _saturate(v.round(), None, _out_type(a, c_zp))
 
 
