@@ -2,7 +2,8 @@
 (frontends/onnx.py). DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear becomes QLinearConv, QLinearMatMul or
 com.microsoft's QGemm, as onnxruntime's graph optimizer fuses them, so the contraction runs in integers and is
 requantized once (float products in the dequantized form round differently); the int8 kernels themselves are
-codegen/quant.py's."""
+codegen/quant.py's. Add, Mul and Softmax groups become com.microsoft's QLinearAdd, QLinearMul and QLinearSoftmax, and
+ops that only move values run on the bytes between a DequantizeLinear and a QuantizeLinear of one scale."""
 
 from __future__ import annotations
 
@@ -201,7 +202,8 @@ def _qdq_moves(model) -> list[tuple]:
 
 
 # the elementwise groups onnxruntime's QDQ rules run as com.microsoft's QLinear ops: DequantizeLinear of each input ->
-# op -> QuantizeLinear, every scale and zero point a per-tensor constant of one 8-bit type
+# op -> QuantizeLinear, every scale and zero point a per-tensor constant of one 8-bit type (a softmax's output may be
+# of the other; mixed Add/Mul inputs stay in float here, which onnxruntime fuses too)
 _ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Softmax": "QLinearSoftmax"}
 
 
@@ -227,8 +229,9 @@ def _qdq_elementwise(model) -> list[tuple]:
     quants = [*dqs, q]
     if any(len(d.input) < 3 or d.input[1] not in scalar or d.input[2] not in scalar for d in quants):
       continue
-    types = {scalar[d.input[2]] for d in quants}
-    if len(types) != 1 or types - {onnx.TensorProto.UINT8, onnx.TensorProto.INT8}:
+    # one 8-bit type throughout, but for a softmax's output (QLinearSoftmax takes each its own)
+    types = {scalar[d.input[2]] for d in (dqs if n.op_type == "Softmax" else quants)}
+    if len(types) != 1 or {*types, scalar[q.input[2]]} - {onnx.TensorProto.UINT8, onnx.TensorProto.INT8}:
       continue
     found.append((n, dqs, q))
   return found

@@ -161,3 +161,55 @@ def test_qlinear_matmul_of_activations(tmp_path, k):
   np.testing.assert_array_equal(aot.load(art)(a, b), want)
   assert len(np.unique(want)) > 3
   assert ("aot_gemm_run" in (art.dir / "src" / "model.c").read_text()) == (k <= FLOAT_EXACT_K)
+
+
+def _qdq_elementwise(op, shapes, attrs, opset=17, types=(TP.UINT8, TP.UINT8, TP.UINT8)):
+  """float x_i -> QuantizeLinear -> DequantizeLinear -> op -> QuantizeLinear -> DequantizeLinear (types: each input's,
+  then the output's 8-bit type)."""
+  as_np = {TP.UINT8: np.uint8, TP.INT8: np.int8}
+  inits, nodes, inputs = [], [], []
+  for i, shape in enumerate(shapes):
+    inputs.append(helper.make_tensor_value_info(f"x{i}", TP.FLOAT, shape))
+    inits += [_scalar(f"s{i}", np.float32(0.02 + 0.01 * i)), _scalar(f"z{i}", np.array(100, as_np[types[i]]))]
+    nodes += [
+      helper.make_node("QuantizeLinear", [f"x{i}", f"s{i}", f"z{i}"], [f"q{i}"]),
+      helper.make_node("DequantizeLinear", [f"q{i}", f"s{i}", f"z{i}"], [f"d{i}"]),
+    ]
+  nodes.append(helper.make_node(op, [f"d{i}" for i in range(len(shapes))], ["y"], **attrs))
+  inits += [
+    _scalar("sy", np.float32(0.05 if op != "Softmax" else 1 / 256)),
+    _scalar("zy", np.array(3, as_np[types[-1]])),
+  ]
+  nodes += [
+    helper.make_node("QuantizeLinear", ["y", "sy", "zy"], ["qy"]),
+    helper.make_node("DequantizeLinear", ["qy", "sy", "zy"], ["out"]),
+  ]
+  g = helper.make_graph(nodes, op, inputs, [helper.make_tensor_value_info("out", TP.FLOAT, None)], inits)
+  return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _scalar(name, v):
+  return numpy_helper.from_array(np.asarray(v), name)
+
+
+@pytest.mark.parametrize(
+  "op, shapes, attrs, opset, types",
+  [
+    ("Add", [[2, 1, 70], [50, 1]], {}, 17, (TP.UINT8,) * 3),
+    ("Add", [[4, 16, 64], [4, 16, 64]], {}, 17, (TP.INT8,) * 3),
+    ("Mul", [[4, 16, 64], [4, 16, 64]], {}, 17, (TP.UINT8,) * 3),
+    ("Softmax", [[2, 50, 7]], {"axis": 1}, 17, (TP.UINT8,) * 2),
+    ("Softmax", [[2, 5, 70]], {"axis": 1}, 11, (TP.UINT8,) * 2),
+    ("Softmax", [[2, 5, 70]], {}, 17, (TP.UINT8, TP.INT8)),
+  ],
+)
+def test_elementwise_groups_as_onnxruntime(tmp_path, op, shapes, attrs, opset, types):
+  model = _qdq_elementwise(op, shapes, attrs, opset, types)
+  sess = _session(model, tmp_path / "ort.onnx")
+  theirs = [n.op_type for n in onnx.load(tmp_path / "ort.onnx").graph.node if n.op_type in QLINEAR | {"QLinearMul"}]
+  ours = [n.op_type for n in fuse_qdq(model).graph.node if n.op_type in QLINEAR | {"QLinearMul"}]
+  assert ours == theirs == [f"QLinear{op}"]
+  r = np.random.default_rng(1)
+  feeds = {f"x{i}": (r.standard_normal(s) * 2).astype(np.float32) for i, s in enumerate(shapes)}
+  got = aot.load(aot.compile_model(model, out_dir=tmp_path / "art"))(*feeds.values())
+  np.testing.assert_array_equal(got, sess.run(None, feeds)[0])
