@@ -295,6 +295,11 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   )
   outer = () if in_place is None else in_place[2]
   ldc = (flat_stride(m_rows[len(outer) :], out_terms), flat_stride(n_rows, out_terms))
+  if None in ldc and not bare and not outer:
+    # loops interleaving m's and n's (attention's heads split out of a projection's columns): the scratch m-major
+    at = flat_of([*m_rows, *n_rows])
+    out_terms, _ = linear(at)
+    ldc = (flat_stride(m_rows, out_terms), flat_stride(n_rows, out_terms))
   if None in ldc:
     return None
   M, N, K = (prod(r.size for r in g) for g in (m_rows[len(outer) :], n_rows, k))
@@ -497,6 +502,11 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   requantized = True
   for node in found:
     r = _lower_one(ast, node, bare, bufs, made, producers, qresults)
+    if r is None and bare:
+      # a requantized store the microkernel's (ldm, ldn) cannot address (heads split out of the columns): the result
+      # in a scratch, the epilogue storing it where it goes
+      r = _lower_one(ast, node, False, bufs, made, producers, qresults)
+      bare = r is None
     if r is None and node.op is not Ops.ACCUMULATE:
       # a requantized sum with more than a bias around it (uint8 weights' zero-point term, a row sum of the
       # activations): its int32 sum on the microkernel, the rest in the epilogue; else the kernel is not lowered

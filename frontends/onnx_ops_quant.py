@@ -8,6 +8,8 @@ DequantizeLinear, QLinearMatMul, QLinearConv) are here too."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from aot.dtype import dtypes, max_value, min_value
@@ -17,9 +19,11 @@ from aot.frontends.onnx import Unsupported, onnx_type, op
 from aot.frontends.onnx_ops_nn import _zp32, avg_pool, conv_integer
 from aot.frontends.onnx_ops_rnn import _activations, _rnn_outputs, _rnn_setup, _run_dirs, lstm_cell
 from aot.frontends.tensor import Tensor
+from aot.ir import Ops
 
 MS = "com.microsoft"
 F32 = dtypes.float32
+F64 = dtypes.float64
 
 
 def _f(t: Tensor) -> Tensor:
@@ -62,11 +66,20 @@ def _out_type(x: Tensor, zp: Tensor | None):
 
 @op("QLinearAdd", domain=MS)
 def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
-  # (a - za) * sa/sc + (b - zb) * sb/sc: the scale ratios onnxruntime's float kernel folds in first
+  """As onnxruntime's x86 kernel (MLAS's AVX2 QLinearAdd) computes it: the ratios ra = sa/sc, rb = sb/sc, the fixed
+  part zc - fma(ra, za, rb * zb) in float32, then fma(a, ra, fma(b, rb, fixed)) of the raw bytes, rounded half to
+  even and saturated. Each fused multiply-add is one float32 rounding of a sum float64 holds exactly (a byte times a
+  float32 has 32 significant bits); (a - za) * ra + (b - zb) * rb rounds differently, a step apart in 1 of ~3e4."""
   sa, sb, sc = (_f(_scalar(t, w)) for t, w in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")))
   ra, rb = sa / sc, sb / sc
-  v = _f(a.cast(dtypes.int32) - _zp(a_zp)) * ra + _f(b.cast(dtypes.int32) - _zp(b_zp)) * rb
-  return _saturate(v.round(), c_zp, _out_type(a, c_zp))
+  fma = lambda x, y, z: (x.cast(F64) * y.cast(F64) + z.cast(F64)).cast(F32)
+  za, zb, zc = (_f(_scalar(z, "the zero point")) if z is not None else Tensor(0.0, F32) for z in (a_zp, b_zp, c_zp))
+  fixed = zc - fma(ra, za, rb * zb)
+  # the raw bytes read as (x - zx) + zx: the widened-less-zero-point form the int8 passes fuse into the producer's
+  # kernel (a convolution's requantized output; read as plain bytes, ResNet-18's residual adds became 5 kernels more)
+  raw = lambda t, z, zf: _f(t.cast(dtypes.int32) - _zp(z)) + zf
+  v = fma(raw(a, a_zp, za), ra, fma(raw(b, b_zp, zb), rb, fixed))
+  return _saturate(v.round(), None, _out_type(a, c_zp))
 
 
 @op("QLinearMul", domain=MS)
@@ -114,8 +127,10 @@ def qlinear_softmax(n, x, x_scale, x_zp, y_scale, y_zp=None, axis=None, opset=No
   # the table's shift: exp of it times the row's length stays 5 binary orders under float32's largest value
   shift = max(0.0, np.log(float(np.finfo(np.float32).max) / length) - 5) / xs
   xi = x.cast(dtypes.int32)
-  d = (xi - xi.max(axis, keepdim=True)).cast(dtypes.float64)
-  e = ((d + shift) * xs).exp().cast(F32)
+  # x - max takes 256 values: e is read from their table, made here with the C library's exp as onnxruntime makes it
+  # (the double exp per element was a transformer's costliest kernel)
+  table = np.array([math.exp((float(d) + shift) * xs) for d in range(-255, 1)], np.float64).astype(np.float32)
+  e = Tensor(table).take(xi - xi.max(axis, keepdim=True) + 255)
   y = e * float(np.floor(np.float32(1.0) / ys)) / e.sum(axis, keepdim=True)
   return _saturate(y.round(), y_zp, _out_type(x, y_zp)).reshape(shape)
 
@@ -377,9 +392,25 @@ def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, ou
 
 # QLinearMatMul and QLinearConv: int32 accumulation, then one float multiplier, as onnxruntime computes them (a float
 # product of dequantized values would round differently near half steps).
+# a sum of K products of 8-bit differences (each at most 255 * 255) is an integer whose every partial sum float32
+# holds exactly while K * 255 * 255 < 2^24 (K <= 258), in any order and with fused multiply-adds
+FLOAT_EXACT_TERMS = (1 << 24) // (255 * 255)
+
+
+def _at_run_time(t: Tensor) -> bool:
+  """Does t depend on a model input (not only on constants)?"""
+  return any(u.op is Ops.PARAM or (u.op is Ops.BUFFER and u.arg.kind != "const") for u in t.uop.toposort())
+
+
 @op("QLinearMatMul", since=10)
 def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
-  if _u8_weights_offset(n, b, b_zp) is not None and a_zp.numel() == 1:
+  if _at_run_time(b) and a.shape[-1] <= FLOAT_EXACT_TERMS:
+    # two activations (attention's Q.K^T and P.V): the int8 microkernel packs its B at compile time, the float GEMM
+    # takes run-time and batched operands, and is exact here (FLOAT_EXACT_TERMS). The 8-bit operands are stored
+    # first: their producers (a QGemm's requantized projection) stay int8 contractions of their own
+    a_f, b_f = (_f(t.contiguous().cast(dtypes.int32) - _zp32(z)) for t, z in ((a, a_zp), (b, b_zp)))
+    acc = a_f.matmul(b_f).cast(dtypes.int32)
+  elif _u8_weights_offset(n, b, b_zp) is not None and a_zp.numel() == 1:
     acc = _int_mm_split(n, a, a_zp, b, b_zp)
   else:
     acc = (a.cast(dtypes.int32) - _zp32(a_zp)).matmul(b.cast(dtypes.int32) - _zp32(b_zp))

@@ -2,14 +2,16 @@
 (frontends/onnx.py). DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear becomes QLinearConv, QLinearMatMul or
 com.microsoft's QGemm, as onnxruntime's graph optimizer fuses them, so the contraction runs in integers and is
 requantized once (float products in the dequantized form round differently); the int8 kernels themselves are
-codegen/quant.py's."""
+codegen/quant.py's. Add, Mul and Softmax groups become com.microsoft's QLinearAdd, QLinearMul and QLinearSoftmax, and
+ops that only move values run on the bytes between a DequantizeLinear and a QuantizeLinear of one scale."""
 
 from __future__ import annotations
 
 import numpy as np
 
 # onnxruntime fuses a Gemm's group into com.microsoft's QGemm (Conv's and MatMul's into the ai.onnx QLinear ops)
-_FUSED = {"Conv": ("QLinearConv", ""), "MatMul": ("QLinearMatMul", ""), "Gemm": ("QGemm", "com.microsoft")}
+MS = "com.microsoft"
+_FUSED = {"Conv": ("QLinearConv", ""), "MatMul": ("QLinearMatMul", ""), "Gemm": ("QGemm", MS)}
 
 
 def _redundant_clip(clip, q, consts: dict) -> bool:
@@ -121,7 +123,11 @@ def _qdq_groups(model) -> list[tuple]:
     q = qs[0] if qs else None
     x, w = dq(n.input[0]), dq(n.input[1])
     b = dq(n.input[2]) if len(n.input) > 2 and n.input[2] else None
-    if x is None or w is None or w.input[0] not in inits or (len(n.input) > 2 and n.input[2] and b is None):
+    if x is None or w is None or (len(n.input) > 2 and n.input[2] and b is None):
+      continue
+    # a MatMul of two activations (attention's Q.K^T and P.V) onnxruntime fuses too, into QLinearMatMul; both
+    # quantized per tensor
+    if w.input[0] not in inits and (n.op_type != "MatMul" or q is None or size.get(w.input[1], 0) != 1):
       continue
     # QLinear ops take zero points, per-tensor scales or the weights' per-output-channel ones (axis 0 of a conv's
     # weights, the last of a matmul's, a Gemm's N axis), and an int32 bias (at scale x_scale * w_scale: the
@@ -152,26 +158,36 @@ def _qdq_groups(model) -> list[tuple]:
   return groups
 
 
-def _qdq_pools(model) -> list[tuple]:
-  """(DequantizeLinear, MaxPool, QuantizeLinear) of each DequantizeLinear -> MaxPool -> QuantizeLinear whose two
-  quantizations are the same constant per-tensor scale and zero point (the quantizer writes them so) and whose pooled
-  floats only the QuantizeLinear reads. The pool's max commutes with the monotone dequantization, and requantizing
-  the dequantized byte gives it back (|q - z| <= 255 times the scale rounds back to within 255 * 2^-23 of q - z), so
-  the group is the max pool over the bytes, as onnxruntime runs it."""
-  import onnx
+# ops that only move values (or pick the largest): between a DequantizeLinear and a QuantizeLinear of the same scale
+# and zero point they run on the bytes, as onnxruntime's rule dropping such pairs runs them
+_MOVES = {"MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"}
 
-  g = model.graph
-  inits = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if len(t.dims) == 0}
+
+def _graph_maps(g) -> tuple[dict, dict, set]:
+  """(producer of each value, the readers of each value, the graph's output names) of graph g."""
   producer = {o: n for n in g.node for o in n.output}
   readers: dict[str, list] = {}
   for n in g.node:
     for i in n.input:
       readers.setdefault(i, []).append(n)
-  outputs = {o.name for o in g.output}
+  return producer, readers, {o.name for o in g.output}
+
+
+def _qdq_moves(model) -> list[tuple]:
+  """(DequantizeLinear, node, QuantizeLinear) of each DequantizeLinear -> a _MOVES op -> QuantizeLinear
+  whose two quantizations are the same constant per-tensor scale and zero point (the quantizer writes them so) and
+  whose float result only the QuantizeLinear reads. The op commutes with the monotone dequantization, and
+  requantizing the dequantized byte gives it back (|q - z| <= 255 times the scale rounds back to within 255 * 2^-23 of
+  q - z), so the group is the op over the bytes, as onnxruntime runs it."""
+  import onnx
+
+  g = model.graph
+  inits = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if len(t.dims) == 0}
+  producer, readers, outputs = _graph_maps(g)
   same = lambda a, b: a in inits and b in inits and inits[a].dtype == inits[b].dtype and inits[a] == inits[b]
   found = []
   for n in g.node:
-    if n.op_type != "MaxPool" or n.domain not in ("", "ai.onnx") or len([o for o in n.output if o]) != 1:
+    if n.op_type not in _MOVES or n.domain not in ("", "ai.onnx") or len([o for o in n.output if o]) != 1:
       continue
     dq, users = producer.get(n.input[0]), readers.get(n.output[0], [])
     if dq is None or dq.op_type != "DequantizeLinear" or len(users) != 1 or n.output[0] in outputs:
@@ -185,6 +201,42 @@ def _qdq_pools(model) -> list[tuple]:
   return found
 
 
+# the elementwise groups onnxruntime's QDQ rules run as com.microsoft's QLinear ops: DequantizeLinear of each input ->
+# op -> QuantizeLinear, every scale and zero point a per-tensor constant of one 8-bit type (a softmax's output may be
+# of the other; mixed Add/Mul inputs stay in float here, which onnxruntime fuses too)
+_ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Softmax": "QLinearSoftmax"}
+
+
+def _qdq_elementwise(model) -> list[tuple]:
+  """(node, its input DequantizeLinears, its QuantizeLinear) of each _ELEMENTWISE group whose float result only the
+  QuantizeLinear reads."""
+  import onnx
+
+  g = model.graph
+  scalar = {t.name: t.data_type for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) == 1}
+  producer, readers, outputs = _graph_maps(g)
+  found = []
+  for n in g.node:
+    if n.op_type not in _ELEMENTWISE or n.domain not in ("", "ai.onnx") or n.output[0] in outputs:
+      continue
+    users = readers.get(n.output[0], [])
+    dqs = [producer.get(i) for i in n.input]
+    if len(users) != 1 or users[0].op_type != "QuantizeLinear" or users[0].domain not in ("", "ai.onnx"):
+      continue
+    if any(d is None or d.op_type != "DequantizeLinear" or d.domain not in ("", "ai.onnx") for d in dqs):
+      continue
+    q = users[0]
+    quants = [*dqs, q]
+    if any(len(d.input) < 3 or d.input[1] not in scalar or d.input[2] not in scalar for d in quants):
+      continue
+    # one 8-bit type throughout, but for a softmax's output (QLinearSoftmax takes each its own)
+    types = {scalar[d.input[2]] for d in (dqs if n.op_type == "Softmax" else quants)}
+    if len(types) != 1 or {*types, scalar[q.input[2]]} - {onnx.TensorProto.UINT8, onnx.TensorProto.INT8}:
+      continue
+    found.append((n, dqs, q))
+  return found
+
+
 def fuse_qdq(model, in_place: bool = False):
   """The model with each QDQ group (_qdq_groups) as one QLinearConv, QLinearMatMul or QGemm, as onnxruntime's graph
   optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
@@ -193,13 +245,19 @@ def fuse_qdq(model, in_place: bool = False):
   import onnx
   from onnx import helper
 
-  if not _qdq_groups(model) and not _qdq_pools(model):
+  if not _qdq_groups(model) and not _qdq_moves(model) and not _qdq_elementwise(model):
     return model
   if not in_place:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     model = copy
   g = model.graph
+  # moves first: the op then reads the bytes, so a contraction after it reads a DequantizeLinear again (attention's
+  # reshaped and transposed heads); the DequantizeLinear stays for any other reader
+  for dq, move, q in _qdq_moves(model):
+    move.input[0] = dq.input[0]
+    move.output[0] = q.output[0]
+    g.node.remove(q)
   by_output = {n.output[0]: i for i, n in enumerate(g.node)}
   for n, q, x, w, b, clip in _qdq_groups(model):
     op_type, domain = _FUSED[n.op_type]
@@ -223,10 +281,16 @@ def fuse_qdq(model, in_place: bool = False):
     if clip is not None:
       g.node.remove(clip)
     by_output = {m.output[0]: i for i, m in enumerate(g.node)}
-  # 8-bit max pools: the pool reads the bytes and writes the QuantizeLinear's output (the DequantizeLinear stays for
-  # any other reader)
-  for dq, pool, q in _qdq_pools(model):
-    pool.input[0] = dq.input[0]
-    pool.output[0] = q.output[0]
+  opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+  for n, dqs, q in _qdq_elementwise(model):
+    qin = [t for d in dqs for t in d.input[:3]] + [q.input[1], q.input[2]]
+    fused = helper.make_node(_ELEMENTWISE[n.op_type], qin, [q.output[0]], name=f"{n.name}_qlinear", domain=MS)
+    if n.op_type == "Softmax":
+      # QLinearSoftmax's rows are Softmax's of the opset the model is in
+      axis = next((a.i for a in n.attribute if a.name == "axis"), 1 if opset < 13 else -1)
+      fused.attribute.extend([helper.make_attribute("axis", axis), helper.make_attribute("opset", opset)])
+    if not any(o.domain == MS for o in model.opset_import):
+      model.opset_import.append(helper.make_opsetid(MS, 1))
+    n.CopyFrom(fused)
     g.node.remove(q)
   return model
