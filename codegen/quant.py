@@ -394,6 +394,70 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   return [q], result
 
 
+def _slice_bounds(cond: UOp) -> tuple[UOp, int, int] | None:
+  """(loop range, start, end) of a gate r < end, not r < start, or both ANDed (a concat branch's, schedule.py's
+  PAD lowering), else None."""
+  if cond.op is Ops.AND:
+    a, b = _slice_bounds(cond.src[0]), _slice_bounds(cond.src[1])
+    if a is None or b is None or a[0] is not b[0]:
+      return None
+    return a[0], max(a[1], b[1]), min(a[2], b[2])
+  neg = cond.op is Ops.NOT
+  lt = cond.src[0] if neg else cond
+  if lt.op is not Ops.CMPLT or lt.src[0].op is not Ops.RANGE or lt.src[0].arg[2] != "loop":
+    return None
+  r, bound = lt.src[0], _const(lt.src[1])
+  if not isinstance(bound, int) or not 0 < bound < r.size:
+    return None
+  return (r, bound, r.size) if neg else (r, 0, bound)
+
+
+def _branch_slice(value: UOp, node: UOp) -> tuple[UOp, int, int] | None:
+  """(range, start, end) when every read of node in value is under WHERE(gate, ..., 0)'s chosen side with gate a slice
+  of one loop range (a concat's branch): node's value outside the slice is never used, so its contraction need only
+  run over the slice; else None."""
+  slices: set = set()
+  seen: set = set()
+
+  def reaches(u: UOp) -> bool:
+    """Does u read node other than through a slice-gated WHERE (recording the slices it does read it through)?"""
+    if u is node:
+      return True
+    if id(u) in seen:
+      return False
+    seen.add(id(u))
+    if u.op is Ops.WHERE and _const(u.src[2]) == 0 and (b := _slice_bounds(u.src[0])) is not None:
+      if any(v is node for v in u.src[1].toposort()):
+        slices.add(b)
+      return reaches(u.src[0]) or reaches(u.src[2])
+    return any(reaches(s) for s in u.src)
+
+  if reaches(value) or len(slices) != 1:
+    return None
+  return next(iter(slices))
+
+
+def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dict, qresults: dict):
+  """_lower_one of a contraction that a concat reads as one branch (_branch_slice): computed over its slice of the
+  output range only (concat branches computed everywhere by the generated loops cost a whole contraction each, on
+  light:squeezenet:qdq 98% of the run), its result read back where the gate is on; else None."""
+  found = _branch_slice(ast.src[2], requant)
+  if found is None:
+    return None
+  r, start, end = found
+  inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, end - start, r.arg[2]))
+  sliced = graph_rewrite(substitute(requant, {r: inner + start}), pm_simplify)
+  if any(u is r for u in sliced.toposort()):
+    return None
+  out = _lower_one(ast, sliced, False, bufs, made, producers, qresults)
+  if out is None:
+    return None
+  calls, result = out
+  gate = r.lt(end) if start == 0 else r.ge(start) if end == r.size else r.ge(start) & r.lt(end)
+  at = graph_rewrite(substitute(result.src[1], {inner: r - start}), pm_simplify)
+  return calls, result.replace(src=(result.src[0], at, gate))
+
+
 def _widened(value: UOp) -> tuple[UOp, int] | None:
   """(x8, zero) of CAST(int32, x8) - zero, x8 an 8-bit value and zero a constant (or none), else None."""
   zero = 0
@@ -497,6 +561,9 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   requantized = True
   for node in found:
     r = _lower_one(ast, node, bare, bufs, made, producers, qresults)
+    # a concat's branch: its contraction over its own slice of the output
+    if r is None and not bare and node.op is not Ops.ACCUMULATE:
+      r = _lower_branch(ast, node, bufs, made, producers, qresults)
     if r is None and node.op is not Ops.ACCUMULATE:
       # a requantized sum with more than a bias around it (uint8 weights' zero-point term, a row sum of the
       # activations): its int32 sum on the microkernel, the rest in the epilogue; else the kernel is not lowered
