@@ -1,0 +1,116 @@
+"""The shapes of computation of onnx's light zoo models quantized by onnxruntime's quantizer (models/quantized.py) that
+ran far slower than onnxruntime's int8 run: small hand-built float graphs of each, quantized by quantize_static, equal
+to onnxruntime's int8 run bit for bit and on the int8 microkernel (one aot_qgemm call per convolution)."""
+
+import re
+import tempfile
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper
+
+import aot
+from aot.models.quantized import quantized
+
+
+class _Graph:
+  """A float NCHW graph built node by node with seeded weights."""
+
+  def __init__(self, seed: int):
+    self.rng = np.random.default_rng(seed)
+    self.nodes, self.inits, self.convs = [], {}, 0
+
+  def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, group: int = 1) -> str:
+    name = f"c{self.convs}"
+    self.convs += 1
+    fan_in = cin // group * k * k
+    self.inits[name + "_w"] = (self.rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(fan_in)).astype(
+      np.float32
+    )
+    self.inits[name + "_b"] = (0.1 * self.rng.standard_normal(cout)).astype(np.float32)
+    self.nodes.append(
+      oh.make_node(
+        "Conv", [x, name + "_w", name + "_b"], [name + "_c"], pads=[k // 2] * 4, strides=[stride] * 2, group=group
+      )
+    )
+    self.nodes.append(oh.make_node("Relu", [name + "_c"], [name]))
+    return name
+
+  def node(self, op: str, inputs: list, **attrs) -> str:
+    out = f"n{len(self.nodes)}"
+    self.nodes.append(oh.make_node(op, inputs, [out], **attrs))
+    return out
+
+  def model(self, out: str, in_shape: tuple, out_shape: tuple) -> onnx.ModelProto:
+    g = oh.make_graph(
+      self.nodes,
+      "g",
+      [oh.make_tensor_value_info("x", TP.FLOAT, list(in_shape))],
+      [oh.make_tensor_value_info(out, TP.FLOAT, list(out_shape))],
+      initializer=[numpy_helper.from_array(v, k) for k, v in self.inits.items()],
+    )
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    m.ir_version = 9
+    return m
+
+
+def _fire() -> tuple[onnx.ModelProto, int]:
+  """Two of squeezenet's fire modules (squeeze 1x1, expand 1x1 and 3x3, concat), a conv reading the last concat."""
+  g = _Graph(0)
+  x = "x"
+  for cin in (16, 32):
+    s = g.conv(x, cin, 8, 1)
+    x = g.node("Concat", [g.conv(s, 8, 16, 1), g.conv(s, 8, 16, 3)], axis=1)
+  return g.model(g.conv(x, 32, 8, 1), (1, 16, 12, 12), (1, 8, 12, 12)), g.convs
+
+
+def _inception() -> tuple[onnx.ModelProto, int]:
+  """inception_v1's module: a 1x1 branch, 1x1 -> 3x3, 1x1 -> 5x5, max pool -> 1x1, concatenated; a conv reads it."""
+  g = _Graph(1)
+  pool = g.node("MaxPool", ["x"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
+  branches = [
+    g.conv("x", 16, 8, 1),
+    g.conv(g.conv("x", 16, 8, 1), 8, 12, 3),
+    g.conv(g.conv("x", 16, 4, 1), 4, 8, 5),
+    g.conv(pool, 16, 4, 1),
+  ]
+  cat = g.node("Concat", branches, axis=1)
+  return g.model(g.conv(cat, 32, 8, 1), (1, 16, 10, 10), (1, 8, 10, 10)), g.convs
+
+
+def _qgemm_calls(source: str) -> int:
+  return len(re.findall(r"aot_qgemm g = \{", source))
+
+
+def _run_both(m: onnx.ModelProto, seed: int):
+  """(our output, onnxruntime's, model.c) on one seeded input."""
+  shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+  x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+  so = ort.SessionOptions()
+  so.intra_op_num_threads = 1
+  want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  with tempfile.TemporaryDirectory(prefix="aot_qzoo_") as d:
+    art = aot.compile_model(m, out_dir=d)
+    source = (art.dir / "src" / "model.c").read_text()
+    model = aot.load(art, threads=1)
+    try:
+      got = model(x)
+    finally:
+      model.close()
+  return got, want, source
+
+
+@pytest.mark.parametrize("build", [_fire, _inception], ids=["fire", "inception"])
+def test_concat_branches_run_on_the_int8_microkernel_and_equal_onnxruntime(build):
+  float_model, convs = build()
+  m = quantized(float_model, "qdq")
+  got, want, source = _run_both(m, 2)
+  assert got.dtype == want.dtype and got.shape == want.shape
+  np.testing.assert_array_equal(got, want)
+  # every convolution, the concat's branches too, one call of the microkernel (the branches were generated loops over
+  # the whole concat each)
+  assert _qgemm_calls(source) == convs
