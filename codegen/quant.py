@@ -412,48 +412,66 @@ def _slice_bounds(cond: UOp) -> tuple[UOp, int, int] | None:
   return (r, bound, r.size) if neg else (r, 0, bound)
 
 
-def _branch_slice(value: UOp, node: UOp) -> tuple[UOp, int, int] | None:
-  """(range, start, end) when every read of node in value is under WHERE(gate, ..., 0)'s chosen side with gate a slice
-  of one loop range (a concat's branch): node's value outside the slice is never used, so its contraction need only
-  run over the slice; else None."""
-  slices: set = set()
-  seen: set = set()
+def _conjuncts(cond: UOp) -> list[UOp]:
+  return _conjuncts(cond.src[0]) + _conjuncts(cond.src[1]) if cond.op is Ops.AND else [cond]
 
-  def reaches(u: UOp) -> bool:
-    """Does u read node other than through a slice-gated WHERE (recording the slices it does read it through)?"""
-    if u is node:
-      return True
-    if id(u) in seen:
-      return False
-    seen.add(id(u))
-    if u.op is Ops.WHERE and _const(u.src[2]) == 0 and (b := _slice_bounds(u.src[0])) is not None:
-      if any(v is node for v in u.src[1].toposort()):
-        slices.add(b)
-      return reaches(u.src[0]) or reaches(u.src[2])
-    return any(reaches(s) for s in u.src)
 
-  if reaches(value) or len(slices) != 1:
-    return None
-  return next(iter(slices))
+def _guards(value: UOp, node: UOp) -> set[UOp]:
+  """The conditions that hold wherever value uses node: conjuncts of the gates of WHERE(gate, ..., 0) on every path
+  from value down to node (a concat's branch slice, a padded pool's window gate), node's value elsewhere unused."""
+  topo = value.toposort()
+  if node not in set(topo):
+    return set()
+  held: dict[UOp, set | None] = {u: None for u in topo}
+  held[value] = set()
+  for u in reversed(topo):
+    if held[u] is None or u is node:
+      continue
+    for i, src in enumerate(u.src):
+      extra = _conjuncts(u.src[0]) if u.op is Ops.WHERE and i == 1 and _const(u.src[2]) == 0 else []
+      got = held[u] | set(extra)
+      held[src] = got if held[src] is None else held[src] & got
+  return held[node] or set()
 
 
 def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dict, qresults: dict):
-  """_lower_one of a contraction that a concat reads as one branch (_branch_slice): computed over its slice of the
-  output range only (concat branches computed everywhere by the generated loops cost a whole contraction each, on
-  light:squeezenet:qdq 98% of the run), its result read back where the gate is on; else None."""
-  found = _branch_slice(ast.src[2], requant)
-  if found is None:
+  """_lower_one of a contraction whose value the kernel uses only under gates (_guards): its constant operands'
+  loads drop the gates that cannot guard their index (a padded pool's window gate on the weights: a pool reading a
+  convolution), and a slice of one output range among them (a concat's branch) is all it computes (concat branches
+  computed everywhere by the generated loops cost a whole contraction each: light:squeezenet:qdq 98% of the run), its
+  result read back where the gate is on; else None."""
+  guards = _guards(ast.src[2], requant)
+  if not guards:
     return None
-  r, start, end = found
-  inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, end - start, r.arg[2]))
-  sliced = graph_rewrite(substitute(requant, {r: inner + start}), pm_simplify)
-  if any(u is r for u in sliced.toposort()):
+  # a gate on a constant load whose index it cannot guard is the consumer's, not the contraction's
+  loose = {}
+  for u in requant.toposort():
+    if u.op is Ops.LOAD and bufs[u.src[0].arg].kind == "const" and _const(u.src[2]) is not True:
+      index_ranges = ranges_of(u.src[1])
+      drop = {c: UOp.const(dtypes.bool, True) for c in _conjuncts(u.src[2]) if c in guards}
+      drop = {c: t for c, t in drop.items() if not ranges_of(c) & index_ranges}
+      if drop:
+        loose[u] = u.replace(src=(u.src[0], u.src[1], substitute(u.src[2], drop)))
+  sliced = substitute(requant, loose) if loose else requant
+  bounds = [b for c in guards if (b := _slice_bounds(c)) is not None]
+  r = start = end = gate = inner = None
+  if bounds:
+    r = bounds[0][0]
+    if any(b[0] is not r for b in bounds):
+      return None
+    start, end = max(b[1] for b in bounds), min(b[2] for b in bounds)
+    if start >= end:
+      return None
+    inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, end - start, r.arg[2]))
+    sliced = substitute(sliced, {r: inner + start})
+    gate = r.lt(end) if start == 0 else r.ge(start) if end == r.size else r.ge(start) & r.lt(end)
+  sliced = graph_rewrite(sliced, pm_simplify)
+  if r is not None and any(u is r for u in sliced.toposort()):
     return None
   out = _lower_one(ast, sliced, False, bufs, made, producers, qresults)
-  if out is None:
-    return None
+  if out is None or r is None:
+    return out
   calls, result = out
-  gate = r.lt(end) if start == 0 else r.ge(start) if end == r.size else r.ge(start) & r.lt(end)
   at = graph_rewrite(substitute(result.src[1], {inner: r - start}), pm_simplify)
   return calls, result.replace(src=(result.src[0], at, gate))
 

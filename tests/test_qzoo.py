@@ -82,6 +82,17 @@ def _inception() -> tuple[onnx.ModelProto, int]:
   return g.model(g.conv(cat, 32, 8, 1), (1, 16, 10, 10), (1, 8, 10, 10)), g.convs
 
 
+def _inception_pooled() -> tuple[onnx.ModelProto, int]:
+  """inception_v1's last module: the concat of 4 branches read by a 7x7 average pool whose window is padded past the
+  6x6 plane, a convolution after."""
+  g = _Graph(2)
+  pool = g.node("MaxPool", ["x"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
+  branches = [g.conv("x", 16, 8, 1), g.conv(g.conv("x", 16, 8, 1), 8, 8, 3), g.conv(pool, 16, 8, 1)]
+  cat = g.node("Concat", branches, axis=1)
+  avg = g.node("AveragePool", [cat], kernel_shape=[7, 7], pads=[0, 0, 1, 1], strides=[1, 1])
+  return g.model(g.conv(avg, 24, 8, 1), (1, 16, 6, 6), (1, 8, 1, 1)), g.convs
+
+
 def _qgemm_calls(source: str) -> int:
   return len(re.findall(r"aot_qgemm g = \{", source))
 
@@ -104,7 +115,7 @@ def _run_both(m: onnx.ModelProto, seed: int):
   return got, want, source
 
 
-@pytest.mark.parametrize("build", [_fire, _inception], ids=["fire", "inception"])
+@pytest.mark.parametrize("build", [_fire, _inception, _inception_pooled], ids=["fire", "inception", "inception_pooled"])
 def test_concat_branches_run_on_the_int8_microkernel_and_equal_onnxruntime(build):
   float_model, convs = build()
   m = quantized(float_model, "qdq")
