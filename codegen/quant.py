@@ -434,15 +434,34 @@ def _guards(value: UOp, node: UOp) -> set[UOp]:
   return held[node] or set()
 
 
+# a grouped convolution's groups are contractions of their own, one microkernel call each: at most this many, each
+# of this many output channels at least (fewer wastes most of the microkernel's 32 lanes; depthwise ones stay where
+# they are)
+MAX_GROUP_CALLS = 16
+MIN_GROUP_CHANNELS = 8
+
+
+def _group_slices(node: UOp) -> list[tuple[UOp, int, int]]:
+  """A grouped convolution's groups as slices [g d, (g + 1) d) of its output channel range r, read as r // d by the
+  activations, else []."""
+  for u in node.toposort():
+    if u.op is not Ops.IDIV or u.src[0].op is not Ops.RANGE or u.src[0].arg[2] != "loop":
+      continue
+    r, d = u.src[0], _const(u.src[1])
+    if isinstance(d, int) and MIN_GROUP_CHANNELS <= d < r.size and r.size % d == 0 and r.size // d <= MAX_GROUP_CALLS:
+      return [(r, g * d, (g + 1) * d) for g in range(r.size // d)]
+  return []
+
+
 def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dict, qresults: dict):
-  """_lower_one of a contraction whose value the kernel uses only under gates (_guards): its constant operands'
-  loads drop the gates that cannot guard their index (a padded pool's window gate on the weights: a pool reading a
-  convolution), and a slice of one output range among them (a concat's branch) is all it computes (concat branches
-  computed everywhere by the generated loops cost a whole contraction each: light:squeezenet:qdq 98% of the run), its
-  result read back where the gate is on; else None."""
+  """_lower_one of a contraction whose value the kernel uses only under gates (_guards), or one over slices of an
+  output range: its constant operands' loads drop the consumer's gates that cannot guard their index (a padded
+  pool's window gate on the weights: a pool reading a convolution); a slice of one output range among those gates (a
+  concat's branch) is all it computes (concat branches computed everywhere by the generated loops cost a whole
+  contraction each: light:squeezenet:qdq 98% of the run); a grouped convolution is one contraction per group
+  (_group_slices: light:bvlc_alexnet:qdq's were generated loops); results read back where their slice is; else
+  None."""
   guards = _guards(ast.src[2], requant)
-  if not guards:
-    return None
   # a gate on a constant load whose index it cannot guard is the consumer's, not the contraction's
   loose = {}
   for u in requant.toposort():
@@ -452,28 +471,35 @@ def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dic
       drop = {c: t for c, t in drop.items() if not ranges_of(c) & index_ranges}
       if drop:
         loose[u] = u.replace(src=(u.src[0], u.src[1], substitute(u.src[2], drop)))
-  sliced = substitute(requant, loose) if loose else requant
+  node = substitute(requant, loose) if loose else requant
   bounds = [b for c in guards if (b := _slice_bounds(c)) is not None]
-  r = start = end = gate = inner = None
   if bounds:
     r = bounds[0][0]
     if any(b[0] is not r for b in bounds):
       return None
-    start, end = max(b[1] for b in bounds), min(b[2] for b in bounds)
+    slices = [(r, max(b[1] for b in bounds), min(b[2] for b in bounds))]
+  else:
+    slices = _group_slices(node)
+  if not slices:
+    return _lower_one(ast, graph_rewrite(node, pm_simplify), False, bufs, made, producers, qresults) if loose else None
+  calls, total = [], None
+  for r, start, end in slices:
     if start >= end:
       return None
     inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, end - start, r.arg[2]))
-    sliced = substitute(sliced, {r: inner + start})
+    sliced = graph_rewrite(substitute(node, {r: inner + start}), pm_simplify)
+    if any(u is r for u in sliced.toposort()):
+      return None
+    out = _lower_one(ast, sliced, False, bufs, made, producers, qresults)
+    if out is None:
+      return None
+    calls += out[0]
     gate = r.lt(end) if start == 0 else r.ge(start) if end == r.size else r.ge(start) & r.lt(end)
-  sliced = graph_rewrite(sliced, pm_simplify)
-  if r is not None and any(u is r for u in sliced.toposort()):
-    return None
-  out = _lower_one(ast, sliced, False, bufs, made, producers, qresults)
-  if out is None or r is None:
-    return out
-  calls, result = out
-  at = graph_rewrite(substitute(result.src[1], {inner: r - start}), pm_simplify)
-  return calls, result.replace(src=(result.src[0], at, gate))
+    at = graph_rewrite(substitute(out[1].src[1], {inner: r - start}), pm_simplify)
+    # each slice's result is read where its gate is on and is zero elsewhere: their sum is the one that is on
+    read = out[1].replace(src=(out[1].src[0], at, gate))
+    total = read if total is None else total + read
+  return calls, total
 
 
 def _widened(value: UOp) -> tuple[UOp, int] | None:
@@ -579,9 +605,10 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   requantized = True
   for node in found:
     r = _lower_one(ast, node, bare, bufs, made, producers, qresults)
-    # a concat's branch: its contraction over its own slice of the output
-    if r is None and not bare and node.op is not Ops.ACCUMULATE:
+    # a concat's branch, a grouped convolution: the contraction over slices of the output, an epilogue reading them
+    if r is None and node.op is not Ops.ACCUMULATE:
       r = _lower_branch(ast, node, bufs, made, producers, qresults)
+      bare = bare and r is None
     if r is None and node.op is not Ops.ACCUMULATE:
       # a requantized sum with more than a bias around it (uint8 weights' zero-point term, a row sum of the
       # activations): its int32 sum on the microkernel, the rest in the epilogue; else the kernel is not lowered

@@ -22,11 +22,13 @@ class _Graph:
 
   def __init__(self, seed: int):
     self.rng = np.random.default_rng(seed)
-    self.nodes, self.inits, self.convs = [], {}, 0
+    # convolutions, and the microkernel calls they take (one per group)
+    self.nodes, self.inits, self.convs, self.calls = [], {}, 0, 0
 
   def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, group: int = 1) -> str:
     name = f"c{self.convs}"
     self.convs += 1
+    self.calls += group
     fan_in = cin // group * k * k
     self.inits[name + "_w"] = (self.rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(fan_in)).astype(
       np.float32
@@ -65,7 +67,7 @@ def _fire() -> tuple[onnx.ModelProto, int]:
   for cin in (16, 32):
     s = g.conv(x, cin, 8, 1)
     x = g.node("Concat", [g.conv(s, 8, 16, 1), g.conv(s, 8, 16, 3)], axis=1)
-  return g.model(g.conv(x, 32, 8, 1), (1, 16, 12, 12), (1, 8, 12, 12)), g.convs
+  return g.model(g.conv(x, 32, 8, 1), (1, 16, 12, 12), (1, 8, 12, 12)), g.calls
 
 
 def _inception() -> tuple[onnx.ModelProto, int]:
@@ -79,7 +81,7 @@ def _inception() -> tuple[onnx.ModelProto, int]:
     g.conv(pool, 16, 4, 1),
   ]
   cat = g.node("Concat", branches, axis=1)
-  return g.model(g.conv(cat, 32, 8, 1), (1, 16, 10, 10), (1, 8, 10, 10)), g.convs
+  return g.model(g.conv(cat, 32, 8, 1), (1, 16, 10, 10), (1, 8, 10, 10)), g.calls
 
 
 def _inception_pooled() -> tuple[onnx.ModelProto, int]:
@@ -90,7 +92,14 @@ def _inception_pooled() -> tuple[onnx.ModelProto, int]:
   branches = [g.conv("x", 16, 8, 1), g.conv(g.conv("x", 16, 8, 1), 8, 8, 3), g.conv(pool, 16, 8, 1)]
   cat = g.node("Concat", branches, axis=1)
   avg = g.node("AveragePool", [cat], kernel_shape=[7, 7], pads=[0, 0, 1, 1], strides=[1, 1])
-  return g.model(g.conv(avg, 24, 8, 1), (1, 16, 6, 6), (1, 8, 1, 1)), g.convs
+  return g.model(g.conv(avg, 24, 8, 1), (1, 16, 6, 6), (1, 8, 1, 1)), g.calls
+
+
+def _grouped() -> tuple[onnx.ModelProto, int]:
+  """bvlc_alexnet's grouped convolutions: 5x5 in 2 groups, 3x3 in 4 (12 channels each)."""
+  g = _Graph(3)
+  x = g.conv(g.conv(g.conv("x", 16, 32, 1), 32, 32, 5, group=2), 32, 48, 3, group=4)
+  return g.model(g.conv(x, 48, 8, 1), (1, 16, 9, 9), (1, 8, 9, 9)), g.calls
 
 
 def _qgemm_calls(source: str) -> int:
@@ -115,13 +124,17 @@ def _run_both(m: onnx.ModelProto, seed: int):
   return got, want, source
 
 
-@pytest.mark.parametrize("build", [_fire, _inception, _inception_pooled], ids=["fire", "inception", "inception_pooled"])
-def test_concat_branches_run_on_the_int8_microkernel_and_equal_onnxruntime(build):
-  float_model, convs = build()
+@pytest.mark.parametrize(
+  "build",
+  [_fire, _inception, _inception_pooled, _grouped],
+  ids=["fire", "inception", "inception_pooled", "grouped"],
+)
+def test_convolutions_run_on_the_int8_microkernel_and_equal_onnxruntime(build):
+  float_model, calls = build()
   m = quantized(float_model, "qdq")
   got, want, source = _run_both(m, 2)
   assert got.dtype == want.dtype and got.shape == want.shape
   np.testing.assert_array_equal(got, want)
-  # every convolution, the concat's branches too, one call of the microkernel (the branches were generated loops over
-  # the whole concat each)
-  assert _qgemm_calls(source) == convs
+  # every convolution, the concat's branches too, one call of the microkernel, a grouped one a call per group (the
+  # branches were generated loops over the whole concat each, the grouped convolutions generated loops)
+  assert _qgemm_calls(source) == calls
