@@ -441,16 +441,32 @@ MAX_GROUP_CALLS = 16
 MIN_GROUP_CHANNELS = 8
 
 
-def _group_slices(node: UOp) -> list[tuple[UOp, int, int]]:
-  """A grouped convolution's groups as slices [g d, (g + 1) d) of its output channel range r, read as r // d by the
-  activations, else []."""
+def _slice(r: UOp, start: int, end: int) -> tuple:
+  """Channels [start, end) of range r as (r, the slice's size, r at the slice's index i, i at r, where r is in it)."""
+  gate = r.lt(end) if start == 0 else r.ge(start) if end == r.size else r.ge(start) & r.lt(end)
+  return r, end - start, lambda i: i + start, r - start, gate
+
+
+def _group_slices(node: UOp) -> list[list[tuple]]:
+  """A grouped convolution's groups as slices (_slice's form) of its output channel range r, a list of them for each
+  way the activations read the group: r // d (channels [g d, (g + 1) d)), or r % G (every G-th channel from g: a
+  channel shuffle after the group convolution, ShuffleNet's, read through the output's index)."""
+  ways = []
   for u in node.toposort():
-    if u.op is not Ops.IDIV or u.src[0].op is not Ops.RANGE or u.src[0].arg[2] != "loop":
+    if u.op not in (Ops.IDIV, Ops.MOD) or u.src[0].op is not Ops.RANGE or u.src[0].arg[2] != "loop":
       continue
     r, d = u.src[0], _const(u.src[1])
-    if isinstance(d, int) and MIN_GROUP_CHANNELS <= d < r.size and r.size % d == 0 and r.size // d <= MAX_GROUP_CALLS:
-      return [(r, g * d, (g + 1) * d) for g in range(r.size // d)]
-  return []
+    if not isinstance(d, int) or not 1 < d < r.size or r.size % d:
+      continue
+    groups, width = (r.size // d, d) if u.op is Ops.IDIV else (d, r.size // d)
+    if groups > MAX_GROUP_CALLS or width < MIN_GROUP_CHANNELS:
+      continue
+    if u.op is Ops.IDIV:
+      ways.append([_slice(r, g * d, (g + 1) * d) for g in range(groups)])
+      continue
+    phase = r % d
+    ways.append([(r, width, lambda i, g=g: i * d + g, r // d, phase.ge(g) & phase.lt(g + 1)) for g in range(groups)])
+  return ways
 
 
 def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dict, qresults: dict):
@@ -459,8 +475,8 @@ def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dic
   pool's window gate on the weights: a pool reading a convolution); a slice of one output range among those gates (a
   concat's branch) is all it computes (concat branches computed everywhere by the generated loops cost a whole
   contraction each: light:squeezenet:qdq 98% of the run); a grouped convolution is one contraction per group
-  (_group_slices: light:bvlc_alexnet:qdq's were generated loops); results read back where their slice is; else
-  None."""
+  (_group_slices: light:bvlc_alexnet:qdq's and light:shufflenet:qdq's were generated loops); results read back where
+  their slice is; else None."""
   guards = _guards(ast.src[2], requant)
   # a gate on a constant load whose index it cannot guard is the consumer's, not the contraction's
   loose = {}
@@ -475,28 +491,37 @@ def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dic
   bounds = [b for c in guards if (b := _slice_bounds(c)) is not None]
   if bounds:
     r = bounds[0][0]
-    if any(b[0] is not r for b in bounds):
+    start, end = max(b[1] for b in bounds), min(b[2] for b in bounds)
+    if any(b[0] is not r for b in bounds) or start >= end:
       return None
-    slices = [(r, max(b[1] for b in bounds), min(b[2] for b in bounds))]
+    ways = [[_slice(r, start, end)]]
   else:
-    slices = _group_slices(node)
-  if not slices:
+    ways = _group_slices(node)
+  if not ways:
     return _lower_one(ast, graph_rewrite(node, pm_simplify), False, bufs, made, producers, qresults) if loose else None
+  for slices in ways:
+    # a way that fails leaves its buffers appended: the next starts from the same lists
+    trial_bufs, trial_made = list(bufs), list(made)
+    if (out := _lower_slices(ast, node, slices, trial_bufs, trial_made, producers, qresults)) is not None:
+      bufs[:], made[:] = trial_bufs, trial_made
+      return out
+  return None
+
+
+def _lower_slices(ast: UOp, node: UOp, slices: list, bufs: list, made: list, producers: dict, qresults: dict):
+  """(calls, result) of node's contraction computed over each slice of its output range by _lower_one, each slice's
+  result read back where its gate is on (zero elsewhere: their sum is the one that is on); None when one fails."""
   calls, total = [], None
-  for r, start, end in slices:
-    if start >= end:
-      return None
-    inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, end - start, r.arg[2]))
-    sliced = graph_rewrite(substitute(node, {r: inner + start}), pm_simplify)
+  for r, size, at_inner, inner_at, gate in slices:
+    inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, size, r.arg[2]))
+    sliced = graph_rewrite(substitute(node, {r: at_inner(inner)}), pm_simplify)
     if any(u is r for u in sliced.toposort()):
       return None
     out = _lower_one(ast, sliced, False, bufs, made, producers, qresults)
     if out is None:
       return None
     calls += out[0]
-    gate = r.lt(end) if start == 0 else r.ge(start) if end == r.size else r.ge(start) & r.lt(end)
-    at = graph_rewrite(substitute(out[1].src[1], {inner: r - start}), pm_simplify)
-    # each slice's result is read where its gate is on and is zero elsewhere: their sum is the one that is on
+    at = graph_rewrite(substitute(out[1].src[1], {inner: inner_at}), pm_simplify)
     read = out[1].replace(src=(out[1].src[0], at, gate))
     total = read if total is None else total + read
   return calls, total

@@ -102,6 +102,18 @@ def _grouped() -> tuple[onnx.ModelProto, int]:
   return g.model(g.conv(x, 48, 8, 1), (1, 16, 9, 9), (1, 8, 9, 9)), g.calls
 
 
+def _shuffled() -> tuple[onnx.ModelProto, int]:
+  """shufflenet's unit: a 4-group 1x1 convolution, the channel shuffle (Reshape, Transpose, Reshape) after it, a
+  depthwise 3x3 (generated loops: not counted), a 4-group 1x1 convolution."""
+  g = _Graph(4)
+  x = g.conv(g.conv("x", 16, 32, 1), 32, 32, 1, group=4)
+  g.inits["split"], g.inits["merge"] = np.array([1, 4, 8, 9, 9]), np.array([1, 32, 9, 9])
+  x = g.node("Reshape", [g.node("Transpose", [g.node("Reshape", [x, "split"])], perm=[0, 2, 1, 3, 4]), "merge"])
+  x = g.conv(x, 32, 32, 3, group=32)
+  x = g.conv(x, 32, 32, 1, group=4)
+  return g.model(g.conv(x, 32, 8, 1), (1, 16, 9, 9), (1, 8, 9, 9)), g.calls - 32
+
+
 def _qgemm_calls(source: str) -> int:
   return len(re.findall(r"aot_qgemm g = \{", source))
 
@@ -126,8 +138,8 @@ def _run_both(m: onnx.ModelProto, seed: int):
 
 @pytest.mark.parametrize(
   "build",
-  [_fire, _inception, _inception_pooled, _grouped],
-  ids=["fire", "inception", "inception_pooled", "grouped"],
+  [_fire, _inception, _inception_pooled, _grouped, _shuffled],
+  ids=["fire", "inception", "inception_pooled", "grouped", "shuffled"],
 )
 def test_convolutions_run_on_the_int8_microkernel_and_equal_onnxruntime(build):
   float_model, calls = build()
