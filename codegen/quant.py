@@ -511,7 +511,7 @@ def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dic
 def _lower_slices(ast: UOp, node: UOp, slices: list, bufs: list, made: list, producers: dict, qresults: dict):
   """(calls, result) of node's contraction computed over each slice of its output range by _lower_one, each slice's
   result read back where its gate is on (zero elsewhere: their sum is the one that is on); None when one fails."""
-  calls, total = [], None
+  calls, total, parts = [], None, []
   for r, size, at_inner, inner_at, gate in slices:
     inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, size, r.arg[2]))
     sliced = graph_rewrite(substitute(node, {r: at_inner(inner)}), pm_simplify)
@@ -521,10 +521,42 @@ def _lower_slices(ast: UOp, node: UOp, slices: list, bufs: list, made: list, pro
     if out is None:
       return None
     calls += out[0]
+    parts.append((out, inner, at_inner(inner)))
     at = graph_rewrite(substitute(out[1].src[1], {inner: inner_at}), pm_simplify)
     read = out[1].replace(src=(out[1].src[0], at, gate))
     total = read if total is None else total + read
-  return calls, total
+  return _one_result(parts, slices[0][0], bufs, made) or (calls, total)
+
+
+def _one_result(parts: list, r: UOp, bufs: list, made: list):
+  """(calls, result) with every slice's calls writing one scratch laid out as the whole contraction's result over
+  range r, which the epilogue reads with one plain load (not a gated load per slice: a shuffled group convolution's
+  epilogue ran at 0.4 GB/s), when r is the outermost range of the result's layout; else None."""
+  (_, first), inner0, _ = parts[0]
+  # slices that do not cover r (a concat's branch) keep a scratch of their own size
+  if sum(inner.size for _, inner, _ in parts) != r.size:
+    return None
+  terms, offset = linear(first.src[1])
+  rest = prod(u.size for u in terms if u is not inner0)
+  if offset or terms.get(inner0) != rest or set(terms) != ranges_of(first.src[1]):
+    return None
+  # each slice's channel i is channel base + step * i of the whole
+  placed = []
+  for (calls, _), inner, at in parts:
+    t, base = linear(graph_rewrite(at, pm_simplify))
+    if set(t) != {inner} or any(q.c_slot == 0 for q in calls):
+      return None
+    placed.append((calls, base, t[inner]))
+  whole = Buffer("scratch", bufs[placed[0][0][0].c_slot].dtype, rest * r.size, "qgemm C")
+  mine = {id(bufs[q.c_slot]) for calls, _, _ in placed for q in calls}
+  made[:] = [b for b in made if id(b) not in mine] + [whole]
+  for calls, base, step in placed:
+    for q in calls:
+      bufs[q.c_slot] = whole
+      q.c_offset += base * rest
+      q.ldc = (q.ldc[0], q.ldc[1] * step)
+  at = graph_rewrite(substitute(first.src[1], {inner0: r}), pm_simplify)
+  return [q for calls, _, _ in placed for q in calls], first.replace(src=(first.src[0], at, first.src[2]))
 
 
 def _widened(value: UOp) -> tuple[UOp, int] | None:
