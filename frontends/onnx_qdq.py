@@ -185,6 +185,38 @@ def _qdq_pools(model) -> list[tuple]:
   return found
 
 
+def _qdq_softmaxes(model) -> list[tuple]:
+  """(DequantizeLinear, Softmax, QuantizeLinear) of each DequantizeLinear -> Softmax -> QuantizeLinear of 8-bit
+  activations with constant scalar scales and zero points whose softmax only the QuantizeLinear reads: onnxruntime
+  runs the group as com.microsoft's QLinearSoftmax (its exp table and integer scaling round unlike the float softmax:
+  a zoo classifier's probabilities came out a step of 1/255 apart)."""
+  import onnx
+
+  g = model.graph
+  scalars = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if len(t.dims) == 0 or list(t.dims) == [1]}
+  producer = {o: n for n in g.node for o in n.output}
+  readers: dict[str, list] = {}
+  for n in g.node:
+    for i in n.input:
+      readers.setdefault(i, []).append(n)
+  outputs = {o.name for o in g.output}
+  found = []
+  for n in g.node:
+    if n.op_type != "Softmax" or n.domain not in ("", "ai.onnx") or n.output[0] in outputs:
+      continue
+    dq, users = producer.get(n.input[0]), readers.get(n.output[0], [])
+    if dq is None or dq.op_type != "DequantizeLinear" or len(users) != 1 or users[0].op_type != "QuantizeLinear":
+      continue
+    q = users[0]
+    if len(dq.input) < 3 or len(q.input) < 3 or not all(k in scalars for k in (*dq.input[1:3], *q.input[1:3])):
+      continue
+    x_zero, y_zero = scalars[dq.input[2]], scalars[q.input[2]]
+    if x_zero.dtype != y_zero.dtype or x_zero.dtype not in (np.uint8, np.int8):
+      continue
+    found.append((dq, n, q))
+  return found
+
+
 def fuse_qdq(model, in_place: bool = False):
   """The model with each QDQ group (_qdq_groups) as one QLinearConv, QLinearMatMul or QGemm, as onnxruntime's graph
   optimizer fuses them: the contraction then runs in integers and is requantized once, as onnxruntime computes it
@@ -193,7 +225,7 @@ def fuse_qdq(model, in_place: bool = False):
   import onnx
   from onnx import helper
 
-  if not _qdq_groups(model) and not _qdq_pools(model):
+  if not _qdq_groups(model) and not _qdq_pools(model) and not _qdq_softmaxes(model):
     return model
   if not in_place:
     copy = onnx.ModelProto()
@@ -228,5 +260,23 @@ def fuse_qdq(model, in_place: bool = False):
   for dq, pool, q in _qdq_pools(model):
     pool.input[0] = dq.input[0]
     pool.output[0] = q.output[0]
+    g.node.remove(q)
+  # 8-bit softmaxes: QLinearSoftmax reads the bytes and writes the QuantizeLinear's output, for the Softmax's opset
+  opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+  for dq, softmax, q in _qdq_softmaxes(model):
+    axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+    inputs = [dq.input[0], dq.input[1], dq.input[2], q.input[1], q.input[2]]
+    fused = helper.make_node(
+      "QLinearSoftmax",
+      inputs,
+      [q.output[0]],
+      name=f"{softmax.name}_qlinear",
+      domain="com.microsoft",
+      axis=axis,
+      opset=opset,
+    )
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+      model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    softmax.CopyFrom(fused)
     g.node.remove(q)
   return model

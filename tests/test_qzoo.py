@@ -150,3 +150,21 @@ def test_convolutions_run_on_the_int8_microkernel_and_equal_onnxruntime(build):
   # every convolution, the concat's branches too, one call of the microkernel, a grouped one a call per group (the
   # branches were generated loops over the whole concat each, the grouped convolutions generated loops)
   assert _qgemm_calls(source) == calls
+
+
+CLASSES = 100
+
+
+def test_a_classifier_head_with_a_quantized_softmax_equals_onnxruntime():
+  # the zoo's heads: global average pool, flatten, fully connected, softmax; onnxruntime runs the QDQ softmax as
+  # QLinearSoftmax, whose probabilities differed from the float softmax's by a step of 1/255
+  g = _Graph(6)
+  pooled = g.node("AveragePool", [g.conv("x", 16, 16, 1)], kernel_shape=[7, 7])
+  g.inits["flat"] = np.array([1, 16 * 8 * 8])
+  g.inits["fc_w"] = (0.05 * g.rng.standard_normal((CLASSES, 16 * 64))).astype(np.float32)
+  g.inits["fc_b"] = g.rng.standard_normal(CLASSES).astype(np.float32)
+  logits = g.node("Gemm", [g.node("Reshape", [pooled, "flat"]), "fc_w", "fc_b"], transB=1)
+  m = quantized(g.model(g.node("Softmax", [logits], axis=-1), (1, 16, 14, 14), (1, CLASSES)), "qdq")
+  got, want, _ = _run_both(m, 1)
+  assert np.count_nonzero(want) > 1
+  np.testing.assert_array_equal(got, want)
