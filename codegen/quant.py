@@ -494,7 +494,18 @@ def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dic
     start, end = max(b[1] for b in bounds), min(b[2] for b in bounds)
     if any(b[0] is not r for b in bounds) or start >= end:
       return None
-    ways = [[_slice(r, start, end)]]
+    branch = _slice(r, start, end)
+    # a branch that is itself a group convolution (ShuffleNet's stride-2 unit): its groups are slices of the branch
+    inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, end - start, r.arg[2]))
+    within = _group_slices(graph_rewrite(substitute(node, {r: inner + start}), pm_simplify))
+    back = {inner: r - start}
+    ways = [
+      [
+        (r, size, lambda i, f=at: f(i) + start, substitute(at_r, back), branch[4] & substitute(gate, back))
+        for _, size, at, at_r, gate in way
+      ]
+      for way in within
+    ] or [[branch]]
   else:
     ways = _group_slices(node)
   if not ways:

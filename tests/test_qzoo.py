@@ -114,6 +114,17 @@ def _shuffled() -> tuple[onnx.ModelProto, int]:
   return g.model(g.conv(x, 32, 8, 1), (1, 16, 9, 9), (1, 8, 9, 9)), g.calls - 32
 
 
+def _shuffled_stride2() -> tuple[onnx.ModelProto, int]:
+  """shufflenet's stride-2 unit: a 3x3 average pool of the input concatenated with a branch ending in a 4-group 1x1
+  convolution (a concat's branch that is a group convolution)."""
+  g = _Graph(5)
+  x = g.conv("x", 16, 32, 1)
+  shortcut = g.node("AveragePool", [x], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2], count_include_pad=0)
+  branch = g.conv(g.conv(g.conv(x, 32, 32, 1, group=4), 32, 32, 3, stride=2, group=32), 32, 32, 1, group=4)
+  cat = g.node("Concat", [shortcut, branch], axis=1)
+  return g.model(g.conv(cat, 64, 8, 1), (1, 16, 10, 10), (1, 8, 5, 5)), g.calls - 32
+
+
 def _qgemm_calls(source: str) -> int:
   return len(re.findall(r"aot_qgemm g = \{", source))
 
@@ -138,8 +149,8 @@ def _run_both(m: onnx.ModelProto, seed: int):
 
 @pytest.mark.parametrize(
   "build",
-  [_fire, _inception, _inception_pooled, _grouped, _shuffled],
-  ids=["fire", "inception", "inception_pooled", "grouped", "shuffled"],
+  [_fire, _inception, _inception_pooled, _grouped, _shuffled, _shuffled_stride2],
+  ids=["fire", "inception", "inception_pooled", "grouped", "shuffled", "shuffled_stride2"],
 )
 def test_convolutions_run_on_the_int8_microkernel_and_equal_onnxruntime(build):
   float_model, calls = build()
