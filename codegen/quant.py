@@ -676,7 +676,8 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
     # a concat's branch, a grouped convolution: the contraction over slices of the output, an epilogue reading them
     if r is None and node.op is not Ops.ACCUMULATE:
       r = _lower_branch(ast, node, bufs, made, producers, qresults)
-      bare = bare and r is None
+      # (its result is in slices, or laid out unlike the output: no reader takes it for the kernel's output)
+      bare, requantized = bare and r is None, requantized and r is None
     if r is None and node.op is not Ops.ACCUMULATE:
       # a requantized sum with more than a bias around it (uint8 weights' zero-point term, a row sum of the
       # activations): its int32 sum on the microkernel, the rest in the epilogue; else the kernel is not lowered
