@@ -399,6 +399,182 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   return [q], result
 
 
+def _slice_bounds(cond: UOp) -> tuple[UOp, int, int] | None:
+  """(loop range, start, end) of a gate r < end, not r < start, or both ANDed (a concat branch's, schedule.py's
+  PAD lowering), else None."""
+  if cond.op is Ops.AND:
+    a, b = _slice_bounds(cond.src[0]), _slice_bounds(cond.src[1])
+    if a is None or b is None or a[0] is not b[0]:
+      return None
+    return a[0], max(a[1], b[1]), min(a[2], b[2])
+  neg = cond.op is Ops.NOT
+  lt = cond.src[0] if neg else cond
+  if lt.op is not Ops.CMPLT or lt.src[0].op is not Ops.RANGE or lt.src[0].arg[2] != "loop":
+    return None
+  r, bound = lt.src[0], _const(lt.src[1])
+  if not isinstance(bound, int) or not 0 < bound < r.size:
+    return None
+  return (r, bound, r.size) if neg else (r, 0, bound)
+
+
+def _conjuncts(cond: UOp) -> list[UOp]:
+  return _conjuncts(cond.src[0]) + _conjuncts(cond.src[1]) if cond.op is Ops.AND else [cond]
+
+
+def _guards(value: UOp, node: UOp) -> set[UOp]:
+  """The conditions that hold wherever value uses node: conjuncts of the gates of WHERE(gate, ..., 0) on every path
+  from value down to node (a concat's branch slice, a padded pool's window gate), node's value elsewhere unused."""
+  topo = value.toposort()
+  if node not in set(topo):
+    return set()
+  held: dict[UOp, set | None] = {u: None for u in topo}
+  held[value] = set()
+  for u in reversed(topo):
+    if held[u] is None or u is node:
+      continue
+    for i, src in enumerate(u.src):
+      extra = _conjuncts(u.src[0]) if u.op is Ops.WHERE and i == 1 and _const(u.src[2]) == 0 else []
+      got = held[u] | set(extra)
+      held[src] = got if held[src] is None else held[src] & got
+  return held[node] or set()
+
+
+# a grouped convolution's groups are contractions of their own, one microkernel call each: at most this many, each
+# of this many output channels at least (fewer wastes most of the microkernel's 32 lanes; depthwise ones stay where
+# they are)
+MAX_GROUP_CALLS = 16
+MIN_GROUP_CHANNELS = 8
+
+
+def _slice(r: UOp, start: int, end: int) -> tuple:
+  """Channels [start, end) of range r as (r, the slice's size, r at the slice's index i, i at r, where r is in it)."""
+  gate = r.lt(end) if start == 0 else r.ge(start) if end == r.size else r.ge(start) & r.lt(end)
+  return r, end - start, lambda i: i + start, r - start, gate
+
+
+def _group_slices(node: UOp) -> list[list[tuple]]:
+  """A grouped convolution's groups as slices (_slice's form) of its output channel range r, a list of them for each
+  way the activations read the group: r // d (channels [g d, (g + 1) d)), or r % G (every G-th channel from g: a
+  channel shuffle after the group convolution, ShuffleNet's, read through the output's index)."""
+  ways = []
+  for u in node.toposort():
+    if u.op not in (Ops.IDIV, Ops.MOD) or u.src[0].op is not Ops.RANGE or u.src[0].arg[2] != "loop":
+      continue
+    r, d = u.src[0], _const(u.src[1])
+    if not isinstance(d, int) or not 1 < d < r.size or r.size % d:
+      continue
+    groups, width = (r.size // d, d) if u.op is Ops.IDIV else (d, r.size // d)
+    if groups > MAX_GROUP_CALLS or width < MIN_GROUP_CHANNELS:
+      continue
+    if u.op is Ops.IDIV:
+      ways.append([_slice(r, g * d, (g + 1) * d) for g in range(groups)])
+      continue
+    phase = r % d
+    ways.append([(r, width, lambda i, g=g: i * d + g, r // d, phase.ge(g) & phase.lt(g + 1)) for g in range(groups)])
+  return ways
+
+
+def _lower_branch(ast: UOp, requant: UOp, bufs: list, made: list, producers: dict, qresults: dict):
+  """_lower_one of a contraction whose value the kernel uses only under gates (_guards), or one over slices of an
+  output range: its constant operands' loads drop the consumer's gates that cannot guard their index (a padded
+  pool's window gate on the weights: a pool reading a convolution); a slice of one output range among those gates (a
+  concat's branch) is all it computes (concat branches computed everywhere by the generated loops cost a whole
+  contraction each: light:squeezenet:qdq 98% of the run); a grouped convolution is one contraction per group
+  (_group_slices: light:bvlc_alexnet:qdq's and light:shufflenet:qdq's were generated loops); results read back where
+  their slice is; else None."""
+  guards = _guards(ast.src[2], requant)
+  # a gate on a constant load whose index it cannot guard is the consumer's, not the contraction's
+  loose = {}
+  for u in requant.toposort():
+    if u.op is Ops.LOAD and bufs[u.src[0].arg].kind == "const" and _const(u.src[2]) is not True:
+      index_ranges = ranges_of(u.src[1])
+      drop = {c: UOp.const(dtypes.bool, True) for c in _conjuncts(u.src[2]) if c in guards}
+      drop = {c: t for c, t in drop.items() if not ranges_of(c) & index_ranges}
+      if drop:
+        loose[u] = u.replace(src=(u.src[0], u.src[1], substitute(u.src[2], drop)))
+  node = substitute(requant, loose) if loose else requant
+  bounds = [b for c in guards if (b := _slice_bounds(c)) is not None]
+  if bounds:
+    r = bounds[0][0]
+    start, end = max(b[1] for b in bounds), min(b[2] for b in bounds)
+    if any(b[0] is not r for b in bounds) or start >= end:
+      return None
+    branch = _slice(r, start, end)
+    # a branch that is itself a group convolution (ShuffleNet's stride-2 unit): its groups are slices of the branch
+    inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, end - start, r.arg[2]))
+    within = _group_slices(graph_rewrite(substitute(node, {r: inner + start}), pm_simplify))
+    back = {inner: r - start}
+    ways = [
+      [
+        (r, size, lambda i, f=at: f(i) + start, substitute(at_r, back), branch[4] & substitute(gate, back))
+        for _, size, at, at_r, gate in way
+      ]
+      for way in within
+    ] or [[branch]]
+  else:
+    ways = _group_slices(node)
+  if not ways:
+    return _lower_one(ast, graph_rewrite(node, pm_simplify), False, bufs, made, producers, qresults) if loose else None
+  for slices in ways:
+    # a way that fails leaves its buffers appended: the next starts from the same lists
+    trial_bufs, trial_made = list(bufs), list(made)
+    if (out := _lower_slices(ast, node, slices, trial_bufs, trial_made, producers, qresults)) is not None:
+      bufs[:], made[:] = trial_bufs, trial_made
+      return out
+  return None
+
+
+def _lower_slices(ast: UOp, node: UOp, slices: list, bufs: list, made: list, producers: dict, qresults: dict):
+  """(calls, result) of node's contraction computed over each slice of its output range by _lower_one, each slice's
+  result read back where its gate is on (zero elsewhere: their sum is the one that is on); None when one fails."""
+  calls, total, parts = [], None, []
+  for r, size, at_inner, inner_at, gate in slices:
+    inner = UOp(Ops.RANGE, dtypes.index, (), (r.number, size, r.arg[2]))
+    sliced = graph_rewrite(substitute(node, {r: at_inner(inner)}), pm_simplify)
+    if any(u is r for u in sliced.toposort()):
+      return None
+    out = _lower_one(ast, sliced, False, bufs, made, producers, qresults)
+    if out is None:
+      return None
+    calls += out[0]
+    parts.append((out, inner, at_inner(inner)))
+    at = graph_rewrite(substitute(out[1].src[1], {inner: inner_at}), pm_simplify)
+    read = out[1].replace(src=(out[1].src[0], at, gate))
+    total = read if total is None else total + read
+  return _one_result(parts, slices[0][0], bufs, made) or (calls, total)
+
+
+def _one_result(parts: list, r: UOp, bufs: list, made: list):
+  """(calls, result) with every slice's calls writing one scratch laid out as the whole contraction's result over
+  range r, which the epilogue reads with one plain load (not a gated load per slice: a shuffled group convolution's
+  epilogue ran at 0.4 GB/s), when r is the outermost range of the result's layout; else None."""
+  (_, first), inner0, _ = parts[0]
+  # slices that do not cover r (a concat's branch) keep a scratch of their own size
+  if sum(inner.size for _, inner, _ in parts) != r.size:
+    return None
+  terms, offset = linear(first.src[1])
+  rest = prod(u.size for u in terms if u is not inner0)
+  if offset or terms.get(inner0) != rest or set(terms) != ranges_of(first.src[1]):
+    return None
+  # each slice's channel i is channel base + step * i of the whole
+  placed = []
+  for (calls, _), inner, at in parts:
+    t, base = linear(graph_rewrite(at, pm_simplify))
+    if set(t) != {inner} or any(q.c_slot == 0 for q in calls):
+      return None
+    placed.append((calls, base, t[inner]))
+  whole = Buffer("scratch", bufs[placed[0][0][0].c_slot].dtype, rest * r.size, "qgemm C")
+  mine = {id(bufs[q.c_slot]) for calls, _, _ in placed for q in calls}
+  made[:] = [b for b in made if id(b) not in mine] + [whole]
+  for calls, base, step in placed:
+    for q in calls:
+      bufs[q.c_slot] = whole
+      q.c_offset += base * rest
+      q.ldc = (q.ldc[0], q.ldc[1] * step)
+  at = graph_rewrite(substitute(first.src[1], {inner0: r}), pm_simplify)
+  return [q for calls, _, _ in placed for q in calls], first.replace(src=(first.src[0], at, first.src[2]))
+
+
 def _widened(value: UOp) -> tuple[UOp, int] | None:
   """(x8, zero) of CAST(int32, x8) - zero, x8 an 8-bit value and zero a constant (or none), else None."""
   zero = 0
@@ -507,6 +683,11 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
       # in a scratch, the epilogue storing it where it goes
       r = _lower_one(ast, node, False, bufs, made, producers, qresults)
       bare = r is None
+    # a concat's branch, a grouped convolution: the contraction over slices of the output, an epilogue reading them
+    if r is None and node.op is not Ops.ACCUMULATE:
+      r = _lower_branch(ast, node, bufs, made, producers, qresults)
+      # (its result is in slices, or laid out unlike the output: no reader takes it for the kernel's output)
+      bare, requantized = bare and r is None, requantized and r is None
     if r is None and node.op is not Ops.ACCUMULATE:
       # a requantized sum with more than a bias around it (uint8 weights' zero-point term, a row sum of the
       # activations): its int32 sum on the microkernel, the rest in the epilogue; else the kernel is not lowered

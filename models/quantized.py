@@ -41,6 +41,9 @@ def quantized(model, form: str, seed: int = 0):
   # per-channel DequantizeLinear (its axis) needs opset 13, which the quantizer asks for but does not convert to
   if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET) < MIN_OPSET:
     model = onnx.version_converter.convert_version(model, MIN_OPSET)
+  # an IR 3 model lists its initializers as graph inputs; the preprocessing's optimizer renames and folds them but
+  # keeps stale inputs (densenet121: 242), which the calibration session then asks to be fed: initializers only
+  model = _initializers_not_inputs(model)
   with tempfile.TemporaryDirectory(prefix="aot_quant_") as d:
     src, pre, out = Path(d) / "f.onnx", Path(d) / "p.onnx", Path(d) / "q.onnx"
     onnx.save(model, src)
@@ -79,6 +82,21 @@ def quantized(model, form: str, seed: int = 0):
       quant_format=QuantFormat.QDQ if form == "qdq" else QuantFormat.QOperator,
     )
     return _ir_for_opsets(onnx.load(out))
+
+
+def _initializers_not_inputs(model):
+  """A copy of `model` at the IR version its opsets need, with no initializer among its graph inputs."""
+  import onnx
+
+  inits = {t.name for t in model.graph.initializer}
+  if not any(i.name in inits for i in model.graph.input):
+    return model
+  copy = onnx.ModelProto()
+  copy.CopyFrom(model)
+  kept = [i for i in copy.graph.input if i.name not in inits]
+  del copy.graph.input[:]
+  copy.graph.input.extend(kept)
+  return _ir_for_opsets(copy)
 
 
 def _ir_for_opsets(model):
