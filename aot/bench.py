@@ -380,7 +380,12 @@ def main(argv=None) -> int:
   if args.json:
     Path(args.json).write_text(json.dumps(rows, indent=1))
   if args.readme:
-    command = f"python -m aot.bench --threads {args.threads}{' --zoo' if args.zoo else ''}"
+    # the command as run: the models and files beyond the defaults too
+    models = "" if args.models == ap.get_default("models") else f" --models {args.models}"
+    extra = [o for o in args.onnx if not (args.zoo and o.removeprefix("light:") in LIGHT_MODELS)]
+    command = f"python -m aot.bench{models} --threads {args.threads}{' --zoo' if args.zoo else ''}" + "".join(
+      f" {o}" for o in extra
+    )
     _replace_between(
       Path(args.readme),
       "bench",
