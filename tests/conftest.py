@@ -71,6 +71,30 @@ def run(fn, *arrays):
       model.close()
 
 
+def ort_session(model, optimized_path=None):
+  """onnxruntime's CPU session of model (a ModelProto) on one thread, the reference the quantized tests compare with;
+  its optimized graph written to optimized_path when given (which ops it fused)."""
+  import onnxruntime as ort
+
+  opts = ort.SessionOptions()
+  opts.intra_op_num_threads = 1
+  if optimized_path is not None:
+    opts.optimized_model_filepath = str(optimized_path)
+  return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def outputs_on_threads(art, feeds: dict, threads=(1, 3)) -> list:
+  """The artifact's outputs on feeds for each thread count, loaded and closed for each."""
+  outs = []
+  for t in threads:
+    model = aot.load(art, threads=t)
+    try:
+      outs.append(model(*feeds.values()))
+    finally:
+      model.close()
+  return outs
+
+
 def corrupt_weights(art) -> None:
   """Make an artifact wrong the way a damaged file would: the weights linked into its library (found by their bytes,
   src/weights.bin) negated in place."""

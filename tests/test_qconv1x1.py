@@ -8,8 +8,8 @@ import tempfile
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from conftest import ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -85,18 +85,11 @@ def test_1x1_convs_read_their_input_in_place_and_equal_onnxruntime(form, dt):
   r = np.random.default_rng(3)
   info = np.iinfo(dt)
   feeds = {f"x{i}": r.integers(info.min, info.max + 1, shape).astype(dt) for i, shape in enumerate(CHAINS)}
-  so = ort.SessionOptions()
-  so.intra_op_num_threads = 1
-  want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+  want = ort_session(m).run(None, feeds)
   with tempfile.TemporaryDirectory(prefix="aot_qconv1x1_") as d:
     art = aot.compile_model(m, out_dir=d)
     source = (art.dir / "src" / "model.c").read_text()
-    for threads in (1, 3):
-      model = aot.load(art, threads=threads)
-      try:
-        got = model(*feeds.values())
-      finally:
-        model.close()
+    for got in outputs_on_threads(art, feeds):
       for a, b in zip(got, want):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a, b)
@@ -169,7 +162,7 @@ def test_a_batch_of_1x1_convs_under_a_residual_add_reads_its_input_in_place():
   )
   m.ir_version = 9
   x = r.integers(0, 256, (B, C, H, W)).astype(np.uint8)
-  want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  want = ort_session(m).run(None, {"x": x})[0]
   assert 0.01 < np.mean(want == 255) and 0.01 < np.mean(want == 0) and np.mean((want == 0) | (want == 255)) < 0.5
   with tempfile.TemporaryDirectory(prefix="aot_qconv1x1_") as d:
     art = aot.compile_model(m, out_dir=d)
@@ -207,7 +200,7 @@ def test_a_1x1_conv_wider_than_the_in_place_limit_copies_its_input_row_major():
   m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
   m.ir_version = 9
   x = np.random.default_rng(9).integers(0, 256, (B, C, H, W)).astype(np.uint8)
-  want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  want = ort_session(m).run(None, {"x": x})[0]
   with tempfile.TemporaryDirectory(prefix="aot_qconv1x1_") as d:
     art = aot.compile_model(m, out_dir=d)
     source = (art.dir / "src" / "model.c").read_text()

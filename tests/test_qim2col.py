@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from conftest import ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -219,18 +219,11 @@ def _run_against_onnxruntime(form: str, dt, geometries) -> str:
   feeds = {
     f"x{i}": r.integers(info.min, info.max + 1, (1, C, H, W)).astype(dt) for i, (C, H, W, *_) in enumerate(geometries)
   }
-  so = ort.SessionOptions()
-  so.intra_op_num_threads = 1
-  want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+  want = ort_session(m).run(None, feeds)
   with tempfile.TemporaryDirectory(prefix="aot_qim2col_") as d:
     art = aot.compile_model(m, out_dir=d)
     source = (art.dir / "src" / "model.c").read_text()
-    for threads in (1, 3):
-      model = aot.load(art, threads=threads)
-      try:
-        got = model(*feeds.values())
-      finally:
-        model.close()
+    for got in outputs_on_threads(art, feeds):
       for i, (a, b) in enumerate(zip(got, want)):
         assert a.dtype == b.dtype and a.shape == b.shape, geometries[i]
         np.testing.assert_array_equal(a, b, err_msg=str(geometries[i]))

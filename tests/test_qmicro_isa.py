@@ -188,7 +188,7 @@ def test_micro_path_equals_numpy(path, tmp_path):
 @pytest.mark.parametrize("kind,per_channel,activations", [("conv", True, "u8"), ("wide conv", False, "s8")])
 def test_qdq_conv_on_the_avx2_path_equals_onnxruntime(kind, per_channel, activations, tmp_path):
   """A whole model built for an x86-64 without AVX-512 runs its convolution on the AVX2 microkernel, exactly."""
-  import onnxruntime as ort
+  from conftest import ort_session
   from test_int8 import _qdq_model
 
   import aot
@@ -198,9 +198,7 @@ def test_qdq_conv_on_the_avx2_path_equals_onnxruntime(kind, per_channel, activat
   assert "aot_qgemm_run" in (art.dir / "src" / "model.c").read_text()
   listing = subprocess.run(["objdump", "-d", str(art.library_path)], capture_output=True, text=True).stdout
   assert "vpmaddwd" in listing and "vpdpbusd" not in listing
-  opts = ort.SessionOptions()
-  opts.intra_op_num_threads = 1
-  sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+  sess = ort_session(model)
   name, shape = sess.get_inputs()[0].name, sess.get_inputs()[0].shape
   dt = np.uint8 if activations == "u8" else np.int8
   x = np.random.default_rng(8).integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, shape).astype(dt)

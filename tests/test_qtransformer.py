@@ -8,8 +8,8 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from conftest import ort_session
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
@@ -67,19 +67,11 @@ def _attention(seed: int = 3) -> onnx.ModelProto:
   return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _session(model, path=None):
-  opts = ort.SessionOptions()
-  opts.intra_op_num_threads = 1
-  if path is not None:
-    opts.optimized_model_filepath = str(path)
-  return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
 @pytest.fixture(scope="module", params=["qdq", "qoperator"])
 def compiled(request, tmp_path_factory):
   tmp = tmp_path_factory.mktemp(request.param)
   model = quantized(_attention(), request.param, seed=7)
-  sess = _session(model, tmp / "ort.onnx")
+  sess = ort_session(model, tmp / "ort.onnx")
   return request.param, model, sess, onnx.load(tmp / "ort.onnx"), aot.compile_model(model, out_dir=tmp / "art")
 
 
@@ -140,7 +132,7 @@ def test_qlinear_add_rounds_as_mlas(tmp_path):
   )
   a, b = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8), indexing="ij")
   a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-  want = _session(model).run(None, {"a": a, "b": b})[0]
+  want = ort_session(model).run(None, {"a": a, "b": b})[0]
   got = aot.load(aot.compile_model(model, out_dir=tmp_path / "art"))(a, b)
   np.testing.assert_array_equal(got, want)
 
@@ -156,7 +148,7 @@ def test_qlinear_matmul_of_activations(tmp_path, k):
   # (a multiplier of 2^-16 * 256 / K: the sums spread over the output's bytes)
   consts.update(sc=np.float32(0.02 * 0.03 * 65536 * k / 256), zc=np.uint8(255))
   model = _qlinear_model("QLinearMatMul", "", [("a", TP.UINT8, list(a.shape)), ("b", TP.UINT8, list(b.shape))], consts)
-  want = _session(model).run(None, {"a": a, "b": b})[0]
+  want = ort_session(model).run(None, {"a": a, "b": b})[0]
   art = aot.compile_model(model, out_dir=tmp_path / "art")
   np.testing.assert_array_equal(aot.load(art)(a, b), want)
   assert len(np.unique(want)) > 3
@@ -205,7 +197,7 @@ def _scalar(name, v):
 )
 def test_elementwise_groups_as_onnxruntime(tmp_path, op, shapes, attrs, opset, types):
   model = _qdq_elementwise(op, shapes, attrs, opset, types)
-  sess = _session(model, tmp_path / "ort.onnx")
+  sess = ort_session(model, tmp_path / "ort.onnx")
   theirs = [n.op_type for n in onnx.load(tmp_path / "ort.onnx").graph.node if n.op_type in QLINEAR | {"QLinearMul"}]
   ours = [n.op_type for n in fuse_qdq(model).graph.node if n.op_type in QLINEAR | {"QLinearMul"}]
   assert ours == theirs == [f"QLinear{op}"]

@@ -5,8 +5,8 @@ import tempfile
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from conftest import ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -28,16 +28,9 @@ def _model(node, feeds, consts, outs, opset=17):
 
 
 def _run_both(m, feeds, target="c"):
-  so = ort.SessionOptions()
-  so.intra_op_num_threads = 1
-  sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-  want = sess.run(None, feeds)
+  want = ort_session(m).run(None, feeds)
   with tempfile.TemporaryDirectory(prefix="aot_q_") as d:
-    model = aot.load(aot.compile_model(m, out_dir=d, target=target))
-    try:
-      got = model(*feeds.values())
-    finally:
-      model.close()
+    (got,) = outputs_on_threads(aot.compile_model(m, out_dir=d, target=target), feeds, threads=(1,))
   got = list(got) if isinstance(got, (list, tuple)) else [got]
   return got, want
 
@@ -413,7 +406,7 @@ def _float_model(nodes, x_shape, y_shape, weights):
 
 
 def _compare_quantized(q, x, rtol):
-  want = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  want = ort_session(q).run(None, {"x": x})[0]
   with tempfile.TemporaryDirectory(prefix="aot_q_") as d:
     model = aot.load(aot.compile_model(q, out_dir=d))
     try:

@@ -7,8 +7,8 @@ import tempfile
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from conftest import ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -133,17 +133,11 @@ def _run_both(m: onnx.ModelProto, seed: int):
   """(our output, onnxruntime's, model.c) on one seeded input."""
   shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
   x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-  so = ort.SessionOptions()
-  so.intra_op_num_threads = 1
-  want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  want = ort_session(m).run(None, {"x": x})[0]
   with tempfile.TemporaryDirectory(prefix="aot_qzoo_") as d:
     art = aot.compile_model(m, out_dir=d)
     source = (art.dir / "src" / "model.c").read_text()
-    model = aot.load(art, threads=1)
-    try:
-      got = model(x)
-    finally:
-      model.close()
+    (got,) = outputs_on_threads(art, {"x": x}, threads=(1,))
   return got, want, source
 
 
