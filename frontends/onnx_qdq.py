@@ -88,12 +88,7 @@ def _qdq_groups(model) -> list[tuple]:
   size = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer}
   dtype = {t.name: t.data_type for t in g.initializer}
   small = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if size[t.name] == 1}
-  producer = {o: n for n in g.node for o in n.output}
-  readers: dict[str, list] = {}
-  for n in g.node:
-    for i in n.input:
-      readers.setdefault(i, []).append(n)
-  outputs = {o.name for o in g.output}
+  producer, readers, outputs = _graph_maps(g)
   by_name = {t.name: t for t in g.initializer}
   arrays = lambda *names: [onnx.numpy_helper.to_array(by_name[k]) if k in by_name else None for k in names]
 
