@@ -31,6 +31,19 @@ def _fn(name: str):
   return lambda dt, a: render(dt, a)
 
 
+def fma_with(name: str):
+  # name(a, b, c) is the float64 one, name + f the float32 one; half through float64, whose product of two halves is
+  # exact and whose one rounding to nearest is then never a half's midpoint the exact sum is not
+  def render(dt: DType, a: str, b: str, c: str) -> str:
+    if dt == dtypes.float64:
+      return f"{name}({a}, {b}, {c})"
+    if dt == dtypes.float32:
+      return f"{name}f({a}, {b}, {c})"
+    return f"(({dt.cname}){name}((double)({a}), (double)({b}), (double)({c})))"
+
+  return render
+
+
 def _maxmin(cmp: str):
   # numpy's maximum/minimum propagate NaN: keep a when it is NaN
   return lambda dt, a, b: (
@@ -102,6 +115,7 @@ class CRenderer:
     Ops.OR: lambda dt, a, b: f"({a}||{b})" if dt == dtypes.bool else f"({a}|{b})",
     Ops.XOR: lambda dt, a, b: f"({a}^{b})",
     Ops.WHERE: lambda dt, c, a, b: f"({c}?{a}:{b})",
+    Ops.FMA: fma_with("fma"),
   }
 
   def prefix(self, ast: UOp) -> str:
