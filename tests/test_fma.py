@@ -16,8 +16,10 @@ from onnx import numpy_helper
 
 import aot
 from aot.codegen.c import CRenderer
+from aot.dtype import dtypes
 from aot.interpret import fused_multiply_add
-from aot.ir import Ops
+from aot.ir import Ops, UOp
+from aot.symbolic import simplify
 from aot.testing import assert_kernel_count
 
 F32, F64, F16 = np.float32, np.float64, np.float16
@@ -140,6 +142,11 @@ def test_fma_is_elementwise_and_folds():
     finally:
       model.close()
   _bits_equal(got, exact_fma(x1, y1, z1, F32))
+  # ... and so does the kernel-level simplifier, on scalars
+  for dt, npdt in ((dtypes.float32, F32), (dtypes.float64, F64)):
+    x, y, z = sliver_case(npdt)
+    folded = simplify(UOp.const(dt, float(x)).alu(Ops.FMA, UOp.const(dt, float(y)), UOp.const(dt, float(z))))
+    assert folded.op is Ops.CONST and folded.arg == float(exact_fma([x], [y], [z], npdt)[0])
 
 
 def test_integer_fma_is_the_separate_ops():
@@ -212,8 +219,6 @@ def test_qlinear_add_equals_onnxruntime_on_every_byte_pair(dt, target):
 
 def test_renderer_table_has_fma_for_every_float_type():
   # half goes through double (one rounding of an exact product of halves), never through float's fmaf
-  from aot.dtype import dtypes
-
   render = CRenderer.code_for_op[Ops.FMA]
   assert render(dtypes.float32, "a", "b", "c") == "fmaf(a, b, c)"
   assert render(dtypes.float64, "a", "b", "c") == "fma(a, b, c)"
