@@ -237,6 +237,7 @@ class CUDARenderer(GPURenderer):
   # nvcc parses _Float16 but cannot generate code for it
   type_names = {"_Float16": "__half"}
   prelude = _CUDA_PRELUDE
+  code_for_op = {**CRenderer.code_for_op, Ops.FMA: fma_with("fma", "fmaf")}
 
 
 # libm functions the AMDGPU backend lowers itself (LLVM intrinsics); the rest come from aot_hip_math.h, since device
@@ -298,7 +299,7 @@ class HIPRenderer(GPURenderer):
     ),
     Ops.POW: lambda dt, a, b: _no_hip_f64("pow") if dt == dtypes.float64 else f"(({dt.cname})__builtin_powf({a}, {b}))",
     # the AMDGPU backend has fused multiply-adds in both precisions (llvm.fma)
-    Ops.FMA: fma_with("__builtin_fma"),
+    Ops.FMA: fma_with("__builtin_fma", "__builtin_fmaf"),
   }
 
 
