@@ -21,6 +21,54 @@ def _idiv(a, b):
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
+
+def fused_multiply_add(x, y, z) -> np.ndarray:
+  """x * y + z rounded once, as C's fma does. float32 and float16: the product is exact in float64 (at most 48
+  significant bits, exponents well inside float64's), the sum is rounded to odd (rounded to nearest, then moved to
+  its odd neighbour towards the exact sum when it was inexact and even: the exact error comes from Knuth's two-sum),
+  and the odd float64 is rounded to the narrow type; rounding to odd with 2 bits more than the narrow type's 24 makes
+  that one rounding of the exact sum. (Rounded to nearest twice, float64's 53 bits are not enough: 1 + 2^-24 +
+  2^-80, say, is a float32 midpoint in float64 and rounds to even.) float64: math.fma, or exact rationals where
+  Python has none (before 3.13). Integers: x * y + z wraps as the separate ops do."""
+  dt = np.result_type(x, y, z)
+  if not np.issubdtype(dt, np.floating):
+    return np.asarray(np.asarray(x, dt) * np.asarray(y, dt) + np.asarray(z, dt), dt)
+  if dt.itemsize > 4:
+    x, y, z = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (x, y, z)))
+    with np.errstate(all="ignore"):
+      return np.asarray(np.frompyfunc(_fma64, 3, 1)(x, y, z), np.float64)
+  with np.errstate(all="ignore"):
+    p = np.asarray(x, np.float64) * np.asarray(y, np.float64)
+    z = np.asarray(z, np.float64)
+    s = p + z
+    back = s - p
+    err = (p - (s - back)) + (z - back)
+    even = (np.asarray(s).view(np.int64) & 1) == 0
+    inexact = np.isfinite(err) & (err != 0)
+    s = np.where(inexact & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return np.asarray(s).astype(dt)
+
+
+def _fma64(x: float, y: float, z: float) -> float:
+  if hasattr(math, "fma"):
+    return math.fma(x, y, z)
+  from fractions import Fraction
+
+  # an infinite or NaN addend to a finite product is the result (the product may overflow, the exact one does not)
+  if math.isfinite(x) and math.isfinite(y) and not math.isfinite(z):
+    return z
+  # a zero or non-finite product: exact, so the separate ops' IEEE result is the fused one
+  if x == 0 or y == 0 or not (math.isfinite(x) and math.isfinite(y)):
+    return x * y + z
+  exact = Fraction(x) * Fraction(y) + Fraction(z)
+  if exact == 0:
+    return 0.0
+  try:
+    return float(exact)
+  except OverflowError:
+    return math.inf if exact > 0 else -math.inf
+
+
 NP_ALU = {
   Ops.NEG: np.negative,
   Ops.EXP: np.exp,
@@ -65,6 +113,7 @@ NP_ALU = {
   Ops.OR: lambda a, b: np.logical_or(a, b) if a.dtype == bool else np.bitwise_or(a, b),
   Ops.XOR: lambda a, b: np.logical_xor(a, b) if a.dtype == bool else np.bitwise_xor(a, b),
   Ops.WHERE: np.where,
+  Ops.FMA: fused_multiply_add,
 }
 NP_REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.PROD: np.prod, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}
 

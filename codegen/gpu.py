@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from aot.codegen.c import CRenderer, abs_with
+from aot.codegen.c import CRenderer, abs_with, fma_with
 from aot.codegen.linearize import kernel_params, linearize
 from aot.dtype import DType, dtypes
 from aot.errors import CompileError
@@ -237,6 +237,7 @@ class CUDARenderer(GPURenderer):
   # nvcc parses _Float16 but cannot generate code for it
   type_names = {"_Float16": "__half"}
   prelude = _CUDA_PRELUDE
+  code_for_op = {**CRenderer.code_for_op, Ops.FMA: fma_with("fma", "fmaf")}
 
 
 # libm functions the AMDGPU backend lowers itself (LLVM intrinsics); the rest come from aot_hip_math.h, since device
@@ -297,6 +298,8 @@ class HIPRenderer(GPURenderer):
       f"__builtin_fmod{'' if dt == dtypes.float64 else 'f'}({a}, {b})" if dt.is_float else f"({a}%{b})"
     ),
     Ops.POW: lambda dt, a, b: _no_hip_f64("pow") if dt == dtypes.float64 else f"(({dt.cname})__builtin_powf({a}, {b}))",
+    # the AMDGPU backend has fused multiply-adds in both precisions (llvm.fma)
+    Ops.FMA: fma_with("__builtin_fma", "__builtin_fmaf"),
   }
 
 
@@ -342,6 +345,8 @@ class MetalRenderer(GPURenderer):
     Ops.ABS: abs_with(lambda dt, a: f"metal::precise::fabs({a})"),
     Ops.MOD: lambda dt, a, b: f"metal::precise::fmod({a}, {b})" if dt.is_float else f"({a}%{b})",
     Ops.POW: lambda dt, a, b: f"(({dt.cname})metal::precise::pow({a}, {b}))",
+    # Metal's fma is overloaded for float and half and rounds once (it has no double to widen a half into)
+    Ops.FMA: lambda dt, a, b, c: f"metal::fma({a}, {b}, {c})",
   }
 
   # Metal has no <stdint.h> names or _Float16

@@ -401,11 +401,11 @@ def flop_count(ast: UOp, live_only: bool = False, integer: bool = False) -> int:
       trips.append(trips[-1] * u.size)
     elif kind == "end":
       trips.pop()
-    # arithmetic only: selects and comparisons (padding masks) are not floating-point work
+    # arithmetic only: selects and comparisons (padding masks) are not floating-point work; a fused multiply-add is two
     elif (
       kind in ("value", "acc_update")
       and (u.dtype.is_float or (integer and u.dtype.is_int and u.dtype not in (dtypes.index, dtypes.index64)))
       and (kind == "acc_update" or (u.op in GroupOp.ALU and u.op is not Ops.WHERE))
     ):
-      total += trips[-1] * live.get(u, 1.0)
+      total += trips[-1] * live.get(u, 1.0) * (2 if u.op is Ops.FMA else 1)
   return round(total)

@@ -2,7 +2,7 @@
 LLVM's pass pipeline and emitted as an object file for a target triple and CPU.
 
 Loop counters and accumulators live in allocas that LLVM's mem2reg turns into phis, so the renderer stays a walk
-over the instruction list. exp/log/sqrt/sin/cos/floor/ceil/rint/trunc/fabs/pow are LLVM intrinsics (LLVM knows
+over the instruction list. exp/log/sqrt/sin/cos/floor/ceil/rint/trunc/fabs/pow/fma are LLVM intrinsics (LLVM knows
 their semantics and vectorises them where the target has vector forms); the rest (tanh, erf, tan, asin, ...) are
 libm calls: no intrinsic exists and an approximation of our own would need its own accuracy proof."""
 
@@ -67,7 +67,10 @@ class LLVMRenderer:
     return ir.Function(self.module, ir.FunctionType(ret, args), name)
 
   def _math(self, b: ir.IRBuilder, op: Ops, dt: DType, *xs):
-    # half goes through float, as the C target computes it
+    # half goes through float, as the C target computes it; a half fma through double (c.py's fma_with says why)
+    if dt == dtypes.float16 and op is Ops.FMA:
+      wide = self._math(b, op, dtypes.float64, *[b.fpext(x, ir.DoubleType()) for x in xs])
+      return b.fptrunc(wide, ir.HalfType())
     if dt == dtypes.float16:
       return b.fptrunc(self._math(b, op, dtypes.float32, *[b.fpext(x, ir.FloatType()) for x in xs]), ir.HalfType())
     t = ltype(dt)
@@ -78,6 +81,8 @@ class LLVMRenderer:
       return b.call(self._fn(f"llvm.pow.{suffix}", t, [t, t]), list(xs))
     if op is Ops.ABS:
       return b.call(self._fn(f"llvm.fabs.{suffix}", t, [t]), list(xs))
+    if op is Ops.FMA:
+      return b.call(self._fn(f"llvm.fma.{suffix}", t, [t, t, t]), list(xs))
     return b.call(self._fn(LIBM[op] + ("f" if dt.itemsize == 4 else ""), t, [t]), list(xs))
 
   def const(self, dt: DType, v) -> ir.Constant:

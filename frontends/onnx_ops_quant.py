@@ -23,7 +23,6 @@ from aot.ir import Ops
 
 MS = "com.microsoft"
 F32 = dtypes.float32
-F64 = dtypes.float64
 
 
 def _f(t: Tensor) -> Tensor:
@@ -68,17 +67,16 @@ def _out_type(x: Tensor, zp: Tensor | None):
 def qlinear_add(n, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp=None):
   """As onnxruntime's x86 kernel (MLAS's AVX2 QLinearAdd) computes it: the ratios ra = sa/sc, rb = sb/sc, the fixed
   part zc - fma(ra, za, rb * zb) in float32, then fma(a, ra, fma(b, rb, fixed)) of the raw bytes, rounded half to
-  even and saturated. Each fused multiply-add is one float32 rounding of a sum float64 holds exactly (a byte times a
-  float32 has 32 significant bits); (a - za) * ra + (b - zb) * rb rounds differently, a step apart in 1 of ~3e4."""
+  even and saturated: each fused multiply-add rounds once (Tensor.fma; fmaf in the C kernels, a vfmadd where the CPU
+  has one); (a - za) * ra + (b - zb) * rb rounds differently, a step apart in 1 of ~3e4."""
   sa, sb, sc = (_f(_scalar(t, w)) for t, w in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")))
   ra, rb = sa / sc, sb / sc
-  fma = lambda x, y, z: (x.cast(F64) * y.cast(F64) + z.cast(F64)).cast(F32)
   za, zb, zc = (_f(_scalar(z, "the zero point")) if z is not None else Tensor(0.0, F32) for z in (a_zp, b_zp, c_zp))
-  fixed = zc - fma(ra, za, rb * zb)
+  fixed = zc - ra.fma(za, rb * zb)
   # the raw bytes read as (x - zx) + zx: the widened-less-zero-point form the int8 passes fuse into the producer's
   # kernel (a convolution's requantized output; read as plain bytes, ResNet-18's residual adds became 5 kernels more)
   raw = lambda t, z, zf: _f(t.cast(dtypes.int32) - _zp(z)) + zf
-  v = fma(raw(a, a_zp, za), ra, fma(raw(b, b_zp, zb), rb, fixed))
+  v = raw(a, a_zp, za).fma(ra, raw(b, b_zp, zb).fma(rb, fixed))
   return _saturate(v.round(), None, _out_type(a, c_zp))
 
 

@@ -350,6 +350,16 @@ class Tensor(TensorNN):
     c, a, b = self.cast(dtypes.bool)._broadcast_to(shape), a._broadcast_to(shape), b._broadcast_to(shape)
     return Tensor(UOp(Ops.WHERE, a.dtype, (c.uop, a.uop, b.uop)))
 
+  def fma(self, y, z) -> Tensor:
+    """self * y + z rounded once (a fused multiply-add, C's fma): the exact product plus z, rounded to the float type;
+    the separate ops round twice. Integers: self * y + z, which rounds nowhere."""
+    x, y = self._coerce(y)
+    x, z = x._coerce(z)
+    y = y.cast(x.dtype)._broadcast_to(x.shape)
+    if not x.dtype.is_float:
+      return x * y + z
+    return Tensor(UOp(Ops.FMA, x.dtype, (x.uop, y.uop, z.uop)))
+
   def cast(self, dtype) -> Tensor:
     return Tensor(self.uop.cast(to_dtype(dtype)))
 

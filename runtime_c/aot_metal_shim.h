@@ -19,6 +19,8 @@ enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
 inline void threadgroup_barrier(mem_flags) {}
 template <typename T, typename S> T as_type(S s) { T t; __builtin_memcpy(&t, &s, sizeof t); return t; }
 inline float copysign(float a, float b) { return std::copysign(a, b); }
+inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
+inline half fma(half a, half b, half c) { return (half)std::fma((double)a, (double)b, (double)c); }
 namespace precise {
 #define AOT_METAL_UNARY(f) inline float f(float x) { return std::f(x); }
 AOT_METAL_UNARY(exp) AOT_METAL_UNARY(log) AOT_METAL_UNARY(sqrt) AOT_METAL_UNARY(sin) AOT_METAL_UNARY(cos)
