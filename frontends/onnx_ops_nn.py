@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aot.codegen.opt import WIDE_SUM_MIN_TERMS
 from aot.dtype import dtypes, min_value
 from aot.frontends.onnx import Unsupported, onnx_dtype, op
 from aot.frontends.tensor import Tensor
@@ -446,7 +447,68 @@ def _sum_acc(x, axis):
   )
 
 
+# onnxruntime's float32 softmax row (MLAS's sum-of-exp kernel as its x86-64 AVX2 build runs it, on AVX2 and AVX-512
+# CPUs alike): exp(x - max) by a degree-6 polynomial in fused multiply-adds after range reduction by a rounding bias,
+# summed in two 8-lane float32 accumulators over blocks of 16 (one after another), the two added, then the 8 lanes in
+# pairs, then times 1 / sum. Ours the same where the row is whole blocks (matched bit for bit over rows of 16..1024):
+# a value a ulp apart just before a DynamicQuantizeLinear can round to the next step (the dynamically quantized
+# transformer's seed 8: softmax 1 ulp off in 30% of its values, then a byte, then 2.1e-3 of the output)
+SOFTMAX_LANES, SOFTMAX_ACCUMULATORS = 8, 2
+# MLAS's constants, all float32 (so rounded here once: a float64 product by them would differ)
+SOFTMAX_EXP_LOWER = float(np.float32(-88.3762626647949))
+SOFTMAX_EXP_ROUNDING_BIAS = 12582912.0  # 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
+SOFTMAX_EXP_LOG2E = float(np.float32(1.44269504088896341))
+SOFTMAX_EXP_LN2 = (float(np.float32(-6.93145752e-1)), float(np.float32(-1.42860677e-6)))
+SOFTMAX_EXP_POLY = [
+  float.fromhex(h) for h in ("0x1.694p-10", "0x1.125edcp-7", "0x1.555b5ap-5", "0x1.55545p-3", "0x1.fffff6p-2", "0x1p0")
+] + [1.0]
+
+
+def _fma32(a: Tensor, b, c) -> Tensor:
+  # a * b + c rounded once (to float64, then float32: a product of two float32s is exact in float64, and the double
+  # rounding is wrong only when the float64 sum lands on a float32 midpoint), without an FMA instruction
+  f64 = lambda v: v.cast(dtypes.float64) if isinstance(v, Tensor) else v
+  return (f64(a) * f64(b) + f64(c)).cast(dtypes.float32)
+
+
+def _mlas_exp_row_softmax(x: Tensor) -> Tensor:
+  """softmax over the last axis of float32 x (its length whole blocks of SOFTMAX_LANES * SOFTMAX_ACCUMULATORS) as
+  onnxruntime computes it, to the bit."""
+  v = (x - x.max(-1, keepdim=True)).maximum(SOFTMAX_EXP_LOWER)
+  biased = _fma32(v, SOFTMAX_EXP_LOG2E, SOFTMAX_EXP_ROUNDING_BIAS)
+  n = biased - SOFTMAX_EXP_ROUNDING_BIAS
+  # n * LN2[0] is exact in float32 (its 17 significant bits times |n| <= 128), so a float32 add rounds it once
+  r = _fma32(n, SOFTMAX_EXP_LN2[1], v + n * SOFTMAX_EXP_LN2[0])
+  p = Tensor(np.float32(SOFTMAX_EXP_POLY[0]))
+  for c in SOFTMAX_EXP_POLY[1:]:
+    p = _fma32(p, r, c)
+  # 2^n in the exponent field (n >= -127 above SOFTMAX_EXP_LOWER: its 0 there is MLAS's too)
+  scale = ((n.cast(dtypes.int32) + 127).maximum(0) << 23).bitcast(dtypes.float32)
+  # stored once: the row sum and the scaling read it (recomputed in each, it was half the softmax's time)
+  e = (p * scale).contiguous()
+  lead, d = x.shape[:-1], x.shape[-1]
+  per_lane = e.reshape(*lead, d // (SOFTMAX_LANES * SOFTMAX_ACCUMULATORS), SOFTMAX_ACCUMULATORS * SOFTMAX_LANES)
+  acc = per_lane.sum(-2)
+  # each accumulator's lanes as its own row-shaped term, so that the adds below are one kernel's expression
+  lane = lambda a, j: acc[..., a * SOFTMAX_LANES + j : a * SOFTMAX_LANES + j + 1]
+  lanes = [lane(0, j) + lane(1, j) for j in range(SOFTMAX_LANES)]
+  while len(lanes) > 1:
+    lanes = [lanes[k] + lanes[k + 1] for k in range(0, len(lanes), 2)]
+  total = lanes[0]
+  return e * total.reciprocal()
+
+
 def _softmax(x, axis):
+  # rows of whole blocks, fewer than a sum that codegen widens to float64 (wide_sums; elsewhere a float64 row sum)
+  blocks, d = SOFTMAX_LANES * SOFTMAX_ACCUMULATORS, x.shape[-1] if x.ndim else 0
+  if (
+    x.dtype == dtypes.float32
+    and d
+    and axis % x.ndim == x.ndim - 1
+    and d % blocks == 0
+    and 0 < d // blocks < WIDE_SUM_MIN_TERMS
+  ):
+    return _mlas_exp_row_softmax(x)
   e = (x - x.max(axis, keepdim=True)).exp()
   # times the row's reciprocal, as onnxruntime scales a row (one division per row, not one per element)
   return (e * _sum_acc(e, axis).reciprocal()).cast(x.dtype)
