@@ -65,6 +65,8 @@ NP_ALU = {
   Ops.OR: lambda a, b: np.logical_or(a, b) if a.dtype == bool else np.bitwise_or(a, b),
   Ops.XOR: lambda a, b: np.logical_xor(a, b) if a.dtype == bool else np.bitwise_xor(a, b),
   Ops.WHERE: np.where,
+  # float32 through float64: the product is exact there, the sum rounded twice only at a float32 midpoint
+  Ops.FMA: lambda a, b, c: (a.astype(np.float64) * b + c).astype(a.dtype) if a.dtype == np.float32 else a * b + c,
 }
 NP_REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.PROD: np.prod, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}
 

@@ -76,6 +76,8 @@ class Ops(Enum):
   SHL = auto()
   SHR = auto()
   WHERE = auto()
+  # a * b + c rounded once (what onnxruntime's kernels compute in their fused multiply-adds)
+  FMA = auto()
   # kernel level (after scheduling)
   SINK = auto()
   INDEX = auto()
@@ -134,7 +136,7 @@ class GroupOp:
     Ops.SHL,
     Ops.SHR,
   }
-  Ternary = {Ops.WHERE}
+  Ternary = {Ops.WHERE, Ops.FMA}
   ALU = Unary | Binary | Ternary
   Compare = {Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE}
   Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}

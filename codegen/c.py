@@ -102,6 +102,7 @@ class CRenderer:
     Ops.OR: lambda dt, a, b: f"({a}||{b})" if dt == dtypes.bool else f"({a}|{b})",
     Ops.XOR: lambda dt, a, b: f"({a}^{b})",
     Ops.WHERE: lambda dt, c, a, b: f"({c}?{a}:{b})",
+    Ops.FMA: lambda dt, a, b, c: f"{'fma' if dt == dtypes.float64 else 'fmaf'}({a}, {b}, {c})",
   }
 
   def prefix(self, ast: UOp) -> str:

@@ -297,6 +297,7 @@ class HIPRenderer(GPURenderer):
       f"__builtin_fmod{'' if dt == dtypes.float64 else 'f'}({a}, {b})" if dt.is_float else f"({a}%{b})"
     ),
     Ops.POW: lambda dt, a, b: _no_hip_f64("pow") if dt == dtypes.float64 else f"(({dt.cname})__builtin_powf({a}, {b}))",
+    Ops.FMA: lambda dt, a, b, c: f"__builtin_fma{'' if dt == dtypes.float64 else 'f'}({a}, {b}, {c})",
   }
 
 
@@ -342,6 +343,7 @@ class MetalRenderer(GPURenderer):
     Ops.ABS: abs_with(lambda dt, a: f"metal::precise::fabs({a})"),
     Ops.MOD: lambda dt, a, b: f"metal::precise::fmod({a}, {b})" if dt.is_float else f"({a}%{b})",
     Ops.POW: lambda dt, a, b: f"(({dt.cname})metal::precise::pow({a}, {b}))",
+    Ops.FMA: lambda dt, a, b, c: f"metal::fma({a}, {b}, {c})",
   }
 
   # Metal has no <stdint.h> names or _Float16

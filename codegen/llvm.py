@@ -249,6 +249,10 @@ class LLVMRenderer:
     xs = [r(x) for x in s]
     if op is Ops.WHERE:
       return b.select(*xs)
+    if op is Ops.FMA:
+      t = ltype(dt)
+      suffix = {4: "f32", 8: "f64"}[dt.itemsize]
+      return b.call(self._fn(f"llvm.fma.{suffix}", t, [t, t, t]), xs)
     if op in GroupOp.Compare:
       sd = s[0].dtype
       pred = {Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}[op]

@@ -350,6 +350,13 @@ class Tensor(TensorNN):
     c, a, b = self.cast(dtypes.bool)._broadcast_to(shape), a._broadcast_to(shape), b._broadcast_to(shape)
     return Tensor(UOp(Ops.WHERE, a.dtype, (c.uop, a.uop, b.uop)))
 
+  def mul_add(self, b, c) -> Tensor:
+    """self * b + c rounded once (a fused multiply-add), for float self."""
+    b, c = (v if isinstance(v, Tensor) else Tensor(v, self.dtype) for v in (b, c))
+    shape = _broadcast_shape(_broadcast_shape(self.shape, b.shape), c.shape)
+    x, b, c = (t._broadcast_to(shape) for t in (self, b.cast(self.dtype), c.cast(self.dtype)))
+    return Tensor(UOp(Ops.FMA, x.dtype, (x.uop, b.uop, c.uop)))
+
   def cast(self, dtype) -> Tensor:
     return Tensor(self.uop.cast(to_dtype(dtype)))
 
