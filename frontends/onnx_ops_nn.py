@@ -454,8 +454,8 @@ def _sum_acc(x, axis):
 # 8 lanes in pairs, times 1 / sum. Ours the same where the row is whole blocks and the block sum stays float32 (rows of
 # 16..512 bit for bit, with -inf, +inf and nan). A value a ulp apart just before a DynamicQuantizeLinear can round to
 # the next step: the dynamically quantized transformer's seed 8 had softmax 1 ulp off in 30% of its values, then a
-# byte, then 2.1e-3 of the output (now 3.2e-4); 4x128x128 rows, thread CPU time 0.083 -> 0.058 ms (libm-accurate exp
-# computed twice, a float64 row sum)
+# byte, then 2.1e-3 of the output (now 3.2e-4). Two kernels as before (the max; the sums, tree and scaling), 4x128x128
+# rows in thread CPU time 0.080 -> 0.074 ms and 0.102 -> 0.097 (exp stored once by a third kernel: 0.058)
 SOFTMAX_LANES, SOFTMAX_ACCUMULATORS = 8, 2
 # MLAS's constants, all float32 (so rounded here once: a float64 product by them would differ)
 SOFTMAX_EXP_LOWER = float(np.float32(-88.3762626647949))
@@ -479,14 +479,12 @@ def _mlas_exp_row_softmax(x: Tensor) -> Tensor:
     p = p.mul_add(r, c)
   # 2^n in the exponent field (n >= -127 above SOFTMAX_EXP_LOWER: its 0 there is MLAS's too)
   scale = ((n.cast(dtypes.int32) + 127).maximum(0) << 23).bitcast(dtypes.float32)
-  # stored once: the row sum and the scaling read it (recomputed in each, it was half the softmax's time)
-  e = (p * scale).contiguous()
-  lead, d = x.shape[:-1], x.shape[-1]
-  per_lane = e.reshape(*lead, d // (SOFTMAX_LANES * SOFTMAX_ACCUMULATORS), SOFTMAX_ACCUMULATORS * SOFTMAX_LANES)
-  acc = per_lane.sum(-2)
-  # each accumulator's lanes as its own row-shaped term, so that the adds below are one kernel's expression
-  lane = lambda a, j: acc[..., a * SOFTMAX_LANES + j : a * SOFTMAX_LANES + j + 1]
-  lanes = [lane(0, j) + lane(1, j) for j in range(SOFTMAX_LANES)]
+  e = p * scale
+  # accumulator a's lane j sums e[16k + 8a + j] over k, in k's order: one strided row sum each, so that all of them,
+  # the tree and the scaling are one kernel (a (rows, 16) sum read back by the tree was a kernel of its own)
+  block = SOFTMAX_LANES * SOFTMAX_ACCUMULATORS
+  acc = [e[..., m::block].sum(-1, keepdim=True) for m in range(block)]
+  lanes = [acc[j] + acc[SOFTMAX_LANES + j] for j in range(SOFTMAX_LANES)]
   while len(lanes) > 1:
     lanes = [lanes[k] + lanes[k + 1] for k in range(0, len(lanes), 2)]
   total = lanes[0]
