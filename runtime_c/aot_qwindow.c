@@ -62,66 +62,8 @@ static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_
   }
 }
 
-#if defined(__AVX512BW__)
-/* the lanes l of 64 whose column at + l is in [0, W) */
-static uint64_t lanes_inside(long at, int W) {
-  const long lo = at < 0 ? -at : 0, hi = W - at < 64 ? W - at : 64;
-  if (hi <= lo) return 0;
-  const uint64_t upto = hi == 64 ? ~(uint64_t)0 : ((uint64_t)1 << hi) - 1;
-  return upto & ~(((uint64_t)1 << lo) - 1);
-}
-
-#define QPOOL_MAX(a, b) (sg ? _mm512_max_epi8(a, b) : _mm512_max_epu8(a, b))
-
-/* Windows 2 or 3 wide at column stride 2 (ResNet's 3x3/2), 32 outputs at a time in registers: per input row of the
-   window, c[at + l] (V0) and c[at + 1 + l] (V1) for the 65 columns at = 2 * ox - PW on, loaded under the mask of
-   those inside the row (the rest the type's minimum), their maxima over the rows; output i is then the low byte of
-   16-bit lane i of max(V0, V1, V1 >> 8) (3 wide: columns 2i, 2i + 1, 2i + 2) or max(V0, V0 >> 8) (2 wide), narrowed.
-   The separable path wrote each row's column maxima to a buffer and read it back at offsets its stores did not
-   start at, a store-forwarding stall per read: ResNet-18's 3x3/2 over 64x112x112, thread CPU medians of 401 calls
-   interleaved, 0.102 -> 0.048 ms (clang-19), 0.138 -> 0.055 (gcc), 0.105 -> 0.072 (clang-14, min 0.098 -> 0.048).
-   (The next 64 columns' V0 permuted into V1 with VBMI, half the loads, was no faster: not what it waits on.) */
-static inline __attribute__((always_inline)) void qpool_s2_at(const aot_qpool *p, int start, int end, int sg) {
-  const int W = p->W, OW = p->OW, three = p->KW == 3;
-  const __m512i low = _mm512_set1_epi8(sg ? (char)0x80 : 0);
-  for (int plane = start; plane < end; plane++) {
-    const uint8_t *x = p->x + plane * p->x_plane;
-    for (int oy = 0; oy < p->OH; oy++) {
-      uint8_t *y = p->y + plane * p->y_plane + oy * p->y_row;
-      for (int ox = 0; ox < OW; ox += 32) {
-        const long at = 2L * ox - p->PW;
-        const uint64_t k0 = lanes_inside(at, W), k1 = lanes_inside(at + 1, W);
-        __m512i v0 = low, v1 = low;
-        for (int ky = 0; ky < p->KH; ky++) {
-          const int iy = oy * p->SH - p->PH + ky * p->DH;
-          if (iy < 0 || iy >= p->H) continue;
-          /* (the masked lanes are not read: the columns before and after the row) */
-          const uintptr_t row = (uintptr_t)(x + iy * p->x_row) + at;
-          v0 = QPOOL_MAX(v0, _mm512_mask_loadu_epi8(low, k0, (const void *)row));
-          if (three) v1 = QPOOL_MAX(v1, _mm512_mask_loadu_epi8(low, k1, (const void *)(row + 1)));
-        }
-        const __m512i pair = three ? QPOOL_MAX(v1, _mm512_srli_epi16(v1, 8)) : _mm512_srli_epi16(v0, 8);
-        const __m256i out = _mm512_cvtepi16_epi8(QPOOL_MAX(v0, pair));
-        const int n = OW - ox;
-        _mm256_mask_storeu_epi8(y + ox, n >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << n) - 1, out);
-      }
-    }
-  }
-}
-
-static int qpool_s2(const aot_qpool *p, int start, int end) {
-  if (p->SW != 2 || p->DW != 1 || (p->KW != 3 && p->KW != 2)) return 0;
-  if (p->x_signed) qpool_s2_at(p, start, end, 1);
-  else qpool_s2_at(p, start, end, 0);
-  return 1;
-}
-#endif
-
 void aot_qpool_run(void *ctx, int start, int end) {
   const aot_qpool *p = ctx;
-#if defined(__AVX512BW__)
-  if (qpool_s2(p, start, end)) return;
-#endif
   const uint8_t flip = p->x_signed ? 0x80 : 0;
   const qv8 f = (qv8){0} + flip;
   /* the row with its padding: t[PW + ix] holds column ix, the padding (and a vector past the end, which the steps
