@@ -21,13 +21,15 @@ typedef uint8_t qv8 __attribute__((vector_size(32), aligned(1)));
 typedef uint16_t qv16 __attribute__((vector_size(32), aligned(1)));
 typedef uint8_t qh8 __attribute__((vector_size(16), aligned(1)));
 typedef uint16_t qw16 __attribute__((vector_size(64), aligned(1)));
+typedef uint8_t qq8 __attribute__((vector_size(8), aligned(1)));
+typedef uint16_t qh16 __attribute__((vector_size(16), aligned(1), may_alias));
 #define QV 32
 
 /* lanewise max (a statement expression, not a function: a 32-byte vector returned by value changes the ABI where
    the target has no AVX, which gcc warns of) */
 #define qmax(a, b)                                                                                                   \
   ({                                                                                                                 \
-    const qv8 a_ = (a), b_ = (b), m_ = (qv8)(a_ > b_);                                                               \
+    const __typeof__(a) a_ = (a), b_ = (b), m_ = (__typeof__(a))(a_ > b_);                                           \
     (a_ & m_) | (b_ & ~m_);                                                                                          \
   })
 
@@ -37,24 +39,34 @@ typedef uint16_t qw16 __attribute__((vector_size(64), aligned(1)));
 
 static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_qpool *p, uint8_t flip) {
   const int OW = p->OW, SW = p->SW, KW = p->KW, DW = p->DW;
-  const qv8 f = (qv8){0} + flip;
   int done = 0;
-  if (DW == 1 && KW == 3 && SW == 1 && OW >= QV) {
-    QPOOL_STEPS(ox, OW, QV) {
-      const qv8 m = qmax(qmax(*(const qv8 *)(t + ox), *(const qv8 *)(t + ox + 1)), *(const qv8 *)(t + ox + 2));
-      *(qv8 *)(y + ox) = m ^ f;
-    }
+  /* rows narrower than a 32-byte vector in 16- or 8-byte ones (the scalar loop took 3x3 pools over 13x13 and 27x27
+     planes at 0.1-0.5 GB/s) */
+#define QPOOL_STRIDE1(T, lanes)                                                                                       \
+  QPOOL_STEPS(ox, OW, lanes) {                                                                                       \
+    const T m = qmax(qmax(*(const T *)(t + ox), *(const T *)(t + ox + 1)), *(const T *)(t + ox + 2));                \
+    *(T *)(y + ox) = m ^ ((T){0} + flip);                                                                            \
+  }
+  /* the window's maxima at every column, then every other one: the low bytes of 16-bit lanes, narrowed */
+#define QPOOL_STRIDE2(T, W16, N, lanes)                                                                               \
+  QPOOL_STEPS(ox, OW, lanes) {                                                                                       \
+    const uint8_t *s = t + 2 * ox;                                                                                   \
+    T m = qmax(*(const T *)s, *(const T *)(s + 1));                                                                  \
+    if (KW == 3) m = qmax(m, *(const T *)(s + 2));                                                                   \
+    *(N *)(y + ox) = __builtin_convertvector((W16)m & 0xff, N) ^ ((N){0} + flip);                                    \
+  }
+  if (DW == 1 && KW == 3 && SW == 1 && OW >= 8) {
+    if (OW >= QV) QPOOL_STRIDE1(qv8, QV)
+    else if (OW >= 16) QPOOL_STRIDE1(qh8, 16)
+    else QPOOL_STRIDE1(qq8, 8)
     done = OW;
-  } else if (DW == 1 && (KW == 3 || KW == 2) && SW == 2 && OW >= QV / 2) {
-    /* the window's maxima at every column, then every other one: the low bytes of 16-bit lanes, narrowed */
-    QPOOL_STEPS(ox, OW, QV / 2) {
-      const uint8_t *s = t + 2 * ox;
-      qv8 m = qmax(*(const qv8 *)s, *(const qv8 *)(s + 1));
-      if (KW == 3) m = qmax(m, *(const qv8 *)(s + 2));
-      *(qh8 *)(y + ox) = __builtin_convertvector((qv16)m & 0xff, qh8) ^ ((qh8){0} + flip);
-    }
+  } else if (DW == 1 && (KW == 3 || KW == 2) && SW == 2 && OW >= 8) {
+    if (OW >= QV / 2) QPOOL_STRIDE2(qv8, qv16, qh8, QV / 2)
+    else QPOOL_STRIDE2(qh8, qh16, qq8, 8)
     done = OW;
   }
+#undef QPOOL_STRIDE1
+#undef QPOOL_STRIDE2
   for (int ox = done; ox < OW; ox++) {
     uint8_t m = t[ox * SW];
     for (int kx = 1; kx < KW; kx++) m = t[ox * SW + kx * DW] > m ? t[ox * SW + kx * DW] : m;
@@ -65,7 +77,6 @@ static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_
 void aot_qpool_run(void *ctx, int start, int end) {
   const aot_qpool *p = ctx;
   const uint8_t flip = p->x_signed ? 0x80 : 0;
-  const qv8 f = (qv8){0} + flip;
   /* the row with its padding: t[PW + ix] holds column ix, the padding (and a vector past the end, which the steps
      read into lanes they drop) the identity 0, flipped the minimum; codegen/qpool.py keeps the row within
      AOT_QPOOL_ROW - QV */
@@ -81,12 +92,16 @@ void aot_qpool_run(void *ctx, int start, int end) {
         const int iy = oy * p->SH - p->PH + ky * p->DH;
         if (iy < 0 || iy >= p->H) continue;
         const uint8_t *restrict in = x + iy * p->x_row;
-        if (W >= QV) {
-          QPOOL_STEPS(ix, W, QV) {
-            const qv8 v = *(const qv8 *)(in + ix) ^ f;
-            *(qv8 *)(row + ix) = taps ? qmax(v, *(qv8 *)(row + ix)) : v;
-          }
-        } else
+#define QPOOL_ROWS(T, lanes)                                                                                          \
+  QPOOL_STEPS(ix, W, lanes) {                                                                                        \
+    const T v = *(const T *)(in + ix) ^ ((T){0} + flip);                                                             \
+    *(T *)(row + ix) = taps ? qmax(v, *(T *)(row + ix)) : v;                                                         \
+  }
+        if (W >= QV) QPOOL_ROWS(qv8, QV)
+        else if (W >= 16) QPOOL_ROWS(qh8, 16)
+        else if (W >= 8) QPOOL_ROWS(qq8, 8)
+#undef QPOOL_ROWS
+        else
           for (int ix = 0; ix < W; ix++) {
             const uint8_t v = in[ix] ^ flip;
             row[ix] = taps && row[ix] > v ? row[ix] : v;
@@ -112,8 +127,6 @@ void aot_qpool_run(void *ctx, int start, int end) {
    that row buffer and its scalar loop under 16 outputs. The generated copy read stride-2 bytes one by one (ResNet-18's
    7x7/2 first conv: 0.45 ms for 1.8 MB, 4 GB/s; this 0.062) *** */
 
-typedef uint8_t qq8 __attribute__((vector_size(8), aligned(1)));
-typedef uint16_t qh16 __attribute__((vector_size(16), aligned(1), may_alias));
 typedef uint16_t qv16a __attribute__((vector_size(32), aligned(1), may_alias));
 typedef uint16_t qw16a __attribute__((vector_size(64), aligned(1), may_alias));
 
