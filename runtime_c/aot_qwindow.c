@@ -12,10 +12,11 @@ static int min(int a, int b) { return a < b ? a : b; }
 static int max(int a, int b) { return a > b ? a : b; }
 
 /* *** 8-bit max pools (aot_qpool): separable, each output row the column maxima of its window's rows, then the
-   maxima along that row at the window's steps, both along contiguous bytes in 32-byte vectors (GNU C vector types:
-   the same code for gcc and clang, x86 and arm). The generated loop over the window's gated taps ran as byte inserts
-   at 4 GB/s (ResNet-18's 3x3/2 pool over 64x112x112 uint8: 0.51 ms). int8 is compared as uint8 with its sign bit
-   flipped. *** */
+   maxima along that row at the window's steps, both along contiguous bytes in 32-byte vectors (16- or 8-byte ones
+   for shorter rows; GNU C vector types: the same code for gcc and clang, x86 and arm). The generated loop over the
+   window's gated taps ran as byte inserts at 4 GB/s (ResNet-18's 3x3/2 pool over 64x112x112 uint8: 0.51 ms). int8 is
+   compared as uint8 with its sign bit flipped. (Computing a stride-2 row's maxima in AVX-512 registers instead, no
+   row buffer, was 2x faster with the input in cache and slower inside ResNet-18: reverted, cause not found.) *** */
 
 typedef uint8_t qv8 __attribute__((vector_size(32), aligned(1)));
 typedef uint16_t qv16 __attribute__((vector_size(32), aligned(1)));
