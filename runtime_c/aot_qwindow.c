@@ -24,6 +24,8 @@ typedef uint8_t qh8 __attribute__((vector_size(16), aligned(1)));
 typedef uint16_t qw16 __attribute__((vector_size(64), aligned(1)));
 typedef uint8_t qq8 __attribute__((vector_size(8), aligned(1)));
 typedef uint16_t qh16 __attribute__((vector_size(16), aligned(1), may_alias));
+typedef uint8_t qd8 __attribute__((vector_size(4), aligned(1)));
+typedef uint16_t qq16 __attribute__((vector_size(8), aligned(1), may_alias));
 #define QV 32
 
 /* lanewise max (a statement expression, not a function: a 32-byte vector returned by value changes the ABI where
@@ -41,8 +43,8 @@ typedef uint16_t qh16 __attribute__((vector_size(16), aligned(1), may_alias));
 static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_qpool *p, uint8_t flip) {
   const int OW = p->OW, SW = p->SW, KW = p->KW, DW = p->DW;
   int done = 0;
-  /* rows narrower than a 32-byte vector in 16- or 8-byte ones (the scalar loop took 3x3 pools over 13x13 and 27x27
-     planes at 0.1-0.5 GB/s) */
+  /* rows narrower than a 32-byte vector in 16-, 8- or 4-byte ones (the scalar loop took 3x3 pools over 13x13 and
+     27x27 planes at 0.1-0.5 GB/s) */
 #define QPOOL_STRIDE1(T, lanes)                                                                                       \
   QPOOL_STEPS(ox, OW, lanes) {                                                                                       \
     const T m = qmax(qmax(*(const T *)(t + ox), *(const T *)(t + ox + 1)), *(const T *)(t + ox + 2));                \
@@ -56,14 +58,16 @@ static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_
     if (KW == 3) m = qmax(m, *(const T *)(s + 2));                                                                   \
     *(N *)(y + ox) = __builtin_convertvector((W16)m & 0xff, N) ^ ((N){0} + flip);                                    \
   }
-  if (DW == 1 && KW == 3 && SW == 1 && OW >= 8) {
+  if (DW == 1 && KW == 3 && SW == 1 && OW >= 4) {
     if (OW >= QV) QPOOL_STRIDE1(qv8, QV)
     else if (OW >= 16) QPOOL_STRIDE1(qh8, 16)
-    else QPOOL_STRIDE1(qq8, 8)
+    else if (OW >= 8) QPOOL_STRIDE1(qq8, 8)
+    else QPOOL_STRIDE1(qd8, 4)
     done = OW;
-  } else if (DW == 1 && (KW == 3 || KW == 2) && SW == 2 && OW >= 8) {
+  } else if (DW == 1 && (KW == 3 || KW == 2) && SW == 2 && OW >= 4) {
     if (OW >= QV / 2) QPOOL_STRIDE2(qv8, qv16, qh8, QV / 2)
-    else QPOOL_STRIDE2(qh8, qh16, qq8, 8)
+    else if (OW >= 8) QPOOL_STRIDE2(qh8, qh16, qq8, 8)
+    else QPOOL_STRIDE2(qq8, qq16, qd8, 4)
     done = OW;
   }
 #undef QPOOL_STRIDE1
@@ -101,6 +105,7 @@ void aot_qpool_run(void *ctx, int start, int end) {
         if (W >= QV) QPOOL_ROWS(qv8, QV)
         else if (W >= 16) QPOOL_ROWS(qh8, 16)
         else if (W >= 8) QPOOL_ROWS(qq8, 8)
+        else if (W >= 4) QPOOL_ROWS(qd8, 4)
 #undef QPOOL_ROWS
         else
           for (int ix = 0; ix < W; ix++) {

@@ -97,8 +97,8 @@ def test_same_width_convs_equal_onnxruntime(dt):
 
 
 # 8-bit max pools: (C, H, W, kernel, strides, pads): stride 2 with padding over even and odd planes, 1 channel,
-# planes of 1x1 and 7x7, rows of 33 and 70 columns (past the routine's vector steps), rows of 8 to 31 bytes or outputs
-# (its 8- and 16-byte steps: 27x27/2 to 13, 13x13 and 10x20 at stride 1, 9x18 2x2/2 to 9)
+# planes of 1x1 and 7x7, rows of 33 and 70 columns (past the routine's vector steps), rows of 4 to 31 bytes or outputs
+# (its 4-, 8- and 16-byte steps: 27x27/2 to 13, 13x13, 10x20 and 6x6 at stride 1, 9x18 and 5x9 2x2/2 to 9 and 4)
 POOLS = [
   (4, 112 // 4, 112 // 4, (3, 3), (2, 2), (1, 1, 1, 1)),
   (1, 7, 7, (3, 3), (2, 2), (1, 1, 1, 1)),
@@ -110,6 +110,8 @@ POOLS = [
   (5, 13, 13, (3, 3), (1, 1), (1, 1, 1, 1)),
   (3, 10, 20, (3, 3), (1, 1), (1, 1, 1, 1)),
   (2, 9, 18, (2, 2), (2, 2), (0, 0, 0, 0)),
+  (6, 6, 6, (3, 3), (1, 1), (1, 1, 1, 1)),
+  (2, 5, 9, (2, 2), (2, 2), (0, 0, 0, 0)),
 ]
 
 
