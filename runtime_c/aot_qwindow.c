@@ -3,27 +3,36 @@
 #include <stdint.h>
 #include <string.h>
 #include "aot_runtime.h"
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 static int min(int a, int b) { return a < b ? a : b; }
+static int max(int a, int b) { return a > b ? a : b; }
 
 /* *** 8-bit max pools (aot_qpool): separable, each output row the column maxima of its window's rows, then the
-   maxima along that row at the window's steps, both along contiguous bytes in 32-byte vectors (GNU C vector types:
-   the same code for gcc and clang, x86 and arm). The generated loop over the window's gated taps ran as byte inserts
-   at 4 GB/s (ResNet-18's 3x3/2 pool over 64x112x112 uint8: 0.51 ms). int8 is compared as uint8 with its sign bit
-   flipped. *** */
+   maxima along that row at the window's steps, both along contiguous bytes in 32-byte vectors (16- or 8-byte ones
+   for shorter rows; GNU C vector types: the same code for gcc and clang, x86 and arm). The generated loop over the
+   window's gated taps ran as byte inserts at 4 GB/s (ResNet-18's 3x3/2 pool over 64x112x112 uint8: 0.51 ms). int8 is
+   compared as uint8 with its sign bit flipped. (Computing a stride-2 row's maxima in AVX-512 registers instead, no
+   row buffer, was 2x faster with the input in cache and slower inside ResNet-18: reverted, cause not found.) *** */
 
 typedef uint8_t qv8 __attribute__((vector_size(32), aligned(1)));
 typedef uint16_t qv16 __attribute__((vector_size(32), aligned(1)));
 typedef uint8_t qh8 __attribute__((vector_size(16), aligned(1)));
 typedef uint16_t qw16 __attribute__((vector_size(64), aligned(1)));
+typedef uint8_t qq8 __attribute__((vector_size(8), aligned(1)));
+typedef uint16_t qh16 __attribute__((vector_size(16), aligned(1), may_alias));
+typedef uint8_t qd8 __attribute__((vector_size(4), aligned(1)));
+typedef uint16_t qq16 __attribute__((vector_size(8), aligned(1), may_alias));
 #define QV 32
 
 /* lanewise max (a statement expression, not a function: a 32-byte vector returned by value changes the ABI where
    the target has no AVX, which gcc warns of) */
 #define qmax(a, b)                                                                                                   \
   ({                                                                                                                 \
-    const qv8 a_ = (a), b_ = (b), m_ = (qv8)(a_ > b_);                                                               \
+    const __typeof__(a) a_ = (a), b_ = (b), m_ = (__typeof__(a))(a_ > b_);                                           \
     (a_ & m_) | (b_ & ~m_);                                                                                          \
   })
 
@@ -33,24 +42,36 @@ typedef uint16_t qw16 __attribute__((vector_size(64), aligned(1)));
 
 static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_qpool *p, uint8_t flip) {
   const int OW = p->OW, SW = p->SW, KW = p->KW, DW = p->DW;
-  const qv8 f = (qv8){0} + flip;
   int done = 0;
-  if (DW == 1 && KW == 3 && SW == 1 && OW >= QV) {
-    QPOOL_STEPS(ox, OW, QV) {
-      const qv8 m = qmax(qmax(*(const qv8 *)(t + ox), *(const qv8 *)(t + ox + 1)), *(const qv8 *)(t + ox + 2));
-      *(qv8 *)(y + ox) = m ^ f;
-    }
+  /* rows narrower than a 32-byte vector in 16-, 8- or 4-byte ones (the scalar loop took 3x3 pools over 13x13 and
+     27x27 planes at 0.1-0.5 GB/s) */
+#define QPOOL_STRIDE1(T, lanes)                                                                                       \
+  QPOOL_STEPS(ox, OW, lanes) {                                                                                       \
+    const T m = qmax(qmax(*(const T *)(t + ox), *(const T *)(t + ox + 1)), *(const T *)(t + ox + 2));                \
+    *(T *)(y + ox) = m ^ ((T){0} + flip);                                                                            \
+  }
+  /* the window's maxima at every column, then every other one: the low bytes of 16-bit lanes, narrowed */
+#define QPOOL_STRIDE2(T, W16, N, lanes)                                                                               \
+  QPOOL_STEPS(ox, OW, lanes) {                                                                                       \
+    const uint8_t *s = t + 2 * ox;                                                                                   \
+    T m = qmax(*(const T *)s, *(const T *)(s + 1));                                                                  \
+    if (KW == 3) m = qmax(m, *(const T *)(s + 2));                                                                   \
+    *(N *)(y + ox) = __builtin_convertvector((W16)m & 0xff, N) ^ ((N){0} + flip);                                    \
+  }
+  if (DW == 1 && KW == 3 && SW == 1 && OW >= 4) {
+    if (OW >= QV) QPOOL_STRIDE1(qv8, QV)
+    else if (OW >= 16) QPOOL_STRIDE1(qh8, 16)
+    else if (OW >= 8) QPOOL_STRIDE1(qq8, 8)
+    else QPOOL_STRIDE1(qd8, 4)
     done = OW;
-  } else if (DW == 1 && (KW == 3 || KW == 2) && SW == 2 && OW >= QV / 2) {
-    /* the window's maxima at every column, then every other one: the low bytes of 16-bit lanes, narrowed */
-    QPOOL_STEPS(ox, OW, QV / 2) {
-      const uint8_t *s = t + 2 * ox;
-      qv8 m = qmax(*(const qv8 *)s, *(const qv8 *)(s + 1));
-      if (KW == 3) m = qmax(m, *(const qv8 *)(s + 2));
-      *(qh8 *)(y + ox) = __builtin_convertvector((qv16)m & 0xff, qh8) ^ ((qh8){0} + flip);
-    }
+  } else if (DW == 1 && (KW == 3 || KW == 2) && SW == 2 && OW >= 4) {
+    if (OW >= QV / 2) QPOOL_STRIDE2(qv8, qv16, qh8, QV / 2)
+    else if (OW >= 8) QPOOL_STRIDE2(qh8, qh16, qq8, 8)
+    else QPOOL_STRIDE2(qq8, qq16, qd8, 4)
     done = OW;
   }
+#undef QPOOL_STRIDE1
+#undef QPOOL_STRIDE2
   for (int ox = done; ox < OW; ox++) {
     uint8_t m = t[ox * SW];
     for (int kx = 1; kx < KW; kx++) m = t[ox * SW + kx * DW] > m ? t[ox * SW + kx * DW] : m;
@@ -61,7 +82,6 @@ static void qpool_row(const uint8_t *restrict t, uint8_t *restrict y, const aot_
 void aot_qpool_run(void *ctx, int start, int end) {
   const aot_qpool *p = ctx;
   const uint8_t flip = p->x_signed ? 0x80 : 0;
-  const qv8 f = (qv8){0} + flip;
   /* the row with its padding: t[PW + ix] holds column ix, the padding (and a vector past the end, which the steps
      read into lanes they drop) the identity 0, flipped the minimum; codegen/qpool.py keeps the row within
      AOT_QPOOL_ROW - QV */
@@ -77,12 +97,17 @@ void aot_qpool_run(void *ctx, int start, int end) {
         const int iy = oy * p->SH - p->PH + ky * p->DH;
         if (iy < 0 || iy >= p->H) continue;
         const uint8_t *restrict in = x + iy * p->x_row;
-        if (W >= QV) {
-          QPOOL_STEPS(ix, W, QV) {
-            const qv8 v = *(const qv8 *)(in + ix) ^ f;
-            *(qv8 *)(row + ix) = taps ? qmax(v, *(qv8 *)(row + ix)) : v;
-          }
-        } else
+#define QPOOL_ROWS(T, lanes)                                                                                          \
+  QPOOL_STEPS(ix, W, lanes) {                                                                                        \
+    const T v = *(const T *)(in + ix) ^ ((T){0} + flip);                                                             \
+    *(T *)(row + ix) = taps ? qmax(v, *(T *)(row + ix)) : v;                                                         \
+  }
+        if (W >= QV) QPOOL_ROWS(qv8, QV)
+        else if (W >= 16) QPOOL_ROWS(qh8, 16)
+        else if (W >= 8) QPOOL_ROWS(qq8, 8)
+        else if (W >= 4) QPOOL_ROWS(qd8, 4)
+#undef QPOOL_ROWS
+        else
           for (int ix = 0; ix < W; ix++) {
             const uint8_t v = in[ix] ^ flip;
             row[ix] = taps && row[ix] > v ? row[ix] : v;
@@ -108,8 +133,6 @@ void aot_qpool_run(void *ctx, int start, int end) {
    that row buffer and its scalar loop under 16 outputs. The generated copy read stride-2 bytes one by one (ResNet-18's
    7x7/2 first conv: 0.45 ms for 1.8 MB, 4 GB/s; this 0.062) *** */
 
-typedef uint8_t qq8 __attribute__((vector_size(8), aligned(1)));
-typedef uint16_t qh16 __attribute__((vector_size(16), aligned(1), may_alias));
 typedef uint16_t qv16a __attribute__((vector_size(32), aligned(1), may_alias));
 typedef uint16_t qw16a __attribute__((vector_size(64), aligned(1), may_alias));
 
@@ -225,17 +248,71 @@ static void plane_taps_at(const aot_qim2col *p, uint8_t *y, const uint8_t *b, in
 #undef QIM2COL_CASE
 }
 
-static int max(int a, int b) { return a > b ? a : b; }
-
 /* plane c of the input into its padded plane b (rows wp apart, the padding already there) */
 static void plane_in(const aot_qim2col *p, int c, uint8_t *restrict b, int wp) {
   const uint8_t *x = p->x + c * p->x_plane;
   for (int iy = 0; iy < p->H; iy++) copy_run(b + (long)(p->PH + iy) * wp + p->PW, x + iy * p->x_row, p->W);
 }
 
+#if defined(__AVX512BW__)
+/* Where the output rows are as wide as the input's (OW == W, stride 1: a "same" convolution) and the plane's rows
+   lie one after another (x_row == W), a tap's row of A is the plane itself read d = (kh - PH) * W + kw - PW bytes
+   on, with the bytes whose row or column falls outside it the pad: per 64 bytes one load masked to the valid lanes
+   over a vector of the pad, and a store, from no buffer. The masks, for planes of up to QSAME_MAX bytes, are made
+   once per call (KH * KW * M bits). Thread CPU medians of 401 calls interleaved, 3x3 pad 1, the padded-buffer path
+   -> this: 512x7x7 0.029 -> 0.017 ms (clang-19), 0.042 -> 0.019 (gcc); 256x14x14 0.034 -> 0.022, 0.042 -> 0.025;
+   at 128x28x28 (784 bytes) none faster (0.021 both), so planes up to QSAME_MAX only. (Grouping several planes' padded
+   copies in the buffer before reading any, against a store-forwarding stall, gained nothing: 0.052 -> 0.055 at
+   512x7x7.) */
+#define QSAME_MAX 256
+static int qim2col_same(const aot_qim2col *p, int start, int end) {
+  const int W = p->W, M = p->OH * p->OW, KH = p->KH, KW = p->KW, chunks = (M + 63) / 64;
+  if (p->SW != 1 || p->SH != 1 || p->OW != W || p->x_row != W || M > QSAME_MAX || KW * KH > 16) return 0;
+  /* valid[kh * KW + kw][j]: the lanes of chunk j whose row oy + kh - PH and column ox + kw - PW are inside the
+     plane */
+  uint64_t valid[16][QSAME_MAX / 64];
+  for (int kh = 0; kh < KH; kh++)
+    for (int kw = 0; kw < KW; kw++) {
+      const int lo = p->PW - kw, hi = W + p->PW - kw;
+      const int rlo = max(0, p->PH - kh) * W, rhi = min(p->OH, p->H + p->PH - kh) * W;
+      for (int j = 0; j < chunks; j++) {
+        uint64_t bits = 0;
+        for (int l = 0, m = j * 64, ox = m % W; l < 64; l++, m++, ox = ox + 1 == W ? 0 : ox + 1)
+          bits |= (uint64_t)(ox >= lo && ox < hi && m >= rlo && m < rhi) << l;
+        valid[kh * KW + kw][j] = bits;
+      }
+    }
+  const __m512i pad = _mm512_set1_epi8((char)p->pad);
+  const __mmask64 tail = M % 64 ? ((uint64_t)1 << (M % 64)) - 1 : ~(uint64_t)0;
+  /* the last chunk's bytes past a row spill into the rows of the next taps of its kh, written after it, where they
+     are next and hold them (taps before kw_spill) */
+  const int over = chunks * 64 - M, kw_spill = p->y_kw == M ? KW - cdiv(over, M) : 0;
+  for (int t = start; t < end; t++) {
+    const int c = t / KH, kh = t % KH;
+    const uint8_t *x = p->x + c * p->x_plane;
+    for (int kw = 0; kw < KW; kw++) {
+      const uint64_t *k = valid[kh * KW + kw];
+      /* (the masked lanes are not read: x + d may lie before or after the plane) */
+      const uintptr_t at = (uintptr_t)x + (kh - p->PH) * W + kw - p->PW;
+      uint8_t *y = p->y + c * p->y_plane + kh * p->y_kh + kw * p->y_kw;
+      int j = 0;
+      for (; j + 1 < chunks; j++)
+        _mm512_storeu_si512(y + j * 64, _mm512_mask_loadu_epi8(pad, k[j], (const void *)(at + j * 64)));
+      const __m512i v = _mm512_mask_loadu_epi8(pad, k[j], (const void *)(at + j * 64));
+      if (kw < kw_spill) _mm512_storeu_si512(y + j * 64, v);
+      else _mm512_mask_storeu_epi8(y + j * 64, tail, v);
+    }
+  }
+  return 1;
+}
+#endif
+
 void aot_qim2col_run(void *ctx, int start, int end) {
   const aot_qim2col *p = ctx;
   if (start >= end) return;
+#if defined(__AVX512BW__)
+  if (qim2col_same(p, start, end)) return;
+#endif
   const int OW = p->OW, OH = p->OH, W = p->W, PW = p->PW, SW = p->SW, KH = p->KH;
   /* the rows from exact_from on have fewer than v - OW bytes of their tap's row after them */
   const int v = spill_width(OW, SW), exact_from = v ? OH - cdiv(v - OW, OW) : 0;
