@@ -30,6 +30,11 @@
 /* and half that where M fits one block: then A's slice (49 x 256) and a weight panel's (8 KB) both fit L1 (the
    7x7 layers' 49x512x4608 and x2304: 4% faster; 1024^3 2% slower, so not everywhere) */
 #define QKC_FEW_ROWS 256
+/* and K whole in one slice up to this long: 576 (the 56x56 layers' 3136x64x576) was 512 + 64, whose short second
+   slice cost a pass of accumulator loads and stores and an A pack for 64 k (0.314 -> 0.303 ms, best of 300) */
+#define QKC_ONE 640
+/* the longest slice (the packed A's and AVX2's widened A's buffers) */
+#define QKC_MAX QKC_ONE
 
 /* the loops over a tile's rows and columns unrolled, so that its accumulators live in registers: gcc 12 at -O2 kept
    them in memory, a load and a store for each multiply (1024^3 with gcc: VNNI-512 270 -> 640 GOPS, AVX2 64 -> 90;
@@ -324,8 +329,10 @@ void aot_qgemm_run(void *ctx, int start, int end) {
   const int tasks = aot_qgemm_tasks(g), mblocks = cdiv(g->M, QMC), K4 = (g->K + 3) / 4 * 4;
   const uint32_t flip = g->a_signed ? 0x80 : 0;
   const int32_t zero = (g->a_zero_at ? *g->a_zero_at : g->a_zero) + (g->a_signed ? 128 : 0);
-  const int kslice = mblocks == 1 ? QKC_FEW_ROWS : QKC;
-  uint8_t ap[QMC * QKC] __attribute__((aligned(64)));
+  /* K in slices of equal length (a multiple of 4) at most kmax: 2304 as 5 x 464, not 4 x 512 + 256 */
+  const int kmax = mblocks == 1 ? QKC_FEW_ROWS : K4 <= QKC_ONE ? QKC_ONE : QKC;
+  const int kslice = (cdiv(K4, cdiv(K4, kmax)) + 3) / 4 * 4;
+  uint8_t ap[QMC * QKC_MAX] __attribute__((aligned(64)));
   int32_t acc[QMC * QNC] __attribute__((aligned(64)));
   for (int t; (t = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < tasks;) {
     const int m0 = t % mblocks * QMC, n0 = t / mblocks * QNC;
@@ -354,6 +361,21 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         far_panels = cdiv(min(g->N - n0 - QNC, QNC), QNR);
       }
       const long far_total = (long)far_lines * far_panels, calls = (long)tiles * panels;
+      /* a k-major A (a convolution's im2col) is read QMC bytes from each of K rows lda apart, which the hardware
+         does not fetch ahead: in the last slice, the first slice of the next task's rows are (the task the counter
+         hands out next: this thread's next on 1 thread, a guess on more). With A out of L2 (as an im2col's 1.8 MB
+         leaves it): the stem's 12544x64x147 0.58-0.68 -> 0.42-0.49 ms, 3136x64x576 0.38-0.52 -> 0.31; with A in L2
+         up to 5% slower */
+      const uint8_t *a_next = NULL;
+      int a_rows = 0, a_span = 0;
+      if (g->a_kmajor && mblocks > 1 && k0 + kc >= K4) {
+        const int tn = __atomic_load_n(&g->next, __ATOMIC_RELAXED), m0n = tn % mblocks * QMC;
+        if (tn < tasks) {
+          a_next = g->a + m0n;
+          a_rows = min(g->K, kslice);
+          a_span = min(g->M - m0n, QMC) - 1;
+        }
+      }
       for (int n = 0; n < nr; n += QNR) {
         const int8_t *bt = g->b + (long)((n0 + n) / QNR) * K4 * QNR + (long)k0 * QNR;
         /* the next panel: the next tile's, else the next slice's first */
@@ -377,6 +399,15 @@ void aot_qgemm_run(void *ctx, int start, int end) {
                 line = 0;
                 panel += (long)K4 * QNR;
               }
+            }
+          }
+          if (a_next) {
+            const long call = (long)(n / QNR) * tiles + m / QMR;
+            for (long k = call * a_rows / calls; k < (call + 1) * a_rows / calls; k++) {
+              const uint8_t *row = a_next + k * g->lda;
+              __builtin_prefetch(row);
+              /* the row's second line, where it crosses one */
+              if (((uintptr_t)row ^ (uintptr_t)(row + a_span)) >= 64) __builtin_prefetch(row + a_span);
             }
           }
           if (mr - m >= QMR) micro(kc / 4, ap + (m / QMR) * QMR * kc, bt, acc + m * QNC + n, QNC, k0 > 0);

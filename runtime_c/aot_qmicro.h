@@ -97,8 +97,8 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
    vectors and a broadcast of the 16 registers (8 x 8, 16 accumulators, spilled: 0.56x on 1024^3; 2 x 16 0.92x) */
 static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict b, int32_t *restrict c, int ldc,
                   int accumulate) {
-  /* groups <= QKC / 4: the caller's slices of k are at most QKC long (8 KB) */
-  int64_t aw[QKC / 4 * QMR];
+  /* groups <= QKC_MAX / 4: the caller's slices of k are at most QKC_MAX long (10 KB) */
+  int64_t aw[QKC_MAX / 4 * QMR];
   for (int g = 0; g < groups; g++)
     QUNROLL
     for (int h = 0; h < 2; h++) {
