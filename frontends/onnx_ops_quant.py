@@ -174,10 +174,14 @@ def qlinear_avg_pool(
   pads=None,
   strides=None,
 ):
-  # onnxruntime dequantizes, pools in float and quantizes the result
+  # onnxruntime dequantizes, pools in float and rounds mean / y_scale + y_zp: the zero point is added before the
+  # rounding (a 2x2 mean's halves then tie the other way for an odd zero point)
   v = _to_channels_first(_dequant(x, x_scale, x_zp), channels_last)
   pooled = avg_pool(n, v, auto_pad, ceil_mode, count_include_pad, None, kernel_shape, pads, strides)
-  return _from_channels_first(_requant(pooled, y_scale, y_zp, _out_type(x, y_zp)), channels_last)
+  q = pooled / _f(_scalar(y_scale, "y_scale"))
+  if y_zp is not None:
+    q = q + _f(_scalar(y_zp, "y_zero_point"))
+  return _from_channels_first(_saturate(q.round(), None, _out_type(x, y_zp)), channels_last)
 
 
 @op("QLinearConcat", domain=MS)

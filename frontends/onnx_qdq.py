@@ -199,7 +199,12 @@ def _qdq_moves(model) -> list[tuple]:
 # the elementwise groups onnxruntime's QDQ rules run as com.microsoft's QLinear ops: DequantizeLinear of each input ->
 # op -> QuantizeLinear, every scale and zero point a per-tensor constant of one 8-bit type (a softmax's output may be
 # of the other; mixed Add/Mul inputs stay in float here, which onnxruntime fuses too)
-_ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Softmax": "QLinearSoftmax"}
+_ELEMENTWISE = {
+  "Add": "QLinearAdd",
+  "Mul": "QLinearMul",
+  "Softmax": "QLinearSoftmax",
+  "AveragePool": "QLinearAveragePool",
+}
 
 
 def _qdq_elementwise(model) -> list[tuple]:
@@ -289,6 +294,8 @@ def fuse_qdq(model, in_place: bool = False):
       # QLinearSoftmax's rows are Softmax's of the opset the model is in
       axis = next((a.i for a in n.attribute if a.name == "axis"), 1 if opset < 13 else -1)
       fused.attribute.extend([helper.make_attribute("axis", axis), helper.make_attribute("opset", opset)])
+    if n.op_type == "AveragePool":
+      fused.attribute.extend(n.attribute)
     if not any(o.domain == MS for o in model.opset_import):
       model.opset_import.append(helper.make_opsetid(MS, 1))
     n.CopyFrom(fused)
