@@ -348,7 +348,11 @@ void aot_qgemm_run(void *ctx, int start, int end) {
          are its own: the next slice of all its panels (after the last, the next task's first), a whole slice ahead
          (0.42 -> 0.36 ms; the next panel alone was too late). Else the next m block's task reuses them from L2, and
          only the next panel is fetched (a slice ahead cost 196x256x2304 5%, its lines crowding L1) */
-      const int tiles = cdiv(mr, QMR), panels = cdiv(nr, QNR);
+      const int panels = cdiv(nr, QNR);
+      /* a last tile of few rows in the call of the whole one before it */
+      const int more = mr > QMR && mr % QMR <= MICRO_MORE ? mr % QMR : 0;
+      /* calls a panel */
+      const int tiles = cdiv(mr, QMR) - (more > 0);
       const int8_t *far = NULL;
       int far_lines = 0, far_panels = 0;
       if (mblocks == 1 && k0 + kc < K4) {
@@ -385,24 +389,22 @@ void aot_qgemm_run(void *ctx, int start, int end) {
                                             : NULL;
         const int next_kc = n + QNR < nr ? kc : min(K4 - k0 - kc, kslice);
         const int lines = next ? next_kc * QNR / 64 : 0;
-        for (int m = 0; m < mr; m += QMR) {
-          for (int l = m / QMR * lines / tiles; l < (m / QMR + 1) * lines / tiles; l++)
-            __builtin_prefetch(next + l * 64);
-          /* this call's share of the lines, walked panel by panel (a division per line had cost 10% there) */
-          const long call = (long)(n / QNR) * tiles + m / QMR, end = (call + 1) * far_total / calls;
+        for (int tile = 0; tile < tiles; tile++) {
+          const int m = tile * QMR;
+          for (int l = tile * lines / tiles; l < (tile + 1) * lines / tiles; l++) __builtin_prefetch(next + l * 64);
+          /* this call's share of the lines, walked as runs of contiguous lines, one per panel it touches (a division
+             per line had cost 10% there, a check per line for the panel's end 8 instructions a line) */
+          const long call = (long)(n / QNR) * tiles + tile, end = (call + 1) * far_total / calls;
           long l = call * far_total / calls;
           if (l < end) {
-            const int8_t *panel = far + l / far_lines * K4 * QNR;
-            for (int line = (int)(l % far_lines); l < end; l++) {
-              __builtin_prefetch(panel + line * 64);
-              if (++line == far_lines) {
-                line = 0;
-                panel += (long)K4 * QNR;
-              }
+            const int8_t *line = far + l / far_lines * K4 * QNR + l % far_lines * 64;
+            for (long run; l < end; l += run, line += (long)K4 * QNR - far_lines * 64) {
+              run = min((int)(end - l), far_lines - (int)(l % far_lines));
+              for (const int8_t *stop = line + run * 64; line < stop; line += 64) __builtin_prefetch(line);
             }
           }
           if (a_next) {
-            const long call = (long)(n / QNR) * tiles + m / QMR;
+            const long call = (long)(n / QNR) * tiles + tile;
             for (long k = call * a_rows / calls; k < (call + 1) * a_rows / calls; k++) {
               const uint8_t *row = a_next + k * g->lda;
               __builtin_prefetch(row);
@@ -410,8 +412,11 @@ void aot_qgemm_run(void *ctx, int start, int end) {
               if (((uintptr_t)row ^ (uintptr_t)(row + a_span)) >= 64) __builtin_prefetch(row + a_span);
             }
           }
-          if (mr - m >= QMR) micro(kc / 4, ap + (m / QMR) * QMR * kc, bt, acc + m * QNC + n, QNC, k0 > 0);
-          else micro_tail(mr - m, kc / 4, ap + (m / QMR) * QMR * kc, bt, acc + m * QNC + n, QNC, k0 > 0);
+          const uint8_t *at = ap + tile * QMR * kc;
+          int32_t *ct = acc + m * QNC + n;
+          if (more && tile == tiles - 1) micro_more(more, kc / 4, at, at + QMR * kc, bt, ct, QNC, k0 > 0);
+          else if (mr - m >= QMR) micro(kc / 4, at, bt, ct, QNC, k0 > 0);
+          else micro_tail(mr - m, kc / 4, at, bt, ct, QNC, k0 > 0);
         }
       }
     }
