@@ -72,9 +72,10 @@ class PatternMatcher:
     return None
 
 
-def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, leaf: Callable[[UOp], bool] | None = None) -> UOp:
   """Rewrite every node reachable from root to a fixed point. Rules are tried on a node before its sources are visited
-  (so a rule can stop the walk, as lowering does at an INDEX) and again after its sources were rewritten."""
+  (so a rule can stop the walk, as lowering does at an INDEX) and again after its sources were rewritten. Nodes for
+  which leaf is true are kept as they are and not walked into."""
   done: dict[UOp, UOp] = {}
   stack: list = [(root, 0, None)]
   while stack:
@@ -83,6 +84,9 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
       done[u] = done[link]
       continue
     if u in done:
+      continue
+    if leaf is not None and leaf(u):
+      done[u] = u
       continue
     if stage == 0:
       if (new := pm.rewrite(u, ctx)) is not None:

@@ -108,14 +108,20 @@ pm_prepare = PatternMatcher(
 
 
 class Lowering:
-  def __init__(self, stages: dict[UOp, Buffer]):
+  def __init__(self, stages: dict[UOp, Buffer], keep: Lowering | None = None):
     self.stages = stages  # tensor node -> the buffer it is stored in
     self.pending: list[UOp] = []  # stages found while lowering, still to be lowered
-    self.trip: dict[UOp, int] = {}  # RANGE -> iterations of the loop nest down to and including it
-    self.leaves: dict[UOp, Buffer] = {}
-    self.nrange = 0
     self.uses: dict[UOp, set] = {}  # computed node -> the INDEX nodes that read it (more than one: stage it)
-    self._ranges: dict[UOp, tuple] = {}
+    self.reads: list[tuple[UOp, UOp]] = []  # (computed node, INDEX) fused into the stage being lowered
+    # kept from the previous round of staging, so that a kernel lowered then stays valid in this one: ranges stay
+    # distinct, and a node keeps its buffer
+    self.trip: dict[UOp, int] = keep.trip if keep else {}  # RANGE -> iterations of the loop nest down to it
+    self.leaves: dict[UOp, Buffer] = keep.leaves if keep else {}
+    self.nrange = keep.nrange if keep else 0
+    self._ranges: dict[UOp, tuple] = keep._ranges if keep else {}
+    self.buffers: dict[UOp, Buffer] = keep.buffers if keep else {}  # every node ever staged -> its scratch buffer
+    # id(buffer) -> (node, store, reads, deps) of its last lowering
+    self.lowered: dict[int, tuple] = keep.lowered if keep else {}
 
   def new_range(self, size: int, kind: str, outer_trip: int) -> UOp:
     r = UOp(Ops.RANGE, dtypes.index, (), (self.nrange, size, kind))
@@ -133,7 +139,9 @@ class Lowering:
 
   def stage(self, x: UOp) -> Buffer:
     if x not in self.stages:
-      self.stages[x] = Buffer("scratch", x.dtype, x.numel, shape=x.shape)
+      if x not in self.buffers:
+        self.buffers[x] = Buffer("scratch", x.dtype, x.numel, shape=x.shape)
+      self.stages[x] = self.buffers[x]
       self.pending.append(x)
     return self.stages[x]
 
@@ -240,7 +248,7 @@ def _index_compute(ctx: Lowering, i: UOp, x: UOp):
   """Push the index into a computed node, or load it from a buffer when computing it here would repeat work."""
   gate, idxs = i.src[1], i.src[2:]
   if i.arg != "root":
-    ctx.uses.setdefault(x, set()).add(i)
+    ctx.reads.append((x, i))
   # the loops around this point run trip_of(idxs) times; if the index can take fewer distinct values, work repeats
   if i.arg != "root" and ctx.trip_of(idxs) > prod(ix.vmax - ix.vmin + 1 for ix in idxs):
     return _index_stage(ctx, i, ctx.stage(x))
@@ -361,9 +369,12 @@ def kernel_name(i: int, ast: UOp, shape) -> str:
   return f"k{i}_{kind}_" + ("_".join(str(s) for s in shape) or "1")
 
 
-def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp]):
-  """Lower every stage reachable from the outputs, given the nodes that must be stages."""
-  ctx = Lowering({})
+def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp], keep: Lowering | None = None):
+  """Lower every stage reachable from the outputs, given the nodes that must be stages. A stage lowered in the round
+  before (keep) is reused when none of the nodes it fused has become a stage since: lowering it again would give the
+  same kernel, and re-lowering everything each round made a deep ladder of concats (one more stage per round)
+  quadratic."""
+  ctx = Lowering({}, keep)
   for u in forced:
     ctx.stage(u)
   work: list[tuple[UOp, Buffer]] = []
@@ -382,9 +393,19 @@ def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp]):
     if id(b) in lowered or x.numel == 0:
       continue
     # a second output of the same node copies the first (CONTIGUOUS lowers to a plain read)
-    store = lower_stage(ctx, x if ctx.stages.get(x, b) is b else UOp(Ops.CONTIGUOUS, x.dtype, (x,)), b)
+    node = x if ctx.stages.get(x, b) is b else UOp(Ops.CONTIGUOUS, x.dtype, (x,))
+    prev = ctx.lowered.get(id(b))
+    if prev is not None and prev[0] is node and not any(r in ctx.stages for r, _ in prev[2]):
+      _, store, reads, deps[id(b)] = prev
+    else:
+      ctx.reads = []
+      store = lower_stage(ctx, node, b)
+      reads = ctx.reads
+      deps[id(b)] = [u.arg for u in store.toposort() if u.op is Ops.BUF and u.arg is not b]
+      ctx.lowered[id(b)] = (node, store, reads, deps[id(b)])
+    for r, i in reads:
+      ctx.uses.setdefault(r, set()).add(i)
     lowered[id(b)] = (store, b, x)
-    deps[id(b)] = [u.arg for u in store.toposort() if u.op is Ops.BUF and u.arg is not b]
   return ctx, lowered, deps
 
 
@@ -411,8 +432,9 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     return len(ps) > 1 and not all((p.op in GroupOp.ALU or p.op is Ops.CAST) and p.shape == u.shape for p in ps)
 
   forced = [u for u in sink.toposort() if u.op is Ops.CONTIGUOUS or (u.op in GroupOp.Compute and shared(u))]
+  ctx = None
   while True:
-    ctx, lowered, deps = _lower_all(outputs, out_bufs, forced)
+    ctx, lowered, deps = _lower_all(outputs, out_bufs, forced, ctx)
     # stages found for work repeated inside a loop are consistent as they are; a node read at two indices was fused
     # somewhere already, so those need another round
     found = [x for x, uses in ctx.uses.items() if len(uses) > 1 and x not in ctx.stages]

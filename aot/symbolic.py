@@ -242,7 +242,13 @@ pm_simplify = PatternMatcher(
 _simplified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _tensor_read(u: UOp) -> bool:
+  # an INDEX's gate and indices were simplified when it was made and what it reads is a tensor graph, not index
+  # arithmetic: walking into it made every padded read during lowering cost the whole graph above it (quadratic)
+  return u.op is Ops.INDEX
+
+
 def simplify(u: UOp) -> UOp:
   if (ret := _simplified.get(u)) is None:
-    _simplified[u] = ret = graph_rewrite(u, pm_simplify)
+    _simplified[u] = ret = graph_rewrite(u, pm_simplify, leaf=_tensor_read)
   return ret

@@ -1,0 +1,62 @@
+"""Compile-time work grows with the size of what is produced: a graph twice as long costs about twice the rewriting.
+Work is counted in pattern-matcher calls (deterministic), not seconds (noisy on a loaded machine)."""
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from aot.compiler import resolve
+from aot.rewrite import PatternMatcher
+from aot.schedule import schedule
+
+# doubling the graph may cost a little more than double (a longer chain has a few longer index expressions), but not
+# the ~2.8x of the old quadratic walk (16 -> 32 blocks: 10982 -> 31106 calls; linear: 6024 -> 11972)
+LINEAR_GROWTH = 2.3
+
+
+def _dense_chain(blocks: int):
+  """A DenseNet-like ladder: each block concatenates its input with a slice of relu(input * w), so every block's
+  concat is read (padded) by the next one."""
+  nodes, inits = [], []
+  x, c = "x", 4
+  for k in range(blocks):
+    inits.append(numpy_helper.from_array(np.full((1, c, 1, 1), 0.5 + k / 64, np.float32), f"w{k}"))
+    nodes.append(helper.make_node("Mul", [x, f"w{k}"], [f"m{k}"]))
+    nodes.append(helper.make_node("Relu", [f"m{k}"], [f"r{k}"]))
+    nodes.append(helper.make_node("Slice", [f"r{k}", "starts", "ends", "axes"], [f"g{k}"]))
+    nodes.append(helper.make_node("Concat", [x, f"g{k}"], [f"x{k}"], axis=1))
+    x, c = f"x{k}", c + 2
+  for name, v in (("starts", [0]), ("ends", [2]), ("axes", [1])):
+    inits.append(numpy_helper.from_array(np.array(v, np.int64), name))
+  graph = helper.make_graph(
+    nodes,
+    "dense_chain",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+    [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, c, 8, 8])],
+    inits,
+  )
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _schedule_work(model, monkeypatch) -> tuple[int, int]:
+  """(kernels, pattern-matcher calls) of scheduling model."""
+  calls = [0]
+  rewrite = PatternMatcher.rewrite
+
+  def counted(self, u, ctx=None):
+    calls[0] += 1
+    return rewrite(self, u, ctx)
+
+  traced = resolve(model)
+  monkeypatch.setattr(PatternMatcher, "rewrite", counted)
+  sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+  monkeypatch.setattr(PatternMatcher, "rewrite", rewrite)
+  return len(sched.kernels), calls[0]
+
+
+def test_concat_ladder_schedules_in_linear_work(monkeypatch):
+  small_kernels, small = _schedule_work(_dense_chain(16), monkeypatch)
+  big_kernels, big = _schedule_work(_dense_chain(32), monkeypatch)
+  # one kernel per block (each concat is read by the next block's multiply and its concat): twice the kernels...
+  assert (small_kernels, big_kernels) == (16, 32)
+  # ...for about twice the work
+  assert big / small < LINEAR_GROWTH, f"16 -> 32 blocks: {small} -> {big} rewrite calls"
