@@ -213,33 +213,52 @@ static void pack_rows(const aot_qgemm *g, int m0, int mr, int k0, int kc, int ki
   }
 }
 
-#if defined(__AVX512F__)
-/* 16 columns of a row requantized as requantize_row does (below). The bytes kept of the lanes (vpmovdb) are the low
-   ones: (r + bias8) ^ 0x80 is r + bias8 - 128 there, so one add of the zero point alone gives int8's bytes as
-   uint8's */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+/* requantize_row's result (below) by saturation: x = rint(r) in int32, the packs' signed saturation to int16, the
+   zero point added with int16 saturation, and the packs' saturation to the output's 8 bits. Equal to clamping r to
+   [lo, hi] first, as lo and hi are integers and rint is monotone, once x is right or on the right side of the range:
+   cvtps2dq gives INT_MIN for r past int32's range either way (and for a NaN), so r must stay below 2^31: where the
+   scales are all below 1 in magnitude it does (|float(int32)| <= 2^31), else min(hi, r) keeps it there (a NaN r
+   stays NaN, as min_ps passes its second operand on, and reads as lo, as max_ps(r, lo) gives). Against a max, a min,
+   an int32 add and a vpmovdb (2 uops) per 16: 1/2 a saturating add and 3/4 of a pack. With the block's transpose
+   from the packs' 4 vectors (no inserts), thread CPU medians against the vpmovdb version, interleaved, 3 repeats:
+   the stem's 12544x64x147 clang-19 0.396 -> 0.365 ms (0.92-0.98x), gcc 0.409 -> 0.361 (0.84-0.88x), clang-14
+   0.94x; 3136x64x576 0.96-0.98x */
 typedef struct {
-  __m512 lo, hi;
+  __m512 hi;
   __m512i zero;
-} requant16;
+  int u8;
+} requant;
 
-static inline requant16 requant16_of(float lo, float hi, int bias8, uint8_t flip8) {
-  return (requant16){_mm512_set1_ps(lo), _mm512_set1_ps(hi), _mm512_set1_epi32(bias8 - (flip8 ? 128 : 0))};
+static inline requant requant_of(float hi, int out_zero, int u8) {
+  return (requant){_mm512_set1_ps(hi), _mm512_set1_epi16((short)out_zero), u8};
 }
 
-static inline __m128i requantize16(const int32_t *sum, const int32_t *corr, const float *sc, const requant16 *p) {
-  const __m512i v = _mm512_add_epi32(_mm512_loadu_si512(sum), _mm512_loadu_si512(corr));
-  __m512 r = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(sc));
-  r = _mm512_min_ps(_mm512_max_ps(r, p->lo), p->hi);
-  return _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(r), p->zero));
+/* rint(float(sum + corr) * sc) in int32 lanes, kept below 2^31 by min(hi, r) where clamp is set */
+static inline __m512i requant_lanes(__m512i sum, __m512i corr, __m512 sc, const requant *p, int clamp) {
+  const __m512 r = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum, corr)), sc);
+  return _mm512_cvtps_epi32(clamp ? _mm512_min_ps(p->hi, r) : r);
 }
-#endif
 
-#if defined(__AVX512F__)
+/* whether all the scales' magnitudes are below 1 (then requant_lanes needs no clamp); false for a NaN */
+static inline int scales_below_one(__m512 sc) {
+  return _mm512_cmp_ps_mask(_mm512_abs_ps(sc), _mm512_set1_ps(1.0f), _CMP_LT_OQ) == 0xffff;
+}
+
+/* 4 vectors of requant_lanes to bytes with the zero point: 128-bit lane L holds lanes 4L..4L+3 of a, b, c, d */
+static inline __m512i bytes_of4(__m512i a, __m512i b, __m512i c, __m512i d, const requant *p) {
+  const __m512i ab = _mm512_adds_epi16(_mm512_packs_epi32(a, b), p->zero);
+  const __m512i cd = _mm512_adds_epi16(_mm512_packs_epi32(c, d), p->zero);
+  return p->u8 ? _mm512_packus_epi16(ab, cd) : _mm512_packs_epi16(ab, cd);
+}
+
 #if defined(__AVX512VBMI__)
-/* the permutes' byte indices (64 + i: the second vector's byte i). First round, column half h: byte 8s + r
-   (column 8h + s, row r of 8) from row r's vector (r / 4) at 16 (r % 4) + 8h + s. Second, half h: byte 16s + m
-   (column 4h + s of the 8, row m of 16) from the vector of m's half at 8 (4h + s) + m % 8 */
-#define GATHER_ROWS(h, j) (((j) % 8 >= 4) * 64 + 16 * ((j) % 4) + 8 * (h) + (j) / 8)
+/* the permutes' byte indices (64 + i: the second vector's byte i). Row group g's vector holds row 4g + r, column
+   4L + c at byte 16L + 4r + c. First round, column half h: byte 8s + r (column 8h + s, row r of 8) from group r / 4
+   at 16 ((8h + s) / 4) + 4 (r % 4) + s % 4. Second, quarter b: byte 16s + m (column 4b + s, row m of 16) from the
+   vector of m's half at 8 (4 (b % 2) + s) + m % 8 */
+#define GATHER_ROWS(h, j) \
+  (((j) % 8 >= 4) * 64 + 16 * ((8 * (h) + (j) / 8) / 4) + 4 * ((j) % 4) + ((j) / 8) % 4)
 #define GATHER_COLUMNS(h, j) (((j) % 16 >= 8) * 64 + 8 * (4 * (h) + (j) / 16) + (j) % 8)
 #define BYTES8(F, h, j) \
   F(h, j), F(h, j + 1), F(h, j + 2), F(h, j + 3), F(h, j + 4), F(h, j + 5), F(h, j + 6), F(h, j + 7)
@@ -250,40 +269,76 @@ static const uint8_t gather_rows[2][64] __attribute__((aligned(64))) = {{BYTES64
                                                                         {BYTES64(GATHER_ROWS, 1)}};
 static const uint8_t gather_columns[2][64] __attribute__((aligned(64))) = {{BYTES64(GATHER_COLUMNS, 0)},
                                                                            {BYTES64(GATHER_COLUMNS, 1)}};
+#else
+/* within each 128-bit lane, the 4 x 4 bytes (row r, column c at 4r + c) to columns (at 4c + r) */
+#define LANE_COLUMNS(i) ((i) % 4 * 4 + (i) / 4)
+#define LANE16                                                                                                       \
+  LANE_COLUMNS(0), LANE_COLUMNS(1), LANE_COLUMNS(2), LANE_COLUMNS(3), LANE_COLUMNS(4), LANE_COLUMNS(5),             \
+    LANE_COLUMNS(6), LANE_COLUMNS(7), LANE_COLUMNS(8), LANE_COLUMNS(9), LANE_COLUMNS(10), LANE_COLUMNS(11),         \
+    LANE_COLUMNS(12), LANE_COLUMNS(13), LANE_COLUMNS(14), LANE_COLUMNS(15)
+static const uint8_t lane_columns[64] __attribute__((aligned(64))) = {LANE16, LANE16, LANE16, LANE16};
 #endif
-/* out[j * ld + i] = x[i] byte j, 16 x 16. With VBMI, as 4 rows to a 64-byte vector and two rounds of 2-source byte
-   permutes (8 in all, against 64 unpacks): the first gathers 8 rows x 8 columns from 2 vectors, the second a
-   column's 16 rows from 2 of those (3136x256x64, K short so the epilogue weighs: 0.197 -> 0.181 ms; the stem's
-   12544x64x147 0.362 -> 0.348) */
-static inline void store_columns16(__m128i x[16], uint8_t *out, long ld) {
-#if defined(__AVX512VBMI__)
-  __m512i z[4], u[4];
+
+/* rows x 16 sums of a block (row stride QNC, columns past `cols` not read) requantized and written as columns:
+   column j's rows at out + j * ld, for j < cols; rows past `rows` left as they are. Inlined with 16 and 16, the
+   whole block's path has no masks. The bytes are turned to columns in registers: with VBMI by two rounds of
+   2-source byte permutes (8), else by an in-lane byte shuffle and a 4 x 4 transpose of dwords (12) */
+static inline __attribute__((always_inline)) void requantize_columns16(const int32_t *sum, __m512i corr, __m512 sc,
+                                                                       const requant *p, int clamp, int rows,
+                                                                       int cols, uint8_t *out, long ld) {
+  const __mmask16 cm = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
+  __m512i z[4], w[4];
 #pragma GCC unroll 4
-  for (int a = 0; a < 4; a++) {
-    const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(x[4 * a]), x[4 * a + 1], 1);
-    const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(x[4 * a + 2]), x[4 * a + 3], 1);
-    z[a] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  for (int g = 0; g < 4; g++) {
+    __m512i v[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+      const int32_t *row = sum + (4 * g + r) * QNC;
+      const __m512i s = 4 * g + r >= rows ? _mm512_setzero_si512()
+                        : cols >= 16      ? _mm512_loadu_si512(row)
+                                          : _mm512_maskz_loadu_epi32(cm, row);
+      v[r] = requant_lanes(s, corr, sc, p, clamp);
+    }
+    z[g] = bytes_of4(v[0], v[1], v[2], v[3], p);
   }
+#if defined(__AVX512VBMI__)
   const __m512i i10 = _mm512_load_si512(gather_rows[0]), i11 = _mm512_load_si512(gather_rows[1]);
   const __m512i i20 = _mm512_load_si512(gather_columns[0]), i21 = _mm512_load_si512(gather_columns[1]);
   /* u0, u1: rows 0-7, columns 0-7 and 8-15; u2, u3: rows 8-15 */
-  u[0] = _mm512_permutex2var_epi8(z[0], i10, z[1]);
-  u[1] = _mm512_permutex2var_epi8(z[0], i11, z[1]);
-  u[2] = _mm512_permutex2var_epi8(z[2], i10, z[3]);
-  u[3] = _mm512_permutex2var_epi8(z[2], i11, z[3]);
+  const __m512i u[4] = {_mm512_permutex2var_epi8(z[0], i10, z[1]), _mm512_permutex2var_epi8(z[0], i11, z[1]),
+                        _mm512_permutex2var_epi8(z[2], i10, z[3]), _mm512_permutex2var_epi8(z[2], i11, z[3])};
+  /* w[b] lane s: column 4b + s */
 #pragma GCC unroll 4
-  for (int b = 0; b < 4; b++) {
-    const __m512i w = _mm512_permutex2var_epi8(u[b / 2], b % 2 ? i21 : i20, u[b / 2 + 2]);
-    _mm_storeu_si128((__m128i *)(out + (4 * b) * ld), _mm512_castsi512_si128(w));
-    _mm_storeu_si128((__m128i *)(out + (4 * b + 1) * ld), _mm512_extracti32x4_epi32(w, 1));
-    _mm_storeu_si128((__m128i *)(out + (4 * b + 2) * ld), _mm512_extracti32x4_epi32(w, 2));
-    _mm_storeu_si128((__m128i *)(out + (4 * b + 3) * ld), _mm512_extracti32x4_epi32(w, 3));
-  }
+  for (int b = 0; b < 4; b++) w[b] = _mm512_permutex2var_epi8(u[b / 2], b % 2 ? i21 : i20, u[b / 2 + 2]);
+#define COLUMN(i, l) (4 * (i) + (l))
 #else
-  transpose16(x);
-#pragma GCC unroll 16
-  for (int j = 0; j < 16; j++) _mm_storeu_si128((__m128i *)(out + j * ld), x[j]);
+  const __m512i shuffle = _mm512_load_si512(lane_columns);
+  __m512i t[4];
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; g++) t[g] = _mm512_shuffle_epi8(z[g], shuffle);
+  /* t[g] lane L dword c: column 4L + c, rows 4g..4g+3; w[c] lane L: column 4L + c */
+  const __m512i a0 = _mm512_unpacklo_epi32(t[0], t[1]), a1 = _mm512_unpackhi_epi32(t[0], t[1]);
+  const __m512i b0 = _mm512_unpacklo_epi32(t[2], t[3]), b1 = _mm512_unpackhi_epi32(t[2], t[3]);
+  w[0] = _mm512_unpacklo_epi64(a0, b0);
+  w[1] = _mm512_unpackhi_epi64(a0, b0);
+  w[2] = _mm512_unpacklo_epi64(a1, b1);
+  w[3] = _mm512_unpackhi_epi64(a1, b1);
+#define COLUMN(i, l) (4 * (l) + (i))
 #endif
+  const __mmask16 rm = rows >= 16 ? 0xffff : (__mmask16)((1u << rows) - 1);
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    const __m128i x[4] = {_mm512_castsi512_si128(w[i]), _mm512_extracti32x4_epi32(w[i], 1),
+                          _mm512_extracti32x4_epi32(w[i], 2), _mm512_extracti32x4_epi32(w[i], 3)};
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; l++) {
+      const int j = COLUMN(i, l);
+      if (j >= cols) continue;
+      if (rows >= 16) _mm_storeu_si128((__m128i *)(out + j * ld), x[l]);
+      else _mm_mask_storeu_epi8(out + j * ld, rm, x[l]);
+    }
+  }
+#undef COLUMN
 }
 #endif
 
@@ -295,9 +350,25 @@ static inline void store_columns16(__m128i x[16], uint8_t *out, long ld) {
 static void requantize_row(const int32_t *restrict sum, const int32_t *restrict corr, const float *restrict sc, int nr,
                            float lo, float hi, int bias8, uint8_t flip8, uint8_t *restrict q) {
   int e = 0;
-#if defined(__AVX512F__)
-  const requant16 p = requant16_of(lo, hi, bias8, flip8);
-  for (; e + 16 <= nr; e += 16) _mm_storeu_si128((__m128i *)(q + e), requantize16(sum + e, corr + e, sc + e, &p));
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  const requant p = requant_of(hi, bias8 - (flip8 ? 128 : 0), !flip8);
+  /* bytes_of4's lane L holds its vectors' lanes 4L..4L+3: dword 4L + r moved to 4r + L puts them in order */
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (; e + 64 <= nr; e += 64) {
+    __m512i v[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+      const int f = e + 16 * r;
+      v[r] = requant_lanes(_mm512_loadu_si512(sum + f), _mm512_loadu_si512(corr + f), _mm512_loadu_ps(sc + f), &p, 1);
+    }
+    _mm512_storeu_si512(q + e, _mm512_permutexvar_epi32(order, bytes_of4(v[0], v[1], v[2], v[3], &p)));
+  }
+  for (; e + 16 <= nr; e += 16) {
+    const __m512i v = requant_lanes(_mm512_loadu_si512(sum + e), _mm512_loadu_si512(corr + e), _mm512_loadu_ps(sc + e),
+                                    &p, 1);
+    const __m512i b = _mm512_permutexvar_epi32(order, bytes_of4(v, v, v, v, &p));
+    _mm_storeu_si128((__m128i *)(q + e), _mm512_castsi512_si128(b));
+  }
 #elif defined(__AVX2__)
   const __m256 lo8 = _mm256_set1_ps(lo), hi8 = _mm256_set1_ps(hi);
   const __m256i bias8v = _mm256_set1_epi32(bias8);
@@ -426,7 +497,22 @@ void aot_qgemm_run(void *ctx, int start, int end) {
     const int m_inner = g->ldc_m < g->ldc_n;
     int32_t corr[QNC] __attribute__((aligned(64)));
     float sc[QNC] __attribute__((aligned(64)));
-    for (int e = 0; e < nr; e++) {
+    int e = 0;
+#if defined(__AVX512F__)
+    /* 16 at a time where the scales are one or one per column (the loop was 1/4 of the stem's epilogue by gcc,
+       whose loop vectoriser is off) */
+    if (!g->scale || g->scale_step <= 1)
+      for (; e < nr; e += 16) {
+        const __mmask16 cm = (__mmask16)((1u << min(nr - e, 16)) - 1);
+        const __m512i b = g->bias ? _mm512_maskz_loadu_epi32(cm, g->bias + n0 + e) : _mm512_setzero_si512();
+        const __m512i cs = _mm512_maskz_loadu_epi32(cm, g->col_sum + n0 + e);
+        _mm512_store_si512(corr + e, _mm512_sub_epi32(b, _mm512_mullo_epi32(_mm512_set1_epi32(zero), cs)));
+        _mm512_store_ps(sc + e, !g->scale            ? _mm512_setzero_ps()
+                                : g->scale_step == 1 ? _mm512_maskz_loadu_ps(cm, g->scale + n0 + e)
+                                                     : _mm512_set1_ps(g->scale[0]));
+      }
+#endif
+    for (; e < nr; e++) {
       const int n = n0 + e;
       /* wrapping int32 arithmetic, as vpdpbusd's own */
       corr[e] = (int32_t)((uint32_t)(g->bias ? g->bias[n] : 0) - (uint32_t)zero * (uint32_t)g->col_sum[n]);
@@ -470,26 +556,29 @@ void aot_qgemm_run(void *ctx, int start, int end) {
     uint8_t qb[QMC * QNC] __attribute__((aligned(64)));
     uint8_t tb[QNC * QMC] __attribute__((aligned(64)));
     const uint8_t flip8 = u8 ? 0 : 0x80;
-#if defined(__AVX512F__)
-    /* a convolution's output (m contiguous): 16 x 16 blocks requantized into a byte vector per row m, transposed in
-       registers to one per column and stored straight into that column's line; the rest (rows past the last 16,
-       columns past the last 16) byte by byte. The stem's 12544x64x147: the byte buffers, their transpose and a
-       memcpy per line had been a fifth of the call */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    /* a convolution's output (m contiguous): blocks of 16 x 16 requantized, turned to columns in registers and
+       stored straight into each column's line, part blocks (rows past the last 16, columns past the last 16) with
+       masks. The stem's 12544x64x147: the byte buffers, their transpose and a memcpy per line had been a fifth of
+       the call */
     if (m_inner && g->ldc_m == 1) {
-      const requant16 p = requant16_of(lo, hi, bias8, flip8);
-      const int m16 = mr / 16 * 16, e16 = nr / 16 * 16;
-      for (int mb = 0; mb < m16; mb += 16)
-        for (int eb = 0; eb < e16; eb += 16) {
-          __m128i x[16];
-#pragma GCC unroll 16
-          for (int i = 0; i < 16; i++) x[i] = requantize16(acc + (mb + i) * QNC + eb, corr + eb, sc + eb, &p);
-          store_columns16(x, c8 + (long)(n0 + eb) * g->ldc_n + m0 + mb, g->ldc_n);
-        }
-      for (int m = 0; m < mr; m++) {
-        const int e0 = m < m16 ? e16 : 0;
-        uint8_t *q = qb + m * QNC;
-        requantize_row(acc + m * QNC + e0, corr + e0, sc + e0, nr - e0, lo, hi, bias8, flip8, q);
-        for (int e = e0; e < nr; e++) c8[(long)(n0 + e) * g->ldc_n + m0 + m] = q[e - e0];
+      const requant p = requant_of(hi, g->out_zero, u8);
+      const int m16 = mr / 16 * 16;
+      for (int eb = 0; eb < nr; eb += 16) {
+        const int cols = min(nr - eb, 16);
+        const __mmask16 cm = (__mmask16)((1u << cols) - 1);
+        const __m512i cv = _mm512_maskz_loadu_epi32(cm, corr + eb);
+        const __m512 sv = _mm512_maskz_loadu_ps(cm, sc + eb);
+        uint8_t *out = c8 + (long)(n0 + eb) * g->ldc_n + m0;
+        const int clamp = !scales_below_one(sv);
+        if (cols == 16 && !clamp)
+          for (int mb = 0; mb < m16; mb += 16)
+            requantize_columns16(acc + mb * QNC + eb, cv, sv, &p, 0, 16, 16, out + mb, g->ldc_n);
+        else
+          for (int mb = 0; mb < m16; mb += 16)
+            requantize_columns16(acc + mb * QNC + eb, cv, sv, &p, 1, 16, cols, out + mb, g->ldc_n);
+        if (m16 < mr)
+          requantize_columns16(acc + m16 * QNC + eb, cv, sv, &p, 1, mr - m16, cols, out + m16, g->ldc_n);
       }
       continue;
     }
