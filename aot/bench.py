@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -146,6 +147,9 @@ def bench_model(
     print(table(rows[-1:], targets).splitlines()[-1], file=sys.stderr, flush=True)
   for m in models.values():
     m.close()
+  # each build is 0.1-0.5 GB (ResNet-50's weights, its objects): a zoo run left gigabytes in the temp folder
+  for a in arts.values():
+    shutil.rmtree(a.dir, ignore_errors=True)
   return rows
 
 
@@ -235,10 +239,16 @@ def micro(targets, threads: int, budget_s: float) -> list[dict]:
   rows = []
   for label, fn, xs, flops in cases:
     runners = {"numpy matmul": lambda: a @ b}
+    loaded = []
     for t in targets:
-      m = aot.load(aot.compile_model(fn, xs, target=t, out_dir=tempfile.mkdtemp(prefix="micro_")), threads=threads)
+      out = tempfile.mkdtemp(prefix="micro_")
+      m = aot.load(aot.compile_model(fn, xs, target=t, out_dir=out), threads=threads)
       runners[t] = lambda m=m, xs=xs: m(*xs)
+      loaded.append((m, out))
     med = _time(runners, 10, budget_s)
+    for m, out in loaded:
+      m.close()
+      shutil.rmtree(out, ignore_errors=True)
     row = {
       "kernel": label,
       "threads": threads,
