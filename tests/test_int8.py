@@ -48,29 +48,25 @@ class QGemm(ctypes.Structure):
   ]
 
 
+def build_qgemm(d: Path, cpu: str, compiler: str | None = None) -> ctypes.CDLL:
+  """DRIVER and the runtime's int8 microkernel as a shared library in folder d, by compiler (default the one aot
+  picks) for cpu."""
+  compiler = compiler or cc()
+  (d / "driver.c").write_text(DRIVER)
+  so = d / "libq.so"
+  sources = [str(d / "driver.c"), str(RUNTIME / "aot_qgemm.c"), str(RUNTIME / "aot_runtime.c")]
+  with pytest.MonkeyPatch.context() as m:
+    # cflags asks $CC which compiler's flags to give
+    m.setenv("CC", compiler)
+    flags = cflags(cpu)
+  subprocess.run([compiler, *flags, "-shared", f"-I{RUNTIME}", *sources, "-o", str(so), "-lpthread", "-lm"], check=True)
+  return ctypes.CDLL(str(so))
+
+
 @pytest.fixture(scope="module", params=["native", "x86-64-v3"])
 def lib(request, tmp_path_factory):
   """Built for this CPU (AVX-512 VNNI where it has it) and for AVX2 (the portable path)."""
-  d = tmp_path_factory.mktemp(f"qgemm_{request.param}")
-  (d / "driver.c").write_text(DRIVER)
-  so = d / "libq.so"
-  subprocess.run(
-    [
-      cc(),
-      *cflags(request.param),
-      "-shared",
-      f"-I{RUNTIME}",
-      str(d / "driver.c"),
-      str(RUNTIME / "aot_qgemm.c"),
-      str(RUNTIME / "aot_runtime.c"),
-      "-o",
-      str(so),
-      "-lpthread",
-      "-lm",
-    ],
-    check=True,
-  )
-  return ctypes.CDLL(str(so))
+  return build_qgemm(tmp_path_factory.mktemp(f"qgemm_{request.param}"), request.param)
 
 
 def run(lib, a, w, a_zero, bias=None, scale=None, out_zero=0, out_dtype=np.int32, threads=1, zero_at=False):

@@ -4,16 +4,12 @@ column (below 1, where the runtime skips the float clamp, and above, where it ne
 the range, M and N leaving part 16 x 16 blocks, written m-contiguous (a convolution's) and n-contiguous, built by
 each compiler a user may have and for AVX-512 without VBMI and for AVX2, against an independent numpy computation."""
 
-import ctypes
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from test_int8 import DRIVER, RUNTIME
+from test_int8 import build_qgemm
 from test_qgemm_shapes import run
-
-from aot.build import cflags
 
 COMPILERS = [c for c in ("gcc", "clang-14", "clang-19") if shutil.which(c)]
 # this CPU's path by each compiler; AVX-512 without VBMI (the in-lane transpose) and AVX2 by the last
@@ -23,16 +19,7 @@ BUILDS = [(c, "native") for c in COMPILERS] + [(COMPILERS[-1], "skylake-avx512")
 @pytest.fixture(scope="module", params=BUILDS, ids=lambda b: f"{b[0]}-{b[1]}")
 def lib(request, tmp_path_factory):
   compiler, cpu = request.param
-  d = tmp_path_factory.mktemp(f"qepilogue_{compiler}_{cpu}")
-  (d / "driver.c").write_text(DRIVER)
-  so = d / "libq.so"
-  sources = [str(d / "driver.c"), str(RUNTIME / "aot_qgemm.c"), str(RUNTIME / "aot_runtime.c")]
-  with pytest.MonkeyPatch.context() as m:
-    # cflags asks $CC which compiler's flags to give
-    m.setenv("CC", compiler)
-    flags = cflags(cpu)
-  subprocess.run([compiler, *flags, "-shared", f"-I{RUNTIME}", *sources, "-o", str(so), "-lpthread", "-lm"], check=True)
-  return ctypes.CDLL(str(so))
+  return build_qgemm(tmp_path_factory.mktemp(f"qepilogue_{compiler}_{cpu}"), cpu, compiler)
 
 
 def onnxruntime_requantize(a, w, a_zero, bias, scale, out_zero, out_dtype):

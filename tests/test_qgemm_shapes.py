@@ -4,13 +4,12 @@ each compiler a user may have, against an independent numpy computation, and the
 
 import ctypes
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from test_int8 import DRIVER, RUNTIME, QGemm
+from test_int8 import QGemm, build_qgemm
 
-from aot.build import cc, cflags
+from aot.build import cc
 from aot.codegen.quant import pack_weights, requantize
 
 BUILDS = [(cc(), "native"), (cc(), "x86-64-v3"), (cc(), "x86-64")] + (
@@ -19,24 +18,11 @@ BUILDS = [(cc(), "native"), (cc(), "x86-64-v3"), (cc(), "x86-64")] + (
 
 
 @pytest.fixture(scope="module", params=BUILDS, ids=lambda b: f"{b[0]}-{b[1]}")
-def lib(request, tmp_path_factory, monkeypatch_module):
+def lib(request, tmp_path_factory):
   """Built for this CPU (AVX-512 VNNI where it has it), for AVX2 (the portable micro) and for SSE2 alone (the scalar
   requantization), by the default compiler, and by gcc, whose flags differ (build.cflags: its loop vectoriser off)."""
   compiler, cpu = request.param
-  monkeypatch_module.setenv("CC", compiler)
-  d = tmp_path_factory.mktemp(f"qgemm_{compiler}_{cpu}")
-  (d / "driver.c").write_text(DRIVER)
-  so = d / "libq.so"
-  sources = [str(d / "driver.c"), str(RUNTIME / "aot_qgemm.c"), str(RUNTIME / "aot_runtime.c")]
-  cmd = [compiler, *cflags(cpu), "-shared", f"-I{RUNTIME}", *sources, "-o", str(so), "-lpthread", "-lm"]
-  subprocess.run(cmd, check=True)
-  return ctypes.CDLL(str(so))
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-  with pytest.MonkeyPatch.context() as m:
-    yield m
+  return build_qgemm(tmp_path_factory.mktemp(f"qgemm_{compiler}_{cpu}"), cpu, compiler)
 
 
 def run(lib, a, w, a_zero, bias, scale, out_zero, out_dtype, threads, conv_layout):

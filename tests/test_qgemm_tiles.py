@@ -3,16 +3,12 @@ length) and of M into tiles, on the lengths where the split changes (K = 576 in 
 4608 of ResNet's stem and 7x7 layers; M = 49, 41, 196, 7, 1 with their part tiles), built by each compiler a user
 may have, against an independent numpy integer computation."""
 
-import ctypes
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from test_int8 import DRIVER, RUNTIME
+from test_int8 import build_qgemm
 from test_qgemm_shapes import reference, run
-
-from aot.build import cflags
 
 COMPILERS = [c for c in ("gcc", "clang-14", "clang-19") if shutil.which(c)]
 # this CPU's path (AVX-512 VNNI here) by each compiler, and AVX2's, whose widened A is as long as the longest slice
@@ -22,16 +18,7 @@ BUILDS = [(c, "native") for c in COMPILERS] + [(COMPILERS[-1], "x86-64-v3")]
 @pytest.fixture(scope="module", params=BUILDS, ids=lambda b: f"{b[0]}-{b[1]}")
 def lib(request, tmp_path_factory):
   compiler, cpu = request.param
-  d = tmp_path_factory.mktemp(f"qtiles_{compiler}_{cpu}")
-  (d / "driver.c").write_text(DRIVER)
-  so = d / "libq.so"
-  sources = [str(d / "driver.c"), str(RUNTIME / "aot_qgemm.c"), str(RUNTIME / "aot_runtime.c")]
-  with pytest.MonkeyPatch.context() as m:
-    # cflags asks $CC which compiler's flags to give
-    m.setenv("CC", compiler)
-    flags = cflags(cpu)
-  subprocess.run([compiler, *flags, "-shared", f"-I{RUNTIME}", *sources, "-o", str(so), "-lpthread", "-lm"], check=True)
-  return ctypes.CDLL(str(so))
+  return build_qgemm(tmp_path_factory.mktemp(f"qtiles_{compiler}_{cpu}"), cpu, compiler)
 
 
 # (M, K): K in one slice (576, 640) and just past it (644: two of 324); the stem's 147; 4608 in slices of 256 where M

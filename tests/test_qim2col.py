@@ -206,6 +206,20 @@ def by_runtime(g) -> bool:
   return out_size(H, W, KH, KW, S, pads)[1] > KW
 
 
+def equal_to_onnxruntime_on_threads(m, feeds: dict, labels: list) -> tuple[list, str]:
+  """Model m compiled and run on 1 and 3 threads: each output equal to onnxruntime's (labels[i] names output i in a
+  failure); onnxruntime's outputs and our model.c."""
+  want = ort_session(m).run(None, feeds)
+  with tempfile.TemporaryDirectory(prefix="aot_qwindow_") as d:
+    art = aot.compile_model(m, out_dir=d)
+    source = (art.dir / "src" / "model.c").read_text()
+    for got in outputs_on_threads(art, feeds):
+      for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype and a.shape == b.shape, labels[i]
+        np.testing.assert_array_equal(a, b, err_msg=str(labels[i]))
+  return want, source
+
+
 def _run_against_onnxruntime(form: str, dt, geometries) -> str:
   """The model of the geometries' convolutions (QLinearConv or QDQ), compiled and run on 1 and 3 threads: outputs
   equal to onnxruntime's; its model.c."""
@@ -219,14 +233,7 @@ def _run_against_onnxruntime(form: str, dt, geometries) -> str:
   feeds = {
     f"x{i}": r.integers(info.min, info.max + 1, (1, C, H, W)).astype(dt) for i, (C, H, W, *_) in enumerate(geometries)
   }
-  want = ort_session(m).run(None, feeds)
-  with tempfile.TemporaryDirectory(prefix="aot_qim2col_") as d:
-    art = aot.compile_model(m, out_dir=d)
-    source = (art.dir / "src" / "model.c").read_text()
-    for got in outputs_on_threads(art, feeds):
-      for i, (a, b) in enumerate(zip(got, want)):
-        assert a.dtype == b.dtype and a.shape == b.shape, geometries[i]
-        np.testing.assert_array_equal(a, b, err_msg=str(geometries[i]))
+  want, source = equal_to_onnxruntime_on_threads(m, feeds, geometries)
   # some outputs at each end of the range, most inside it
   every = np.concatenate([w.reshape(-1) for w in want])
   assert (

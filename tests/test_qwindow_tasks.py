@@ -5,31 +5,19 @@ asymmetric padding and both orders of A's k, against an independent numpy im2col
 and QLinearConv and 8-bit MaxPool models over such planes against onnxruntime on 1 and 3 threads."""
 
 import ctypes
-import subprocess
-import tempfile
 
 import numpy as np
 import pytest
-from conftest import ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
-from test_qim2col import DRIVER, RUNTIME, QIm2col, _run_against_onnxruntime, out_size, reference
-
-import aot
-from aot.build import cc, cflags
-
-
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-  d = tmp_path_factory.mktemp("qwindow")
-  (d / "driver.c").write_text(DRIVER)
-  so = d / "libq.so"
-  sources = [str(d / "driver.c"), *(str(RUNTIME / f) for f in ("aot_qwindow.c", "aot_qgemm.c", "aot_runtime.c"))]
-  subprocess.run(
-    [cc(), *cflags("native"), "-shared", f"-I{RUNTIME}", *sources, "-o", str(so), "-lpthread", "-lm"], check=True
-  )
-  return ctypes.CDLL(str(so))
-
+from test_qim2col import (
+  QIm2col,
+  _run_against_onnxruntime,
+  equal_to_onnxruntime_on_threads,
+  lib,  # noqa: F401 (the fixture: the window routines built for this CPU)
+  out_size,
+  reference,
+)
 
 # (C, H, W, KH, KW, (top, left, bottom, right) pads), stride 1, output rows as wide as the input's: one channel, 1x1
 # and 7x7 planes, 16x16 (256 bytes, four whole vectors) and 17x15 (255, a partial last one), 5x13, a 5x5 window (25
@@ -50,7 +38,7 @@ SAME = [
 
 
 @pytest.mark.parametrize("g", SAME, ids=lambda g: "x".join(map(str, g[:5])))
-def test_same_width_im2col_equals_numpy(lib, g):
+def test_same_width_im2col_equals_numpy(lib, g):  # noqa: F811
   C, H, W, KH, KW, pads = g
   OH, OW = out_size(H, W, KH, KW, (1, 1), pads)
   assert OW == W
@@ -130,13 +118,6 @@ def test_8bit_max_pools_equal_onnxruntime(dt):
   feeds = {
     f"x{i}": r.integers(info.min, info.max + 1, (1, C, H, W)).astype(dt) for i, (C, H, W, *_) in enumerate(POOLS)
   }
-  want = ort_session(m).run(None, feeds)
-  with tempfile.TemporaryDirectory(prefix="aot_qpool_") as d:
-    art = aot.compile_model(m, out_dir=d)
-    source = (art.dir / "src" / "model.c").read_text()
-    for got in outputs_on_threads(art, feeds):
-      for i, (a, b) in enumerate(zip(got, want)):
-        assert a.dtype == b.dtype and a.shape == b.shape, POOLS[i]
-        np.testing.assert_array_equal(a, b, err_msg=str(POOLS[i]))
+  _, source = equal_to_onnxruntime_on_threads(m, feeds, POOLS)
   # each pool is the runtime's, not a generated loop (but the 1x1 plane's, whose one tap is a copy)
   assert source.count("aot_qpool p = {") == sum(H * W > 1 for _, H, W, *_ in POOLS)
