@@ -12,30 +12,45 @@
 #define MICRO_MORE 4
 /* vpdpbusd: each int32 lane adds the four products of A's 4 unsigned bytes (broadcast) and B's 4 signed bytes.
    rows < QMR: a tile's first rows only (a constant where inlined, so the loops unroll and acc stays in registers) */
-static inline __attribute__((always_inline)) void micro_rows(int rows, int groups, const uint8_t *restrict a,
-                                                             const int8_t *restrict b, int32_t *restrict c, int ldc,
-                                                             int accumulate) {
-  __m512i acc[QMR][2];
+/* a tile's accumulators: loaded from c (or zero), one group of 4 k summed in from the rows' words at a, stored */
+static inline __attribute__((always_inline)) void acc_load(int rows, __m512i acc[][2], const int32_t *restrict c,
+                                                           int ldc, int accumulate) {
   QUNROLL
   for (int i = 0; i < rows; i++)
     QUNROLL
     for (int j = 0; j < 2; j++)
       acc[i][j] = accumulate ? _mm512_loadu_si512(c + i * ldc + j * 16) : _mm512_setzero_si512();
-  for (int g = 0; g < groups; g++) {
-    const __m512i b0 = _mm512_loadu_si512(b + g * QNR * 4), b1 = _mm512_loadu_si512(b + g * QNR * 4 + 64);
-    QUNROLL
-    for (int i = 0; i < rows; i++) {
-      int32_t word;
-      memcpy(&word, a + g * QMR * 4 + i * 4, 4);
-      const __m512i av = _mm512_set1_epi32(word);
-      acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], av, b0);
-      acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], av, b1);
-    }
+}
+
+static inline __attribute__((always_inline)) void acc_dot(int rows, __m512i acc[][2], const uint8_t *restrict a,
+                                                          __m512i b0, __m512i b1) {
+  QUNROLL
+  for (int i = 0; i < rows; i++) {
+    int32_t word;
+    memcpy(&word, a + i * 4, 4);
+    const __m512i av = _mm512_set1_epi32(word);
+    acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], av, b0);
+    acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], av, b1);
   }
+}
+
+static inline __attribute__((always_inline)) void acc_store(int rows, __m512i acc[][2], int32_t *restrict c, int ldc) {
   QUNROLL
   for (int i = 0; i < rows; i++)
     QUNROLL
     for (int j = 0; j < 2; j++) _mm512_storeu_si512(c + i * ldc + j * 16, acc[i][j]);
+}
+
+static inline __attribute__((always_inline)) void micro_rows(int rows, int groups, const uint8_t *restrict a,
+                                                             const int8_t *restrict b, int32_t *restrict c, int ldc,
+                                                             int accumulate) {
+  __m512i acc[QMR][2];
+  acc_load(rows, acc, c, ldc, accumulate);
+  for (int g = 0; g < groups; g++) {
+    const __m512i b0 = _mm512_loadu_si512(b + g * QNR * 4), b1 = _mm512_loadu_si512(b + g * QNR * 4 + 64);
+    acc_dot(rows, acc, a + g * QMR * 4, b0, b1);
+  }
+  acc_store(rows, acc, c, ldc);
 }
 
 static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict b, int32_t *restrict c, int ldc,
@@ -64,43 +79,15 @@ static inline __attribute__((always_inline)) void micro_rows2(int more, int grou
                                                               int32_t *restrict c, int ldc, int accumulate) {
   __m512i acc[QMR][2], extra[MICRO_MORE][2];
   int32_t *const c_more = c + QMR * ldc;
-  QUNROLL
-  for (int i = 0; i < QMR; i++)
-    QUNROLL
-    for (int j = 0; j < 2; j++)
-      acc[i][j] = accumulate ? _mm512_loadu_si512(c + i * ldc + j * 16) : _mm512_setzero_si512();
-  QUNROLL
-  for (int i = 0; i < more; i++)
-    QUNROLL
-    for (int j = 0; j < 2; j++)
-      extra[i][j] = accumulate ? _mm512_loadu_si512(c_more + i * ldc + j * 16) : _mm512_setzero_si512();
+  acc_load(QMR, acc, c, ldc, accumulate);
+  acc_load(more, extra, c_more, ldc, accumulate);
   for (int g = 0; g < groups; g++) {
     const __m512i b0 = _mm512_loadu_si512(b + g * QNR * 4), b1 = _mm512_loadu_si512(b + g * QNR * 4 + 64);
-    QUNROLL
-    for (int i = 0; i < QMR; i++) {
-      int32_t word;
-      memcpy(&word, a + g * QMR * 4 + i * 4, 4);
-      const __m512i av = _mm512_set1_epi32(word);
-      acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], av, b0);
-      acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], av, b1);
-    }
-    QUNROLL
-    for (int i = 0; i < more; i++) {
-      int32_t word;
-      memcpy(&word, a_more + g * QMR * 4 + i * 4, 4);
-      const __m512i av = _mm512_set1_epi32(word);
-      extra[i][0] = _mm512_dpbusd_epi32(extra[i][0], av, b0);
-      extra[i][1] = _mm512_dpbusd_epi32(extra[i][1], av, b1);
-    }
+    acc_dot(QMR, acc, a + g * QMR * 4, b0, b1);
+    acc_dot(more, extra, a_more + g * QMR * 4, b0, b1);
   }
-  QUNROLL
-  for (int i = 0; i < QMR; i++)
-    QUNROLL
-    for (int j = 0; j < 2; j++) _mm512_storeu_si512(c + i * ldc + j * 16, acc[i][j]);
-  QUNROLL
-  for (int i = 0; i < more; i++)
-    QUNROLL
-    for (int j = 0; j < 2; j++) _mm512_storeu_si512(c_more + i * ldc + j * 16, extra[i][j]);
+  acc_store(QMR, acc, c, ldc);
+  acc_store(more, extra, c_more, ldc);
 }
 
 /* a whole tile at a and the first `more` rows of the next at a_more, the block's last: 49 = 5 x 8 + 9, not
