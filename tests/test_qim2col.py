@@ -100,17 +100,14 @@ GEOMETRIES = [
 ]
 
 
-@pytest.mark.parametrize("g", GEOMETRIES, ids=lambda g: "x".join(map(str, g[:5])) + f"s{g[5][0]}{g[5][1]}")
-def test_runtime_im2col_equals_numpy(lib, g):
-  C, H, W, KH, KW, S, pads = g
+def im2col_equals_numpy(lib, x, x_at: int, x_row: int, KH, KW, S, pads, pad: int, r) -> None:
+  """The runtime's im2col of planes x (C, H, W; their bytes at address x_at, rows x_row apart) equal to numpy's, with
+  A's k in the order (c, kh, kw), then (kw, kh, c), split anyhow and on 3 threads; a guard after A that must stay as
+  it was."""
+  C, H, W = x.shape
   OH, OW = out_size(H, W, KH, KW, S, pads)
-  M, pad = OH * OW, 0x5A
-  r = np.random.default_rng(sum(g[:5]))
-  x_row = W + 3
-  xbuf = r.integers(0, 256, C * H * x_row, dtype=np.uint8)
-  x = xbuf.reshape(C, H, x_row)[:, :, :W]
+  M = OH * OW
   want = reference(x, KH, KW, S, pads, OH, OW, pad)
-  # A's k in the order (c, kh, kw), then (kw, kh, c); a guard after A that must stay as it was
   for order in ((0, 1, 2), (2, 1, 0)):
     sizes = {0: C, 1: KH, 2: KW}
     stride, step = {}, M
@@ -118,13 +115,13 @@ def test_runtime_im2col_equals_numpy(lib, g):
       stride[axis] = step
       step *= sizes[axis]
     y = np.full(C * KH * KW * M + 64, 0xEE, np.uint8)
-    p = QIm2col(xbuf.ctypes.data, H * x_row, x_row, H, W, KH, KW, *S, pads[0], pads[1], y.ctypes.data)
+    p = QIm2col(x_at, H * x_row, x_row, H, W, KH, KW, *S, pads[0], pads[1], y.ctypes.data)
     p.y_plane, p.y_kh, p.y_kw, p.OH, p.OW, p.planes, p.pad = stride[0], stride[1], stride[2], OH, OW, C, pad
     tasks = C * KH
 
     def check():
       got = y[: C * KH * KW * M].reshape([sizes[a] for a in order] + [M]).transpose([*np.argsort(order), 3])
-      np.testing.assert_array_equal(got, want)
+      np.testing.assert_array_equal(got, want, err_msg=f"k order {order}")
       assert (y[-64:] == 0xEE).all()
       y[:] = 0xEE
 
@@ -135,6 +132,15 @@ def test_runtime_im2col_equals_numpy(lib, g):
     check()
     lib.qim2col(ctypes.byref(p), 0, tasks, 3)
     check()
+
+
+@pytest.mark.parametrize("g", GEOMETRIES, ids=lambda g: "x".join(map(str, g[:5])) + f"s{g[5][0]}{g[5][1]}")
+def test_runtime_im2col_equals_numpy(lib, g):
+  C, H, W, KH, KW, S, pads = g
+  r = np.random.default_rng(sum(g[:5]))
+  x_row = W + 3
+  xbuf = r.integers(0, 256, C * H * x_row, dtype=np.uint8)
+  im2col_equals_numpy(lib, xbuf.reshape(C, H, x_row)[:, :, :W], xbuf.ctypes.data, x_row, KH, KW, S, pads, 0x5A, r)
 
 
 # *** whole convolutions against onnxruntime ***

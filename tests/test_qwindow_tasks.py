@@ -4,19 +4,16 @@ the tap, masked to the plane, where AVX-512BW is there), with one channel, plane
 asymmetric padding and both orders of A's k, against an independent numpy im2col, split anyhow on 1 and 3 threads;
 and QLinearConv and 8-bit MaxPool models over such planes against onnxruntime on 1 and 3 threads."""
 
-import ctypes
-
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from test_qim2col import (
-  QIm2col,
   _run_against_onnxruntime,
   equal_to_onnxruntime_on_threads,
+  im2col_equals_numpy,
   lib,  # noqa: F401 (the fixture: the window routines built for this CPU)
   out_size,
-  reference,
 )
 
 # (C, H, W, KH, KW, (top, left, bottom, right) pads), stride 1, output rows as wide as the input's: one channel, 1x1
@@ -42,36 +39,11 @@ def test_same_width_im2col_equals_numpy(lib, g):  # noqa: F811
   C, H, W, KH, KW, pads = g
   OH, OW = out_size(H, W, KH, KW, (1, 1), pads)
   assert OW == W
-  M, pad = OH * OW, 0xA7
   r = np.random.default_rng(sum(g[:5]))
   # the planes one after another (x_row == W), a guard before and after that the routine must not copy into A
   xbuf = r.integers(0, 256, C * H * W + 128, dtype=np.uint8)
   x = xbuf[64 : 64 + C * H * W].reshape(C, H, W)
-  want = reference(x, KH, KW, (1, 1), pads, OH, OW, pad)
-  for order in ((0, 1, 2), (2, 1, 0)):
-    sizes = {0: C, 1: KH, 2: KW}
-    stride, step = {}, M
-    for axis in reversed(order):
-      stride[axis] = step
-      step *= sizes[axis]
-    y = np.full(C * KH * KW * M + 64, 0xEE, np.uint8)
-    p = QIm2col(xbuf.ctypes.data + 64, H * W, W, H, W, KH, KW, 1, 1, pads[0], pads[1], y.ctypes.data)
-    p.y_plane, p.y_kh, p.y_kw, p.OH, p.OW, p.planes, p.pad = stride[0], stride[1], stride[2], OH, OW, C, pad
-    tasks = C * KH
-
-    def check():
-      got = y[: C * KH * KW * M].reshape([sizes[a] for a in order] + [M]).transpose([*np.argsort(order), 3])
-      np.testing.assert_array_equal(got, want, err_msg=f"k order {order}")
-      assert (y[-64:] == 0xEE).all()
-      y[:] = 0xEE
-
-    # splits run later ones first: a row spilling into another split's rows shows
-    cuts = sorted({0, tasks, *r.integers(0, tasks + 1, 3).tolist()})
-    for lo, hi in reversed(list(zip(cuts, cuts[1:]))):
-      lib.qim2col(ctypes.byref(p), lo, hi, 0)
-    check()
-    lib.qim2col(ctypes.byref(p), 0, tasks, 3)
-    check()
+  im2col_equals_numpy(lib, x, xbuf.ctypes.data + 64, W, KH, KW, (1, 1), pads, 0xA7, r)
 
 
 # the same shapes (with their stride) as whole QLinearConvs: (C, H, W, KH, KW, (SH, SW), pads)
