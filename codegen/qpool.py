@@ -98,13 +98,19 @@ class RuntimeCall:
   bufs: list
   parallel: bool
   path: str
+  when: str = ""  # a C condition on the descriptor p: the call runs only where it holds
 
   def render(self, arg, trampoline=None) -> str:
-    desc = self.desc.format(**{n: arg(self.bufs[s], s) for n, s in self.slots.items()})
     run = f"{self.name}_run(&p, 0, {self.tasks})"
     if self.parallel:
       run = f"aot_parallel(m->pool, {self.name}_run, &p, {self.tasks})"
-    return f"  {{ {self.name} p = {{{desc}}}; {run}; }}"
+    if self.when:
+      run = f"if ({self.when}) {run}"
+    return f"  {{ {self.name} p = {{{self.initializer(arg)}}}; {run}; }}"
+
+  def initializer(self, arg) -> str:
+    """The descriptor's fields, its buffers named by arg (the renderer's)."""
+    return self.desc.format(**{n: arg(self.bufs[s], s) for n, s in self.slots.items()})
 
 
 def _window(acc: UOp, bufs: list) -> dict | None:
@@ -243,7 +249,9 @@ class QIm2col:
       f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {p.KH}, {p.KW}, {p.SH}, {p.SW}, "
       f"{p.PH}, {p.PW}, (uint8_t *){{y}}, {p.y_plane}, {p.y_kh}, {p.y_kw}, {p.OH}, {p.OW}, {p.planes}, {p.pad}"
     )
-    return RuntimeCall("aot_qim2col", desc, {"x": p.x_slot, "y": p.y_slot}, p.tasks, bufs, parallel, "copy")
+    # not where the contraction reads A from the planes itself (QGemmCall: the same descriptor)
+    when = "!aot_qgemm_reads_plane(&p)"
+    return RuntimeCall("aot_qim2col", desc, {"x": p.x_slot, "y": p.y_slot}, p.tasks, bufs, parallel, "copy", when)
 
   @property
   def tasks(self) -> int:

@@ -117,7 +117,12 @@ class QGemmCall:
       if self.parallel
       else "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
     )
-    return f"  {{ aot_qgemm g = {{{desc}}}; {run}; }}"
+    if q.im2col is None:
+      return f"  {{ aot_qgemm g = {{{desc}, NULL}}; {run}; }}"
+    # A from the convolution's planes where the runtime reads them itself (its im2col call then skipped)
+    planes = q.im2col.call(b, False).initializer(arg)
+    desc += ", aot_qgemm_reads_plane(&plane) ? &plane : NULL"
+    return f"  {{ aot_qim2col plane = {{{planes}}}; aot_qgemm g = {{{desc}}}; {run}; }}"
 
 
 def _const(u: UOp):

@@ -48,10 +48,74 @@ int aot_qgemm_tasks(const aot_qgemm *g) { return cdiv(g->M, QMC) * cdiv(g->N, QN
 
 #include "aot_qmicro.h"
 
+#if defined(__AVX512BW__) && QMC == 64 && QMR == 8
+/* A k-major A read from the convolution's input planes (g->plane) rather than from the im2col's copy of them, where
+   the output rows are as wide as the input's (stride 1, OW == W) and the plane's rows lie one after another
+   (x_row == W): then A's row of tap (c, kh, kw) at m is the plane read (kh - PH) * W + kw - PW bytes on from m, with
+   the lanes whose row or column falls outside the plane the pad, as aot_qim2col_run's qim2col_same writes it. The
+   im2col (9 bytes of A for each input byte of a 3x3 convolution) was written to memory and read back by the pack:
+   3136x64x576's A is 1.8 MB, its input plane 0.2 MB */
+#define QPLANE_TAPS 49
+/* the longest K whose rows' table (plane_rows) a call keeps on each thread's stack: 512 planes of 3x3 */
+#define QPLANE_K 4608
+
+int aot_qgemm_reads_plane(const aot_qim2col *p) {
+  const long M = (long)p->OH * p->OW, K = (long)p->planes * p->KH * p->KW;
+  const int dense = M > 0 && p->y_plane % M == 0 && p->y_kh % M == 0 && p->y_kw % M == 0;
+  return p->SW == 1 && p->SH == 1 && p->OW == p->W && p->x_row == p->W && p->KH * p->KW <= QPLANE_TAPS &&
+         K <= QPLANE_K && dense && (long)p->planes * p->x_plane + (long)p->KH * p->W < (1L << 31);
+}
+
+/* for each row r of A: its bytes' offset from the plane's element at m (the first plane's (0, 0) less m) and its tap
+   kh * KW + kw */
+typedef struct {
+  int32_t off[QPLANE_K];
+  uint8_t tap[QPLANE_K];
+} plane_rows;
+
+static void plane_rows_of(const aot_qim2col *p, int M, plane_rows *t) {
+  for (int c = 0; c < p->planes; c++)
+    for (int kh = 0; kh < p->KH; kh++)
+      for (int kw = 0; kw < p->KW; kw++) {
+        const long r = (c * p->y_plane + kh * p->y_kh + kw * p->y_kw) / M;
+        t->off[r] = (int32_t)(c * p->x_plane + (kh - p->PH) * p->W + kw - p->PW);
+        t->tap[r] = (uint8_t)(kh * p->KW + kw);
+      }
+}
+
+/* lanes [lo, hi) of 64, clamped */
+static uint64_t lane_range(long lo, long hi) {
+  const uint64_t below_hi = hi >= 64 ? ~0ULL : hi <= 0 ? 0 : (1ULL << hi) - 1;
+  const uint64_t below_lo = lo >= 64 ? ~0ULL : lo <= 0 ? 0 : (1ULL << lo) - 1;
+  return below_hi & ~below_lo;
+}
+
+/* valid[kh * KW + kw]: the lanes m0 + l whose row oy + kh - PH and column ox + kw - PW are inside the plane */
+static void plane_masks(const aot_qim2col *p, int m0, uint64_t valid[QPLANE_TAPS]) {
+  const int W = p->W;
+  uint64_t cols[QPLANE_TAPS] = {0};
+  for (int l = 0, ox = m0 % W; l < 64; l++, ox = ox + 1 == W ? 0 : ox + 1)
+    for (int kw = 0; kw < p->KW; kw++) cols[kw] |= (uint64_t)(ox >= p->PW - kw && ox < W + p->PW - kw) << l;
+  for (int kh = 0; kh < p->KH; kh++) {
+    const long rlo = (long)(p->PH - kh > 0 ? p->PH - kh : 0) * W;
+    const long rhi = (long)min(p->OH, p->H + p->PH - kh) * W;
+    const uint64_t rows = lane_range(rlo - m0, rhi - m0);
+    for (int kw = 0; kw < p->KW; kw++) valid[kh * p->KW + kw] = rows & cols[kw];
+  }
+}
+#else
+int aot_qgemm_reads_plane(const aot_qim2col *p) {
+  (void)p;
+  return 0;
+}
+typedef struct plane_rows plane_rows;
+#endif
+
 /* A k-major ([K][M], a convolution's im2col written along its output rows): the slice packed as the row-major path
-   packs it, 4 k of QMR rows at a time by a 4 x 8 byte transpose where the tile is whole, bytewise at the edges */
+   packs it, 4 k of QMR rows at a time by a 4 x 8 byte transpose where the tile is whole, bytewise at the edges. With
+   rows (the call's plane_rows, g->plane set) and valid (the block's plane_masks), read from the planes instead */
 static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int kin, uint8_t flip,
-                        uint8_t *restrict ap) {
+                        const plane_rows *rows_of, const uint64_t *valid, uint8_t *restrict ap) {
 #if defined(__AVX512BW__) && QMC == 64 && QMR == 8
   /* the whole block's 64 rows at once, rows past mr masked off (M = 49 of a 7x7 layer: its last tile of one row
      was a bytewise loop, most of the pack's time there). Each 128-bit lane l of the byte/word unpacks holds rows
@@ -60,14 +124,23 @@ static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int 
   const __m512i x = _mm512_maskz_set1_epi8(rows, (char)flip);
   const __m512i even = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), odd = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
   const uint8_t *src = g->a + (long)k0 * g->lda + m0;
+  /* (the plane's masked lanes are not read: they may lie before or after it) */
+  const uintptr_t plane = rows_of ? (uintptr_t)g->plane->x + m0 : 0;
+  const __m512i pad = _mm512_set1_epi8(rows_of ? (char)g->plane->pad : 0);
   int k = 0;
   /* the last group of 4 k too, zero past kin (the stem's K = 147: its bytewise tail was half the pack) */
   for (; k < kin; k += 4) {
     const uint8_t *s0 = src + (long)k * g->lda;
     __m512i r[4];
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; i++)
-      r[i] = k + i < kin ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(rows, s0 + i * g->lda), x) : _mm512_setzero_si512();
+    for (int i = 0; i < 4; i++) {
+      const int row = k0 + k + i;
+      const __m512i v = !(k + i < kin) ? _mm512_setzero_si512()
+                        : rows_of      ? _mm512_mask_loadu_epi8(pad, valid[rows_of->tap[row]] & rows,
+                                                                (const void *)(plane + rows_of->off[row]))
+                                       : _mm512_maskz_loadu_epi8(rows, s0 + i * g->lda);
+      r[i] = _mm512_xor_si512(v, x);
+    }
     const __m512i lo01 = _mm512_unpacklo_epi8(r[0], r[1]), lo23 = _mm512_unpacklo_epi8(r[2], r[3]);
     const __m512i hi01 = _mm512_unpackhi_epi8(r[0], r[1]), hi23 = _mm512_unpackhi_epi8(r[2], r[3]);
     const __m512i q[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
@@ -84,12 +157,13 @@ static void pack_kmajor(const aot_qgemm *g, int m0, int mr, int k0, int kc, int 
       _mm256_storeu_si256((__m256i *)(d + 6 * QMR * kc), _mm512_extracti64x4_epi64(hi, 1));
     }
   }
+  /* (kk >= kin here: the loop above ends past it) */
   for (int t = 0; t < cdiv(mr, QMR); t++)
     for (int kk = k; kk < kc; kk++)
-      for (int i = 0; i < QMR; i++)
-        ap[t * QMR * kc + (kk / 4) * QMR * 4 + i * 4 + kk % 4] =
-          t * QMR + i < mr && kk < kin ? (uint8_t)(src[(long)kk * g->lda + t * QMR + i] ^ flip) : 0;
+      for (int i = 0; i < QMR; i++) ap[t * QMR * kc + (kk / 4) * QMR * 4 + i * 4 + kk % 4] = 0;
 #else
+  (void)rows_of;
+  (void)valid;
   for (int t = 0; t < cdiv(mr, QMR); t++) {
     uint8_t *tile = ap + t * QMR * kc;
     const uint8_t *src = g->a + (long)k0 * g->lda + m0 + t * QMR;
@@ -405,14 +479,28 @@ void aot_qgemm_run(void *ctx, int start, int end) {
   const int kslice = (cdiv(K4, cdiv(K4, kmax)) + 3) / 4 * 4;
   uint8_t ap[QMC * QKC_MAX] __attribute__((aligned(64)));
   int32_t acc[QMC * QNC] __attribute__((aligned(64)));
+  const plane_rows *rows_of = NULL;
+#if defined(__AVX512BW__) && QMC == 64 && QMR == 8
+  plane_rows table;
+  uint64_t valid[QPLANE_TAPS];
+  if (g->plane) {
+    plane_rows_of(g->plane, g->M, &table);
+    rows_of = &table;
+  }
+#else
+  const uint64_t *valid = NULL;
+#endif
   for (int t; (t = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < tasks;) {
     const int m0 = t % mblocks * QMC, n0 = t / mblocks * QNC;
     const int mr = min(g->M - m0, QMC), nr = min(g->N - n0, QNC);
+#if defined(__AVX512BW__) && QMC == 64 && QMR == 8
+    if (rows_of) plane_masks(g->plane, m0, valid);
+#endif
     for (int k0 = 0; k0 < K4; k0 += kslice) {
       const int kc = min(K4 - k0, kslice);
       /* A's slice as [m tile][k/4][QMR][4] bytes, unsigned, zero past M and K (B is zero past K too) */
       const int kin = min(g->K - k0, kc);
-      if (g->a_kmajor) pack_kmajor(g, m0, mr, k0, kc, kin, (uint8_t)flip, ap);
+      if (g->a_kmajor) pack_kmajor(g, m0, mr, k0, kc, kin, (uint8_t)flip, rows_of, valid, ap);
       else pack_rows(g, m0, mr, k0, kc, kin, (uint8_t)flip, ap);
       /* weights read once per run come from memory (ResNet's 7x7 layers, 49x512x4608: 0.444 ms against 0.316 with
          them in cache), so they are fetched ahead, spread over the calls. Where M fits one block, each task's weights
@@ -443,7 +531,7 @@ void aot_qgemm_run(void *ctx, int start, int end) {
          up to 5% slower */
       const uint8_t *a_next = NULL;
       int a_rows = 0, a_span = 0;
-      if (g->a_kmajor && mblocks > 1 && k0 + kc >= K4) {
+      if (g->a_kmajor && !rows_of && mblocks > 1 && k0 + kc >= K4) {
         const int tn = __atomic_load_n(&g->next, __ATOMIC_RELAXED), m0n = tn % mblocks * QMC;
         if (tn < tasks) {
           a_next = g->a + m0n;

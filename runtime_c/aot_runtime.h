@@ -112,6 +112,20 @@ __attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start,
 #ifndef AOT_RUNTIME_QGEMM_H
 #define AOT_RUNTIME_QGEMM_H
 #include <stdint.h>
+/* An 8-bit convolution's input as the int8 contraction's k-major A (runtime_c/aot_qwindow.c): for plane c and tap
+   (kh, kw), the row at y + c*y_plane + kh*y_kh + kw*y_kw holds, at oy*OW + ox, x[c][iy][ix] (at x + c*x_plane +
+   iy*x_row + ix) for iy = oy*SH - PH + kh, ix = ox*SW - PW + kw inside the H x W plane, else the byte pad (A's zero
+   point). Run aot_qim2col_run(p, start, end) on any split of [0, planes * KH). */
+typedef struct {
+  const uint8_t *x;
+  long x_plane, x_row;
+  int H, W;
+  int KH, KW, SH, SW, PH, PW;
+  uint8_t *y;
+  long y_plane, y_kh, y_kw;
+  int OH, OW, planes, pad;
+} aot_qim2col;
+__attribute__((visibility("hidden"))) void aot_qim2col_run(void *p, int start, int end);
 /* The int8 contraction (runtime_c/aot_qgemm.c): C[m][n] = sum_k (A[m][k] - a_zero) * B[k][n] + bias[n] in int32,
    A uint8 (or int8: a_signed) at a + m*lda + k, B int8 packed by codegen/quant.py as [N/QNR][K4/4][QNR][4] with
    col_sum[n] = sum_k B[k][n]; bias may be NULL. out_type INT32 writes C; UINT8/INT8 write
@@ -119,7 +133,9 @@ __attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start,
    n*ldc_n. Run
    aot_qgemm_run(g, 0, aot_qgemm_tasks(g)) on any number of threads at once (next = 0 to start); results are the
    same for any count. a_kmajor: A lies as [K][M] instead (A[m][k] at a + k*lda + m). a_zero_at, when not NULL, holds
-   A's zero point instead of a_zero: one computed at run time (DynamicQuantizeLinear's), written by an earlier call. */
+   A's zero point instead of a_zero: one computed at run time (DynamicQuantizeLinear's), written by an earlier call.
+   plane, when not NULL (and only where aot_qgemm_reads_plane said yes to it), is the im2col that would have written
+   the k-major A: A is then read from the convolution's input planes it names, and a is not read. */
 #define QNR 32
 enum { AOT_QGEMM_INT32 = 0, AOT_QGEMM_UINT8 = 1, AOT_QGEMM_INT8 = 2 };
 typedef struct {
@@ -136,8 +152,10 @@ typedef struct {
   int next;
   int a_kmajor;
   const int32_t *a_zero_at;
+  const aot_qim2col *plane;
 } aot_qgemm;
 __attribute__((visibility("hidden"))) int aot_qgemm_tasks(const aot_qgemm *g);
+__attribute__((visibility("hidden"))) int aot_qgemm_reads_plane(const aot_qim2col *p);
 __attribute__((visibility("hidden"))) void aot_qgemm_run(void *g, int start, int end);
 /* An 8-bit max pool (runtime_c/aot_qwindow.c): y[p][oy][ox] (at y + p*y_plane + oy*y_row + ox) is the largest
    x[p][iy][ix] (at x + p*x_plane + iy*x_row + ix) over iy = oy*SH - PH + ky*DH, ix = ox*SW - PW + kx*DW inside the
@@ -154,18 +172,4 @@ typedef struct {
   int OH, OW, planes;
 } aot_qpool;
 __attribute__((visibility("hidden"))) void aot_qpool_run(void *p, int start, int end);
-/* An 8-bit convolution's input as the int8 contraction's k-major A (runtime_c/aot_qwindow.c): for plane c and tap
-   (kh, kw), the row at y + c*y_plane + kh*y_kh + kw*y_kw holds, at oy*OW + ox, x[c][iy][ix] (at x + c*x_plane +
-   iy*x_row + ix) for iy = oy*SH - PH + kh, ix = ox*SW - PW + kw inside the H x W plane, else the byte pad (A's zero
-   point). Run aot_qim2col_run(p, start, end) on any split of [0, planes * KH). */
-typedef struct {
-  const uint8_t *x;
-  long x_plane, x_row;
-  int H, W;
-  int KH, KW, SH, SW, PH, PW;
-  uint8_t *y;
-  long y_plane, y_kh, y_kw;
-  int OH, OW, planes, pad;
-} aot_qim2col;
-__attribute__((visibility("hidden"))) void aot_qim2col_run(void *p, int start, int end);
 #endif

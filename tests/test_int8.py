@@ -45,6 +45,7 @@ class QGemm(ctypes.Structure):
     ("next", ctypes.c_int),
     ("a_kmajor", ctypes.c_int),
     ("a_zero_at", ctypes.c_void_p),
+    ("plane", ctypes.c_void_p),
   ]
 
 

@@ -69,7 +69,7 @@ def _model(form: str, dt) -> onnx.ModelProto:
 
 def _qgemm_calls(source: str) -> list[list[str]]:
   """Each aot_qgemm descriptor's fields in model.c, in call order (M, N, K, a, lda, ... c, ldc_m, ldc_n, next,
-  a_kmajor, a_zero_at)."""
+  a_kmajor, a_zero_at, plane)."""
   return [d.split(", ") for d in re.findall(r"aot_qgemm g = \{(.*?)\};", source)]
 
 
@@ -209,5 +209,5 @@ def test_a_1x1_conv_wider_than_the_in_place_limit_copies_its_input_row_major():
       np.testing.assert_array_equal(model(x), want)
     finally:
       model.close()
-  ((M, n, K, _, lda, *_, kmajor, _),) = _qgemm_calls(source)
+  ((M, n, K, _, lda, *_, kmajor, _, _),) = _qgemm_calls(source)
   assert (M, n, K, lda, kmajor) == (str(H * W), str(N), str(C), str(C), "0")
