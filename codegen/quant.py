@@ -670,6 +670,10 @@ def lower_qgemm(ast: UOp, bufs: list, producers: dict, qresults: dict):
   # reading the int8 result
   sums = lambda u: sum(s.op is Ops.ACCUMULATE and s.dtype == dtypes.int32 for s in u.toposort())
   found = [u for u in ast.src[2].toposort() if _requant(u) is not None and sums(u) == 1]
+  # a requantization of a value that holds another's (a QLinearMul of a concat of a convolution's requantized result:
+  # QOperator DenseNet's transitions) is epilogue: the sum is the inner one's, whose failure to lower failed the kernel
+  ids = {id(u) for u in found}
+  found = [u for u in found if not any(id(v) in ids for v in u.toposort() if v is not u)]
   # int32 sums outside them (MatMulInteger, ConvInteger: scaled to float after) where they are int8 contractions
   inside = {id(v) for u in found for v in u.toposort()}
   found += [

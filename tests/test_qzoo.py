@@ -1,6 +1,7 @@
 """The shapes of computation of onnx's light zoo models quantized by onnxruntime's quantizer (models/quantized.py) that
-ran far slower than onnxruntime's int8 run: small hand-built float graphs of each, quantized by quantize_static, equal
-to onnxruntime's int8 run bit for bit and on the int8 microkernel (one aot_qgemm call per convolution)."""
+ran far slower than onnxruntime's int8 run: small hand-built float graphs of each, quantized by quantize_static in QDQ
+and QOperator form, equal to onnxruntime's int8 run bit for bit and on the int8 microkernel (one aot_qgemm call per
+convolution)."""
 
 import re
 import tempfile
@@ -125,6 +126,31 @@ def _shuffled_stride2() -> tuple[onnx.ModelProto, int]:
   return g.model(g.conv(cat, 64, 8, 1), (1, 16, 10, 10), (1, 8, 5, 5)), g.calls - 32
 
 
+def _dense() -> tuple[onnx.ModelProto, int]:
+  """densenet121's dense block of two layers (BatchNormalization, its Mul and Add of constants, Relu, 1x1 and 3x3
+  convolutions, the concat of the input and the new channels), its transition after (the same, a 1x1 convolution, a
+  2x2 average pool): in QOperator form the last concat's branch, a QLinearConcat read by a QLinearMul, is fused with
+  the requantizations after it."""
+  g = _Graph(7)
+
+  def scaled(x: str, c: int) -> str:
+    stats = {"s": 1 + 0.1 * g.rng.standard_normal(c), "b": 0.1 * g.rng.standard_normal(c)}
+    stats |= {"m": 0.1 * g.rng.standard_normal(c), "v": 1 + 0.1 * g.rng.random(c)}
+    names = [f"bn{len(g.inits)}{k}" for k in stats]
+    g.inits |= {n: v.astype(np.float32) for n, v in zip(names, stats.values())}
+    mul, add = f"mul{len(g.inits)}", f"add{len(g.inits)}"
+    g.inits[mul] = (1 + 0.1 * g.rng.standard_normal((c, 1, 1))).astype(np.float32)
+    g.inits[add] = (0.1 * g.rng.standard_normal((c, 1, 1))).astype(np.float32)
+    x = g.node("Add", [g.node("Mul", [g.node("BatchNormalization", [x, *names]), mul]), add])
+    return g.node("Relu", [x])
+
+  x, c = "x", 16
+  for _ in range(2):
+    x, c = g.node("Concat", [x, g.conv(g.conv(scaled(x, c), c, 16, 1), 16, 8, 3)], axis=1), c + 8
+  y = g.node("AveragePool", [g.conv(scaled(x, c), c, 8, 1)], kernel_shape=[2, 2], strides=[2, 2])
+  return g.model(y, (1, 16, 8, 8), (1, 8, 4, 4)), g.calls
+
+
 def _qgemm_calls(source: str) -> int:
   return len(re.findall(r"aot_qgemm g = \{", source))
 
@@ -143,17 +169,19 @@ def _run_both(m: onnx.ModelProto, seed: int):
 
 @pytest.mark.parametrize(
   "build",
-  [_fire, _inception, _inception_pooled, _grouped, _shuffled, _shuffled_stride2],
-  ids=["fire", "inception", "inception_pooled", "grouped", "shuffled", "shuffled_stride2"],
+  [_fire, _inception, _inception_pooled, _grouped, _shuffled, _shuffled_stride2, _dense],
+  ids=["fire", "inception", "inception_pooled", "grouped", "shuffled", "shuffled_stride2", "dense"],
 )
-def test_convolutions_run_on_the_int8_microkernel_and_equal_onnxruntime(build):
+@pytest.mark.parametrize("form", ["qdq", "qoperator"])
+def test_convolutions_run_on_the_int8_microkernel_and_equal_onnxruntime(build, form):
   float_model, calls = build()
-  m = quantized(float_model, "qdq")
+  m = quantized(float_model, form)
   got, want, source = _run_both(m, 2)
   assert got.dtype == want.dtype and got.shape == want.shape
   np.testing.assert_array_equal(got, want)
   # every convolution, the concat's branches too, one call of the microkernel, a grouped one a call per group (the
-  # branches were generated loops over the whole concat each, the grouped convolutions generated loops)
+  # branches were generated loops over the whole concat each, the grouped convolutions generated loops; in QOperator
+  # form a dense block's last branch, fused with the QLinearMul after the concat, failed its whole kernel)
   assert _qgemm_calls(source) == calls
 
 
