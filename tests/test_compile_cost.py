@@ -49,6 +49,7 @@ def _quantized_dense_chain(blocks: int):
   const("z", np.uint8(10))
   const("s2", np.float32(0.04))
   const("z2", np.uint8(12))
+  const("z3", np.uint8(11))
   for name, v in (("starts", [0]), ("ends", [2]), ("axes", [1])):
     const(name, np.array(v, np.int64))
   x, c = "x", 4
@@ -59,7 +60,8 @@ def _quantized_dense_chain(blocks: int):
     nodes.append(helper.make_node("Relu", [f"m{k}"], [f"r{k}"]))
     nodes.append(helper.make_node("QuantizeLinear", [f"r{k}", "s2", "z2"], [f"q{k}"]))
     nodes.append(helper.make_node("Slice", [f"q{k}", "starts", "ends", "axes"], [f"g{k}"]))
-    concat = ["s", "z", x, "s", "z", f"g{k}", "s2", "z2"]
+    # (the output's zero point not the input's: requantized, not copied)
+    concat = ["s", "z3", x, "s", "z", f"g{k}", "s2", "z2"]
     nodes.append(helper.make_node("QLinearConcat", concat, [f"x{k}"], axis=1, domain="com.microsoft"))
     x, c = f"x{k}", c + 2
   graph = helper.make_graph(
