@@ -427,11 +427,30 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     for s in u.src:
       parents.setdefault(s, set()).add(u)
 
+  elementwise = lambda p, u: (p.op in GroupOp.ALU or p.op is Ops.CAST) and p.shape == u.shape
+
   def shared(u: UOp) -> bool:
     ps = parents.get(u, set())
-    return len(ps) > 1 and not all((p.op in GroupOp.ALU or p.op is Ops.CAST) and p.shape == u.shape for p in ps)
+    return len(ps) > 1 and not all(elementwise(p, u) for p in ps)
 
-  forced = [u for u in sink.toposort() if u.op is Ops.CONTIGUOUS or (u.op in GroupOp.Compute and shared(u))]
+  topo = sink.toposort()
+  forced = [u for u in topo if u.op is Ops.CONTIGUOUS or (u.op in GroupOp.Compute and shared(u))]
+  # the readers a node reaches through elementwise readers of its shape that are not stages (those read it at their
+  # own index): a concat read by the next one and by a layer, each through its own dequantize/requantize chain
+  # (QOperator DenseNet's QLinearConcat ladder), is read at two indices too, else found a level a round after an
+  # exponential first round (16 levels: 594k matcher calls)
+  staged = set(forced)
+  reach: dict[UOp, frozenset] = {}
+  for u in reversed(topo):
+    ps = parents.get(u, ())
+    reach[u] = frozenset().union(*(reach[p] if elementwise(p, u) and p not in staged else {p} for p in ps))
+
+  def shifted(u: UOp) -> bool:
+    return len(reach[u]) > 1 and any(p.op in (Ops.PAD, Ops.SHRINK) for p in reach[u])
+
+  # where such a chain forks: the node none of its elementwise readers continues whole (as the fixpoint finds it)
+  forked = lambda u: not any(elementwise(p, u) and p not in staged and reach[p] == reach[u] for p in parents.get(u, ()))
+  forced += [u for u in topo if u.op in GroupOp.Compute and u not in staged and shifted(u) and forked(u)]
   ctx = None
   while True:
     ctx, lowered, deps = _lower_all(outputs, out_bufs, forced, ctx)

@@ -191,8 +191,21 @@ def qlinear_concat(n, y_scale, y_zp, *xs, axis=0):
   dt = y_zp.dtype
   parts = []
   for x, s, z in zip(xs[0::3], xs[1::3], xs[2::3]):
-    parts.append(_requant(_dequant(x, s, z), y_scale, y_zp, dt))
+    parts.append(
+      x if _same_quantization(n, (s, z), (y_scale, y_zp)) else _requant(_dequant(x, s, z), y_scale, y_zp, dt)
+    )
   return Tensor.cat(parts, axis % parts[0].ndim)
+
+
+def _same_quantization(n, a: tuple, b: tuple) -> bool:
+  """Whether the (scale, zero point) pairs a and b are the same constants: an input at the output's quantization is
+  copied, as onnxruntime's QLinearConcat does (requantized, round(s (x - z) / s) + z is x again, but computed on every
+  element: QOperator DenseNet's concats each requantized all the channels before them)."""
+  try:
+    (sa, za), (sb, zb) = ((n.const(s, "a scale"), n.const(z, "a zero point")) for s, z in (a, b))
+  except NeedsConstant:
+    return False
+  return za.dtype == zb.dtype and np.array_equal(sa, sb) and np.array_equal(za, zb)
 
 
 # *** products ***

@@ -1,6 +1,7 @@
 """QOperator, integer and com.microsoft ops against onnxruntime, one node each on fresh inputs: integer outputs equal
 bit for bit, float outputs within 1e-5 relative; then models quantized by onnxruntime's own tools."""
 
+import re
 import tempfile
 
 import numpy as np
@@ -185,6 +186,25 @@ def test_qlinear_concat():
     order=["ys", "yz", "a", "as", "az", "b", "bs", "bz"],
     axis=1,
   )
+
+
+def test_qlinear_concat_copies_inputs_at_the_output_quantization():
+  # onnxruntime copies an input whose scale and zero point are the output's; ours requantized it (round(s (x - z) /
+  # s) + z, the same bytes) on every element: QOperator DenseNet's concats, each of every channel before it
+  r = rnd(15)
+  feeds = {"a": qarr(r, (1, 6, 5, 5)), "b": qarr(r, (1, 3, 5, 5))}
+  q = {"s": f32(0.0371), "z": U8(39)}
+  node = oh.make_node("QLinearConcat", ["s", "z", "a", "s", "z", "b", "s", "z"], ["y"], domain=MS, axis=1)
+  m = _model(node, feeds, q, [("y", TP.UINT8)])
+  want = ort_session(m).run(None, feeds)[0]
+  with tempfile.TemporaryDirectory(prefix="aot_q_") as d:
+    art = aot.compile_model(m, out_dir=d)
+    (got,) = outputs_on_threads(art, feeds, threads=(1,))
+    source = "".join(f.read_text() for f in (art.dir / "src").glob("*.c") if f.name.startswith(("model", "kernels")))
+  np.testing.assert_array_equal(got, want)
+  # bytes moved, nothing rounded: the kernels' definitions (their bodies up to the closing brace) hold no float
+  kernels = re.findall(r"^[^\n]*void g_f\d+\([^\n]*\{\n.*?^\}", source, re.S | re.M)
+  assert kernels and not any("float" in k for k in kernels), kernels
 
 
 # *** products ***
