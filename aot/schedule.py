@@ -427,9 +427,13 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     for s in u.src:
       parents.setdefault(s, set()).add(u)
 
+  # (a bitcast is elementwise as a cast is: as a stage, a value a bitcast also read was stored, and the kernels of
+  # the stages after it each read the chain before it, which then was stored step by step: tests/test_kernel_counts.py)
   def shared(u: UOp) -> bool:
     ps = parents.get(u, set())
-    return len(ps) > 1 and not all((p.op in GroupOp.ALU or p.op is Ops.CAST) and p.shape == u.shape for p in ps)
+    return len(ps) > 1 and not all(
+      (p.op in GroupOp.ALU or p.op in (Ops.CAST, Ops.BITCAST)) and p.shape == u.shape for p in ps
+    )
 
   forced = [u for u in sink.toposort() if u.op is Ops.CONTIGUOUS or (u.op in GroupOp.Compute and shared(u))]
   ctx = None
