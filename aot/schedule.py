@@ -427,7 +427,9 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     for s in u.src:
       parents.setdefault(s, set()).add(u)
 
-  elementwise = lambda p, u: (p.op in GroupOp.ALU or p.op is Ops.CAST) and p.shape == u.shape
+  # (a bitcast is elementwise as a cast is: as a stage, a value a bitcast also read was stored, and the kernels of
+  # the stages after it each read the chain before it, which then was stored step by step: tests/test_kernel_counts.py)
+  elementwise = lambda p, u: (p.op in GroupOp.ALU or p.op in (Ops.CAST, Ops.BITCAST)) and p.shape == u.shape
 
   def shared(u: UOp) -> bool:
     ps = parents.get(u, set())

@@ -515,9 +515,12 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
   from aot.artifact import c_name
   from aot.frontends.onnx_qdq import fuse_qdq
+  from aot.frontends.onnx_skip_ln import fuse_skip_layer_norm
 
   # QDQ groups run as onnxruntime runs them: as integer contractions (frontends/onnx_qdq.py, codegen/quant.py)
   model = fuse_qdq(load_model(src), in_place=not isinstance(src, onnx.ModelProto))
+  # Add + LayerNormalization as onnxruntime fuses and computes it (frontends/onnx_skip_ln.py)
+  model = fuse_skip_layer_norm(model, in_place=model is not src)
   if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None):
     raise CompileError("; ".join(problems))
   shapes, bind = dict(shapes or {}), dict(bind or {})

@@ -107,3 +107,14 @@ def test_function_is_traced_once_and_checks_its_arguments():
     block(Tensor(X[:4]), w1)
   with pytest.raises(TypeError, match=r"argument 'w'.*float32.*int32"):
     block(Tensor(X), Tensor(np.zeros((32, 32), np.int32)))
+
+
+def test_skip_layer_norm_recurrence_is_one_kernel_per_128_steps():
+  # onnxruntime's Welford recurrence (frontends/onnx_ops_contrib.py) over rows of 256: two kernels of 128 steps
+  # (their state and the row's mean and std each packed in a uint64), then the output. A bitcast reader made its
+  # value a stage of its own, and each stage then read the chain's steps: 514
+  from aot.frontends.onnx_ops_contrib import _welford_layer_norm
+
+  x = rng.standard_normal((32, 256)).astype(np.float32)
+  gamma = Tensor(rng.standard_normal(256).astype(np.float32))
+  assert_kernel_count(lambda t: _welford_layer_norm(t, gamma, None, 1e-5)[0], 3, [x])
