@@ -49,11 +49,11 @@ class QGemm(ctypes.Structure):
   ]
 
 
-def build_qgemm(d: Path, cpu: str, compiler: str | None = None) -> ctypes.CDLL:
-  """DRIVER and the runtime's int8 microkernel as a shared library in folder d, by compiler (default the one aot
+def build_qgemm(d: Path, cpu: str, compiler: str | None = None, driver: str = DRIVER) -> ctypes.CDLL:
+  """driver and the runtime's int8 microkernel as a shared library in folder d, by compiler (default the one aot
   picks) for cpu."""
   compiler = compiler or cc()
-  (d / "driver.c").write_text(DRIVER)
+  (d / "driver.c").write_text(driver)
   so = d / "libq.so"
   sources = [str(d / "driver.c"), str(RUNTIME / "aot_qgemm.c"), str(RUNTIME / "aot_runtime.c")]
   with pytest.MonkeyPatch.context() as m:

@@ -5,15 +5,13 @@ planes' neighbouring pages unreadable, so that a lane read outside a plane crash
 
 import ctypes
 import mmap
-import subprocess
 
 import numpy as np
 import pytest
-from test_int8 import DRIVER, RUNTIME, QGemm
+from test_int8 import DRIVER, QGemm, build_qgemm
 from test_qim2col import QIm2col, out_size
 from test_qim2col import reference as im2col_reference
 
-from aot.build import cc, cflags
 from aot.codegen.quant import pack_weights, requantize
 
 PLANE_DRIVER = (
@@ -26,14 +24,7 @@ __attribute__((visibility("default"))) int reads_plane(const aot_qim2col *p) { r
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-  d = tmp_path_factory.mktemp("qgemm_plane")
-  (d / "driver.c").write_text(PLANE_DRIVER)
-  so = d / "libq.so"
-  sources = [str(d / "driver.c"), *(str(RUNTIME / f) for f in ("aot_qgemm.c", "aot_qwindow.c", "aot_runtime.c"))]
-  subprocess.run(
-    [cc(), *cflags("native"), "-shared", f"-I{RUNTIME}", *sources, "-o", str(so), "-lpthread", "-lm"], check=True
-  )
-  return ctypes.CDLL(str(so))
+  return build_qgemm(tmp_path_factory.mktemp("qgemm_plane"), "native", driver=PLANE_DRIVER)
 
 
 def has_avx512bw() -> bool:
