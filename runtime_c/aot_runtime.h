@@ -25,7 +25,8 @@ __attribute__((visibility("hidden"))) void aot_arena_free(void *arena);
 #ifndef AOT_RUNTIME_POOL_H
 #define AOT_RUNTIME_POOL_H
 /* A small thread pool: aot_parallel(pool, fn, ctx, n) runs fn(ctx, start, end) over a fixed split of [0, n), one
-   slice per thread (the caller takes the first), and returns when all are done. The split depends only on n and the
+   slice per thread (thread i, the caller being 0, runs slice i where it is free to, and takes any other still untaken
+   once done with its own), and returns when all are done. The split depends only on n and the
    thread count, and every output element is computed whole by one thread, so results do not depend on timing. */
 typedef void (*aot_task)(void *ctx, int start, int end);
 typedef struct aot_pool aot_pool;
