@@ -47,19 +47,40 @@ static int min(int a, int b) { return a < b ? a : b; }
 int aot_qgemm_tasks(const aot_qgemm *g) { return cdiv(g->M, QMC) * cdiv(g->N, QNC); }
 
 /* A call's regions of its task grid (mblocks x nblocks blocks of C), one per slice of aot_parallel's split: m blocks
-   [m0, m0 + mc) by n blocks [n0, n0 + nc), split along m, or along n where there are fewer m blocks than regions
-   (a 7x7 layer's M = 49, one block). Task j of a region is m block m0 + j % mc of n block n0 + j / mc: the order of
-   one thread's whole grid, each n block's weights used by all the region's rows while in L2.
+   [m0, m0 + mc) by n blocks [n0, n0 + nc), split along m (each thread's output positions, which the next layer reads
+   on the same core), or along n where that shares the work out more evenly (split_by_m). Task j of a region is m
+   block m0 + j % mc of n block n0 + j / mc: the order of one thread's whole grid, each n block's weights used by all
+   the region's rows while in L2.
    On 2 threads the tasks had come from one counter, m fastest, so which core computed which output positions
    changed from call to call, and the next layer (which reads all channels of its own positions) read much of its
    input from the other core's L2: 2 threads took 1.04-1.12x 1 thread's CPU time on ResNet-50 (the int8 calls +8%).
    With the regions (and the pool running slice i on thread i), light:resnet50:qdq's profile on 2 threads: all threads'
-   CPU 1.053x 1 thread's -> 1.029x (the int8 calls 1.049 -> 1.027), the calls' busiest threads 13.7 -> 13.0 ms
-   (1 thread: 24.5-24.8); end to end within the machine's noise (0.99-1.01x main's time) */
+   CPU 1.028-1.053x 1 thread's -> 1.013-1.029x, the calls' busiest threads 0.531-0.552x 1 thread's time ->
+   0.521-0.532x; end to end within the machine's noise (0.99-1.01x main's time) */
 typedef struct { int m0, mc, n0, nc; } qregion;
 
-static qregion region_of(int r, int regions, int mblocks, int nblocks) {
-  if (mblocks >= regions) {
+/* the largest region's rows (or columns) when blocks of b rows of n split into regions */
+static int largest_share(int n, int b, int regions) {
+  const int blocks = cdiv(n, b);
+  int most = 0;
+  for (int r = 0; r < regions; r++) {
+    const int lo = (int)((long)blocks * r / regions), hi = (int)((long)blocks * (r + 1) / regions);
+    if (hi > lo) most = most > min(hi * b, n) - lo * b ? most : min(hi * b, n) - lo * b;
+  }
+  return most;
+}
+
+/* along m unless the largest region's work (its rows times N) is over 1.1x that of the largest along n: a 14x14
+   layer's M = 196 is 3 blocks and 4 rows, 128 rows against 68 along m on 2 threads, and its calls' busiest threads
+   took 7% more than half the work (196x256x2304, taking the other's tasks when done); 28x28's 784 is 384 against
+   400, 56x56's 3136 1536 against 1600 (within 2% of the split along n where there is one) */
+static int split_by_m(int M, int N, int regions) {
+  const long along_m = (long)largest_share(M, QMC, regions) * N, along_n = (long)largest_share(N, QNC, regions) * M;
+  return along_m * 10 <= along_n * 11;
+}
+
+static qregion region_of(int r, int regions, int by_m, int mblocks, int nblocks) {
+  if (by_m) {
     const int lo = (int)((long)mblocks * r / regions), hi = (int)((long)mblocks * (r + 1) / regions);
     return (qregion){lo, hi - lo, 0, nblocks};
   }
@@ -508,6 +529,7 @@ void aot_qgemm_run(void *ctx, int start, int end) {
   const int regions = g->slices > 1 && g->slices <= AOT_QGEMM_SLICES ? g->slices : 1;
   /* this call's region: the slice [start, end) is (any other start of a range only changes which region goes
      first) */
+  const int by_m = split_by_m(g->M, g->N, regions);
   int own = 0;
   for (int i = 0; i < regions; i++)
     if (start == (int)((long)tasks * i / regions) && end == (int)((long)tasks * (i + 1) / regions)) own = i;
@@ -531,14 +553,14 @@ void aot_qgemm_run(void *ctx, int start, int end) {
 #endif
   /* the region whose tasks are being taken (own, then the next ones round, from their ends), and its index */
   int r = own, from_end = 0;
-  qregion reg = region_of(r, regions, mblocks, nblocks);
+  qregion reg = region_of(r, regions, by_m, mblocks, nblocks);
   for (;;) {
     const int size = reg.mc * reg.nc;
     const int j = regions == 1 ? __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED) : take(&g->taken[r], size, from_end);
     if (j < 0 || j >= size) {
       if (regions == 1 || (r = (r + 1) % regions) == own) break;
       from_end = 1;
-      reg = region_of(r, regions, mblocks, nblocks);
+      reg = region_of(r, regions, by_m, mblocks, nblocks);
       continue;
     }
     const int m0 = (reg.m0 + j % reg.mc) * QMC, n0 = (reg.n0 + j / reg.mc) * QNC;
