@@ -113,7 +113,8 @@ class QGemmCall:
       f"{q.ldc[1]}, 0, {int(q.k_major)}, {ptr('int32_t', q.zero_slot)}"
     )
     run = (
-      "aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))"
+      # the thread count splits the task grid into regions, one per slice (aot_qgemm.slices)
+      "g.slices = aot_pool_threads(m->pool); aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))"
       if self.parallel
       else "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
     )

@@ -46,6 +46,61 @@ static int min(int a, int b) { return a < b ? a : b; }
 
 int aot_qgemm_tasks(const aot_qgemm *g) { return cdiv(g->M, QMC) * cdiv(g->N, QNC); }
 
+/* A call's regions of its task grid (mblocks x nblocks blocks of C), one per slice of aot_parallel's split: m blocks
+   [m0, m0 + mc) by n blocks [n0, n0 + nc), split along m (each thread's output positions, which the next layer reads
+   on the same core), or along n where that shares the work out more evenly (split_by_m). Task j of a region is m
+   block m0 + j % mc of n block n0 + j / mc: the order of one thread's whole grid, each n block's weights used by all
+   the region's rows while in L2.
+   On 2 threads the tasks had come from one counter, m fastest, so which core computed which output positions
+   changed from call to call, and the next layer (which reads all channels of its own positions) read much of its
+   input from the other core's L2: 2 threads took 1.04-1.12x 1 thread's CPU time on ResNet-50 (the int8 calls +8%).
+   With the regions (and the pool running slice i on thread i), light:resnet50:qdq's profile on 2 threads: all threads'
+   CPU 1.028-1.053x 1 thread's -> 1.013-1.029x, the calls' busiest threads 0.531-0.552x 1 thread's time ->
+   0.521-0.532x; end to end within the machine's noise (0.99-1.01x main's time) */
+typedef struct { int m0, mc, n0, nc; } qregion;
+
+/* the largest region's rows (or columns) when blocks of b rows of n split into regions */
+static int largest_share(int n, int b, int regions) {
+  const int blocks = cdiv(n, b);
+  int most = 0;
+  for (int r = 0; r < regions; r++) {
+    const int lo = (int)((long)blocks * r / regions), hi = (int)((long)blocks * (r + 1) / regions);
+    if (hi > lo) most = most > min(hi * b, n) - lo * b ? most : min(hi * b, n) - lo * b;
+  }
+  return most;
+}
+
+/* along m unless the largest region's work (its rows times N) is over 1.1x that of the largest along n: a 14x14
+   layer's M = 196 is 3 blocks and 4 rows, 128 rows against 68 along m on 2 threads, and its calls' busiest threads
+   took 7% more than half the work (196x256x2304, taking the other's tasks when done); 28x28's 784 is 384 against
+   400, 56x56's 3136 1536 against 1600 (within 2% of the split along n where there is one) */
+static int split_by_m(int M, int N, int regions) {
+  const long along_m = (long)largest_share(M, QMC, regions) * N, along_n = (long)largest_share(N, QNC, regions) * M;
+  return along_m * 10 <= along_n * 11;
+}
+
+static qregion region_of(int r, int regions, int by_m, int mblocks, int nblocks) {
+  if (by_m) {
+    const int lo = (int)((long)mblocks * r / regions), hi = (int)((long)mblocks * (r + 1) / regions);
+    return (qregion){lo, hi - lo, 0, nblocks};
+  }
+  const int lo = (int)((long)nblocks * r / regions), hi = (int)((long)nblocks * (r + 1) / regions);
+  return (qregion){0, mblocks, lo, hi - lo};
+}
+
+/* a task of a region's size tasks: from its start (its index) or its end (size less one less the index); -1 when
+   none is left */
+static int take(unsigned long long *taken, int size, int from_end) {
+  unsigned long long v = __atomic_load_n(taken, __ATOMIC_RELAXED);
+  for (;;) {
+    const unsigned head = (unsigned)v, tail = (unsigned)(v >> 32);
+    if ((long)head + tail >= size) return -1;
+    const unsigned long long w = from_end ? v + (1ULL << 32) : v + 1;
+    if (__atomic_compare_exchange_n(taken, &v, w, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      return from_end ? size - 1 - (int)tail : (int)head;
+  }
+}
+
 #include "aot_qmicro.h"
 
 #if defined(__AVX512BW__) && QMC == 64 && QMR == 8
@@ -468,10 +523,16 @@ static void requantize_row(const int32_t *restrict sum, const int32_t *restrict 
 }
 
 void aot_qgemm_run(void *ctx, int start, int end) {
-  /* tasks from a shared counter, as in aot_gemm_run: each computes its block whole, whoever takes it */
-  (void)start; (void)end;
+  /* each task computes its block whole, whoever takes it: results do not depend on who does which */
   aot_qgemm *g = ctx;
-  const int tasks = aot_qgemm_tasks(g), mblocks = cdiv(g->M, QMC), K4 = (g->K + 3) / 4 * 4;
+  const int tasks = aot_qgemm_tasks(g), mblocks = cdiv(g->M, QMC), nblocks = cdiv(g->N, QNC), K4 = (g->K + 3) / 4 * 4;
+  const int regions = g->slices > 1 && g->slices <= AOT_QGEMM_SLICES ? g->slices : 1;
+  /* this call's region: the slice [start, end) is (any other start of a range only changes which region goes
+     first) */
+  const int by_m = split_by_m(g->M, g->N, regions);
+  int own = 0;
+  for (int i = 0; i < regions; i++)
+    if (start == (int)((long)tasks * i / regions) && end == (int)((long)tasks * (i + 1) / regions)) own = i;
   const uint32_t flip = g->a_signed ? 0x80 : 0;
   const int32_t zero = (g->a_zero_at ? *g->a_zero_at : g->a_zero) + (g->a_signed ? 128 : 0);
   /* K in slices of equal length (a multiple of 4) at most kmax: 2304 as 5 x 464, not 4 x 512 + 256 */
@@ -490,8 +551,25 @@ void aot_qgemm_run(void *ctx, int start, int end) {
 #else
   const uint64_t *valid = NULL;
 #endif
-  for (int t; (t = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < tasks;) {
-    const int m0 = t % mblocks * QMC, n0 = t / mblocks * QNC;
+  /* the region whose tasks are being taken (own, then the next ones round, from their ends), and its index */
+  int r = own, from_end = 0;
+  qregion reg = region_of(r, regions, by_m, mblocks, nblocks);
+  for (;;) {
+    const int size = reg.mc * reg.nc;
+    const int j = regions == 1 ? __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED) : take(&g->taken[r], size, from_end);
+    if (j < 0 || j >= size) {
+      if (regions == 1 || (r = (r + 1) % regions) == own) break;
+      from_end = 1;
+      reg = region_of(r, regions, by_m, mblocks, nblocks);
+      continue;
+    }
+    const int m0 = (reg.m0 + j % reg.mc) * QMC, n0 = (reg.n0 + j / reg.mc) * QNC;
+    /* the task this thread takes next, unless another takes it first: the region's next from its start (-1 when
+       taking from the end, or at the region's end) */
+    const int jn = from_end ? -1
+                   : regions == 1 ? __atomic_load_n(&g->next, __ATOMIC_RELAXED)
+                                  : (int)(unsigned)__atomic_load_n(&g->taken[r], __ATOMIC_RELAXED);
+    const int j_next = jn >= 0 && jn < size ? jn : -1;
     const int mr = min(g->M - m0, QMC), nr = min(g->N - n0, QNC);
 #if defined(__AVX512BW__) && QMC == 64 && QMR == 8
     if (rows_of) plane_masks(g->plane, m0, valid);
@@ -518,26 +596,26 @@ void aot_qgemm_run(void *ctx, int start, int end) {
         far = g->b + (long)(n0 / QNR) * K4 * QNR + (long)(k0 + kc) * QNR;
         far_lines = min(K4 - k0 - kc, kslice) * QNR / 64;
         far_panels = panels;
-      } else if (mblocks == 1 && n0 + QNC < g->N) {
-        far = g->b + (long)((n0 + QNC) / QNR) * K4 * QNR;
+      } else if (mblocks == 1 && j_next >= 0) {
+        /* (the next n block of the region: mblocks == 1) */
+        const int n0n = (reg.n0 + j_next) * QNC;
+        far = g->b + (long)(n0n / QNR) * K4 * QNR;
         far_lines = min(K4, kslice) * QNR / 64;
-        far_panels = cdiv(min(g->N - n0 - QNC, QNC), QNR);
+        far_panels = cdiv(min(g->N - n0n, QNC), QNR);
       }
       const long far_total = (long)far_lines * far_panels, calls = (long)tiles * panels;
       /* a k-major A (a convolution's im2col) is read QMC bytes from each of K rows lda apart, which the hardware
-         does not fetch ahead: in the last slice, the first slice of the next task's rows are (the task the counter
-         hands out next: this thread's next on 1 thread, a guess on more). With A out of L2 (as an im2col's 1.8 MB
-         leaves it): the stem's 12544x64x147 0.58-0.68 -> 0.42-0.49 ms, 3136x64x576 0.38-0.52 -> 0.31; with A in L2
-         up to 5% slower */
+         does not fetch ahead: in the last slice, the first slice of the next task's rows are (the next of this
+         thread's region, unless another thread takes it first: with one counter for all it had been a guess on 2).
+         With A out of L2 (as an im2col's 1.8 MB leaves it): the stem's 12544x64x147 0.58-0.68 -> 0.42-0.49 ms,
+         3136x64x576 0.38-0.52 -> 0.31; with A in L2 up to 5% slower */
       const uint8_t *a_next = NULL;
       int a_rows = 0, a_span = 0;
-      if (g->a_kmajor && !rows_of && mblocks > 1 && k0 + kc >= K4) {
-        const int tn = __atomic_load_n(&g->next, __ATOMIC_RELAXED), m0n = tn % mblocks * QMC;
-        if (tn < tasks) {
-          a_next = g->a + m0n;
-          a_rows = min(g->K, kslice);
-          a_span = min(g->M - m0n, QMC) - 1;
-        }
+      if (g->a_kmajor && !rows_of && mblocks > 1 && k0 + kc >= K4 && j_next >= 0) {
+        const int m0n = (reg.m0 + j_next % reg.mc) * QMC;
+        a_next = g->a + m0n;
+        a_rows = min(g->K, kslice);
+        a_span = min(g->M - m0n, QMC) - 1;
       }
       for (int n = 0; n < nr; n += QNR) {
         const int8_t *bt = g->b + (long)((n0 + n) / QNR) * K4 * QNR + (long)k0 * QNR;

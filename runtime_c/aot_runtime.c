@@ -83,10 +83,15 @@ struct aot_pool {
   pthread_t *workers;
   pthread_mutex_t lock;
   pthread_cond_t start, done;
-  /* the job (its number in the high 32 bits) and the next of its slices to take: a thread takes slice i by moving
-     i to i + 1 while the job is still this one, so a thread that wakes late (kept off its core on a loaded machine)
-     finds the job's slices taken, or a newer job, and a job never waits for a thread that has not started it */
-  unsigned long long claim;
+  /* the job's number, and per slice the number of the last job that took it: thread i (the caller 0, worker i)
+     takes slice i of job j by moving slice[i] from j - 1 to j, then, done with it, the slices no other thread has
+     taken yet. A thread that wakes late (kept off its core on a loaded machine) finds the job's slices taken, or a
+     newer job whose slices its number no longer matches, so a job never waits for a thread that has not started
+     it; and on free cores each thread runs the same slice of every call, so the rows a kernel writes on one core
+     are the rows the next one reads there (the first thread to come used to take slice 0, the caller or the
+     worker by chance; see aot_qgemm_run for what that cost) */
+  unsigned job;
+  unsigned *slice;
   int finished;              /* the job's slices run to the end */
   /* who sleeps on a condition variable (set under the lock): only then does the other side take the lock to wake
      it, and a thread that sees the job or its end while spinning takes no lock at all (it used to, and could meet
@@ -103,16 +108,17 @@ struct aot_pool {
 
 typedef struct { aot_pool *pool; int index; } aot_worker_arg;
 
-static unsigned job_of(unsigned long long claim) { return (unsigned)(claim >> 32); }
-
-/* take and run job's slices (one per thread of the pool, a fixed split of [0, n)) until none is left */
-static void run_slices(aot_pool *p, unsigned job) {
+/* run job's slices, this thread's own (index) first, then the others no thread has taken, until none is left */
+static void run_slices(aot_pool *p, unsigned job, int index) {
   const int slices = p->threads;
-  unsigned long long c = __atomic_load_n(&p->claim, __ATOMIC_ACQUIRE);
-  while (job_of(c) == job && (int)(c & 0xffffffffu) < slices) {
-    if (!__atomic_compare_exchange_n(&p->claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+  for (int s = 0; s < slices; s++) {
+    const int i = (index + s) % slices;
+    unsigned was = job - 1;
+    if (__atomic_load_n(&p->slice[i], __ATOMIC_RELAXED) != was ||
+        !__atomic_compare_exchange_n(&p->slice[i], &was, job, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+      continue;
     /* the job cannot end while this slice is unfinished: its function and size stay as they are */
-    const int i = (int)(c & 0xffffffffu), n = __atomic_load_n(&p->n, __ATOMIC_RELAXED);
+    const int n = __atomic_load_n(&p->n, __ATOMIC_RELAXED);
     const int lo = (int)((long long)n * i / slices), hi = (int)((long long)n * (i + 1) / slices);
     if (lo < hi) __atomic_load_n(&p->fn, __ATOMIC_RELAXED)(__atomic_load_n(&p->ctx, __ATOMIC_RELAXED), lo, hi);
     /* sequentially consistent with the caller's store to waiting and its load of finished: one of the two sees
@@ -123,12 +129,11 @@ static void run_slices(aot_pool *p, unsigned job) {
       pthread_cond_signal(&p->done);
       pthread_mutex_unlock(&p->lock);
     }
-    c = __atomic_load_n(&p->claim, __ATOMIC_ACQUIRE);
   }
 }
 
 static int has_job(aot_pool *p, unsigned seen) {
-  return job_of(__atomic_load_n(&p->claim, __ATOMIC_SEQ_CST)) != seen || __atomic_load_n(&p->stop, __ATOMIC_ACQUIRE);
+  return __atomic_load_n(&p->job, __ATOMIC_SEQ_CST) != seen || __atomic_load_n(&p->stop, __ATOMIC_ACQUIRE);
 }
 
 static void *worker_main(void *arg) {
@@ -150,8 +155,8 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&p->lock);
     }
     if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) break;
-    seen = job_of(__atomic_load_n(&p->claim, __ATOMIC_ACQUIRE));
-    run_slices(p, seen);
+    seen = __atomic_load_n(&p->job, __ATOMIC_ACQUIRE);
+    run_slices(p, seen, a.index);
   }
   return NULL;
 }
@@ -164,9 +169,11 @@ aot_pool *aot_pool_create(int threads) {
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->start, NULL);
   pthread_cond_init(&p->done, NULL);
+  p->slice = calloc((size_t)threads, sizeof *p->slice);
+  if (!p->slice) { free(p); return NULL; }
   if (threads > 1) {
     p->workers = calloc((size_t)threads - 1, sizeof *p->workers);
-    if (!p->workers) { free(p); return NULL; }
+    if (!p->workers) { free(p->slice); free(p); return NULL; }
     for (int i = 1; i < threads; i++) {
       aot_worker_arg *a = malloc(sizeof *a);
       if (a) { a->pool = p; a->index = i; }
@@ -191,6 +198,7 @@ void aot_pool_destroy(aot_pool *p) {
   pthread_cond_destroy(&p->start);
   pthread_cond_destroy(&p->done);
   free(p->workers);
+  free(p->slice);
   free(p);
 }
 
@@ -201,14 +209,15 @@ void aot_parallel(aot_pool *p, aot_task fn, void *ctx, int n) {
   __atomic_store_n(&p->ctx, ctx, __ATOMIC_RELAXED);
   __atomic_store_n(&p->n, n, __ATOMIC_RELAXED);
   __atomic_store_n(&p->finished, 0, __ATOMIC_RELAXED);
-  const unsigned job = job_of(__atomic_load_n(&p->claim, __ATOMIC_RELAXED)) + 1;
-  __atomic_store_n(&p->claim, (unsigned long long)job << 32, __ATOMIC_SEQ_CST);
+  /* every slice of the last job was taken (it ended): each slice[i] is job - 1 */
+  const unsigned job = __atomic_load_n(&p->job, __ATOMIC_RELAXED) + 1;
+  __atomic_store_n(&p->job, job, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST)) {
     pthread_mutex_lock(&p->lock);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->lock);
   }
-  run_slices(p, job);
+  run_slices(p, job, 0);
   /* every slice is taken: wait for those other threads are still running */
   long spin = 0;
   for (int i = 0; !spun_out(&spin, i) && __atomic_load_n(&p->finished, __ATOMIC_ACQUIRE) < p->threads; i++)

@@ -17,6 +17,7 @@ DRIVER = r"""
 #include "aot_runtime.h"
 __attribute__((visibility("default"))) void qgemm(aot_qgemm *g, int threads) {
   aot_pool *p = aot_pool_create(threads);
+  g->slices = threads;
   aot_parallel(p, aot_qgemm_run, g, aot_qgemm_tasks(g));
   aot_pool_destroy(p);
 }
@@ -46,6 +47,8 @@ class QGemm(ctypes.Structure):
     ("a_kmajor", ctypes.c_int),
     ("a_zero_at", ctypes.c_void_p),
     ("plane", ctypes.c_void_p),
+    ("slices", ctypes.c_int),
+    ("taken", ctypes.c_ulonglong * 16),  # AOT_QGEMM_SLICES
   ]
 
 
