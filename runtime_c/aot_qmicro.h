@@ -105,10 +105,18 @@ static void micro_more(int more, int groups, const uint8_t *restrict a, const ui
     default: micro_rows2(MICRO_MORE, groups, a, a_more, b, c, ldc, accumulate);
   }
 }
-#elif defined(__AVXVNNI__)
+#elif defined(__AVXVNNI__) || defined(AOT_QMICRO_EVEX_DPBUSD)
 /* AVX-VNNI (VEX vpdpbusd on 256 bits, e.g. Alder Lake): the same sums, 8 columns per vector. 8 x 32 would be 32
    accumulators of AVX's 16 registers, so the tile goes in parts of 4 rows x 16 columns: 8 accumulators, 2 B vectors
    and a broadcast */
+#if defined(AOT_QMICRO_EVEX_DPBUSD)
+/* tests/test_qmicro_isa.py only, where the CPU has AVX-512 VNNI but not AVX-VNNI (Zen 4) and no emulator runs
+   AVX-VNNI (qemu 10's TCG has none): the same instruction in AVX-512VL's encoding, the same sums (built without
+   -mavxvnni, or the compilers choose the shorter VEX encoding again) */
+#define dpbusd_256 _mm256_dpbusd_epi32
+#else
+#define dpbusd_256 _mm256_dpbusd_avx_epi32
+#endif
 static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict b, int32_t *restrict c, int ldc,
                   int accumulate) {
   for (int r0 = 0; r0 < QMR; r0 += 4)
@@ -128,8 +136,8 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
           int32_t word;
           memcpy(&word, a + g * QMR * 4 + (r0 + i) * 4, 4);
           const __m256i av = _mm256_set1_epi32(word);
-          acc[i][0] = _mm256_dpbusd_avx_epi32(acc[i][0], av, b0);
-          acc[i][1] = _mm256_dpbusd_avx_epi32(acc[i][1], av, b1);
+          acc[i][0] = dpbusd_256(acc[i][0], av, b0);
+          acc[i][1] = dpbusd_256(acc[i][1], av, b1);
         }
       }
       QUNROLL
