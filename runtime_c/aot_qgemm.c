@@ -65,7 +65,8 @@ static int largest_share(int n, int b, int regions) {
   int most = 0;
   for (int r = 0; r < regions; r++) {
     const int lo = (int)((long)blocks * r / regions), hi = (int)((long)blocks * (r + 1) / regions);
-    if (hi > lo) most = most > min(hi * b, n) - lo * b ? most : min(hi * b, n) - lo * b;
+    const int share = min(hi * b, n) - lo * b;
+    if (hi > lo && share > most) most = share;
   }
   return most;
 }
@@ -530,9 +531,9 @@ void aot_qgemm_run(void *ctx, int start, int end) {
   aot_qgemm *g = ctx;
   const int tasks = aot_qgemm_tasks(g), mblocks = cdiv(g->M, QMC), nblocks = cdiv(g->N, QNC), K4 = (g->K + 3) / 4 * 4;
   const int regions = g->slices > 1 && g->slices <= AOT_QGEMM_SLICES ? g->slices : 1;
+  const int by_m = split_by_m(g->M, g->N, regions);
   /* this call's region: the slice [start, end) is (any other start of a range only changes which region goes
      first) */
-  const int by_m = split_by_m(g->M, g->N, regions);
   int own = 0;
   for (int i = 0; i < regions; i++)
     if (start == (int)((long)tasks * i / regions) && end == (int)((long)tasks * (i + 1) / regions)) own = i;

@@ -26,8 +26,8 @@ __attribute__((visibility("hidden"))) void aot_arena_free(void *arena);
 #define AOT_RUNTIME_POOL_H
 /* A small thread pool: aot_parallel(pool, fn, ctx, n) runs fn(ctx, start, end) over a fixed split of [0, n), one
    slice per thread (thread i, the caller being 0, runs slice i where it is free to, and takes any other still untaken
-   once done with its own), and returns when all are done. The split depends only on n and the
-   thread count, and every output element is computed whole by one thread, so results do not depend on timing. */
+   once done with its own), and returns when all are done. The split depends only on n and the thread count, and
+   every output element is computed whole by one thread, so results do not depend on timing. */
 typedef void (*aot_task)(void *ctx, int start, int end);
 typedef struct aot_pool aot_pool;
 __attribute__((visibility("hidden"))) aot_pool *aot_pool_create(int threads);
@@ -133,8 +133,9 @@ __attribute__((visibility("hidden"))) void aot_qim2col_run(void *p, int start, i
    clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). C's element (m, n) is at c + m*ldc_m +
    n*ldc_n. Run
    aot_qgemm_run(g, 0, aot_qgemm_tasks(g)) on any number of threads at once (next = 0 to start), or through
-   aot_parallel with slices set (and taken zero); results are the same for any count. a_kmajor: A lies as [K][M] instead (A[m][k] at a + k*lda + m). a_zero_at, when not NULL, holds
-   A's zero point instead of a_zero: one computed at run time (DynamicQuantizeLinear's), written by an earlier call.
+   aot_parallel with slices set (and taken zero); results are the same for any count. a_kmajor: A lies as [K][M]
+   instead (A[m][k] at a + k*lda + m). a_zero_at, when not NULL, holds A's zero point instead of a_zero: one
+   computed at run time (DynamicQuantizeLinear's), written by an earlier call.
    plane, when not NULL (and only where aot_qgemm_reads_plane said yes to it), is the im2col that would have written
    the k-major A: A is then read from the convolution's input planes it names, and a is not read. */
 #define QNR 32
@@ -156,7 +157,7 @@ typedef struct {
   const int32_t *a_zero_at;
   const aot_qim2col *plane;
   /* the pool's thread count (aot_pool_threads), where aot_parallel runs the call over [0, tasks): the call's task
-     grid is then split into as many regions, contiguous in m (in n where there are fewer m blocks than regions), and
+     grid is then split into as many regions, contiguous in m (in n where that shares the work out more evenly), and
      whoever runs slice i of the split takes region i's tasks first, then the others' still untaken, from their
      ends. 0 or 1 (or more than AOT_QGEMM_SLICES): one region, its tasks counted by next */
   int slices;
