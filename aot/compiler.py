@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import inspect
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -54,9 +55,17 @@ PARALLEL_MIN_WORK = 1 << 16
 # a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
 # the first wake-up of a run costs more than splitting gains (the 3-layer mlp: 2 threads were 0.74x as fast as 1)
 MODEL_PARALLEL_MIN_WORK = 1 << 25
-# the runtime's C files every CPU artifact links (the microkernel, the depthwise kernel, the int8 microkernel, the
-# 8-bit pool and im2col), and the headers they include
-RUNTIME_SOURCES = ("aot_runtime.c", "aot_gemm.c", "aot_direct.c", "aot_qgemm.c", "aot_qwindow.c")
+# the runtime's C files of a CPU artifact (the pool and errors; the microkernel, the depthwise kernel, the int8
+# microkernel, the 8-bit pool and im2col), each with the entry points the generated code calls it by: a file is built
+# and linked only where a kernel calls it, since a model with no contraction need not wait for the int8 microkernel
+# to compile (6.5 s of gcc -O2), nor carry it. The headers they include are written with them
+RUNTIME_SOURCES = {
+  "aot_runtime.c": (),
+  "aot_gemm.c": ("aot_gemm_run", "aot_gemm_tasks"),
+  "aot_direct.c": ("aot_depthwise_run", "aot_depthwise_band_rows"),
+  "aot_qgemm.c": ("aot_qgemm_run", "aot_qgemm_tasks", "aot_qgemm_reads_plane"),
+  "aot_qwindow.c": ("aot_qpool_run", "aot_qim2col_run"),
+}
 RUNTIME_HEADERS = ("aot_runtime.h", "aot_qmicro.h")
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
@@ -528,7 +537,8 @@ def compile_model(
       build_gpu_library(target, src, library, emulate, offload_arch, cpu, cache)
       say(f"built lib{traced.name}.so")
     else:
-      sources = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))] + list(RUNTIME_SOURCES)
+      generated = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))]
+      sources = generated + runtime_sources_called(src, generated)
       build_library(
         src,
         sources,
@@ -559,6 +569,13 @@ def compile_model(
   finally:
     shutil.rmtree(stage, ignore_errors=True)
   return Artifact(out)
+
+
+def runtime_sources_called(src: Path, generated: list[str]) -> list[str]:
+  """The runtime's C files that the generated sources in src call (aot_runtime.c always)."""
+  text = "".join((src / f).read_text() for f in generated)
+  called = set(re.findall(r"\baot_\w+", text))
+  return [f for f, entries in RUNTIME_SOURCES.items() if not entries or called.intersection(entries)]
 
 
 def runtime_files(target: str, emulate: bool = False) -> list[str]:

@@ -2,6 +2,7 @@
 and clang-19. Flags one of them lacks are probed and dropped, the build cache tells them apart, and a compiler's
 failure reaches the user with the compiler's own words. Set CI=true to make a missing compiler a failure."""
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -168,6 +169,58 @@ def test_the_build_cache_tells_compilers_of_one_name_apart(plain_clang, tmp_path
   plain_clang.unlink()
   plain_clang.symlink_to(need("clang-19"))
   assert build.build_library(src, ["a.c"], out) is False
+
+
+def test_an_object_is_keyed_by_the_headers_its_source_includes(tmp_path, monkeypatch):
+  monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path / "cache"))
+  src = tmp_path / "src"
+  src.mkdir()
+  (src / "answer.h").write_text('#include "base.h"\n#define ANSWER (BASE + 2)\n')
+  (src / "base.h").write_text("#define BASE 40\n")
+  (src / "m.h").write_text("/* a model's own header: a.c and b.c do not include it */\n")
+  (src / "a.c").write_text(
+    '#include "answer.h"\n__attribute__((visibility("default"))) int aot_answer(void) { return ANSWER; }\n'
+  )
+  (src / "b.c").write_text("int aot_other(void) { return 7; }\n")
+  assert build.included_headers(src, "a.c") == ["answer.h", "base.h"] and build.included_headers(src, "b.c") == []
+  objects = lambda: sorted((tmp_path / "cache" / "obj").glob("*.o"))
+  answer = lambda lib: ctypes.CDLL(str(lib)).aot_answer()
+  assert build.build_library(src, ["a.c", "b.c"], tmp_path / "1.so") is False
+  first = objects()
+  assert len(first) == 2
+  # another model's header: the library is linked anew, from the objects already built
+  (src / "m.h").write_text("/* another model */\n")
+  assert build.build_library(src, ["a.c", "b.c"], tmp_path / "2.so") is False
+  assert objects() == first and answer(tmp_path / "2.so") == 42
+  # a header a.c includes through another one: a.c compiles anew, b.c does not
+  (src / "base.h").write_text("#define BASE 50\n")
+  assert build.build_library(src, ["a.c", "b.c"], tmp_path / "3.so") is False
+  assert len(objects()) == 3 and answer(tmp_path / "3.so") == 52
+
+
+def runtime_functions(lib) -> set[str]:
+  """The runtime's entry points that a library holds (hidden symbols: nm lists them from the symbol table)."""
+  out = subprocess.run(["nm", str(lib)], capture_output=True, text=True, check=True).stdout
+  return {ln.split()[-1] for ln in out.splitlines() if ln.split()[-1] in RUNTIME_ENTRIES}
+
+
+RUNTIME_ENTRIES = {"aot_gemm_run", "aot_depthwise_run", "aot_qgemm_run", "aot_qpool_run", "aot_qim2col_run"}
+
+
+def test_an_artifact_links_only_the_runtime_its_kernels_call(tmp_path):
+  x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+  y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+  relu = helper.make_model(
+    helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y]),
+    opset_imports=[helper.make_opsetid("", 17)],
+  )
+  art = aot.compile_model(relu, out_dir=tmp_path / "relu")
+  v = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+  np.testing.assert_array_equal(aot.load(art)(v), np.maximum(v, 0))
+  assert runtime_functions(art.library_path) == set()
+  # the mlp's contractions run on the float microkernel, and on nothing else of the runtime's
+  check_reference_model("mlp", tmp_path / "mlp")
+  assert runtime_functions(tmp_path / "mlp" / "libmlp.so") == {"aot_gemm_run"}
 
 
 # a compiler that fails on model.c with a known message (on stderr or stdout), and is gcc otherwise
