@@ -9,6 +9,7 @@ from aot import Tensor
 from aot.codegen.linearize import flop_count, linearize
 from aot.codegen.opt import optimize
 from aot.compiler import resolve
+from aot.dtype import dtypes
 from aot.ir import Ops
 from aot.schedule import schedule
 
@@ -37,6 +38,21 @@ def test_a_value_is_computed_in_the_loop_it_varies_in():
     (kind, u.arg[2] if kind == "loop" else None) for kind, u in linearize(k.ast) if kind in ("loop", "end", "acc_init")
   ]
   assert kinds[:2] == [("loop", "loop"), ("acc_init", None)]
+
+
+def test_an_index_adds_the_innermost_loops_term_last():
+  # each read's index is the outer loops' part, computed outside the innermost loop, plus that loop's term: summed the
+  # other way round, clang-19 took the index for an or of bits and a row's reads for unrelated addresses (scalar loop)
+  x, y = np.zeros((8, 6, 4), np.float32), np.zeros((4, 6, 8), np.float32)
+  (k,) = kernels(lambda x, y: x + y.permute(2, 1, 0), x, y)
+  prog = linearize(optimize(k.ast))
+  inner = next(u for kind, u in reversed(prog) if kind == "loop")
+  start = prog.index(("loop", inner))
+  body = prog[start : prog.index(("end", inner), start)]
+  adds = [u for kind, u in body if kind == "value" and u.op is Ops.ADD and u.dtype == dtypes.index]
+  term = lambda s: s is inner or (s.op is Ops.MUL and inner in s.src)
+  # x's (and the output's) index and y's, each one add of its invariant part and the inner term
+  assert len(adds) == 2 and all(term(u.src[1]) and inner not in u.src[0].toposort() for u in adds)
 
 
 def grouped_1x1_model(cin: int = 24, cout: int = 64, groups: int = 4, h: int = 10, w: int = 12):
