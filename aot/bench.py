@@ -355,6 +355,9 @@ def main(argv=None) -> int:
   from aot.cli import random_inputs
   from aot.models import get
 
+  if (problem := _unknown_model(args.models, args.onnx)) is not None:
+    ap.error(problem)
+
   targets = [t for t in args.targets.split(",") if t]
   if args.scale is not None:
     from aot.scale_bench import scale
@@ -418,6 +421,32 @@ def main(argv=None) -> int:
       f"`{command}` on {os.cpu_count()} cores:\n\n" + table(rows, targets) + "\n\n" + slower_note(rows, targets),
     )
   return 0
+
+
+def _unknown_model(models: str, onnx_args: list[str]) -> str | None:
+  """What is wrong with the models asked for, before anything is compiled (a wrong name had been a traceback at its
+  turn, minutes into a run), or None."""
+  from aot.models import NAMES
+  from aot.models.quantized import FORMS
+
+  forms = f"NAME:FORM quantized, FORM one of {', '.join(FORMS)}"
+  for name in [m for m in models.split(",") if m]:
+    base, _, form = name.partition(":")
+    if base not in NAMES or (form and form not in FORMS):
+      hint = "; onnx's light models go as arguments (light:NAME), not --models" if base == "light" else ""
+      return f"--models: unknown model {name!r}: the bundled models are {', '.join(NAMES)} ({forms}){hint}"
+  for path in onnx_args:
+    if path.startswith("models:"):
+      # (the profiler's: a bundled model by name)
+      if (problem := _unknown_model(path.removeprefix("models:"), [])) is not None:
+        return problem.removeprefix("--models: ")
+      continue
+    base, _, form = path.removeprefix("light:").partition(":")
+    if path.startswith("light:") and (base not in LIGHT_MODELS or (form and form not in FORMS)):
+      return f"unknown model {path!r}: onnx's light models are {', '.join(LIGHT_MODELS)} ({forms})"
+    if not path.startswith("light:") and not Path(path).is_file():
+      return f"{path}: no such ONNX file"
+  return None
 
 
 def _reference_form(name: str):

@@ -17,6 +17,8 @@ import numpy as np
 CALIBRATION_BATCHES = 4
 # the opset per-channel quantization needs
 MIN_OPSET = 13
+# onnxruntime.quantization's formats: static QDQ and QOperator, and quantize_dynamic
+FORMS = ("qdq", "qoperator", "dynamic")
 
 
 def quantized(model, form: str, seed: int = 0):
@@ -34,8 +36,8 @@ def quantized(model, form: str, seed: int = 0):
   )
   from onnxruntime.quantization.shape_inference import quant_pre_process
 
-  if form not in ("qdq", "qoperator", "dynamic"):
-    raise ValueError(f"quantized: form must be qdq, qoperator or dynamic, got {form!r}")
+  if form not in FORMS:
+    raise ValueError(f"quantized: form must be one of {', '.join(FORMS)}, got {form!r}")
   # the quantizer does not look inside model-local functions (the reference transformer's layer): inline them
   model = onnx.inliner.inline_local_functions(model)
   # per-channel DequantizeLinear (its axis) needs opset 13, which the quantizer asks for but does not convert to

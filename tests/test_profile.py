@@ -195,6 +195,24 @@ def test_bench_times_a_fast_call_in_batches_the_same_for_every_fn():
   assert 1e-4 <= med["slow"] < SAMPLE_S and med["fast"] < med["slow"]
 
 
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["--models", "light:resnet50:qdq"], "light models go as arguments (light:NAME)"),
+    (["--models", "resnet18:qdqq"], "unknown model 'resnet18:qdqq'"),
+    (["--models", "", "light:resnet5"], "onnx's light models are squeezenet"),
+    (["--models", "", "missing.onnx"], "missing.onnx: no such ONNX file"),
+    (["--profile", "models:transformr"], "unknown model 'transformr'"),
+  ],
+)
+def test_bench_names_an_unknown_model_before_it_compiles_anything(argv, says, capsys):
+  from aot.bench import main
+
+  with pytest.raises(SystemExit) as e:
+    main(argv)
+  assert e.value.code == 2 and says in capsys.readouterr().err
+
+
 def _contraction_flops(model) -> int:
   """2 x the multiply-adds of a model's Conv and Gemm nodes, from ONNX's own shape inference: the analytic count,
   2 N K (C / groups) R S H W per convolution."""
