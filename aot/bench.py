@@ -423,28 +423,43 @@ def main(argv=None) -> int:
   return 0
 
 
-def _unknown_model(models: str, onnx_args: list[str]) -> str | None:
-  """What is wrong with the models asked for, before anything is compiled (a wrong name had been a traceback at its
-  turn, minutes into a run), or None."""
+def _forms() -> str:
+  """How a model is asked for quantized, for the messages below."""
+  from aot.models.quantized import FORMS
+
+  return f"NAME:FORM quantized, FORM one of {', '.join(FORMS)}"
+
+
+def _unknown_bundled(name: str) -> str | None:
+  """What is wrong with a bundled model's name (NAME or NAME:FORM), or None."""
   from aot.models import NAMES
   from aot.models.quantized import FORMS
 
-  forms = f"NAME:FORM quantized, FORM one of {', '.join(FORMS)}"
+  base, _, form = name.partition(":")
+  if base in NAMES and (not form or form in FORMS):
+    return None
+  hint = "; onnx's light models go as arguments (light:NAME), not --models" if base == "light" else ""
+  return f"unknown model {name!r}: the bundled models are {', '.join(NAMES)} ({_forms()}){hint}"
+
+
+def _unknown_model(models: str, onnx_args: list[str]) -> str | None:
+  """What is wrong with the models asked for, before anything is compiled (a wrong name had been a traceback at its
+  turn, minutes into a run), or None."""
+  from aot.models.quantized import FORMS
+
   for name in [m for m in models.split(",") if m]:
-    base, _, form = name.partition(":")
-    if base not in NAMES or (form and form not in FORMS):
-      hint = "; onnx's light models go as arguments (light:NAME), not --models" if base == "light" else ""
-      return f"--models: unknown model {name!r}: the bundled models are {', '.join(NAMES)} ({forms}){hint}"
+    if (problem := _unknown_bundled(name)) is not None:
+      return f"--models: {problem}"
   for path in onnx_args:
     if path.startswith("models:"):
       # (the profiler's: a bundled model by name)
-      if (problem := _unknown_model(path.removeprefix("models:"), [])) is not None:
-        return problem.removeprefix("--models: ")
-      continue
-    base, _, form = path.removeprefix("light:").partition(":")
-    if path.startswith("light:") and (base not in LIGHT_MODELS or (form and form not in FORMS)):
-      return f"unknown model {path!r}: onnx's light models are {', '.join(LIGHT_MODELS)} ({forms})"
-    if not path.startswith("light:") and not Path(path).is_file():
+      if (problem := _unknown_bundled(path.removeprefix("models:"))) is not None:
+        return problem
+    elif path.startswith("light:"):
+      base, _, form = path.removeprefix("light:").partition(":")
+      if base not in LIGHT_MODELS or (form and form not in FORMS):
+        return f"unknown model {path!r}: onnx's light models are {', '.join(LIGHT_MODELS)} ({_forms()})"
+    elif not Path(path).is_file():
       return f"{path}: no such ONNX file"
   return None
 
