@@ -185,3 +185,24 @@ def test_a_gpu_target_refuses_what_it_would_index_in_32_bits():
   traced = trace(strided, [((3,), np.int64)])
   with pytest.raises(CompileError, match=r"indexes past 2\*\*31-1 elements, which this target computes in 32 bits"):
     render(traced.name, schedule(traced.outputs, traced.inputs), "cuda")
+
+
+@pytest.mark.parametrize("op", ["CumSum", "CumProd"])
+def test_a_cumulative_op_past_its_axis_limit_is_a_compile_error_naming_node_and_axis(op):
+  # an axis of 2**34 elements: a user's limit (CUMULATIVE_AXIS_MAX), not a compiler bug
+  from aot.frontends.onnx_ops_index import CUMULATIVE_AXIS_MAX
+
+  n = 1 << 34
+  m = make(
+    [oh.make_node(op, ["x", "axis"], ["y"], name="cs")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [2, n])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [2, n])],
+    [oh.make_tensor("axis", TP.INT64, [], [-1])],
+    opset=26,
+  )
+  with pytest.raises(
+    CompileError,
+    match=rf"{op} node 'cs': axis 1 of input 'x' \(2, {n}\) has {n} elements; at most "
+    rf"{CUMULATIVE_AXIS_MAX} are supported",
+  ):
+    aot.compile_model(m)
