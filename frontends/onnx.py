@@ -133,6 +133,19 @@ def constant_value(t: Tensor, what: str) -> np.ndarray:
   return np.asarray(evaluate(graph_rewrite(t.uop, pm_prepare)))
 
 
+# sizes, indices and byte offsets are 64-bit signed integers in the kernels, the runtime and the header's macros
+TENSOR_BYTES_MAX = (1 << 63) - 1
+
+
+def check_size(what: str, t) -> None:
+  """A tensor too big for 64-bit sizes is the model's limit, said as such (it would wrap, not fail, further on)."""
+  if isinstance(t, Tensor) and t.numel() * t.dtype.itemsize > TENSOR_BYTES_MAX:
+    raise Unsupported(
+      f"{what} {t.shape} is {t.numel() * t.dtype.itemsize} bytes of {t.dtype.name}: more than the 2**63-1 that "
+      "64-bit sizes reach"
+    )
+
+
 class _Poison:
   """The output of a node that failed: nodes reading it are skipped (their failure is not news)."""
 
@@ -205,6 +218,8 @@ class Tracer:
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if wide is not None:
       outs = [narrow.restore(o, wide) for o in outs]
+    for name, o in zip(node.output, outs):
+      check_size(f"output '{name}'", o)
     return outs + [None] * (len(node.output) - len(outs))
 
   def opset_of(self, domain: str, default: int) -> int:
@@ -677,6 +692,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     if None not in shape:
       try:
         env[vi.name] = make_input(vi.name, shape, dt)
+        check_size(f"input '{vi.name}'", inputs[-1])
       except CompileError as e:
         problems.append(str(e))
         continue

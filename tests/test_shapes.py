@@ -206,3 +206,23 @@ def test_a_cumulative_op_past_its_axis_limit_is_a_compile_error_naming_node_and_
     rf"{CUMULATIVE_AXIS_MAX} are supported",
   ):
     aot.compile_model(m)
+
+
+def test_a_tensor_past_64_bit_sizes_is_a_compile_error_naming_it():
+  # its byte size would wrap in the kernels' int64 indices and the header's NAME_SIZE macros: refused, not compiled
+  big = [1 << 31, 1 << 31]  # 2**62 float32 elements: 2**64 bytes
+  relu = make(
+    [oh.make_node("Relu", ["x"], ["y"])],
+    [oh.make_tensor_value_info("x", TP.FLOAT, big)],
+    [oh.make_tensor_value_info("y", TP.FLOAT, big)],
+  )
+  with pytest.raises(CompileError, match=rf"input 'x' \(2147483648, 2147483648\) is {1 << 64} bytes of float32"):
+    aot.compile_model(relu)
+  expand = make(
+    [oh.make_node("Expand", ["x", "shape"], ["y"], name="e")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, big)],
+    [oh.make_tensor("shape", TP.INT64, [2], big)],
+  )
+  with pytest.raises(CompileError, match=r"Expand node 'e': output 'y' \(2147483648, 2147483648\) is \d+ bytes"):
+    aot.compile_model(expand)
