@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable
 
 import numpy as np
@@ -132,6 +133,19 @@ def constant_value(t: Tensor, what: str) -> np.ndarray:
   return np.asarray(evaluate(graph_rewrite(t.uop, pm_prepare)))
 
 
+# sizes, indices and byte offsets are 64-bit signed integers in the kernels, the runtime and the header's macros
+TENSOR_BYTES_MAX = (1 << 63) - 1
+
+
+def check_size(what: str, t) -> None:
+  """A tensor too big for 64-bit sizes is the model's limit, said as such (it would wrap, not fail, further on)."""
+  if isinstance(t, Tensor) and t.numel() * t.dtype.itemsize > TENSOR_BYTES_MAX:
+    raise Unsupported(
+      f"{what} {t.shape} is {t.numel() * t.dtype.itemsize} bytes of {t.dtype.name}: more than the 2**63-1 that "
+      "64-bit sizes reach"
+    )
+
+
 class _Poison:
   """The output of a node that failed: nodes reading it are skipped (their failure is not news)."""
 
@@ -204,6 +218,8 @@ class Tracer:
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if wide is not None:
       outs = [narrow.restore(o, wide) for o in outs]
+    for name, o in zip(node.output, outs):
+      check_size(f"output '{name}'", o)
     return outs + [None] * (len(node.output) - len(outs))
 
   def opset_of(self, domain: str, default: int) -> int:
@@ -305,7 +321,9 @@ def load_model(src) -> onnx.ModelProto:
       for n in g.node:
         for a in n.attribute:
           if a.type == onnx.AttributeProto.TENSOR and _is_external(a.t):
-            onnx.external_data_helper.load_external_data_for_tensor(a.t, str(path.parent))
+            file, offset, nbytes = _external_extent(a.t, path.parent)
+            a.t.CopyFrom(_exact(a.t, file, offset, nbytes))
+            onnx.external_data_helper.load_external_data_for_tensor(a.t, str(file.parent))
   except CompileError as e:
     raise CompileError(f"{path}: {e}")
   except Exception as e:
@@ -336,20 +354,80 @@ _MAPPED_TYPES = {
 
 
 def _external_extent(t: onnx.TensorProto, base: Path) -> tuple[Path, int, int]:
-  """(file, offset, bytes) of an external initializer, checked against the file's size."""
+  """(file, offset, bytes) of an external initializer, checked against the file's size. A missing offset is the
+  file's start and a missing length the tensor's own size, as onnxruntime reads them (onnx.load reads the rest of
+  the file: the same bytes when nothing follows them)."""
   info = onnx.external_data_helper.ExternalDataInfo(t)
-  file = base / info.location
+  file = _external_file(t.name, info.location, base)
   if not file.is_file():
     raise CompileError(f"initializer '{t.name}': its external data {file} does not exist")
-  n = math.prod(t.dims)
-  nbytes = info.length if info.length else n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+  offset = info.offset or 0
+  nbytes = info.length if info.length is not None else _tensor_bytes(t)
   size = file.stat().st_size
-  if info.offset + nbytes > size:
+  if offset + nbytes > size:
     raise CompileError(
-      f"initializer '{t.name}': needs bytes {info.offset}..{info.offset + nbytes} of {file}, "
-      f"which holds {size} (truncated?)"
+      f"initializer '{t.name}': needs bytes {offset}..{offset + nbytes} of {file}, which holds {size} (truncated?)"
     )
-  return file, info.offset, nbytes
+  return file, offset, nbytes
+
+
+def _exact(t: onnx.TensorProto, file: Path, offset: int, nbytes: int) -> onnx.TensorProto:
+  """A copy of t naming the bytes _external_extent found and checked, for onnx to read and convert: its reader would
+  take the rest of the file for a missing length, and refuses a location that passes through a link."""
+  out = onnx.TensorProto()
+  out.CopyFrom(t)
+  del out.external_data[:]
+  for key, value in (("location", file.name), ("offset", offset), ("length", nbytes)):
+    out.external_data.add(key=key, value=str(value))
+  return out
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+  """The bytes of t's data as ONNX stores it: the 4- and 2-bit types packed, the others one item per element."""
+  n = math.prod(t.dims)
+  if f := onnx_narrow(t.data_type):
+    return f.nbytes(n)
+  return n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+
+
+# links one external data location may pass through before it is taken for a loop (Linux's own limit)
+EXTERNAL_LINKS_MAX = 40
+
+
+def _external_file(tensor: str, location: str, base: Path) -> Path:
+  """The file an external data location names, which must lie in the model's folder or below it, as onnx and
+  onnxruntime require: an absolute location, a `..` above the folder or a link inside it to a file outside is
+  refused. Decided from the location's text and the links met on the way, each inside the folder: nothing outside
+  it is opened or stat'ed first, so a model cannot make the compiler read a file elsewhere or say its size."""
+  root = Path(os.path.realpath(base))
+  refuse = f"initializer '{tensor}': external data location {location!r} is refused: it "
+  where = f"outside the model's folder {root} (onnx and onnxruntime require external data inside it)"
+  if not location:
+    raise CompileError(f"initializer '{tensor}' is external but has no location")
+  if PurePosixPath(location).is_absolute():
+    raise CompileError(refuse + f"is an absolute path, which may name a file {where}")
+  parts, below, links = list(PurePosixPath(location).parts), [], 0
+  while parts:
+    part = parts.pop(0)
+    if part == "..":
+      if not below:
+        raise CompileError(refuse + f"leads {where}")
+      below.pop()
+    elif part != ".":
+      here = root.joinpath(*below, part)
+      if not here.is_symlink():
+        below.append(part)
+        continue
+      links += 1
+      target = PurePosixPath(os.readlink(here))
+      if links > EXTERNAL_LINKS_MAX:
+        raise CompileError(refuse + f"passes through more than {EXTERNAL_LINKS_MAX} links (a loop?)")
+      if target.is_absolute():
+        if not target.is_relative_to(root):
+          raise CompileError(refuse + f"passes through the link {here.relative_to(root)}, which leads {where}")
+        below, target = [], target.relative_to(root)
+      parts = list(target.parts) + parts
+  return root.joinpath(*below)
 
 
 def external_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
@@ -361,7 +439,7 @@ def external_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
     raise CompileError(f"initializer '{t.name}' has external data: compile the model from its file")
   file, offset, nbytes = _external_extent(t, base)
   if t.data_type not in _MAPPED_TYPES or math.prod(t.dims) == 0:
-    return numpy_helper.to_array(t, str(base))
+    return numpy_helper.to_array(_exact(t, file, offset, nbytes), str(file.parent))
   dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
   if nbytes != math.prod(t.dims) * dtype.itemsize:
     raise CompileError(f"initializer '{t.name}': {nbytes} bytes of external data for {math.prod(t.dims)} {dtype} items")
@@ -429,7 +507,7 @@ def _all_graphs(g: onnx.GraphProto):
 def model_problems(model: onnx.ModelProto, path: Path | None = None) -> list[str]:
   """Everything found wrong with the model before tracing it, all at once: every unsupported op, every cycle, then
   onnx's checker (which names only the first problem it meets, and would hide the others)."""
-  problems = []
+  problems = opset_problems(model)
   if bad := unsupported_ops(model):
     problems.append(f"unsupported ONNX operators: {', '.join(bad)}")
   cycles = [
@@ -440,6 +518,24 @@ def model_problems(model: onnx.ModelProto, path: Path | None = None) -> list[str
   # the checker's objection to a cycle is that the nodes are not in order, which the cycle already says
   if complaint and not (cycles and "topologically sorted" in complaint):
     problems.append(f"invalid ONNX model: {complaint}")
+  return problems
+
+
+def opset_problems(model: onnx.ModelProto) -> list[str]:
+  """An opset newer than the installed onnx defines, for a domain onnx defines: what its ops mean is not known here
+  (onnxruntime refuses it too). Other domains (com.microsoft, a custom one) are versioned by their owners: their op
+  tables decide."""
+  newest = {"": onnx.defs.onnx_opset_version(), "ai.onnx.ml": onnx.defs.onnx_ml_opset_version()}
+  problems = []
+  owners = [("the model", model.opset_import)] + [(f"function '{f.name}'", f.opset_import) for f in model.functions]
+  for where, imports in owners:
+    for o in imports:
+      domain = "" if o.domain == "ai.onnx" else o.domain
+      if domain in newest and o.version > newest[domain]:
+        problems.append(
+          f"{where} imports opset {o.version} of the {domain or 'default'} domain, newer than the installed onnx "
+          f"{onnx.__version__} defines (up to {newest[domain]}): export the model for opset {newest[domain]} or older"
+        )
   return problems
 
 
@@ -596,6 +692,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     if None not in shape:
       try:
         env[vi.name] = make_input(vi.name, shape, dt)
+        check_size(f"input '{vi.name}'", inputs[-1])
       except CompileError as e:
         problems.append(str(e))
         continue

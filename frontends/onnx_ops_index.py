@@ -189,9 +189,19 @@ def trilu(n, x, k=None, upper=1):
   return _const(mask).where(x, _scalar(0, x.dtype))
 
 
+# the longest axis CumSum/CumProd take: output i accumulates input j through a d x d mask, a constant of d*d bytes
+# (256 MB here) and d*d operations per row; beyond it the model is refused, not left to exhaust the compiler's memory
+CUMULATIVE_AXIS_MAX = 1 << 14
+
+
 def _cumulative(n, x, axis, exclusive, reverse, ident, how):
   a = _axis(_ints(n, axis, "axis")[0], x.ndim)
   d = x.shape[a]
+  if d > CUMULATIVE_AXIS_MAX:
+    raise Unsupported(
+      f"axis {a} of input '{n.proto.input[0]}' {x.shape} has {d} elements; at most {CUMULATIVE_AXIS_MAX} are "
+      f"supported (it is computed as a {d} x {d} masked {how})"
+    )
   i, j = np.arange(d)[:, None], np.arange(d)[None, :]
   mask = (j > i if exclusive else j >= i) if reverse else (j < i if exclusive else j <= i)
   xs = _move_last(x, a).unsqueeze(-2)  # (..., 1, d): row i of the mask picks what output i accumulates

@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto
+from onnx import helper as oh
 
 import aot
 from aot.artifact import WEIGHTS_INLINE_MAX, Artifact
@@ -138,3 +140,88 @@ def test_missing_or_short_external_data_is_a_compile_error(tmp_path):
   data.unlink()
   with pytest.raises(aot.CompileError, match=r"initializer 'w0': its external data .*m\.data does not exist"):
     aot.compile_model(model, out_dir=tmp_path / "out")
+
+
+def _external_model(folder: Path, locations: dict, dtype=TensorProto.FLOAT) -> Path:
+  """A model at folder/m.onnx computing y = x + w0 + w1 (3x4), each w an initializer of the given type stored
+  externally under the given key/value pairs, cast to float."""
+  inits, nodes, last = [], [], "x"
+  for i, keys in enumerate(locations):
+    t = TensorProto(name=f"w{i}", data_type=dtype, dims=[3, 4], data_location=TensorProto.EXTERNAL)
+    for k, v in keys.items():
+      t.external_data.add(key=k, value=v)
+    inits.append(t)
+    nodes += [oh.make_node("Cast", [f"w{i}"], [f"c{i}"], to=TensorProto.FLOAT)]
+    nodes += [oh.make_node("Add", [last, f"c{i}"], [f"s{i}"])]
+    last = f"s{i}"
+  nodes.append(oh.make_node("Identity", [last], ["y"]))
+  g = oh.make_graph(
+    nodes,
+    "g",
+    [oh.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+    [oh.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+    inits,
+  )
+  folder.mkdir(parents=True, exist_ok=True)
+  onnx.save(oh.make_model(g, opset_imports=[oh.make_opsetid("", 18)]), folder / "m.onnx")
+  return folder / "m.onnx"
+
+
+@pytest.mark.parametrize(
+  "dtype", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16], ids=["float", "float16", "bfloat16"]
+)
+def test_external_data_with_only_a_location_is_read_as_onnxruntime_reads_it(tmp_path, dtype):
+  # no offset: the file's start; no length: the tensor's own size, as onnxruntime reads it (w1's file has bytes after
+  # it, which onnxruntime ignores); float and float16 are memory-mapped, bfloat16 is read and converted by onnx
+  import ml_dtypes
+
+  np_type = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: ml_dtypes.bfloat16}
+  w = [np.linspace(-2, 2, 12).astype(np_type[dtype]), np.arange(12).astype(np_type[dtype])]
+  (tmp_path / "w0.bin").write_bytes(w[0].tobytes())
+  (tmp_path / "w1.bin").write_bytes(w[1].tobytes() + b"\x7f" * 10)
+  model = _external_model(tmp_path, [{"location": "w0.bin"}, {"location": "w1.bin"}], dtype)
+  x = np.random.default_rng(9).standard_normal((3, 4)).astype(np.float32)
+  got = aot.load(aot.compile_model(model, out_dir=tmp_path / "out"))(x)
+  np.testing.assert_array_equal(got, ort_run(model, x))
+
+
+def _refuse_touching(monkeypatch, outside: Path) -> list:
+  """Record every stat, open or map of `outside` (the file a model must not make us read), making it fail."""
+  import builtins
+  import os
+
+  touched = []
+  for mod, name in [(os, "stat"), (os, "open"), (builtins, "open"), (np, "memmap")]:
+    real = getattr(mod, name)
+
+    def spy(path, *a, _real=real, **k):
+      if isinstance(path, (str, Path)) and Path(path).name == outside.name:
+        touched.append(str(path))
+        raise PermissionError(f"test: {path} must not be touched")
+      return _real(path, *a, **k)
+
+    monkeypatch.setattr(mod, name, spy)
+  return touched
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "link", "link_in_a_subfolder"])
+def test_external_data_outside_the_model_folder_is_refused_before_it_is_touched(tmp_path, monkeypatch, how):
+  # onnx.load and onnxruntime refuse such a location too; the message must not say the file's size, nor may the
+  # compiler stat or read the file first
+  outside = tmp_path / "secret.bin"
+  outside.write_bytes(b"\0" * 4812)
+  folder = tmp_path / "model"
+  (folder / "sub").mkdir(parents=True)
+  location = {"dotdot": "sub/../../secret.bin", "absolute": str(outside), "link": "link.bin"}.get(
+    how, "sub/up/secret.bin"
+  )
+  if how == "link":
+    (folder / "link.bin").symlink_to(outside)
+  if how == "link_in_a_subfolder":
+    (folder / "sub" / "up").symlink_to("../..")
+  model = _external_model(folder, [{"location": location, "offset": "0", "length": "4800"}])
+  touched = _refuse_touching(monkeypatch, outside)
+  with pytest.raises(aot.CompileError, match=r"initializer 'w0': external data location .* is refused") as e:
+    aot.compile_model(model, out_dir=tmp_path / "out")
+  assert "outside the model's folder" in str(e.value) and "4812" not in str(e.value)
+  assert touched == []

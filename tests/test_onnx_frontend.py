@@ -226,3 +226,37 @@ def test_cli_corrupt_file_is_one_line_and_writes_nothing(tmp_path):
   assert not (tmp_path / "out").exists()
   p = cli(str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "out"))
   assert p.returncode == 1 and "no such file" in p.stderr
+
+
+def _relu(imports: list, op="Relu", domain=""):
+  g = oh.make_graph(
+    [oh.make_node(op, ["x"], ["y"], domain=domain)],
+    "g",
+    [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3])],
+  )
+  return oh.make_model(g, opset_imports=[oh.make_opsetid(d, v) for d, v in imports])
+
+
+@pytest.mark.parametrize(
+  "domain,version,named",
+  [
+    ("", 99, "default"),
+    ("ai.onnx", onnx.defs.onnx_opset_version() + 1, "default"),
+    ("ai.onnx.ml", onnx.defs.onnx_ml_opset_version() + 1, "ai.onnx.ml"),
+  ],
+)
+def test_an_opset_newer_than_onnx_defines_is_refused_naming_it(domain, version, named):
+  # what such an opset's ops mean is not known here (onnxruntime refuses these models too)
+  imports = [(domain, version)] if domain != "ai.onnx.ml" else [("", 18), (domain, version)]
+  with pytest.raises(CompileError, match=rf"imports opset {version} of the {named} domain, newer than the installed"):
+    aot.compile_model(_relu(imports))
+
+
+def test_the_newest_opset_and_other_domains_versions_still_compile():
+  x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+  newest = _relu([("", onnx.defs.onnx_opset_version())])
+  np.testing.assert_array_equal(aot.load(aot.compile_model(newest))(x), np.maximum(x, 0))
+  # com.microsoft's and a custom domain's versions are their owners' to define: the op table decides
+  gelu = _relu([("", 18), ("com.microsoft", 1), ("my.domain", 99)], "Gelu", "com.microsoft")
+  np.testing.assert_allclose(aot.load(aot.compile_model(gelu))(x), ort_run(gelu, {"x": x})[0], rtol=1e-5, atol=1e-6)

@@ -185,3 +185,44 @@ def test_a_gpu_target_refuses_what_it_would_index_in_32_bits():
   traced = trace(strided, [((3,), np.int64)])
   with pytest.raises(CompileError, match=r"indexes past 2\*\*31-1 elements, which this target computes in 32 bits"):
     render(traced.name, schedule(traced.outputs, traced.inputs), "cuda")
+
+
+@pytest.mark.parametrize("op", ["CumSum", "CumProd"])
+def test_a_cumulative_op_past_its_axis_limit_is_a_compile_error_naming_node_and_axis(op):
+  # an axis of 2**34 elements: a user's limit (CUMULATIVE_AXIS_MAX), not a compiler bug
+  from aot.frontends.onnx_ops_index import CUMULATIVE_AXIS_MAX
+
+  n = 1 << 34
+  m = make(
+    [oh.make_node(op, ["x", "axis"], ["y"], name="cs")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [2, n])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [2, n])],
+    [oh.make_tensor("axis", TP.INT64, [], [-1])],
+    opset=26,
+  )
+  with pytest.raises(
+    CompileError,
+    match=rf"{op} node 'cs': axis 1 of input 'x' \(2, {n}\) has {n} elements; at most "
+    rf"{CUMULATIVE_AXIS_MAX} are supported",
+  ):
+    aot.compile_model(m)
+
+
+def test_a_tensor_past_64_bit_sizes_is_a_compile_error_naming_it():
+  # its byte size would wrap in the kernels' int64 indices and the header's NAME_SIZE macros: refused, not compiled
+  big = [1 << 31, 1 << 31]  # 2**62 float32 elements: 2**64 bytes
+  relu = make(
+    [oh.make_node("Relu", ["x"], ["y"])],
+    [oh.make_tensor_value_info("x", TP.FLOAT, big)],
+    [oh.make_tensor_value_info("y", TP.FLOAT, big)],
+  )
+  with pytest.raises(CompileError, match=rf"input 'x' \(2147483648, 2147483648\) is {1 << 64} bytes of float32"):
+    aot.compile_model(relu)
+  expand = make(
+    [oh.make_node("Expand", ["x", "shape"], ["y"], name="e")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, big)],
+    [oh.make_tensor("shape", TP.INT64, [2], big)],
+  )
+  with pytest.raises(CompileError, match=r"Expand node 'e': output 'y' \(2147483648, 2147483648\) is \d+ bytes"):
+    aot.compile_model(expand)
