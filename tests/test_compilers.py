@@ -5,7 +5,6 @@ failure reaches the user with the compiler's own words. Set CI=true to make a mi
 import ctypes
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -13,23 +12,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import COMPILERS, need
 from onnx import TensorProto, helper
 
 import aot
 from aot import build
 from aot.errors import BuildError
 from aot.models import get
-
-COMPILERS = ("gcc", "clang-14", "clang-19")
-
-
-def need(compiler: str) -> str:
-  """The compiler's path; a skip where it is not installed, a failure in CI (.ci/run installs all of them)."""
-  if path := shutil.which(compiler):
-    return path
-  if os.environ.get("CI", "") not in ("", "0", "false"):
-    pytest.fail(f"{compiler} is not installed (.ci/run installs it)")
-  pytest.skip(f"{compiler} is not installed")
 
 
 @pytest.fixture(params=COMPILERS)
