@@ -111,7 +111,7 @@ def overlapping_neighbours(plan: Plan) -> list[str]:
 
 
 def check_plans(plans: list[Plan], what: str) -> int:
-  """Fail with every overlap found; return how many buffers reused bytes of an earlier one (the test's own check
+  """Fail with every overlap found; return how many of the plans put two buffers at one offset (the test's own check
   that there was reuse to get wrong)."""
   problems = [p for plan in plans for p in overlapping_neighbours(plan)]
   assert not problems, f"{what}:\n" + "\n".join(problems[:10])
