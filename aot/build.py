@@ -124,6 +124,28 @@ def cflags(cpu: str, triple: str | None = None, sanitize: bool = False) -> list[
   return flags + list(SANITIZE_FLAGS) if sanitize else flags
 
 
+# flags for the generated kernels only (model.c, kernelsN.c), by compiler kind. clang's SLP vectoriser (straight-line
+# code into vectors) miscompiled one: clang 19.1 built a strided conv's fully unrolled channels, some lanes of which
+# multiply a padding tap's 0.0f, into 16-lane vectors whose padding lanes were poison, and wrong numbers came out with
+# AVX-512 (tests/test_compilers.py::test_a_strided_conv_with_padding_taps; LLVM 22, llvmlite's, gets the same IR
+# right). The kernels' loops are the loop vectoriser's: without SLP the mlp, mnist, ResNet-18 and the transformer ran
+# within 2% of their time with it. The runtime's own files keep it (aot_qgemm.c's code changes without it) and are
+# tested under each compiler
+KERNEL_FLAGS = {"clang": ("-fno-slp-vectorize",)}
+
+
+def kernel_flags(triple: str | None = None) -> list[str]:
+  """What the generated kernels are compiled with beyond cflags (KERNEL_FLAGS, those the compiler takes)."""
+  compiler = cc(triple)
+  wanted = KERNEL_FLAGS.get(_kind(compiler) or "", ())
+  return [f for f in wanted if _accepts(compiler_identity(compiler), f)]
+
+
+def is_runtime_source(name: str) -> bool:
+  """Is name one of the runtime's own files (runtime_c/), rather than a generated one?"""
+  return importlib.resources.files("aot.runtime_c").joinpath(name).is_file()
+
+
 def compiler_identity(compiler: str) -> tuple[str, str]:
   """Where the compiler really is (symlinks followed) and what its --version says: a build cached under one compiler
   is not reused under another that answers to the same name."""
@@ -207,7 +229,8 @@ def build_library(
   headers = b"".join(p.name.encode() + p.read_bytes() for p in sorted(src_dir.glob("*.h")))
   # the compiler's identity, not its name: `clang` may be clang 14 today and clang 19 tomorrow
   ident = "\0".join(compiler_identity(compiler))
-  h = hashlib.sha256(" ".join([ident] + flags).encode() + headers)
+  kernel_only = kernel_flags(triple)
+  h = hashlib.sha256(" ".join([ident, *flags, *kernel_only]).encode() + headers)
   for s in sorted(sources) + ["weights.bin"]:
     if (src_dir / s).exists():
       h.update(s.encode() + (src_dir / s).read_bytes())
@@ -223,11 +246,14 @@ def build_library(
 
     def compile_one(args):
       s, o = args
+      own = kernel_only if s.endswith(".c") and not is_runtime_source(s) else []
       # objects are cached too: the runtime, and kernels shared by many models, compile once. An object's key holds
       # the headers its source includes, not every header: NAME.h differs per model, and with it in every key the
       # runtime's files (14 s of a small model's 15 s of compiling) compiled anew for each model
       included = b"".join(h.encode() + (src_dir / h).read_bytes() for h in included_headers(src_dir, s))
-      oh = hashlib.sha256(" ".join([ident, *flags, Path(s).suffix]).encode() + included + (src_dir / s).read_bytes())
+      oh = hashlib.sha256(
+        " ".join([ident, *flags, *own, Path(s).suffix]).encode() + included + (src_dir / s).read_bytes()
+      )
       if s == "model.c" and (src_dir / "weights.bin").exists():
         oh.update((src_dir / "weights.bin").read_bytes())
       cached_o = _cache_dir() / "obj" / (oh.hexdigest()[:32] + ".o")
@@ -238,7 +264,7 @@ def build_library(
 
         Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
       else:
-        run_build_command([compiler, *cflags_, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
+        run_build_command([compiler, *cflags_, *own, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
       if cache and not cached_o.exists():
         _store(Path(o), cached_o)
       done[0] += 1

@@ -1,6 +1,6 @@
 """A seeded differential fuzzer: random small ONNX graphs, compiled with aot and compared with onnxruntime.
 
-  python -m aot.fuzz --seed S --n N [--target c|llvm] [--case I] [--save DIR]
+  python -m aot.fuzz --seed S --n N [--target c|llvm] [--cc COMPILER] [--case I] [--save DIR]
 
 Case i of seed S is drawn from numpy's Generator seeded with (S, i) alone, so any case reproduces by itself
 (`--case I`). Cases are compiled BATCH to a model (one graph holding every case's nodes and outputs), since the C
@@ -12,13 +12,16 @@ RTOL of the magnitudes its rounding errors scale with, measured on onnxruntime's
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
 import tempfile
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -49,19 +52,22 @@ class Failure:
   target: str
   kind: str  # "mismatch", "compile", "run", "reference"
   message: str
+  # the C compiler the case was built with ($CC), when one was named
+  cc: str | None = None
 
   def report(self) -> str:
     c = self.case
+    on, again = (f", cc {self.cc}", f" --cc {self.cc}") if self.cc else ("", "")
     return (
-      f"FAIL seed {c.seed} case {c.index} (target {self.target}): {self.kind}\n{c.describe()}\n"
+      f"FAIL seed {c.seed} case {c.index} (target {self.target}{on}): {self.kind}\n{c.describe()}\n"
       f"{graph_text(c)}\n{self.message}\n"
-      f"reproduce: python -m aot.fuzz --seed {c.seed} --case {c.index} --target {self.target}"
+      f"reproduce: python -m aot.fuzz --seed {c.seed} --case {c.index} --target {self.target}{again}"
     )
 
   def save(self, folder: Path) -> Path:
     """The case as an ONNX model, its inputs (.npz) and the report, in folder; returns the model's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    stem = folder / f"fuzz_seed{self.case.seed}_case{self.case.index}_{self.target}"
+    stem = folder / f"fuzz_seed{self.case.seed}_case{self.case.index}_{self.target}{f'_{self.cc}' if self.cc else ''}"
     onnx.save(self.case.model(), f"{stem}.onnx")
     np.savez(f"{stem}_inputs.npz", **self.case.feeds)
     Path(f"{stem}.txt").write_text(self.report() + "\n")
@@ -178,15 +184,41 @@ def run_batch(cases: list[Case], target: str, folder: Path) -> list[Failure]:
   return failures
 
 
+@contextlib.contextmanager
+def c_compiler(cc: str | None) -> Iterator[None]:
+  """$CC set to cc while the block runs (the build reads it: aot/build.py's cc), then as it was; None: unchanged."""
+  if cc is None:
+    yield
+    return
+  before = os.environ.get("CC")
+  os.environ["CC"] = cc
+  try:
+    yield
+  finally:
+    if before is None:
+      del os.environ["CC"]
+    else:
+      os.environ["CC"] = before
+
+
 def fuzz(
-  seed: int, n: int, target: str = "c", start: int = 0, batch: int = BATCH, say: Callable[[str], None] | None = None
+  seed: int,
+  n: int,
+  target: str = "c",
+  start: int = 0,
+  batch: int = BATCH,
+  say: Callable[[str], None] | None = None,
+  cc: str | None = None,
 ) -> list[Failure]:
-  """Cases start .. start+n-1 of seed, compiled for target and compared with onnxruntime; the failures."""
+  """Cases start .. start+n-1 of seed, compiled for target (its C built by cc, else the default compiler) and compared
+  with onnxruntime; the failures."""
   failures: list[Failure] = []
-  with tempfile.TemporaryDirectory(prefix="aot_fuzz_") as tmp:
+  with tempfile.TemporaryDirectory(prefix="aot_fuzz_") as tmp, c_compiler(cc):
     for lo in range(start, start + n, batch):
       cases = [generate(seed, i) for i in range(lo, min(lo + batch, start + n))]
       found = run_batch(cases, target, Path(tmp))
+      for f in found:
+        f.cc = cc
       failures += found
       if say:
         say(f"cases {lo}..{lo + len(cases) - 1}: {len(found)} failed")
@@ -200,25 +232,33 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--start", type=int, default=0, help="first case index (default 0)")
   p.add_argument("--case", type=int, help="run only this case of the seed")
   p.add_argument("--target", choices=["c", "llvm"], default="c")
+  p.add_argument(
+    "--cc",
+    metavar="COMPILER",
+    help="the C compiler to build with (gcc, clang-14, ...; default: $CC, else the newest clang on PATH, else gcc)",
+  )
   p.add_argument("--batch", type=int, default=BATCH, help=f"cases per compiled model (default {BATCH})")
   p.add_argument("--save", type=Path, metavar="DIR", help="write each failing case's model, inputs and report here")
   p.add_argument("--show", action="store_true", help="print the cases' graphs (with --case: the one case)")
   p.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
   args = p.parse_args(argv)
+  if args.cc is not None and not shutil.which(args.cc):
+    p.error(f"--cc {args.cc}: no such compiler on PATH")
   start, n = (args.case, 1) if args.case is not None else (args.start, args.n)
   if args.show:
     for i in range(start, start + n):
       c = generate(args.seed, i)
       print(f"seed {args.seed} case {i}\n{c.describe()}\n{graph_text(c)}\n")
   t0 = time.perf_counter()
-  failures = fuzz(args.seed, n, args.target, start, args.batch, None if args.quiet else lambda s: print(s, flush=True))
+  say = None if args.quiet else lambda s: print(s, flush=True)
+  failures = fuzz(args.seed, n, args.target, start, args.batch, say, args.cc)
   for f in failures:
     print("\n" + f.report())
     if args.save:
       print(f"saved: {f.save(args.save)}")
   print(
     f"\n{n - len({f.case.index for f in failures})}/{n} cases match onnxruntime (seed {args.seed}, target "
-    f"{args.target}, {time.perf_counter() - t0:.1f} s)"
+    f"{args.target}{f', cc {args.cc}' if args.cc else ''}, {time.perf_counter() - t0:.1f} s)"
   )
   return 1 if failures else 0
 

@@ -1,5 +1,6 @@
 import functools
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -13,6 +14,17 @@ os.environ.setdefault("AOT_NUM_THREADS", "1")
 
 # every test that runs compiled code runs it for each of these targets
 TARGETS = ("c", "llvm")
+# the C compilers the c target is tested under (.ci/run installs them): gcc, Debian 12's default clang and clang-19
+COMPILERS = ("gcc", "clang-14", "clang-19")
+
+
+def need(compiler: str) -> str:
+  """The compiler's path; a skip where it is not installed, a failure in CI (.ci/run installs all of them)."""
+  if path := shutil.which(compiler):
+    return path
+  if os.environ.get("CI", "") not in ("", "0", "false"):
+    pytest.fail(f"{compiler} is not installed (.ci/run installs it)")
+  pytest.skip(f"{compiler} is not installed")
 
 
 @functools.lru_cache(maxsize=None)
