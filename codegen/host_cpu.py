@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from aot.artifact import WEIGHTS_CHECK_BLOCK_BYTES, WEIGHTS_CHECK_BLOCKS, ExternalWeights, api_type, param_names
 from aot.codegen.contract import STEP_MUL_ADD, STEP_OPS
 from aot.dtype import Narrow, narrow_of
-from aot.ir import Ops
+from aot.ir import IndexCheck, Ops
 from aot.kernel import Buffer, Schedule
 
 
@@ -78,7 +78,7 @@ extern "C" {{
 #define AOT_STATUS_DEFINED
 /* every entry point returns one of these (0 = ok); {name}_last_error says more */
 enum {{ AOT_OK = 0, AOT_ERR_NULL_ARGUMENT = 1, AOT_ERR_OUT_OF_MEMORY = 2, AOT_ERR_INVALID_ARGUMENT = 3, \
-AOT_ERR_DEVICE = 4 }};
+AOT_ERR_DEVICE = 4, AOT_ERR_INDEX_RANGE = 5 }};
 #endif
 
 typedef struct {name}_model {name}_model;
@@ -311,6 +311,9 @@ def render_model_c(
   ins, outs = param_names(sched)
   ptr = {id(b): n for b, n in zip(sched.inputs + sched.outputs, ins + outs)}
 
+  # an index check's result lies in the run's own checks_ (a per-call stack array: _model_run)
+  ptr |= {id(c.buffer): f"(checks_ + {2 * i})" for i, c in enumerate(sched.checks)}
+
   def arg(b: Buffer, slot: int) -> str:
     base = {"scratch": "A", "const": "W"}.get(b.kind)
     where = f"({base} + {b.offset})" if base else ptr[id(b)]
@@ -399,12 +402,35 @@ def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> st
   unsigned char *A = m->arena;
   const unsigned char *W = m->weights;
   (void)A; (void)W;
+{f"  int64_t checks_[{2 * len(sched.checks)}];{chr(10)}" if sched.checks else ""}\
 {"  double run_start_ = aot_profile_now();" + chr(10) if profile else ""}{chr(10).join(body)}
   aot_pool_rest(m->pool);
-{f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}  return AOT_OK;
+{f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}\
+{"".join(_index_check_c(i, c.check) for i, c in enumerate(sched.checks))}  return AOT_OK;
 }}
 
 """
+
+
+def _index_check_c(i: int, c: IndexCheck) -> str:
+  """After the kernels: a bad index (the check's position is not the indices' size) fails the run, naming the indices,
+  the position (as numpy writes an index, from the flat one) and the value."""
+  pos, numel = f"checks_[{2 * i}]", math.prod(c.shape)
+  coords, stride = [], numel
+  for d in c.shape:
+    stride //= d
+    coords.append(f"(long long)({pos} / {stride} % {d})")
+  where = f"[{', '.join(['%lld'] * len(c.shape))}]" if c.shape else ""
+  esc = lambda t: t.replace("%", "%%")
+  fmt = _c_string(f"{esc(c.indices)}{where} is %lld, {esc(c.outside())}")
+  args = ", ".join(coords + [f"(long long)checks_[{2 * i + 1}]"])
+  return f"  if ({pos} != {numel}) return aot_fail(m->error, AOT_ERR_INDEX_RANGE, {fmt}, {args});\n"
+
+
+def _c_string(text: str) -> str:
+  """A C string literal holding text (names in a model may hold quotes, backslashes, anything)."""
+  out = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\?' else f"\\{b:03o}" for b in text.encode())
+  return f'"{out}"'
 
 
 def _model_set_threads(name: str) -> str:
