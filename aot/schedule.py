@@ -443,6 +443,8 @@ def strip_checks(sink: UOp) -> tuple[UOp, list[tuple[UOp, IndexCheck]]]:
 def without_checks(sched: Schedule) -> Schedule:
   """The schedule without its index checks (GPU targets do not report bad indices: they are only clamped there): the
   kernels writing a check and those only they read go."""
+  if not sched.checks:
+    return sched
   needed, kernels = {id(b) for b in sched.outputs}, []
   for k in reversed(sched.kernels):
     if id(k.out) in needed:

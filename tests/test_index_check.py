@@ -159,3 +159,19 @@ def test_c_api_returns_the_index_status(tmp_path, target):
   status, message = p.stdout.splitlines()
   assert status == "5 1", p.stdout
   assert message.startswith("input 'token_type_ids'[1, 2] is 2, outside [-2, 1]"), message
+
+
+@pytest.mark.parametrize("target", ["cuda", "hip"])
+def test_gpu_targets_build_without_the_checks(tmp_path, target):
+  """The GPU hosts do not read checks back (a bad index is only clamped there): the checks' kernels are dropped and the
+  model still matches onnxruntime (its kernels emulated on the CPU)."""
+  m = embeddings()
+  cpu = aot.compile_model(m, out_dir=tmp_path / "cpu")
+  art = aot.compile_model(m, target=target, emulate=True, out_dir=tmp_path / target)
+  assert art.num_kernels == cpu.num_kernels - 4 and not art.index_checks  # two checks of two kernels each
+  ids, types = valid_ids()
+  ids[0, 0], types[1, 1] = -1, -2
+  want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+    None, {"input_ids": ids, "token_type_ids": types}
+  )[0]
+  np.testing.assert_allclose(aot.load(art)(ids, types), want, rtol=1e-5, atol=1e-5)
