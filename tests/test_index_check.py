@@ -175,3 +175,27 @@ def test_gpu_targets_build_without_the_checks(tmp_path, target):
     None, {"input_ids": ids, "token_type_ids": types}
   )[0]
   np.testing.assert_allclose(aot.load(art)(ids, types), want, rtol=1e-5, atol=1e-5)
+
+
+def test_clamped_and_reported_under_the_sanitizers(tmp_path, monkeypatch):
+  """ASan/UBSan builds (tests/test_sanitize.py's driver): valid negative indices read in bounds and match onnxruntime;
+  2**40 is clamped (no out-of-bounds read, no overflow) and the run fails with the message, nothing else reported."""
+  import test_sanitize
+  from test_sanitize import run_sanitized
+
+  m = embeddings()
+  art = aot.compile_model(m, out_dir=tmp_path / "emb", sanitize=True)
+  ids, types = valid_ids()
+  ids[0, :2], types[1, :2] = [-1, -VOCAB], [-1, -2]
+  want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+    None, {"input_ids": ids, "token_type_ids": types}
+  )[0]
+  np.testing.assert_allclose(run_sanitized(art, [ids, types], tmp_path)[0], want, rtol=1e-5, atol=1e-5)
+  ids[1, 4] = 2**40
+  # the driver returns at the failed run without freeing its buffers: not a leak of the artifact's
+  monkeypatch.setitem(test_sanitize.SANITIZER_ENV, "ASAN_OPTIONS", "halt_on_error=1:abort_on_error=0:detect_leaks=0")
+  with pytest.raises(AssertionError) as e:
+    run_sanitized(art, [ids, types], tmp_path)
+  report = str(e.value)
+  assert f"run: input 'input_ids'[1, 4] is {2**40}, outside" in report, report
+  assert "Sanitizer" not in report and "runtime error" not in report, report
