@@ -168,9 +168,10 @@ def _onnx_reference(model: str, feed: dict, bind: dict, given: set[str]) -> tupl
     node = re.search(r"Name:'([^']*)'", msg)
     why = msg.split("Status Message: ", 1)[-1]
     names = _inputs_reaching(model, node.group(1)) if node else []
-    what = ", ".join(f"'{n}'{' (given)' if n in given else ' (random)'}" for n in names) or "its inputs"
+    what = ", ".join(f"'{n}'{' (given)' if n in given else ' (random)'}" for n in names)
+    what = f"input {what}" if names else "the inputs"
     where = f" in node '{node.group(1)}'" if node else ""
-    raise CheckInputError(f"--check: onnxruntime refused input {what}{where}: {why}; {_GIVE}") from None
+    raise CheckInputError(f"--check: onnxruntime refused {what}{where}: {why}; {_GIVE}") from None
 
 
 def _reference_evaluator(model: str, feed: dict, bind: dict, ort_error: Exception, given: set[str]):
