@@ -406,10 +406,19 @@ def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> st
 {"  double run_start_ = aot_profile_now();" + chr(10) if profile else ""}{chr(10).join(body)}
   aot_pool_rest(m->pool);
 {f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}\
-{"".join(_index_check_c(i, c.check) for i, c in enumerate(sched.checks))}  return AOT_OK;
+{_index_checks_c(sched)}
 }}
 
 """
+
+
+def _index_checks_c(sched: Schedule) -> str:
+  """The run's last lines: its status, the first failed index check's (one status, no early return: whatever the
+  run does before returning, it does on every path)."""
+  if not sched.checks:
+    return "  return AOT_OK;"
+  checks = "".join(_index_check_c(i, c.check) for i, c in enumerate(sched.checks))
+  return f"  int status_ = AOT_OK;\n{checks}  return status_;"
 
 
 def _index_check_c(i: int, c: IndexCheck) -> str:
@@ -424,7 +433,8 @@ def _index_check_c(i: int, c: IndexCheck) -> str:
   esc = lambda t: t.replace("%", "%%")
   fmt = _c_string(f"{esc(c.indices)}{where} is %lld, {esc(c.outside())}")
   args = ", ".join(coords + [f"(long long)checks_[{2 * i + 1}]"])
-  return f"  if ({pos} != {numel}) return aot_fail(m->error, AOT_ERR_INDEX_RANGE, {fmt}, {args});\n"
+  fail = f"status_ = aot_fail(m->error, AOT_ERR_INDEX_RANGE, {fmt}, {args});"
+  return f"  if (status_ == AOT_OK && {pos} != {numel}) {fail}\n"
 
 
 def _c_string(text: str) -> str:
