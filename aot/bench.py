@@ -403,7 +403,7 @@ def main(argv=None) -> int:
       label,
       model,
       model,
-      lambda art: random_inputs(art.inputs, index_checks=art.index_checks),
+      lambda art: random_inputs(art.inputs, indexed=art.indexed_inputs),
       thread_counts,
       targets,
       args.repeats,

@@ -25,15 +25,12 @@ class CheckInputError(AotError):
   input and says how to give valid ones (--check-input NAME=FILE.npy)."""
 
 
-def random_inputs(inputs, seed: int = 0, index_checks: list[dict] = ()) -> list[np.ndarray]:
+def random_inputs(inputs, seed: int = 0, indexed: dict[str, int] | None = None) -> list[np.ndarray]:
   """Seeded inputs of the right shapes and dtypes: normal floats, small non-negative integers, random bools. An
-  integer input a run checks as indices (Artifact.index_checks: an embedding's token ids) stays below the smallest
-  axis it indexes, so that the run and the reference take it."""
+  integer input that indexes an axis (Artifact.indexed_inputs: an embedding's token ids) stays below its size, so
+  that the run and the reference take it."""
   rng = np.random.default_rng(seed)
-  high: dict[str, int] = {}
-  for c in index_checks:
-    if c.get("input"):
-      high[c["input"]] = min(high.get(c["input"], RANDOM_INT_HIGH), c["size"])
+  high = {name: min(size, RANDOM_INT_HIGH) for name, size in (indexed or {}).items()}
   out = []
   for t in inputs:
     dt = t.narrow.np if getattr(t, "narrow", None) else t.dtype.np
@@ -85,7 +82,7 @@ def check(art, model: str, bind: dict, quiet: bool = False, files: dict[str, str
     got = _run_artifact(run, xs)
     want, against = [ref.reference(*xs)], "numpy reference"
   else:
-    xs = given_inputs(art, files or {}, random_inputs(art.inputs, index_checks=art.index_checks))
+    xs = given_inputs(art, files or {}, random_inputs(art.inputs, indexed=art.indexed_inputs))
     feed = {t.name: x for t, x in zip(art.inputs, xs)}
     if art.containers:
       # a sequence input is one list (an optional one array or None) for the artifact and both references

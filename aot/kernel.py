@@ -68,6 +68,8 @@ class Schedule:
   containers: list = field(default_factory=list)
   # the index checks the run makes after its kernels (aot/ir.py: IndexCheck)
   checks: list[IndexCheckCall] = field(default_factory=list)
+  # model inputs that are indices (checked or not: GPU targets drop the checks), by name: the smallest axis' size
+  indexed: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

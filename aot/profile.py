@@ -167,7 +167,7 @@ def profile_artifact(
   infos = load_calls(art)
   model = aot.load(art, threads=threads)
   try:
-    xs = inputs if inputs is not None else random_inputs(art.inputs, index_checks=art.index_checks)
+    xs = inputs if inputs is not None else random_inputs(art.inputs, indexed=art.indexed_inputs)
     lib = ctypes.CDLL(str(art.library_path))
     read = getattr(lib, f"{art.name}_profile")
     read.argtypes, read.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_int], ctypes.c_int

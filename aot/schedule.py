@@ -550,4 +550,13 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     consts=[b for b in used.values() if b.kind == "const"],
     scratch=[b for b in used.values() if b.kind == "scratch"],
     checks=[IndexCheckCall(b, label) for b, (_, label) in zip(check_bufs, checks)],
+    indexed=_indexed_inputs([label for _, label in checks]),
   )
+
+
+def _indexed_inputs(checks: list[IndexCheck]) -> dict[str, int]:
+  out: dict[str, int] = {}
+  for c in checks:
+    if c.input is not None:
+      out[c.input] = min(out.get(c.input, c.size), c.size)
+  return out

@@ -168,7 +168,9 @@ def test_gpu_targets_build_without_the_checks(tmp_path, target):
   m = embeddings()
   cpu = aot.compile_model(m, out_dir=tmp_path / "cpu")
   art = aot.compile_model(m, target=target, emulate=True, out_dir=tmp_path / target)
-  assert art.num_kernels == cpu.num_kernels - 4 and not art.index_checks  # two checks of two kernels each
+  assert art.num_kernels == cpu.num_kernels - 4  # two checks of two kernels each
+  # what the inputs index is still known (--check draws valid ones)
+  assert art.indexed_inputs == cpu.indexed_inputs == {"input_ids": VOCAB, "token_type_ids": TYPES}
   ids, types = valid_ids()
   ids[0, 0], types[1, 1] = -1, -2
   want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
