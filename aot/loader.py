@@ -14,6 +14,7 @@ from aot.errors import IndexRangeError, InputCountError, InputDtypeError, InputS
 
 # runtime_c/aot_runtime.h: a run given an index outside the axis it indexes
 AOT_ERR_INDEX_RANGE = 5
+
 _ffi_lock = threading.Lock()
 
 

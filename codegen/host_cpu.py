@@ -25,10 +25,14 @@ def null_checks(sched: Schedule) -> list[str]:
   """NAME_run's first lines: a NULL input or output is an error naming it."""
   ins, outs = param_names(sched)
   return [
-    f"  if (!{n}) return aot_fail(m->error, AOT_ERR_NULL_ARGUMENT, \"{kind} {i} ('{b.name}') is NULL\");"
+    f"  if (!{n}) return aot_fail(m->error, AOT_ERR_NULL_ARGUMENT, {_c_string(_percent(_null(kind, i, b)))});"
     for kind, bufs, names in (("input", sched.inputs, ins), ("output", sched.outputs, outs))
     for i, (b, n) in enumerate(zip(bufs, names))
   ]
+
+
+def _null(kind: str, i: int, b: Buffer) -> str:
+  return f"{kind} {i} ('{b.name}') is NULL"
 
 
 def render_header(
@@ -59,7 +63,7 @@ def render_header(
       if fmt:
         meta.append(f"/* {kind.lower()} {i} is {_narrow_comment(narrow_of(fmt), b)} */")
       meta += [
-        f'#define {P}_{kind}{i}_NAME "{b.name}"',
+        f"#define {P}_{kind}{i}_NAME {_c_string(b.name)}",
         f"#define {P}_{kind}{i}_RANK {len(shape)}",
         f"#define {P}_{kind}{i}_SHAPE {{{', '.join(map(str, shape)) or '1'}}}",
         f"#define {P}_{kind}{i}_SIZE {math.prod(shape)}",
@@ -430,11 +434,15 @@ def _index_check_c(i: int, c: IndexCheck) -> str:
     stride //= d
     coords.append(f"(long long)({pos} / {stride} % {d})")
   where = f"[{', '.join(['%lld'] * len(c.shape))}]" if c.shape else ""
-  esc = lambda t: t.replace("%", "%%")
-  fmt = _c_string(f"{esc(c.indices)}{where} is %lld, {esc(c.outside())}")
+  fmt = _c_string(f"{_percent(c.indices)}{where} is %lld, {_percent(c.outside())}")
   args = ", ".join(coords + [f"(long long)checks_[{2 * i + 1}]"])
   fail = f"status_ = aot_fail(m->error, AOT_ERR_INDEX_RANGE, {fmt}, {args});"
   return f"  if (status_ == AOT_OK && {pos} != {numel}) {fail}\n"
+
+
+def _percent(text: str) -> str:
+  """text inside a printf format: its % signs doubled."""
+  return text.replace("%", "%%")
 
 
 def _c_string(text: str) -> str:

@@ -201,3 +201,19 @@ def test_clamped_and_reported_under_the_sanitizers(tmp_path, monkeypatch):
   report = str(e.value)
   assert f"run: input 'input_ids'[1, 4] is {2**40}, outside" in report, report
   assert "Sanitizer" not in report and "runtime error" not in report, report
+
+
+def test_names_with_quotes_and_percent_signs_reach_the_message(tmp_path):
+  # the names go into a C format string literal: escaped, not interpreted
+  node, ids = 'we"ird %s \\ node', 'i%d "x"'
+  g = oh.make_graph(
+    [oh.make_node("Gather", ["x", ids], ["y"], axis=0, name=node)],
+    "names",
+    [oh.make_tensor_value_info(ids, TP.INT64, [3])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [3, 2])],
+    [nh.from_array(np.ones((4, 2), np.float32), "x")],
+  )
+  run = aot.load(aot.compile_model(oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]), out_dir=tmp_path))
+  with pytest.raises(IndexRangeError) as e:
+    run(np.array([0, 9, 1]))
+  assert f"input '{ids}'[1] is 9, outside [-4, 3], the axis of size 4 that Gather node '{node}' indexes" in str(e.value)
