@@ -113,6 +113,8 @@ class Artifact:
     self.compile_seconds: float = m.get("compile_seconds", 0.0)
     # sequence and optional inputs/outputs: runs of the tensors above that aot.load passes as one list (or None)
     self.containers: list[dict] = m.get("containers", [])
+    # model inputs that are indices (aot/ir.py IndexCheck), by name: the size of the smallest axis each indexes
+    self.indexed_inputs: dict[str, int] = m.get("indexed_inputs", {})
 
   @property
   def library_path(self) -> Path:
@@ -242,6 +244,8 @@ def write_manifest(
           else {}
         ),
         **({"containers": sched.containers} if sched.containers else {}),
+        # inputs that are indices, and the size of the smallest axis each indexes: --check draws valid ones
+        **({"indexed_inputs": sched.indexed} if sched.indexed else {}),
         "compile_seconds": round(seconds, 3),
         **({"gpu": gpu} if gpu is not None else {}),
       },

@@ -352,7 +352,7 @@ def main(argv=None) -> int:
     "onnxruntime (--json writes the row)",
   )
   args = ap.parse_args(argv)
-  from aot.cli import random_inputs
+  from aot.check import random_inputs
   from aot.models import get
 
   if (problem := _unknown_model(args.models, args.onnx)) is not None:
@@ -400,7 +400,14 @@ def main(argv=None) -> int:
   for path in args.onnx:
     label, model = _onnx_arg(path)
     rows += bench_model(
-      label, model, model, lambda art: random_inputs(art.inputs), thread_counts, targets, args.repeats, args.budget
+      label,
+      model,
+      model,
+      lambda art: random_inputs(art.inputs, indexed=art.indexed_inputs),
+      thread_counts,
+      targets,
+      args.repeats,
+      args.budget,
     )
   # the table by thread count, then in the order the models were given
   rows = sorted(rows, key=lambda r: r["threads"])

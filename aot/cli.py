@@ -11,8 +11,6 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
-import numpy as np
-
 # a compile shorter than this shows no progress bar: a bar that flashes up and is erased at once is only noise
 PROGRESS_DELAY_S = 2.0
 PROGRESS_BAR_WIDTH = 24
@@ -117,7 +115,17 @@ def main(argv: list[str] | None = None) -> int:
   )
   p.add_argument("--emit", choices=["graph", "kernels", "source"], help="stop after this stage and show it")
   p.add_argument(
-    "--check", action="store_true", help="run the artifact on a seeded input and compare with the reference"
+    "--check",
+    action="store_true",
+    help="run the artifact on a seeded input and compare with the reference (onnxruntime; judged in float64 "
+    "where the two disagree)",
+  )
+  p.add_argument(
+    "--check-input",
+    action="append",
+    default=[],
+    metavar="NAME=FILE.npy",
+    help="--check: take this input from a .npy file instead of seeded random values; repeatable",
   )
   p.add_argument(
     "--profile",
@@ -182,6 +190,11 @@ def _run(args) -> int:
     return 0
   if args.check and args.triple:
     raise ValueError("--check runs the artifact here: it cannot check a cross-compiled one")
+  if args.check_input and not args.check:
+    raise ValueError("--check-input gives --check its inputs: add --check")
+  from aot.check import check, load_npy_pins
+
+  check_files = load_npy_pins(args.check_input)
   t0 = time.perf_counter()
   progress = Progress(sys.stderr, args.verbose, args.quiet)
   try:
@@ -209,7 +222,7 @@ def _run(args) -> int:
     from aot.profile import profile_and_report
 
     profile_and_report(art, out / "profile.json")
-  return _check(art, args.model, bind, args.quiet) if args.check else 0
+  return check(art, args.model, bind, args.quiet, check_files) if args.check else 0
 
 
 def _summary(art, seconds: float) -> None:
@@ -251,118 +264,6 @@ def _number(v: str, where: str):
     except ValueError:
       pass
   raise ValueError(f"{where}: the value must be a number")
-
-
-def random_inputs(inputs, seed: int = 0) -> list[np.ndarray]:
-  """Seeded inputs of the right shapes and dtypes: normal floats, small non-negative integers, random bools."""
-  rng = np.random.default_rng(seed)
-  out = []
-  for t in inputs:
-    dt = t.narrow.np if getattr(t, "narrow", None) else t.dtype.np
-    if getattr(t, "narrow", None):
-      out.append(rng.integers(0, 2, t.shape).astype(np.float32).astype(dt))
-    elif t.dtype.is_float:
-      out.append(rng.standard_normal(t.shape).astype(dt))
-    elif t.dtype.kind == "b":
-      out.append(rng.random(t.shape) < 0.5)
-    else:
-      out.append(rng.integers(0, 4, t.shape).astype(dt))
-  return out
-
-
-def _check(art, model: str, bind: dict, quiet: bool = False) -> int:
-  import aot
-
-  run = aot.load(art)
-  if model.startswith("models:"):
-    from aot.models import get
-
-    ref = get(model.split(":", 1)[1])
-    xs = ref.example_inputs(seed=0)
-    want, against = [ref.reference(*xs)], "numpy reference"
-  else:
-    try:
-      import onnxruntime as ort
-    except ImportError:
-      raise RuntimeError("--check on an ONNX model needs onnxruntime (pip install onnxruntime)") from None
-    xs = random_inputs(art.inputs)
-    feed = {t.name: x for t, x in zip(art.inputs, xs)}
-    if art.containers:
-      # a sequence input is one list (an optional one array or None) for the artifact and both references
-      from aot.loader import _grouped, _runs
-
-      runs = _runs(art, "input")
-      xs = [_grouped(xs, kind, start, count) for _, kind, start, count in runs]
-      feed = {name: x for (name, *_), x in zip(runs, xs)}
-    try:
-      sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-      feed.update({k: np.asarray(v, dtype=next(i for i in _ort_inputs(sess) if i[0] == k)[1]) for k, v in bind.items()})
-      want, against = sess.run(None, feed), "onnxruntime"
-    except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types: a type or op it has no kernel for)
-      # onnxruntime has no kernels for most narrow types (bfloat16 arithmetic, float8, 4- and 2-bit): onnx's
-      # reference implementation has them all
-      from onnx.reference import ReferenceEvaluator
-
-      why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-      feed.update({k: np.asarray(v, dtype=_onnx_input_dtype(model, k)) for k, v in bind.items()})
-      want, against = ReferenceEvaluator(model).run(None, feed), f"onnx.reference (onnxruntime cannot run it: {why})"
-  got = run(*xs)
-  got = list(got) if isinstance(got, tuple) else [got]
-  # sequence outputs (lists) and optional ones (None when empty) compared tensor by tensor
-  flat = lambda vs: [t for v in vs for t in (v if isinstance(v, list) else [] if v is None else [v])]
-  got, want = flat(got), flat(want)
-  times = []
-  for _ in range(5):
-    t = time.perf_counter()
-    run(*xs)
-    times.append(time.perf_counter() - t)
-  want = [np.asarray(w).astype(np.float64) for w in want]
-  err = max(float(np.max(np.abs(g.astype(np.float64) - w), initial=0)) for g, w in zip(got, want))
-  scale = max(max(float(np.max(np.abs(w), initial=0)) for w in want), 1e-30)
-  rel = err / scale
-  ok = rel <= _check_tolerance(art.outputs) and all(g.shape == np.shape(w) for g, w in zip(got, want))
-  line = (
-    f"check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e} -> {'PASS' if ok else 'FAIL'}; "
-    f"latency {np.median(times) * 1e3:.2f} ms (median of 5)"
-  )
-  # -q: a failed check is an error, a passed one is not
-  if not quiet:
-    print(line)
-  elif not ok:
-    print(f"compile-model: error: {line}", file=sys.stderr)
-  return 0 if ok else 1
-
-
-# relative error --check accepts: float32 rounding in a different order; a narrow float output may differ by one of
-# its own steps (2**-7 for bfloat16, 2**-3 for float8e4m3) where the two round a float32 value lying between codes
-CHECK_RTOL = 1e-4
-
-
-def _check_tolerance(outputs) -> float:
-  steps = [2.0**-t.narrow.man_bits for t in outputs if getattr(t, "narrow", None) and t.narrow.kind == "float"]
-  steps += [2.0**-7 for t in outputs if getattr(t, "narrow", None) and t.narrow.kind == "bf16"]
-  return max([CHECK_RTOL] + steps)
-
-
-def _onnx_input_dtype(model: str, name: str):
-  import onnx
-
-  vi = next(i for i in onnx.load(model, load_external_data=False).graph.input if i.name == name)
-  return onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-
-
-def _ort_inputs(sess):
-  types = {
-    "tensor(float)": np.float32,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(bool)": np.bool_,
-    "tensor(float16)": np.float16,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-  }
-  return [(i.name, types.get(i.type, np.float32)) for i in sess.get_inputs()]
 
 
 if __name__ == "__main__":

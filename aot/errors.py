@@ -81,6 +81,12 @@ class InputDtypeError(InputError, TypeError):
   """An input array of the wrong dtype."""
 
 
+class IndexRangeError(AotError, IndexError):
+  """A run given an index outside the axis it indexes (an ONNX Gather's indices, an embedding's token id): the
+  artifact clamps it, computes, and fails with AOT_ERR_INDEX_RANGE; the message names the input (or the Gather node
+  and its indices), the bad value's position and the valid range."""
+
+
 class InputCountError(AotError, TypeError):
   """A loaded model called with the wrong number of inputs."""
 

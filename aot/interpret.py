@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 
 from aot.dtype import DType, dtypes
+from aot.errors import InvalidValueError
 from aot.ir import Ops, ReduceOp, UOp
 
 
@@ -193,9 +194,14 @@ def _eval_node(n: UOp, src: list[np.ndarray], axes: list[UOp] | None, data: dict
   if op is Ops.REDUCE:
     return NP_REDUCE[n.reduce_op](src[0], axis=n.axes, keepdims=True).astype(npdt)
   if op is Ops.GATHER:
-    x, idx = src
-    idx = np.where(idx < 0, idx + x.shape[arg], idx)
-    return np.take_along_axis(x, idx.astype(np.int64), axis=arg)
+    x, idx, axis = src[0], src[1], arg if len(src) == 2 else arg[0]
+    # a checked gather (IndexCheck) of constant indices: a bad one is the model's error, found at compile time
+    if len(src) == 3 and src[2][0] != math.prod(arg[1].shape):
+      raise InvalidValueError(arg[1].message(int(src[2][0]), int(src[2][1])))
+    # clamped into [-n, n) and wrapped, as lowering does (aot/schedule.py _index_compute)
+    idx = np.clip(idx.astype(np.int64), -x.shape[axis], x.shape[axis] - 1)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return np.take_along_axis(x, idx.astype(np.int64), axis=axis)
   raise NotImplementedError(f"cannot evaluate {op}")
 
 

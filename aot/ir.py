@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
@@ -196,6 +197,35 @@ class ConstData:
 
   def __repr__(self) -> str:
     return f"ConstData{self.array.shape}"
+
+
+@dataclass(frozen=True)
+class IndexCheck:
+  """A checked GATHER's label (its arg is (axis, IndexCheck), its third source the check tensor): indices from
+  outside the model's own arithmetic (an ONNX Gather's, an embedding's token ids) that may be out of range. Lowering
+  still clamps them (a bad index never reads out of bounds), and the check tensor, int64 [flat position of the first
+  index outside [-size, size) (numel when there is none), the value there], lets the run report it (schedule.py)."""
+
+  indices: str  # what the indices are, for the message: "input 'token_type_ids'", "tensor 'ids2'"
+  user: str  # what indexes with them: "Gather node 'emb'"
+  shape: tuple  # the indices' shape: the bad value's position is given in it
+  size: int  # the size of the axis they index
+  input: str | None = None  # the model input the indices are (through reshapes and casts), if they are one
+
+  def message(self, pos: int, value: int) -> str:
+    return f"{self.indices}{position(pos, self.shape)} is {value}, {self.outside()}"
+
+  def outside(self) -> str:
+    return f"outside [{-self.size}, {self.size - 1}], the axis of size {self.size} that {self.user} indexes"
+
+
+def position(flat: int, shape: tuple) -> str:
+  """A flat position as numpy writes an index: [0, 5] (nothing for a scalar)."""
+  idx = []
+  for s in reversed(shape):
+    idx.append(flat % s if s else 0)
+    flat //= s if s else 1
+  return f"[{', '.join(map(str, reversed(idx)))}]" if shape else ""
 
 
 def file_mapping(x):

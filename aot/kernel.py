@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aot.dtype import DType
-from aot.ir import UOp
+from aot.ir import IndexCheck, UOp
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Traced:
 
 @dataclass(eq=False)
 class Buffer:
-  kind: str  # "input" | "output" | "const" | "scratch"
+  kind: str  # "input" | "output" | "const" | "scratch" | "check" (an index check's result: aot/ir.py IndexCheck)
   dtype: DType
   size: int  # elements
   name: str = ""
@@ -66,3 +66,16 @@ class Schedule:
   formats: dict = field(default_factory=dict)
   # sequence and optional inputs and outputs (frontends/onnx_ops_sequence.py): {name, kind, side, start, count} each
   containers: list = field(default_factory=list)
+  # the index checks the run makes after its kernels (aot/ir.py: IndexCheck)
+  checks: list[IndexCheckCall] = field(default_factory=list)
+  # model inputs that are indices (checked or not: GPU targets drop the checks), by name: the smallest axis' size
+  indexed: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class IndexCheckCall:
+  """An index check as scheduled: a kernel writes its check tensor (int64 [first bad position or numel, value]) to
+  buffer, kind "check", which the run reads after its kernels."""
+
+  buffer: Buffer
+  check: IndexCheck

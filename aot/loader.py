@@ -10,7 +10,10 @@ import cffi
 import numpy as np
 
 from aot.artifact import Artifact, api_type
-from aot.errors import InputCountError, InputDtypeError, InputShapeError
+from aot.errors import IndexRangeError, InputCountError, InputDtypeError, InputShapeError
+
+# runtime_c/aot_runtime.h: a run given an index outside the axis it indexes
+AOT_ERR_INDEX_RANGE = 5
 
 _ffi_lock = threading.Lock()
 
@@ -76,9 +79,10 @@ class LoadedModel:
     ]
     ptrs = [self.ffi.cast(pt, x.ctypes.data) for pt, x in zip(self._ptr_types, ins + outs)]
     if (status := self._run(self._model, *ptrs)) != 0:
-      raise RuntimeError(
-        f"{a.name}_run failed (status {status}): {self.ffi.string(self._last_error(self._model)).decode()}"
-      )
+      why = self.ffi.string(self._last_error(self._model)).decode()
+      if status == AOT_ERR_INDEX_RANGE:
+        raise IndexRangeError(f"{a.name}_run: {why}")
+      raise RuntimeError(f"{a.name}_run failed (status {status}): {why}")
     outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(a.outputs, outs)]
     if a.containers:
       outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]

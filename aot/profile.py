@@ -162,12 +162,12 @@ def profile_artifact(
   cpu: time each call in thread CPU time too (cpu_ms: on its busiest thread; cpu_all_ms: on all), which a loaded
   machine inflates far less than wall time; it adds two clock reads (system calls) between calls."""
   import aot
-  from aot.cli import random_inputs
+  from aot.check import random_inputs
 
   infos = load_calls(art)
   model = aot.load(art, threads=threads)
   try:
-    xs = inputs if inputs is not None else random_inputs(art.inputs)
+    xs = inputs if inputs is not None else random_inputs(art.inputs, indexed=art.indexed_inputs)
     lib = ctypes.CDLL(str(art.library_path))
     read = getattr(lib, f"{art.name}_profile")
     read.argtypes, read.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_int], ctypes.c_int

@@ -7,13 +7,15 @@ reduces become accumulators over new ranges) -> finalise (buffers become numbere
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from aot.dtype import DType, dtypes
-from aot.errors import CompileError
+from aot.errors import CompileError, InvalidValueError
 from aot.interpret import evaluate
-from aot.ir import BufferArg, ConstData, GroupOp, Ops, UOp, file_mapping, prod
-from aot.kernel import Buffer, Kernel, Schedule
+from aot.ir import BufferArg, ConstData, GroupOp, IndexCheck, Ops, UOp, file_mapping, prod
+from aot.kernel import Buffer, IndexCheckCall, Kernel, Schedule
 from aot.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from aot.symbolic import pm_simplify, simplify
 
@@ -409,13 +411,61 @@ def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp], ke
   return ctx, lowered, deps
 
 
+def strip_checks(sink: UOp) -> tuple[UOp, list[tuple[UOp, IndexCheck]]]:
+  """Checked GATHERs (IndexCheck) become plain ones, and their check tensors extra roots: (graph, [(root, label)]),
+  one root per distinct check. A constant check is done now: a constant bad index is the model's error."""
+  found: dict[UOp, IndexCheck] = {}
+
+  def strip(x: UOp) -> UOp | None:
+    if len(x.src) != 3:
+      return None
+    found.setdefault(x.src[2], x.arg[1])
+    return x.replace(src=x.src[:2], arg=x.arg[0])
+
+  pm = PatternMatcher([(UPat(Ops.GATHER, name="x"), strip)])
+  sink = graph_rewrite(sink, pm)
+  roots: dict[UOp, IndexCheck] = {}
+  done: set = set()
+  # a check tensor may hold checked gathers of its own (indices gathered by indices)
+  while todo := [c for c in found if c not in done]:
+    for c in todo:
+      done.add(c)
+      root = graph_rewrite(c, pm)
+      if _const_base(root) is None:
+        roots.setdefault(root, found[c])
+        continue
+      pos, value = (int(v) for v in evaluate(root))
+      if pos != prod(found[c].shape):
+        raise InvalidValueError(found[c].message(pos, value))
+  return sink, list(roots.items())
+
+
+def without_checks(sched: Schedule) -> Schedule:
+  """The schedule without its index checks (GPU targets do not report bad indices: they are only clamped there): the
+  kernels writing a check and those only they read go."""
+  if not sched.checks:
+    return sched
+  needed, kernels = {id(b) for b in sched.outputs}, []
+  for k in reversed(sched.kernels):
+    if id(k.out) in needed:
+      kernels.insert(0, k)
+      needed |= {id(b) for b in k.bufs[1:]}
+  scratch = [b for b in sched.scratch if id(b) in needed]
+  return dataclasses.replace(sched, kernels=kernels, scratch=scratch, checks=[])
+
+
 def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str] | None = None) -> Schedule:
   sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outputs)), pm_prepare)
+  sink, checks = strip_checks(sink)
   outputs = list(sink.src)
   out_bufs = [
     Buffer("output", o.dtype, o.numel, output_names[k] if output_names else f"output{k}", k, o.shape)
     for k, o in enumerate(outputs)
   ]
+  # the check tensors are written like outputs, into buffers the run reads after its kernels (codegen/host_cpu.py)
+  check_bufs = [Buffer("check", dtypes.int64, 2, f"check{k}", k, (2,)) for k in range(len(checks))]
+  outputs, out_bufs = outputs + [c for c, _ in checks], out_bufs + check_bufs
+  sink = UOp(Ops.SINK, dtypes.void, tuple(outputs))
 
   # what is materialised: CONTIGUOUS, an output that other nodes read, and whatever lowering finds would be computed
   # twice if fused (read at two different indices or from two kernels, or inside a loop it does not vary in). Those
@@ -496,7 +546,17 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
   return Schedule(
     kernels,
     inputs,
-    out_bufs,
+    out_bufs[: len(out_bufs) - len(check_bufs)],
     consts=[b for b in used.values() if b.kind == "const"],
     scratch=[b for b in used.values() if b.kind == "scratch"],
+    checks=[IndexCheckCall(b, label) for b, (_, label) in zip(check_bufs, checks)],
+    indexed=_indexed_inputs([label for _, label in checks]),
   )
+
+
+def _indexed_inputs(checks: list[IndexCheck]) -> dict[str, int]:
+  out: dict[str, int] = {}
+  for c in checks:
+    if c.input is not None:
+      out[c.input] = min(out.get(c.input, c.size), c.size)
+  return out

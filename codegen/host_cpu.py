@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from aot.artifact import WEIGHTS_CHECK_BLOCK_BYTES, WEIGHTS_CHECK_BLOCKS, ExternalWeights, api_type, param_names
 from aot.codegen.contract import STEP_MUL_ADD, STEP_OPS
 from aot.dtype import Narrow, narrow_of
-from aot.ir import Ops
+from aot.ir import IndexCheck, Ops
 from aot.kernel import Buffer, Schedule
 
 
@@ -25,10 +25,14 @@ def null_checks(sched: Schedule) -> list[str]:
   """NAME_run's first lines: a NULL input or output is an error naming it."""
   ins, outs = param_names(sched)
   return [
-    f"  if (!{n}) return aot_fail(m->error, AOT_ERR_NULL_ARGUMENT, \"{kind} {i} ('{b.name}') is NULL\");"
+    f"  if (!{n}) return aot_fail(m->error, AOT_ERR_NULL_ARGUMENT, {_c_string(_percent(_null(kind, i, b)))});"
     for kind, bufs, names in (("input", sched.inputs, ins), ("output", sched.outputs, outs))
     for i, (b, n) in enumerate(zip(bufs, names))
   ]
+
+
+def _null(kind: str, i: int, b: Buffer) -> str:
+  return f"{kind} {i} ('{b.name}') is NULL"
 
 
 def render_header(
@@ -59,7 +63,7 @@ def render_header(
       if fmt:
         meta.append(f"/* {kind.lower()} {i} is {_narrow_comment(narrow_of(fmt), b)} */")
       meta += [
-        f'#define {P}_{kind}{i}_NAME "{b.name}"',
+        f"#define {P}_{kind}{i}_NAME {_c_string(b.name)}",
         f"#define {P}_{kind}{i}_RANK {len(shape)}",
         f"#define {P}_{kind}{i}_SHAPE {{{', '.join(map(str, shape)) or '1'}}}",
         f"#define {P}_{kind}{i}_SIZE {math.prod(shape)}",
@@ -78,7 +82,7 @@ extern "C" {{
 #define AOT_STATUS_DEFINED
 /* every entry point returns one of these (0 = ok); {name}_last_error says more */
 enum {{ AOT_OK = 0, AOT_ERR_NULL_ARGUMENT = 1, AOT_ERR_OUT_OF_MEMORY = 2, AOT_ERR_INVALID_ARGUMENT = 3, \
-AOT_ERR_DEVICE = 4 }};
+AOT_ERR_DEVICE = 4, AOT_ERR_INDEX_RANGE = 5 }};
 #endif
 
 typedef struct {name}_model {name}_model;
@@ -311,6 +315,9 @@ def render_model_c(
   ins, outs = param_names(sched)
   ptr = {id(b): n for b, n in zip(sched.inputs + sched.outputs, ins + outs)}
 
+  # an index check's result lies in the run's own checks_ (a per-call stack array: _model_run)
+  ptr |= {id(c.buffer): f"(checks_ + {2 * i})" for i, c in enumerate(sched.checks)}
+
   def arg(b: Buffer, slot: int) -> str:
     base = {"scratch": "A", "const": "W"}.get(b.kind)
     where = f"({base} + {b.offset})" if base else ptr[id(b)]
@@ -399,12 +406,49 @@ def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> st
   unsigned char *A = m->arena;
   const unsigned char *W = m->weights;
   (void)A; (void)W;
+{f"  int64_t checks_[{2 * len(sched.checks)}];{chr(10)}" if sched.checks else ""}\
 {"  double run_start_ = aot_profile_now();" + chr(10) if profile else ""}{chr(10).join(body)}
   aot_pool_rest(m->pool);
-{f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}  return AOT_OK;
+{f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}\
+{_index_checks_c(sched)}
 }}
 
 """
+
+
+def _index_checks_c(sched: Schedule) -> str:
+  """The run's last lines: its status, the first failed index check's (one status, no early return: whatever the
+  run does before returning, it does on every path)."""
+  if not sched.checks:
+    return "  return AOT_OK;"
+  checks = "".join(_index_check_c(i, c.check) for i, c in enumerate(sched.checks))
+  return f"  int status_ = AOT_OK;\n{checks}  return status_;"
+
+
+def _index_check_c(i: int, c: IndexCheck) -> str:
+  """After the kernels: a bad index (the check's position is not the indices' size) fails the run, naming the indices,
+  the position (as numpy writes an index, from the flat one) and the value."""
+  pos, numel = f"checks_[{2 * i}]", math.prod(c.shape)
+  coords, stride = [], numel
+  for d in c.shape:
+    stride //= d
+    coords.append(f"(long long)({pos} / {stride} % {d})")
+  where = f"[{', '.join(['%lld'] * len(c.shape))}]" if c.shape else ""
+  fmt = _c_string(f"{_percent(c.indices)}{where} is %lld, {_percent(c.outside())}")
+  args = ", ".join(coords + [f"(long long)checks_[{2 * i + 1}]"])
+  fail = f"status_ = aot_fail(m->error, AOT_ERR_INDEX_RANGE, {fmt}, {args});"
+  return f"  if (status_ == AOT_OK && {pos} != {numel}) {fail}\n"
+
+
+def _percent(text: str) -> str:
+  """text inside a printf format: its % signs doubled."""
+  return text.replace("%", "%%")
+
+
+def _c_string(text: str) -> str:
+  """A C string literal holding text (names in a model may hold quotes, backslashes, anything)."""
+  out = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\?' else f"\\{b:03o}" for b in text.encode())
+  return f'"{out}"'
 
 
 def _model_set_threads(name: str) -> str:

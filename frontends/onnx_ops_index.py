@@ -25,14 +25,15 @@ from aot.frontends.tensor import Tensor
 # *** gathering ***
 
 
+# indices out of range are an error in ONNX (onnxruntime refuses them): a run given one fails, naming them
 @op("Gather")
 def gather(n, x, indices, axis=0):
-  return x.take(indices, _axis(axis, x.ndim))
+  return x.take(indices, _axis(axis, x.ndim), f"Gather node '{n.name}'", n.proto.input[1])
 
 
 @op("GatherElements")
 def gather_elements(n, x, indices, axis=0):
-  return x.gather(_axis(axis, x.ndim), indices)
+  return x.gather(_axis(axis, x.ndim), indices, f"GatherElements node '{n.name}'", n.proto.input[1])
 
 
 @op("GatherND")

@@ -12,7 +12,7 @@ import numpy as np
 from aot.dtype import DType, dtypes, promote, to_dtype
 from aot.errors import CompileError, InvalidIndexError, InvalidTypeError, InvalidValueError, Unsupported
 from aot.frontends.tensor_nn import TensorNN
-from aot.ir import BufferArg, ConstData, Ops, ReduceOp, UOp, prod
+from aot.ir import BufferArg, ConstData, IndexCheck, Ops, ReduceOp, UOp, prod
 
 
 def _axes(axis, ndim: int) -> tuple[int, ...]:
@@ -596,24 +596,56 @@ class Tensor(TensorNN):
     axis = axis % (tensors[0].ndim + 1)
     return Tensor.cat([t.unsqueeze(axis) for t in tensors], axis)
 
-  def gather(self, axis: int, index: Tensor) -> Tensor:
-    """torch.gather / ONNX GatherElements: out[..., i, ...] = self[..., index[..., i, ...], ...] along axis."""
+  def gather(self, axis: int, index: Tensor, checked_by: str | None = None, name: str | None = None) -> Tensor:
+    """torch.gather / ONNX GatherElements: out[..., i, ...] = self[..., index[..., i, ...], ...] along axis.
+    An index outside [-n, n) is clamped; with checked_by (what indexes: "Gather node 'emb'"), a run given one also
+    fails, naming the indices (a model input, else name) and the bad value's position (IndexCheck)."""
     axis = axis % self.ndim
     if index.ndim != self.ndim:
       raise InvalidValueError(f"gather: index rank {index.ndim} != data rank {self.ndim}")
     if index.dtype.kind not in "iu":
       raise InvalidTypeError(f"gather: index must be an integer tensor, not {index.dtype.name}")
-    x = self.shrink([(0, self.shape[i]) if i == axis else (0, index.shape[i]) for i in range(self.ndim)])
-    return Tensor(UOp(Ops.GATHER, self.dtype, (x.uop, index.uop), axis))
+    return self._gather(axis, index, checked_by and index._index_check(self.shape[axis], checked_by, name))
 
-  def take(self, indices, axis: int = 0) -> Tensor:
-    """numpy.take / ONNX Gather: the axis is replaced by the indices' shape."""
+  def _gather(self, axis: int, index: Tensor, check: tuple[Tensor, IndexCheck] | None) -> Tensor:
+    x = self.shrink([(0, self.shape[i]) if i == axis else (0, index.shape[i]) for i in range(self.ndim)])
+    if check is None:
+      return Tensor(UOp(Ops.GATHER, self.dtype, (x.uop, index.uop), axis))
+    return Tensor(UOp(Ops.GATHER, self.dtype, (x.uop, index.uop, check[0].uop), (axis, check[1])))
+
+  def _index_check(self, size: int, user: str, name: str | None) -> tuple[Tensor, IndexCheck] | None:
+    """self as the indices of an axis of this size: the check tensor of a checked GATHER and its label."""
+    if self.numel() == 0:
+      return None
+    # the model input these indices are, element for element (through reshapes and casts): named in the message, the
+    # position given in its shape
+    base = self.uop
+    while base.op in (Ops.RESHAPE, Ops.CAST) and base.src[0].dtype.kind in "iu":
+      base = base.src[0]
+    src = base.arg.name if base.op is Ops.BUFFER and base.arg.kind == "input" else None
+    shape = base.shape if src else self.shape
+    what = f"input '{src}'" if src else f"tensor '{name}'" if name else "the indices"
+    x = self.reshape(shape).cast(dtypes.int64)
+    # each element's flat position, as a sum of one small arange per axis (not one constant as big as the indices)
+    pos = Tensor(UOp.const(dtypes.int64, 0))
+    stride = self.numel()
+    for k, s in enumerate(shape):
+      stride //= s
+      coord = np.arange(s, dtype=np.int64) * stride
+      pos = pos + Tensor(coord.reshape([s if i == k else 1 for i in range(len(shape))]))
+    first = ((x < -size) | (x >= size)).where(pos, Tensor(self.numel(), dtypes.int64)).min().reshape(1)
+    value = x.reshape(-1)._gather(0, first, None)
+    return Tensor.cat([first, value]), IndexCheck(what, user, tuple(shape), size, src)
+
+  def take(self, indices, axis: int = 0, checked_by: str | None = None, name: str | None = None) -> Tensor:
+    """numpy.take / ONNX Gather: the axis is replaced by the indices' shape. checked_by, name: as gather's."""
     indices = indices if isinstance(indices, Tensor) else Tensor(np.asarray(indices, dtype=np.int64))
     axis = axis % self.ndim
     flat = indices.reshape(-1)
     pre, post = self.shape[:axis], self.shape[axis + 1 :]
     idx = flat.reshape((1,) * len(pre) + (flat.shape[0],) + (1,) * len(post)).expand(pre + flat.shape + post)
-    return self.gather(axis, idx).reshape(pre + indices.shape + post)
+    check = checked_by and indices._index_check(self.shape[axis], checked_by, name)
+    return self._gather(axis, idx, check).reshape(pre + indices.shape + post)
 
 
 def _broadcast_shape(*shapes) -> tuple[int, ...]:

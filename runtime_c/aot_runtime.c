@@ -20,6 +20,7 @@ const char *aot_status_message(int status) {
     case AOT_ERR_OUT_OF_MEMORY: return "out of memory";
     case AOT_ERR_INVALID_ARGUMENT: return "invalid argument";
     case AOT_ERR_DEVICE: return "the GPU runtime, driver or device is missing or failed";
+    case AOT_ERR_INDEX_RANGE: return "an index was outside the axis it indexes";
     default: return "unknown status";
   }
 }

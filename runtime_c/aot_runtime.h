@@ -10,7 +10,8 @@ enum {
   AOT_ERR_NULL_ARGUMENT = 1,   /* a required pointer was NULL */
   AOT_ERR_OUT_OF_MEMORY = 2,   /* the arena could not be allocated */
   AOT_ERR_INVALID_ARGUMENT = 3, /* an argument had a value the model cannot take */
-  AOT_ERR_DEVICE = 4            /* GPU targets: the GPU runtime, driver or device is missing or failed */
+  AOT_ERR_DEVICE = 4,           /* GPU targets: the GPU runtime, driver or device is missing or failed */
+  AOT_ERR_INDEX_RANGE = 5       /* an index input (a Gather's indices) held a value outside the axis it indexes */
 };
 #endif
 

@@ -193,3 +193,155 @@ def test_shape_pins_a_sequence_input_and_check_compares_lists(tmp_path):
     "const float *x_0, const float *x_1, const float *t, float *y_0, float *y_1, float *y_2, float *c"
     in (tmp_path / "out" / "seq.h").read_text()
   )
+
+
+def embeddings_model(path):
+  """A BERT-style embedding (word and token-type tables gathered by two int64 inputs) saved at path."""
+  import numpy as np
+  from onnx import TensorProto, helper, numpy_helper, save
+
+  rng = np.random.default_rng(0)
+  tables = [("word", 30), ("types", 2)]
+  inits = [numpy_helper.from_array(rng.standard_normal((n, 8)).astype(np.float32), name) for name, n in tables]
+  g = helper.make_graph(
+    [
+      helper.make_node("Gather", ["word", "input_ids"], ["w"], name="word_embeddings"),
+      helper.make_node("Gather", ["types", "token_type_ids"], ["t"], name="token_type_embeddings"),
+      helper.make_node("Add", ["w", "t"], ["y"]),
+    ],
+    "emb",
+    [
+      helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+      for n in ("input_ids", "token_type_ids")
+    ],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    inits,
+  )
+  save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_check_draws_indices_within_the_tables_they_index(tmp_path):
+  """Seeded integers in [0, 4) were out of range for a 2-row token-type table: onnxruntime refused them and --check
+  ended in numpy's bare 'index 3 is out of bounds'. An input the artifact checks as indices stays within its axis."""
+  embeddings_model(tmp_path / "emb.onnx")
+  p = cli(
+    str(tmp_path / "emb.onnx"), "-o", str(tmp_path / "out"), "--shape", "batch=2", "--shape", "sequence=16", "--check"
+  )
+  assert p.returncode == 0, p.stderr
+  assert "check vs onnxruntime: max abs err" in p.stdout and "-> PASS" in p.stdout, p.stdout
+
+
+def test_check_input_takes_inputs_from_files_and_a_bad_one_is_named(tmp_path):
+  import numpy as np
+
+  embeddings_model(tmp_path / "emb.onnx")
+  args = [str(tmp_path / "emb.onnx"), "-o", str(tmp_path / "out"), "--shape", "batch=1", "--shape", "sequence=4"]
+  np.save(tmp_path / "ids.npy", np.array([[1, 29, -30, 5]]))
+  np.save(tmp_path / "types.npy", np.array([[0, 1, -1, 0]]))
+  p = cli(
+    *args,
+    "--check",
+    "--check-input",
+    f"input_ids={tmp_path / 'ids.npy'}",
+    "--check-input",
+    f"token_type_ids={tmp_path / 'types.npy'}",
+  )
+  assert p.returncode == 0 and "-> PASS" in p.stdout, p.stdout + p.stderr
+  # a token type of 3: the artifact refuses it first, naming the input and the position; one line, no traceback
+  np.save(tmp_path / "types.npy", np.array([[0, 1, 3, 0]]))
+  p = cli(*args, "--check", "--check-input", f"token_type_ids={tmp_path / 'types.npy'}")
+  assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+  assert p.stderr.startswith(
+    "compile-model: error: --check: the artifact refused its inputs: input 'token_type_ids'[0, 2] is 3"
+  ), p.stderr
+  assert "--check-input NAME=FILE.npy" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+  # inputs that do not fit: named
+  np.save(tmp_path / "types.npy", np.zeros((2, 4), np.int64))
+  p = cli(*args, "--check", "--check-input", f"token_type_ids={tmp_path / 'types.npy'}")
+  assert p.returncode == 1 and "token_type_ids" in p.stderr and "shape (2, 4), the input is (1, 4)" in p.stderr, (
+    p.stderr
+  )
+  p = cli(*args, "--check", "--check-input", f"segment_ids={tmp_path / 'types.npy'}")
+  assert p.returncode == 1 and "no input 'segment_ids' (inputs: input_ids, token_type_ids)" in p.stderr, p.stderr
+
+
+def test_an_input_the_reference_refuses_is_named(tmp_path):
+  """Where the artifact does not check (a GPU target only clamps), onnxruntime is the one refusing: the error names
+  the model input that reaches the node onnxruntime failed in, not only onnxruntime's message."""
+  import numpy as np
+
+  from aot import check
+
+  embeddings_model(tmp_path / "emb.onnx")
+  np.save(tmp_path / "types.npy", np.array([[0, 1, 3, 0]]))
+  with pytest.raises(check.CheckInputError) as e:
+    check._onnx_reference(
+      str(tmp_path / "emb.onnx"),
+      {"input_ids": np.zeros((1, 4), np.int64), "token_type_ids": np.load(tmp_path / "types.npy")},
+      {},
+      given={"token_type_ids"},
+    )
+  msg = str(e.value)
+  assert "onnxruntime refused input 'token_type_ids' (given) in node 'token_type_embeddings'" in msg, msg
+  assert "idx=3" in msg and "--check-input" in msg, msg
+
+
+def sigmoid_of_large_negative_logits(path):
+  """x @ W squashed into logits in [-26, -11], then Sigmoid: onnxruntime's float32 sigmoid there is off by ~1e-7, many
+  times the true values (PP-OCR detectors end this way)."""
+  import numpy as np
+  from onnx import TensorProto, helper, numpy_helper, save
+
+  w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+  inits = [
+    numpy_helper.from_array(w, "w"),
+    numpy_helper.from_array(np.full((8,), 7.5, np.float32), "half"),
+    numpy_helper.from_array(np.full((8,), -18.5, np.float32), "mid"),
+  ]
+  g = helper.make_graph(
+    [
+      helper.make_node("MatMul", ["x", "w"], ["h"]),
+      helper.make_node("Tanh", ["h"], ["t"]),
+      helper.make_node("Mul", ["t", "half"], ["u"]),
+      helper.make_node("Add", ["u", "mid"], ["logits"]),
+      helper.make_node("Sigmoid", ["logits"], ["y"]),
+    ],
+    "det",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])],
+    inits,
+  )
+  save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_check_judges_in_float64_where_onnxruntime_rounds_a_sigmoid(tmp_path):
+  """onnxruntime's own error (~7e-3 of the largest output) is not blamed on the artifact: where the two disagree, a
+  float64 evaluation of the model decides, and the line says so."""
+  sigmoid_of_large_negative_logits(tmp_path / "det.onnx")
+  p = cli(str(tmp_path / "det.onnx"), "-o", str(tmp_path / "out"), "--check")
+  assert p.returncode == 0, p.stdout + p.stderr
+  line = p.stdout.strip().splitlines()[-1]
+  assert line.startswith("check vs onnxruntime: ") and "(they disagree)" in line, line
+  assert "vs float64 evaluation (onnxruntime on a float64 copy of the model)" in line and "-> PASS" in line, line
+  own = float(re.search(r"the float32 reference's own max rel err: ([0-9.e+-]+)", line).group(1))
+  assert own > 1e-3, line  # onnxruntime's sigmoid really is off here: the test exercises the case
+
+
+def test_check_still_fails_a_wrong_artifact_judged_in_float64(monkeypatch, capsys, tmp_path):
+  from conftest import corrupt_weights
+
+  import aot
+  from aot import cli as cli_module
+
+  compile_model = aot.compile_model
+
+  def damaged(*a, **kw):
+    art = compile_model(*a, **kw)
+    corrupt_weights(art)
+    return art
+
+  sigmoid_of_large_negative_logits(tmp_path / "det.onnx")
+  monkeypatch.setattr(aot, "compile_model", damaged)
+  assert cli_module.main([str(tmp_path / "det.onnx"), "-o", str(tmp_path / "out"), "--check"]) == 1
+  line = capsys.readouterr().out.strip().splitlines()[-1]
+  assert "vs float64 evaluation" in line and "-> FAIL" in line, line
