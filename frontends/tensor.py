@@ -298,7 +298,11 @@ class Tensor(TensorNN):
     return self._unary(Ops.TRUNC) if self.dtype.is_float else self
 
   def sign(self):
-    return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
+    if self.dtype == dtypes.bool:
+      return self
+    s = (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+    # NaN compares false both ways; its sign is NaN (numpy, onnxruntime, onnx.reference)
+    return (self != self).where(self, s) if self.dtype.is_float else s
 
   def isnan(self):
     return self != self
