@@ -150,3 +150,24 @@ def test_tensor_floor_division_and_remainder_on_signed_integers(target, tmp_path
       out = next(got)
       bad = [(x, y, g, w) for x, y, g, w in zip(a, b, out, reference(kind, a, b)) if g != w]
       assert not bad, f"{target} a {what} b, {np.dtype(dt).name}: (a, b, got, want) {bad[:8]}"
+
+
+def test_the_fuzzer_draws_integer_div_and_mod_with_nonzero_divisors():
+  # aot/fuzz_graphs.int_division: each kind on int32/int64 operands, its divisor a Where that makes zeros ones
+  # (tests/test_fuzz.py runs such cases against onnxruntime: seed 6 on llvm has two)
+  from onnx import numpy_helper
+
+  from aot.fuzz_graphs import generate
+
+  kinds = set()
+  for i in range(96):
+    case = generate(9001, i)
+    made = {o: n for n in case.nodes for o in n.output}
+    inits = {t.name: numpy_helper.to_array(t) for t in case.inits}
+    for n in case.nodes:
+      if n.op_type in ("Div", "Mod") and n.input[1] in made and made[n.input[1]].op_type == "Where":
+        where = made[n.input[1]]
+        equal = made[where.input[0]]
+        assert equal.op_type == "Equal" and inits[equal.input[1]] == 0 and inits[where.input[1]] == 1
+        kinds.add((n.op_type, next((a.i for a in n.attribute if a.name == "fmod"), None)))
+  assert kinds == {("Div", None), ("Mod", 0), ("Mod", 1)}
