@@ -156,3 +156,30 @@ def test_tensor_float_floor_division_and_remainder_truncate_as_c(target, emulate
     # a tie of -0 and +0 in max/min may give either zero (onnxruntime's vectorised kernels do): -w never agrees
     other = w if name in ("//", "%", "sign") else -w
     assert_same_specials(f"{target}: {name}", g, w, other, exact=True)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_nan_through_max_min_reductions_and_arg_reductions_match_onnx_reference(target, tmp_path):
+  """A NaN in a row is that row's max and min and its first NaN their arg (numpy's, onnx.reference's).
+  onnxruntime is not the reference here: its ReduceMax and ArgMax skip a NaN or not by where it is ([1, nan, 3,
+  -inf] has max 3 and argmax 2; [nan, -inf, inf, 1] has max nan)."""
+  x = np.array([[1, NAN, 3, -np.inf], [np.inf, 2, NAN, NAN], [-0.0, 0.0, 5, 4], [NAN, -np.inf, np.inf, 1]], np.float32)
+  specs = [("ReduceMax", {}), ("ReduceMin", {}), ("ArgMax", {"axis": 1}), ("ArgMin", {"axis": 1}), ("Hardmax", {})]
+  nodes = [
+    helper.make_node(op, ["x", "axes"] if op.startswith("Reduce") else ["x"], [f"o{i}"], **kw)
+    for i, (op, kw) in enumerate(specs)
+  ]
+  outs = [
+    helper.make_tensor_value_info(f"o{i}", TensorProto.INT64 if op.startswith("Arg") else TensorProto.FLOAT, None)
+    for i, (op, _) in enumerate(specs)
+  ]
+  axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+  graph = helper.make_graph(nodes, "nan_reduce", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])], outs)
+  graph.initializer.append(axes)
+  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+  got = aot.load(aot.compile_model(model, out_dir=tmp_path / target, name="nan_reduce", target=target))(x)
+  for (op, _), g, w in zip(specs, got, want):
+    np.testing.assert_array_equal(g, w, err_msg=f"{target}: {op} of {x}")
