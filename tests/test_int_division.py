@@ -171,3 +171,25 @@ def test_the_fuzzer_draws_integer_div_and_mod_with_nonzero_divisors():
         assert equal.op_type == "Equal" and inits[equal.input[1]] == 0 and inits[where.input[1]] == 1
         kinds.add((n.op_type, next((a.i for a in n.attribute if a.name == "fmod"), None)))
   assert kinds == {("Div", None), ("Mod", 0), ("Mod", 1)}
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_unsigned_division_by_zero_is_zero(target, tmp_path):
+  # udiv and urem by 0 trap too; numpy's x // 0 and x % 0 on unsigned types are 0
+  unsigned = (np.uint8, np.uint16, np.uint32, np.uint64)
+  inputs = []
+  for dt in unsigned:
+    hi = int(np.iinfo(dt).max)
+    pairs = [(x, y) for x in (0, 1, 5, 200, hi, hi - 1) for y in (0, 1, 2, 7, hi)]
+    inputs += [np.array([x for x, _ in pairs], dt), np.array([y for _, y in pairs], dt)]
+
+  def fn(*xs):
+    return tuple(r for a, b in zip(xs[::2], xs[1::2]) for r in (a // b, a % b))
+
+  art = aot.compile_model(fn, inputs, out_dir=tmp_path / "art", name="unsigned_division", target=target)
+  got = iter(run_in_subprocess(art, inputs, tmp_path))
+  for a, b in zip(inputs[::2], inputs[1::2]):
+    q = [int(x) // int(y) if y else 0 for x, y in zip(a, b)]
+    r = [int(x) % int(y) if y else 0 for x, y in zip(a, b)]
+    np.testing.assert_array_equal(next(got), np.array(q, a.dtype), err_msg=f"{target} {a.dtype} //")
+    np.testing.assert_array_equal(next(got), np.array(r, a.dtype), err_msg=f"{target} {a.dtype} %")
