@@ -193,3 +193,13 @@ def test_unsigned_division_by_zero_is_zero(target, tmp_path):
     r = [int(x) % int(y) if y else 0 for x, y in zip(a, b)]
     np.testing.assert_array_equal(next(got), np.array(q, a.dtype), err_msg=f"{target} {a.dtype} //")
     np.testing.assert_array_equal(next(got), np.array(r, a.dtype), err_msg=f"{target} {a.dtype} %")
+
+
+def test_metal_source_of_integer_division_type_checks(tmp_path):
+  # the guarded divisions in Metal's spelling (char, uchar, long; build.check_metal_syntax), which cannot run here
+  xs = [np.array([1, 2], dt) for dt in (np.int8, np.int8, np.uint32, np.uint32, np.int64, np.int64)]
+  art = aot.compile_model(
+    lambda a, b, c, d, e, f: (a // b, a % b, c // d, c % d, e // f, e % f), xs, target="metal", out_dir=tmp_path / "m"
+  )
+  source = (art.dir / "src" / "kernels.metal").read_text()
+  assert "== -1 ?" in source and "(char)(0 - (uchar)" in source

@@ -183,3 +183,10 @@ def test_nan_through_max_min_reductions_and_arg_reductions_match_onnx_reference(
   got = aot.load(aot.compile_model(model, out_dir=tmp_path / target, name="nan_reduce", target=target))(x)
   for (op, _), g, w in zip(specs, got, want):
     np.testing.assert_array_equal(g, w, err_msg=f"{target}: {op} of {x}")
+
+
+def test_metal_source_of_the_same_graph_type_checks(references, tmp_path):
+  # Metal cannot run here: its kernel source, the same graph in its own spelling, is type-checked as C++ against
+  # runtime_c/aot_metal_shim.h (build.check_metal_syntax, -Werror), as compile_model does for target metal
+  art = aot.compile_model(references[0], out_dir=tmp_path / "metal", name="nan_ops", target="metal")
+  assert (art.dir / "src" / "kernels.metal").exists()
