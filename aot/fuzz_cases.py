@@ -177,6 +177,11 @@ class Builder:
     self.count += 1
     return f"{self.prefix}{hint}{self.count}"
 
+  def side_rng(self) -> np.random.Generator:
+    """A generator of the case and the nodes it has so far, apart from rng: a choice drawn from it leaves rng's
+    draws, and so every case that does not take that choice, as they were."""
+    return np.random.default_rng([self.case.seed, self.case.index, len(self.case.nodes), 29])
+
   def pick(self, seq):
     return seq[int(self.rng.integers(len(seq)))]
 

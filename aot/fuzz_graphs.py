@@ -120,6 +120,9 @@ def gen_binary(b: Builder, x: Value) -> bool:
   y = b.partner(x, kind="denominator" if op == "Div" else None)
   if b.chance(0.5):
     x, y = (y, x) if op != "Div" else (x, y)
+  side = b.side_rng()
+  if x.dtype in INTS and side.random() < INT_DIVISION_SHARE:
+    return int_division(b, x, y, side)
   shape = broadcast(x.shape, y.shape)
   if op == "Div":
     mag, grain, err = x.mag * 2, None, (lambda env, e=x.err: 2 * e(env))
@@ -134,6 +137,28 @@ def gen_binary(b: Builder, x: Value) -> bool:
     return False
   b.node(
     op, [x, y], [{"shape": shape, "dtype": x.dtype, "mag": mag, "grain": grain, "err": err, "lowp": x.lowp or y.lowp}]
+  )
+  return True
+
+
+# integer Div and Mod (fmod 0 and 1) take the place of this share of the integer binary ops: drawn from a generator of
+# their own (Builder.side_rng), so that the cases without integer binary ops stay as they were
+INT_DIVISION_SHARE = 0.4
+INT_DIVISIONS = [("Div", {}), ("Mod", {"fmod": 0}), ("Mod", {"fmod": 1})]
+
+
+def int_division(b: Builder, x: Value, y: Value, side: np.random.Generator) -> bool:
+  """x / y or x mod y on integers of either sign, the divisor's zeros made ones (onnxruntime refuses a zero divisor):
+  truncated toward zero, the divisor's sign (fmod 0) or the dividend's (fmod 1)."""
+  op, attrs = INT_DIVISIONS[int(side.integers(len(INT_DIVISIONS)))]
+  exact = {"dtype": x.dtype, "mag": 1, "grain": 0, "err": lambda env: 0.0}
+  (zero,) = b.node("Equal", [y, b.scalar(0, y.dtype)], [{**exact, "shape": y.shape, "dtype": "bool"}])
+  (d,) = b.node("Where", [zero, b.scalar(1, y.dtype), y], [{**exact, "shape": y.shape, "mag": max(y.mag, 1)}])
+  # |x / d| <= |x|; a remainder is below |d| and, fmod's, |x|
+  mag = x.mag if op == "Div" else max(x.mag, d.mag)
+  err = lambda env, ex=x.err, ey=y.err: ex(env) + ey(env)
+  b.node(
+    op, [x, d], [{"shape": broadcast(x.shape, y.shape), "dtype": x.dtype, "mag": mag, "grain": 0, "err": err}], **attrs
   )
   return True
 

@@ -8,6 +8,7 @@ import math
 from aot.codegen.linearize import (
   CORE_SPLIT,
   Piece,
+  guards_divisor,
   in_pieces,
   is_outer,
   kernel_params,
@@ -15,7 +16,7 @@ from aot.codegen.linearize import (
   reads_strided,
   widen_index,
 )
-from aot.dtype import DType, dtypes, min_value
+from aot.dtype import DType, dtypes, min_value, to_dtype
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
 
@@ -236,10 +237,28 @@ class CRenderer:
         f"({{ {u.dtype.cname} t_; {u.src[0].dtype.cname} s_ = {r(u.src[0])}; "
         f"__builtin_memcpy(&t_, &s_, sizeof t_); t_; }})"
       )
+    if guards_divisor(u):
+      return self.int_division(u.op, u.dtype, r(u.src[0]), r(u.src[1]))
+    if u.op is Ops.IDIV and u.dtype.is_float:
+      # IDIV truncates toward zero (aot/interpret.py), a float quotient too
+      return self.code_for_op[Ops.TRUNC](u.dtype, self.code_for_op[Ops.DIV](u.dtype, r(u.src[0]), r(u.src[1])))
     if u.op in self.code_for_op:
       dt = u.src[-1].dtype if u.op in GroupOp.Compare else u.dtype
       return self.code_for_op[u.op](dt, *[r(s) for s in u.src])
     raise NotImplementedError(f"C renderer: no rule for {u.op.name}")
+
+  def int_division(self, op: Ops, dt: DType, a: str, b: str) -> str:
+    """An integer a / b or a % b whose divisor may be 0 or -1 (linearize.guards_divisor): those divisors never reach
+    the division, which would trap; their results are numpy's."""
+    zero, t = self.literal(dt, 0), dt.cname
+    if op is Ops.MOD:
+      bad = f"{b} == 0 || {b} == -1" if dt.kind == "i" else f"{b} == 0"
+      return f"(({bad}) ? {zero} : ({t})({a} % {b}))"
+    if dt.kind == "u":
+      return f"({b} == 0 ? {zero} : ({t})({a} / {b}))"
+    # a / -1 is a negated in unsigned arithmetic, which wraps: MIN / -1 is MIN
+    neg = f"({t})(0 - ({to_dtype(f'uint{dt.itemsize * 8}').cname})({a}))"
+    return f"({b} == 0 ? {zero} : {b} == -1 ? {neg} : ({t})({a} / {b}))"
 
 
 KERNEL_PRELUDE = """#include <math.h>

@@ -248,6 +248,17 @@ def parallel_extent(ast: UOp) -> int:
   return next((r.size for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)
 
 
+def guards_divisor(u: UOp) -> bool:
+  """Does this integer IDIV, DIV or MOD need its divisor checked? Division by zero, and a signed minimum by -1, are
+  undefined in C and LLVM (x86 traps on both); IR defines them as numpy computes them: x / 0 and x % 0 are 0, MIN / -1
+  wraps to MIN and MIN % -1 is 0. Not for a constant divisor other than 0 and -1, nor for the index types, whose
+  divisors are sizes (positive)."""
+  if u.op not in (Ops.IDIV, Ops.DIV, Ops.MOD) or not u.dtype.is_int or u.dtype in (dtypes.index, dtypes.index64):
+    return False
+  d = u.src[1]
+  return d.op is not Ops.CONST or d.arg in (0, -1)
+
+
 def kernel_params(ast: UOp) -> list[UOp]:
   """A kernel's buffer arguments (DEFINE_GLOBALs) in slot order; its loop bounds follow them."""
   return sorted({u.slot: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.slot)

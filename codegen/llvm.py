@@ -13,7 +13,7 @@ import re
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from aot.codegen.linearize import CORE_SPLIT, in_pieces, is_outer, kernel_params, linearize, widen_index
+from aot.codegen.linearize import CORE_SPLIT, guards_divisor, in_pieces, is_outer, kernel_params, linearize, widen_index
 from aot.dtype import DType, dtypes
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
@@ -196,6 +196,20 @@ class LLVMRenderer:
       c = b.icmp_signed(">" if is_max else "<", x, y)
     return b.select(c, x, y)
 
+  def int_division(self, b, op: Ops, dt: DType, x, y):
+    """An integer x / y or x % y whose divisor may be 0 or -1 (linearize.guards_divisor): the division sees 1 instead
+    (sdiv and udiv by 0, and sdiv of MIN by -1, are undefined and trap on x86), the results are numpy's."""
+    signed, zero = dt.kind == "i", self.const(dt, 0)
+    by_zero = b.icmp_unsigned("==", y, zero)
+    by_minus_one = b.icmp_unsigned("==", y, self.const(dt, -1)) if signed else None
+    safe = b.select(b.or_(by_zero, by_minus_one) if signed else by_zero, self.const(dt, 1), y)
+    q = getattr(b, INT_SIGNED[op][not signed])(x, safe)
+    if op is Ops.MOD:
+      return q  # x % 1: 0, which x % 0 and x % -1 are
+    if signed:
+      q = b.select(by_minus_one, b.neg(x), q)  # a negation wraps: MIN / -1 is MIN
+    return b.select(by_zero, zero, q)
+
   def cast(self, b, x, src: DType, dst: DType):
     fs, ft = ltype(src), ltype(dst)
     if src == dst:
@@ -272,6 +286,8 @@ class LLVMRenderer:
       if op is Ops.IDIV:
         return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
       return self._math(b, op, dt, *xs)
+    if guards_divisor(u):
+      return self.int_division(b, op, dt, *xs)
     unsigned = dt.kind in "ub"
     # index arithmetic never wraps (a kernel where it could in 32 bits indexes in 64: linearize.widen_index): saying
     # so lets LLVM see consecutive addresses

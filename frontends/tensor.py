@@ -152,9 +152,12 @@ class Tensor(TensorNN):
     return self._float()._binary(Ops.DIV, o, True) if not isinstance(o, Tensor) else o.div(self)
 
   def __floordiv__(self, o):
+    """C's division, not Python's: the quotient truncated toward zero (floats too). x // 0 is 0 for integers and
+    MIN // -1 wraps to MIN, as numpy gives them (docs/ARCHITECTURE.md)."""
     return self._binary(Ops.IDIV, o)
 
   def __mod__(self, o):
+    """C's remainder (fmod), not Python's: the dividend's sign. x % 0 and MIN % -1 are 0 for integers."""
     return self._binary(Ops.MOD, o)
 
   def __pow__(self, o):
@@ -298,7 +301,11 @@ class Tensor(TensorNN):
     return self._unary(Ops.TRUNC) if self.dtype.is_float else self
 
   def sign(self):
-    return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
+    if self.dtype == dtypes.bool:
+      return self
+    s = (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+    # NaN compares false both ways; its sign is NaN (numpy, onnxruntime, onnx.reference)
+    return (self != self).where(self, s) if self.dtype.is_float else s
 
   def isnan(self):
     return self != self

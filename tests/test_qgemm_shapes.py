@@ -98,3 +98,54 @@ def test_requantized(lib, M, N, K, out_dtype, out_zero):
     got = [run(lib, a, w, -9, bias, scale, out_zero, out_dtype, t, conv_layout) for t in (1, 2)]
     np.testing.assert_array_equal(got[0], want)
     assert got[1].tobytes() == got[0].tobytes()
+
+
+def ties(acc: np.ndarray, scale: np.ndarray, out_zero: int, out_dtype) -> dict[str, int]:
+  """How many exact products acc * scale lie halfway between integers and come out inside the output's range, by their
+  sign and by which way half to even takes them (down to an even n from n + 0.5, or up to one)."""
+  exact = acc.astype(np.float64) * scale.astype(np.float64)
+  half = (exact - np.floor(exact)) == 0.5
+  info = np.iinfo(out_dtype)
+  inside = (np.floor(exact) + out_zero >= info.min) & (np.ceil(exact) + out_zero <= info.max)
+  down = np.floor(exact) % 2 == 0
+  t = half & inside
+  return {
+    "positive, down": int(np.sum(t & (exact > 0) & down)),
+    "positive, up": int(np.sum(t & (exact > 0) & ~down)),
+    "negative, down": int(np.sum(t & (exact < 0) & down)),
+    "negative, up": int(np.sum(t & (exact < 0) & ~down)),
+  }
+
+
+@pytest.mark.parametrize("M,N,K", [(37, 45, 19), (49, 70, 147), (16, 16, 4)])
+@pytest.mark.parametrize("out_dtype,out_zero", [(np.uint8, 131), (np.int8, -5)])
+@pytest.mark.parametrize("scales", ["below_one", "with_big", "one"])
+def test_requantized_ties_round_half_to_even(lib, M, N, K, out_dtype, out_zero, scales):
+  """Power-of-two scales make products exactly halfway between integers, of both signs, on both sides of an even
+  number: each build's requantization (AVX-512's conversion, with and without its clamp; AVX2's; SSE2's rintf; gcc's)
+  rounds them to even, as np.rint does, in both C layouts. with_big: a scale of 4 among them (the clamped path);
+  one: a single scale for every column."""
+  rng = np.random.default_rng(M + N + K)
+  a = rng.integers(-128, 128, (M, K)).astype(np.int8)
+  w = rng.integers(-3, 4, (K, N)).astype(np.int8)
+  bias = rng.integers(-40, 41, N).astype(np.int32)
+  acc = reference(a, w, -7, bias)
+  powers = {"below_one": [2.0**-k for k in (1, 2, 3, 4)], "with_big": [0.5, 0.25, 4.0], "one": [0.5]}[scales]
+  scale = np.array([powers[n % len(powers)] for n in range(1 if scales == "one" else N)], np.float32)
+  # sums near zero, so that the halves fall inside the output's range: the mean of each column taken away by bias
+  bias = (bias - np.round(acc.mean(axis=0))).astype(np.int32)
+  acc = reference(a, w, -7, bias)
+  count = ties(acc, np.broadcast_to(scale, (N,)), out_zero, out_dtype)
+  assert min(count.values()) >= 5, f"too few ties to test: {count}"
+  info = np.iinfo(out_dtype)
+  # the products are exact in float32 and float64 alike (a power of two times an integer below 2^24)
+  want = np.clip(np.rint(acc.astype(np.float64) * scale) + out_zero, info.min, info.max).astype(out_dtype)
+  for conv_layout in (False, True):
+    for threads in (1, 2):
+      got = run(lib, a, w, -7, bias, scale, out_zero, out_dtype, threads, conv_layout)
+      wrong = np.argwhere(got != want)
+      assert not wrong.size, (
+        f"{len(wrong)} of {want.size} wrong (conv_layout {conv_layout}), first at {tuple(wrong[0])}: "
+        f"{acc[tuple(wrong[0])]} * {np.broadcast_to(scale, (N,))[wrong[0][1]]} gave {got[tuple(wrong[0])]}, "
+        f"np.rint {want[tuple(wrong[0])]}"
+      )
