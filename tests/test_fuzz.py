@@ -164,3 +164,40 @@ def test_found_an_upcast_lane_that_reads_only_padding(tmp_path):
   x = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
   got, want = _ort_and_aot(model, {"x": x}, tmp_path)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_found_a_padding_only_lane_read_after_its_sums(tmp_path, target):
+  """seed 4242 case 704: in this grouped, dilated, strided ConvTranspose one unrolled lane of the output loop reads
+  only padding, so its sum varies in fewer loops than the lanes' shared reduction nest; the division by a runtime
+  scalar reading it was placed by its own loops, before the nest had run (KeyError on an ACCUMULATE while rendering)."""
+  import onnxruntime as ort
+  from onnx import helper
+
+  import aot
+
+  rng = np.random.default_rng(0)
+  conv = helper.make_node(
+    "ConvTranspose",
+    ["x", "w"],
+    ["t"],
+    dilations=[2, 1],
+    group=8,
+    kernel_shape=[2, 2],
+    pads=[0, 1, 1, 0],
+    strides=[2, 1],
+  )
+  inputs = [
+    helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 8, 15]),
+    helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, []),
+  ]
+  model = _model(
+    [conv, helper.make_node("Div", ["t", "s"], ["y"])],
+    inputs,
+    {"w": rng.standard_normal((8, 3, 2, 2)).astype(np.float32)},
+  )
+  feeds = {"x": rng.standard_normal((1, 8, 8, 15)).astype(np.float32), "s": np.asarray(1.5, np.float32)}
+  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+  art = aot.compile_model(model, target=target, out_dir=tmp_path / "m")
+  got = aot.load(art, threads=1)(feeds["x"], feeds["s"])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
