@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
   import aot
-  from aot.compiler import TARGETS, render, resolve
+  from aot.compiler import TARGETS, bugs_as_internal_errors, render, resolve
+  from aot.errors import working_on
 
   # checked here rather than by argparse: an unknown target is one line and exit 1, like a missing toolchain
   if args.target not in TARGETS:
@@ -172,12 +173,17 @@ def _run(args) -> int:
   shapes, bind = _pins(args.shape, "--shape", _dims), _pins(args.bind, "--bind", _number)
   out = Path(args.out)
   if args.emit in ("graph", "kernels", "source"):
-    traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
-    if args.emit == "graph":
-      print(_graph_text(traced.outputs))
-      return 0
-    sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-    srcs = render(traced.name, sched, args.target, args.cpu, args.triple)
+    # the stages compile_model runs, as far as --emit asks: a bug in them is an InternalError saying where, as there
+    with bugs_as_internal_errors():
+      with working_on("while tracing the model"):
+        traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
+      if args.emit == "graph":
+        print(_graph_text(traced.outputs))
+        return 0
+      with working_on("while scheduling"):
+        sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+      with working_on(f"while rendering the kernels for target {args.target}"):
+        srcs = render(traced.name, sched, args.target, args.cpu, args.triple)
     files, infos, arena = srcs.files, srcs.kernels, srcs.arena
     if args.emit == "kernels":
       print(f"{traced.name}: {len(infos)} kernels, arena {arena} bytes")

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -40,6 +41,7 @@ from aot.codegen.opt import optimize
 from aot.codegen.qpool import lower_qpool
 from aot.codegen.quant import lower_qgemm, narrow_int8_producers
 from aot.dtype import dtypes, to_dtype
+from aot.errors import BUG_REPORT, AotError, InternalError, InvalidTypeError, InvalidValueError, places_of, working_on
 from aot.frontends.tensor import Tensor
 from aot.ir import Ops, UOp, release_mapped_pages
 from aot.kernel import Buffer, Kernel, Schedule, Traced
@@ -80,7 +82,7 @@ def _input_specs(example_inputs) -> list[tuple[tuple, object]]:
     elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (tuple, list)):
       specs.append((tuple(x[0]), to_dtype(x[1])))
     else:
-      raise TypeError(f"example input {i}: expected a numpy array or (shape, dtype), got {type(x).__name__}")
+      raise InvalidTypeError(f"example input {i}: expected a numpy array or (shape, dtype), got {type(x).__name__}")
   return specs
 
 
@@ -94,13 +96,15 @@ def trace(fn: Callable, example_inputs: Sequence, name: str | None = None) -> Tr
   positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
   varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
   if params and not varargs and len(positional) < len(specs):
-    raise TypeError(f"{getattr(fn, '__name__', fn)} takes {len(positional)} inputs, {len(specs)} example inputs given")
+    raise InvalidTypeError(
+      f"{getattr(fn, '__name__', fn)} takes {len(positional)} inputs, {len(specs)} example inputs given"
+    )
   names = [positional[i] if i < len(positional) else f"input{i}" for i in range(len(specs))]
   inputs = [Tensor.input(n, shape, dt) for n, (shape, dt) in zip(names, specs)]
   out = fn(*inputs)
   outs = [out] if isinstance(out, Tensor) else list(out)
   if not outs or not all(isinstance(o, Tensor) for o in outs):
-    raise TypeError(f"{getattr(fn, '__name__', fn)} must return a Tensor or a tuple of Tensors")
+    raise InvalidTypeError(f"{getattr(fn, '__name__', fn)} must return a Tensor or a tuple of Tensors")
   return Traced(c_name(name or getattr(fn, "__name__", "model")), [o.uop for o in outs], [t.uop for t in inputs])
 
 
@@ -118,9 +122,9 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
     return trace(model.forward, [(shape, dt) for _, shape, dt in model.inputs], name or model.name)
   if callable(what):
     if example_inputs is None:
-      raise TypeError("compile_model(fn, example_inputs): example_inputs are needed to trace fn")
+      raise InvalidTypeError("compile_model(fn, example_inputs): example_inputs are needed to trace fn")
     return trace(what, example_inputs, name)
-  raise TypeError(f"cannot compile {what!r}: expected a Tensor program or 'models:NAME'")
+  raise InvalidTypeError(f"cannot compile {what!r}: expected a Tensor program or 'models:NAME'")
 
 
 def _is_onnx(what) -> bool:
@@ -129,9 +133,11 @@ def _is_onnx(what) -> bool:
   return type(what).__name__ == "ModelProto"
 
 
-def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
-  """The kernel source files: C files of KERNELS_PER_FILE kernels each (compiled in parallel), or one LLVM module."""
+def render_kernels(target: str, functions: dict[UOp, str], places: dict[str, str] | None = None) -> dict[str, str]:
+  """The kernel source files: C files of KERNELS_PER_FILE kernels each (compiled in parallel), or one LLVM module.
+  places: where each function comes from, by name (function_places), for the error a bug rendering it becomes."""
   items = list(functions.items())
+  places = places or {}
   if target == "llvm":
     from llvmlite import ir
 
@@ -140,15 +146,17 @@ def render_kernels(target: str, functions: dict[UOp, str]) -> dict[str, str]:
     module = ir.Module(name="kernels")
     llr = LLVMRenderer(module)
     for ast, fn in items:
-      llr.render_kernel(fn, ast)
+      with working_on(places.get(fn, f"in function {fn}")):
+        llr.render_kernel(fn, ast)
     return {"kernels.ll": module_text(module)}
   renderer = CRenderer()
+  texts = []
+  for ast, fn in items:
+    with working_on(places.get(fn, f"in function {fn}")):
+      texts.append(renderer.render_kernel(fn, ast))
   return {
-    f"kernels{i // KERNELS_PER_FILE}.c": KERNEL_PRELUDE
-    + "\n"
-    + "\n\n".join(renderer.render_kernel(fn, ast) for ast, fn in items[i : i + KERNELS_PER_FILE])
-    + "\n"
-    for i in range(0, len(items), KERNELS_PER_FILE)
+    f"kernels{i // KERNELS_PER_FILE}.c": KERNEL_PRELUDE + "\n" + "\n\n".join(texts[i : i + KERNELS_PER_FILE]) + "\n"
+    for i in range(0, len(texts), KERNELS_PER_FILE)
   }
 
 
@@ -190,6 +198,23 @@ def function_name(name: str, i: int) -> str:
   return f"{name}_f{i}"
 
 
+def kernel_place(k: Kernel) -> str:
+  """A kernel, for the InternalError a bug compiling it becomes (working_on): its name, and the model output it
+  writes if it writes one."""
+  return f"in kernel {k.name}" + (f" (writing output '{k.out.name}')" if k.out.kind == "output" else "")
+
+
+def function_places(name: str, sched: Schedule, functions: Sequence[str]) -> dict[str, str]:
+  """Each generated function's place (working_on): the function, and the kernel whose work it does (its name starts
+  with function_name(name, i) of kernel i: NAME_f3, NAME_f3_slice1, NAME_f3_dense0a)."""
+  places = {}
+  for fn in functions:
+    m = re.match(re.escape(name) + r"_f(\d+)", fn)
+    k = sched.kernels[int(m.group(1))] if m and int(m.group(1)) < len(sched.kernels) else None
+    places[fn] = f"in function {fn}" + (f" of kernel {kernel_place(k).removeprefix('in kernel ')}" if k else "")
+  return places
+
+
 def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
   """Close the weights file; above WEIGHTS_INLINE_MAX it is NAME.weights beside the library, checked at create."""
   weights.close()
@@ -205,9 +230,9 @@ def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
 def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights: WeightsWriter) -> Sources:
   """The schedule's kernels one launch each (codegen/gpu.py), over the constants as they are."""
   if emulate and target not in ("cuda", "hip"):
-    raise ValueError("emulate=True runs the CUDA or HIP kernel source on the CPU: target must be cuda or hip")
+    raise InvalidValueError("emulate=True runs the CUDA or HIP kernel source on the CPU: target must be cuda or hip")
   if target not in GPU_TARGETS:
-    raise ValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
+    raise InvalidValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
   # the GPU hosts do not read index checks back yet: a bad index is clamped there, not reported
   sched = without_checks(sched)
   arena = memory_plan(sched.kernels, sched.scratch)
@@ -220,7 +245,11 @@ def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights:
   # kernels that do the same work on different buffers share one function
   for i, k in enumerate(sched.kernels):
     functions.setdefault(k.ast, function_name(name, i))
-  launch = {ast: plan_launch(ast) for ast in functions}
+  places = function_places(name, sched, list(functions.values()))
+  launch = {}
+  for ast, fn in functions.items():
+    with working_on(places[fn]):
+      launch[ast] = plan_launch(ast)
   files = {KERNEL_SOURCE[target]: GPU_RENDERERS[target]().render_source(functions)}
   infos = [KernelInfo(k.name, functions[k.ast], k.shape) for k in sched.kernels]
   launches = [(functions[k.ast], k.bufs, launch[k.ast]) for k in sched.kernels]
@@ -271,34 +300,35 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
   scratch_made += made8
   producers, qgemms, qresults = {id(k.bufs[0]): k for k in narrowed}, {}, {}
   for k in narrowed:
-    # and 8-bit max pools to the runtime's pool (codegen/qpool.py)
-    if (q := lower_qgemm(k.ast, k.bufs, producers, qresults) or lower_qpool(k.ast, k.bufs)) is not None:
-      for b in q[1]:
-        if b.kind == "scratch":
-          scratch_made.append(b)
-        else:
-          weights.add(b)
-          b.data = None
-          packed.add(id(b))
-      kernels.append(Kernel(k.name, k.ast, q[0], k.shape))
-      # the kernel's own generated function: its epilogue, else A's copy; none for a bare matmul read in place
-      own = q[3] or q[2][0].dense
-      plans.append(([own] if own is not None else [], []))
-      directs.append([])
-      qgemms[k.name] = q[2:]
-      continue
-    direct = lower_depthwise(k.ast, k.bufs, make_buffer)
-    last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
-    kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
-    # a concat's epilogue runs one kernel per branch's slice; a contraction applies its own to its tiles when it can
-    pieces = split_by_slices(last, gemms)
-    fuse_epilogues(pieces, gemms)
-    plans.append((pieces, gemms))
-    directs.append(direct[2] if direct is not None else [])
-    # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
-    for b in k.bufs:
-      if b.kind == "const":
-        release_mapped_pages(b.data)
+    with working_on(kernel_place(k)):
+      # and 8-bit max pools to the runtime's pool (codegen/qpool.py)
+      if (q := lower_qgemm(k.ast, k.bufs, producers, qresults) or lower_qpool(k.ast, k.bufs)) is not None:
+        for b in q[1]:
+          if b.kind == "scratch":
+            scratch_made.append(b)
+          else:
+            weights.add(b)
+            b.data = None
+            packed.add(id(b))
+        kernels.append(Kernel(k.name, k.ast, q[0], k.shape))
+        # the kernel's own generated function: its epilogue, else A's copy; none for a bare matmul read in place
+        own = q[3] or q[2][0].dense
+        plans.append(([own] if own is not None else [], []))
+        directs.append([])
+        qgemms[k.name] = q[2:]
+        continue
+      direct = lower_depthwise(k.ast, k.bufs, make_buffer)
+      last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
+      kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
+      # a concat's epilogue runs one kernel per branch's slice; a contraction applies its own to its tiles when it can
+      pieces = split_by_slices(last, gemms)
+      fuse_epilogues(pieces, gemms)
+      plans.append((pieces, gemms))
+      directs.append(direct[2] if direct is not None else [])
+      # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
+      for b in k.bufs:
+        if b.kind == "const":
+          release_mapped_pages(b.data)
   return _Lowered(kernels, plans, directs, qgemms, scratch_made, packed, replaced)
 
 
@@ -355,69 +385,70 @@ def _call_list(
   # integer sums count as work too: a quantized model's are nearly all of it
   threads = sum(flop_count(k.ast, integer=True) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
   for k, (lasts, gemms), ds in zip(kernels, plans, directs):
+    with working_on(kernel_place(k)):
 
-    def call(ast: UOp, out: Buffer):
-      # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
-      ast, extent = optimized[ast], parallel_extent(optimized[ast])
-      args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
-      work = flop_count(ast, integer=True) + out.size
-      return (functions[ast], args, extent, threads and extent > 1 and work >= PARALLEL_MIN_WORK)
+      def call(ast: UOp, out: Buffer):
+        # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
+        ast, extent = optimized[ast], parallel_extent(optimized[ast])
+        args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
+        work = flop_count(ast, integer=True) + out.size
+        return (functions[ast], args, extent, threads and extent > 1 and work >= PARALLEL_MIN_WORK)
 
-    if k.name in qgemms:
-      qs, epilogue = qgemms[k.name]
-      for q in qs:
-        # a zero point computed at run time first: A's copy and the microkernel read it
-        if q.zero is not None:
-          calls.append(call(q.zero, k.bufs[q.zero_slot]))
-          notes.append((k.name, "operand", optimized[q.zero]))
-        if q.dense is not None:
-          calls.append(call(q.dense, k.bufs[q.a_slot]))
-          notes.append((k.name, "operand", optimized[q.dense]))
-        if q.im2col is not None:
-          calls.append(q.im2col.call(k.bufs, threads and q.im2col.tasks > 1 and q.M * q.K >= PARALLEL_MIN_WORK))
-          notes.append((k.name, "operand", None))
-        calls.append(q.call(k.bufs, threads and q.tasks > 1 and q.work >= PARALLEL_MIN_WORK))
-        notes.append((k.name, q.role, None))
-      if epilogue is not None:
-        calls.append(call(epilogue, k.bufs[0]))
-        notes.append((k.name, "epilogue", optimized[epilogue]))
-      continue
-    for g in gemms:
-      for o in (g.a, g.b):
-        if o.dense is not None:
-          calls.append(call(o.dense, k.bufs[o.slot]))
-          notes.append((k.name, "operand", optimized[o.dense]))
-      work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
-      pack = None
-      if g.b.pack is not None:
-        # B's panels are packed inside the gemm's tasks: the pack kernel is not a call of its own
-        ast = optimized[g.b.pack]
-        pack = (functions[ast], [(u.arg, None if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)])
-      calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK, pack, target == "c"))
-      notes.append((k.name, "contraction", None))
-    if ds:
-      # the direct kernel runs its epilogue after each task's planes when their loops agree (no slices: one epilogue)
-      (last,) = lasts
-      epilogue = None if _copies_in_place(last) else call(last, k.bufs[0])
-      for d in ds:
-        fused = epilogue is not None and d.fused and epilogue[2] == d.tasks
-        calls.append(
-          DepthwiseCall(
-            d, k.bufs, threads and d.tasks > 1 and d.work >= PARALLEL_MIN_WORK, epilogue[:2] if fused else None
+      if k.name in qgemms:
+        qs, epilogue = qgemms[k.name]
+        for q in qs:
+          # a zero point computed at run time first: A's copy and the microkernel read it
+          if q.zero is not None:
+            calls.append(call(q.zero, k.bufs[q.zero_slot]))
+            notes.append((k.name, "operand", optimized[q.zero]))
+          if q.dense is not None:
+            calls.append(call(q.dense, k.bufs[q.a_slot]))
+            notes.append((k.name, "operand", optimized[q.dense]))
+          if q.im2col is not None:
+            calls.append(q.im2col.call(k.bufs, threads and q.im2col.tasks > 1 and q.M * q.K >= PARALLEL_MIN_WORK))
+            notes.append((k.name, "operand", None))
+          calls.append(q.call(k.bufs, threads and q.tasks > 1 and q.work >= PARALLEL_MIN_WORK))
+          notes.append((k.name, q.role, None))
+        if epilogue is not None:
+          calls.append(call(epilogue, k.bufs[0]))
+          notes.append((k.name, "epilogue", optimized[epilogue]))
+        continue
+      for g in gemms:
+        for o in (g.a, g.b):
+          if o.dense is not None:
+            calls.append(call(o.dense, k.bufs[o.slot]))
+            notes.append((k.name, "operand", optimized[o.dense]))
+        work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
+        pack = None
+        if g.b.pack is not None:
+          # B's panels are packed inside the gemm's tasks: the pack kernel is not a call of its own
+          ast = optimized[g.b.pack]
+          pack = (functions[ast], [(u.arg, None if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)])
+        calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK, pack, target == "c"))
+        notes.append((k.name, "contraction", None))
+      if ds:
+        # the direct kernel runs its epilogue after each task's planes when their loops agree (no slices: one epilogue)
+        (last,) = lasts
+        epilogue = None if _copies_in_place(last) else call(last, k.bufs[0])
+        for d in ds:
+          fused = epilogue is not None and d.fused and epilogue[2] == d.tasks
+          calls.append(
+            DepthwiseCall(
+              d, k.bufs, threads and d.tasks > 1 and d.work >= PARALLEL_MIN_WORK, epilogue[:2] if fused else None
+            )
           )
-        )
-        notes.append((k.name, "depthwise", optimized[last] if fused else None))
-        if fused or epilogue is None:
-          continue
-        calls.append(epilogue)
-        notes.append((k.name, "epilogue", optimized[last]))
-      continue
-    # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the
-    # microkernel applied to its tiles (Gemm.steps), is not run
-    for last in lasts:
-      if not (gemms and (_copies_in_place(last) or any(g.epilogue is last for g in gemms))):
-        calls.append(call(last, k.bufs[0]))
-        notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
+          notes.append((k.name, "depthwise", optimized[last] if fused else None))
+          if fused or epilogue is None:
+            continue
+          calls.append(epilogue)
+          notes.append((k.name, "epilogue", optimized[last]))
+        continue
+      # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the
+      # microkernel applied to its tiles (Gemm.steps), is not run
+      for last in lasts:
+        if not (gemms and (_copies_in_place(last) or any(g.epilogue is last for g in gemms))):
+          calls.append(call(last, k.bufs[0]))
+          notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
   return calls, notes
 
 
@@ -433,9 +464,13 @@ def _render_cpu(
   _write_weights(low, weights)
   external = _finish_weights(weights)
   functions = _name_functions(name, sched, low)
-  optimized = {ast: optimize(ast) for ast in functions}
+  places = function_places(name, sched, list(functions.values()))
+  optimized = {}
+  for ast, fn in functions.items():
+    with working_on(places[fn]):
+      optimized[ast] = optimize(ast)
   functions = {optimized[ast]: fn for ast, fn in functions.items()}
-  files = render_kernels(target, functions)
+  files = render_kernels(target, functions, places)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
   infos = [
     KernelInfo(k.name, functions[optimized[lasts[0]]] if lasts else "aot_qgemm_run", k.shape)
@@ -499,80 +534,115 @@ def compile_model(
   gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers.
   profile=True (CPU targets) builds the timed variant aot/profile.py reads.
   sanitize (default: AOT_SANITIZE=1 in the environment) builds the C with AddressSanitizer and UBSan, for a program
-  that is itself built with -fsanitize=address,undefined (or runs with the ASan runtime preloaded)."""
+  that is itself built with -fsanitize=address,undefined (or runs with the ASan runtime preloaded).
+  A bug of ours on the way is an InternalError naming where it happened (bugs_as_internal_errors)."""
   if target not in TARGETS:
-    raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
-  if profile and (target in GPU_TARGETS or emulate):
-    raise ValueError(f"profile is for the CPU targets (c, llvm), not {target}{' emulation' if emulate else ''}")
+    raise InvalidValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+  gpu = target in GPU_TARGETS or emulate
+  if profile and gpu:
+    raise InvalidValueError(f"profile is for the CPU targets (c, llvm), not {target}{' emulation' if emulate else ''}")
+  if gpu and triple:
+    raise InvalidValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
   if sanitize is None:
     sanitize = os.environ.get("AOT_SANITIZE", "") not in ("", "0")
+  if gpu and sanitize:
+    raise InvalidValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
   t0 = time.perf_counter()
   say = progress or (lambda s: None)
-  traced = resolve(what, example_inputs, name, shapes, bind)
-  sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-  sched.formats = traced.formats or {}
-  sched.containers = traced.containers or []
-  gpu = target in GPU_TARGETS or emulate
-  if gpu:
-    sched = without_checks(sched)
-  say(f"scheduled {len(sched.kernels)} kernels")
-  if gpu and triple:
-    raise ValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
-  if gpu and sanitize:
-    raise ValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
-  out, stage = make_stage(traced.name, out_dir)
+  # a Tensor program is the user's code, run here: what it raises is its own, not a bug of the compiler's
+  traced = resolve(what, example_inputs, name, shapes, bind) if callable(what) else None
+  with bugs_as_internal_errors():
+    if traced is None:
+      with working_on("while tracing the model"):
+        traced = resolve(what, example_inputs, name, shapes, bind)
+    with working_on("while scheduling"):
+      sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+    sched.formats = traced.formats or {}
+    sched.containers = traced.containers or []
+    if gpu:
+      sched = without_checks(sched)
+    say(f"scheduled {len(sched.kernels)} kernels")
+    out, stage = make_stage(traced.name, out_dir)
+    try:
+      with working_on(f"while rendering the kernels for target {target}"):
+        srcs = render(traced.name, sched, target, cpu, triple, profile, emulate, WeightsWriter(stage / "weights.part"))
+      if not gpu:
+        say(f"rendered {len(srcs.kernels)} kernels")
+      with working_on(f"while building lib{traced.name}.so"):
+        _build(traced.name, stage, srcs, target, cpu, triple, offload_arch, emulate, cache, sanitize, say)
+      with working_on("while writing the artifact"):
+        shutil.copyfile(stage / "src" / f"{traced.name}.h", stage / f"{traced.name}.h")
+        manifest = gpu_manifest(target, emulate, srcs.launches, offload_arch) if gpu else None
+        write_manifest(
+          stage / f"{traced.name}.json",
+          traced.name,
+          target,
+          cpu,
+          triple,
+          sched,
+          srcs.kernels,
+          srcs.arena,
+          srcs.arena_holds,
+          srcs.weights.size,
+          time.perf_counter() - t0,
+          srcs.weights.checksum,
+          manifest,
+        )
+        install(stage, out)
+    finally:
+      shutil.rmtree(stage, ignore_errors=True)
+    return Artifact(out)
+
+
+@contextmanager
+def bugs_as_internal_errors():
+  """Where an exception from our own code while compiling becomes an InternalError (compile_model, and the CLI's
+  --emit, which runs the same stages): any that is not one of ours raised on purpose (an AotError: the user's
+  CompileError, a C compiler's BuildError, the ONNX frontend's InternalError naming its node pass as they are) nor the
+  system's (OSError: a folder that cannot be written; MemoryError). It names where the bug happened (working_on): the
+  kernel, by its name, its function and the model output it writes if any, and the stage. The IR keeps no link from
+  a kernel back to the ONNX nodes fused into it, so past the frontend a kernel is named, not a node."""
   try:
-    srcs = render(traced.name, sched, target, cpu, triple, profile, emulate, WeightsWriter(stage / "weights.part"))
-    if not gpu:
-      say(f"rendered {len(srcs.kernels)} kernels")
-    place_sources(stage, traced.name, srcs.files, srcs.weights.path)
-    src = stage / "src"
-    runtime = importlib.resources.files("aot.runtime_c")
-    for f in runtime_files(target, emulate):
-      (src / f).write_text(runtime.joinpath(f).read_text())
-    library = stage / f"lib{traced.name}.so"
-    if target == "metal":
-      check_metal_syntax(src)
-      say(
-        "checked the Metal source's syntax (clang, C++ with a metal_stdlib stand-in); build on macOS: "
-        "src/build_macos.sh"
-      )
-    elif gpu:
-      build_gpu_library(target, src, library, emulate, offload_arch, cpu, cache)
-      say(f"built lib{traced.name}.so")
-    else:
-      generated = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))]
-      sources = generated + runtime_sources_called(src, generated)
-      build_library(
-        src,
-        sources,
-        library,
-        cpu,
-        cache,
-        progress=lambda d, n: say(f"compiled {d}/{n} sources"),
-        triple=triple,
-        sanitize=sanitize,
-      )
-    shutil.copyfile(src / f"{traced.name}.h", stage / f"{traced.name}.h")
-    write_manifest(
-      stage / f"{traced.name}.json",
-      traced.name,
-      target,
-      cpu,
-      triple,
-      sched,
-      srcs.kernels,
-      srcs.arena,
-      srcs.arena_holds,
-      srcs.weights.size,
-      time.perf_counter() - t0,
-      srcs.weights.checksum,
-      gpu_manifest(target, emulate, srcs.launches, offload_arch) if gpu else None,
+    yield
+  except (AotError, OSError, MemoryError):
+    raise
+  except Exception as e:
+    where = " ".join(places_of(e)) or "while compiling"
+    lines = str(e).strip().splitlines() or [""]
+    why = lines[0] + (" ..." if len(lines) > 1 else "")
+    raise InternalError(f"internal compiler error {where}: {type(e).__name__}: {why} {BUG_REPORT}") from e
+
+
+def _build(name, stage: Path, srcs: Sources, target, cpu, triple, offload_arch, emulate, cache, sanitize, say) -> None:
+  """The sources and the runtime's files written to stage/src and built into stage/libNAME.so (a Metal source is
+  only checked: it builds on macOS)."""
+  place_sources(stage, name, srcs.files, srcs.weights.path)
+  src = stage / "src"
+  runtime = importlib.resources.files("aot.runtime_c")
+  for f in runtime_files(target, emulate):
+    (src / f).write_text(runtime.joinpath(f).read_text())
+  library = stage / f"lib{name}.so"
+  if target == "metal":
+    check_metal_syntax(src)
+    say(
+      "checked the Metal source's syntax (clang, C++ with a metal_stdlib stand-in); build on macOS: src/build_macos.sh"
     )
-    install(stage, out)
-  finally:
-    shutil.rmtree(stage, ignore_errors=True)
-  return Artifact(out)
+  elif target in GPU_TARGETS or emulate:
+    build_gpu_library(target, src, library, emulate, offload_arch, cpu, cache)
+    say(f"built lib{name}.so")
+  else:
+    generated = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))]
+    sources = generated + runtime_sources_called(src, generated)
+    build_library(
+      src,
+      sources,
+      library,
+      cpu,
+      cache,
+      progress=lambda d, n: say(f"compiled {d}/{n} sources"),
+      triple=triple,
+      sanitize=sanitize,
+    )
 
 
 def runtime_sources_called(src: Path, generated: list[str]) -> list[str]:

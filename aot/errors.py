@@ -7,6 +7,8 @@ TypeError, IndexError), so that callers catching the builtin keep working.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 class AotError(Exception):
   """Anything aot raises on purpose; any other exception escaping aot is a bug."""
@@ -55,6 +57,30 @@ class NeedsConstant(Unsupported):
 
 class InternalError(AotError):
   """A bug in the compiler (an exception from our own code while compiling one node, say), not the user's fault."""
+
+
+# what a bug's InternalError says of it, after where: the user cannot fix it by changing the model
+BUG_REPORT = "(a bug in the compiler, not in the model: please report it)"
+
+
+@contextmanager
+def working_on(place: str):
+  """Say what the code inside works on ("in kernel k3_r_1_64", "while scheduling"), for the InternalError that
+  compile_model makes of an exception escaping it: each place the exception leaves is added to its `aot_places`,
+  innermost first (places_of), so the message reads "internal compiler error in kernel ... while rendering ..."."""
+  try:
+    yield
+  except Exception as e:
+    try:
+      e.aot_places = (*places_of(e), place)
+    except (AttributeError, TypeError):  # an exception type that takes no attributes: named without the place
+      pass
+    raise
+
+
+def places_of(e: BaseException) -> tuple[str, ...]:
+  """The places (working_on) an exception was raised in, innermost first."""
+  return getattr(e, "aot_places", ())
 
 
 class BuildError(AotError):

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from aot.dtype import DType, dtypes
-from aot.errors import CompileError, InvalidValueError
+from aot.errors import CompileError, InvalidTypeError, InvalidValueError, working_on
 from aot.interpret import evaluate
 from aot.ir import BufferArg, ConstData, GroupOp, IndexCheck, Ops, UOp, file_mapping, prod
 from aot.kernel import Buffer, IndexCheckCall, Kernel, Schedule
@@ -26,11 +26,11 @@ def inline_call(c: UOp) -> UOp:
   fn, args = c.src[0], c.src[1:]
   params = {p.arg[0]: p for p in fn.toposort() if p.op is Ops.PARAM}
   if len(params) > len(args):
-    raise TypeError(f"{fn.arg}() expects {len(params)} arguments, got {len(args)}")
+    raise InvalidTypeError(f"{fn.arg}() expects {len(params)} arguments, got {len(args)}")
   for slot, p in params.items():
     a = args[slot]
     if a.shape != p.arg[1] or a.dtype != p.dtype:
-      raise TypeError(
+      raise InvalidTypeError(
         f"{fn.arg}() argument '{p.arg[2]}': body expects shape {p.arg[1]} {p.dtype.name}, "
         f"got shape {a.shape} {a.dtype.name}"
       )
@@ -371,6 +371,13 @@ def kernel_name(i: int, ast: UOp, shape) -> str:
   return f"k{i}_{kind}_" + ("_".join(str(s) for s in shape) or "1")
 
 
+def _stage_place(x: UOp, b: Buffer) -> str:
+  """A stage being lowered, for the InternalError a bug there becomes (aot/errors.py: working_on)."""
+  return f"in the kernel of the {x.op.name} of shape {x.shape}" + (
+    f" (writing output '{b.name}')" if b.kind == "output" else ""
+  )
+
+
 def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp], keep: Lowering | None = None):
   """Lower every stage reachable from the outputs, given the nodes that must be stages. A stage lowered in the round
   before (keep) is reused when none of the nodes it fused has become a stage since: lowering it again would give the
@@ -401,7 +408,8 @@ def _lower_all(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp], ke
       _, store, reads, deps[id(b)] = prev
     else:
       ctx.reads = []
-      store = lower_stage(ctx, node, b)
+      with working_on(_stage_place(node, b)):
+        store = lower_stage(ctx, node, b)
       reads = ctx.reads
       deps[id(b)] = [u.arg for u in store.toposort() if u.op is Ops.BUF and u.arg is not b]
       ctx.lowered[id(b)] = (node, store, reads, deps[id(b)])

@@ -389,6 +389,10 @@ def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
   if len(cut) != 1 or any(not g.c.bounds for g in gemms):
     return [ast]
   (r,) = cut
+  # a range the epilogue sums over (a concat's or pad's axis reduced after it) is not cut: each piece would store
+  # its part of the sum over the others', and an ACCUMULATE's ranges would become sums (fuzzer: seed 123 case 796)
+  if any(u.op is Ops.ACCUMULATE and r in u.src[1:] for u in ast.toposort()):
+    return [ast]
   edges = sorted({0, r.size} | {x for g in gemms for q, start, end in g.c.bounds for x in (start, end)})
   if len(edges) == 2:
     return [ast]

@@ -264,6 +264,31 @@ def kernel_params(ast: UOp) -> list[UOp]:
   return sorted({u.slot: u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}.values(), key=lambda u: u.slot)
 
 
+def _loop_deps(topo: list[UOp]) -> dict[UOp, frozenset]:
+  """The loops each node varies in. Accumulators over the same reduction ranges (an upcast kernel's lanes) are one
+  loop nest, placed in one block: each varies in every loop any of them does, and so does what reads it. A lane that
+  reads only padding (its summand a constant 0 times a weight) varies in fewer loops than its nest is placed in; the
+  value reading it, placed by its own loops, was emitted before the nest (a grouped, dilated, strided ConvTranspose
+  divided by a runtime scalar, found by aot/fuzz.py: seed 4242 case 704). A lane's summand may come after another
+  lane in topological order, so this repeats until nothing grows (twice, mostly)."""
+  lanes: dict[tuple, list[UOp]] = {}
+  for u in topo:
+    if u.op is Ops.ACCUMULATE:
+      lanes.setdefault(u.src[1:], []).append(u)
+  deps: dict[UOp, frozenset] = {}
+  while True:
+    before = dict(deps)
+    for u in topo:
+      if u.op is Ops.RANGE:
+        deps[u] = frozenset([u])
+      elif u.op is Ops.ACCUMULATE:
+        deps[u] = frozenset().union(*(deps.get(a.src[0], frozenset()) for a in lanes[u.src[1:]])) - frozenset(u.src[1:])
+      else:
+        deps[u] = frozenset().union(*(deps[s] for s in u.src))
+    if deps == before:
+      return deps
+
+
 def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   # the C and LLVM renderers widen such a kernel first; a target that cannot must not wrap around silently
   if needs_wide_index(ast):
@@ -272,14 +297,7 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
       "(the c and llvm targets compute such indices in 64)"
     )
   topo = ast.toposort()
-  deps: dict[UOp, frozenset] = {}
-  for u in topo:
-    if u.op is Ops.RANGE:
-      deps[u] = frozenset([u])
-    elif u.op is Ops.ACCUMULATE:
-      deps[u] = deps[u.src[0]] - frozenset(u.src[1:])
-    else:
-      deps[u] = frozenset().union(*(deps[s] for s in u.src))
+  deps = _loop_deps(topo)
 
   # the loop tree: output loops nest in order; a reduction's loops nest inside the loop its accumulator is placed in
   depth: dict = {ROOT: 0}
@@ -295,17 +313,14 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
     return max(deps[u], key=lambda r: depth[r], default=ROOT)
 
   # accumulators over the same reduction ranges (an upcast kernel's lanes) live in one block, the deepest any of them
-  # needs: the ranges are one loop nest at one depth. A lane that happens not to vary in an output loop (all its reads
-  # padding, say) placed alone outside it would open the shared nest there, around values of the other lanes that
-  # read that loop's index (found by aot/fuzz.py: a dilated, strided ConvTranspose)
-  lanes: dict[tuple, list[UOp]] = {}
-  for u in topo:
-    if u.op is Ops.ACCUMULATE:
-      lanes.setdefault(u.src[1:], []).append(u)
+  # needs (_loop_deps gives every lane the loops of all): the ranges are one loop nest at one depth. A lane that
+  # happens not to vary in an output loop (all its reads padding, say) placed alone outside it would open the shared
+  # nest there, around values of the other lanes that read that loop's index (found by aot/fuzz.py: a dilated,
+  # strided ConvTranspose)
   home: dict[tuple, object] = {}
   for u in reversed(topo):
     if u.op is Ops.ACCUMULATE and (ranges := u.src[1:]) not in home:
-      b = home[ranges] = max((place(a) for a in lanes[ranges]), key=lambda x: depth[x])
+      b = home[ranges] = place(u)
       for r in ranges:
         depth[r] = depth[b] + 1
         b = r

@@ -15,6 +15,7 @@ from llvmlite import ir
 
 from aot.codegen.linearize import CORE_SPLIT, guards_divisor, in_pieces, is_outer, kernel_params, linearize, widen_index
 from aot.dtype import DType, dtypes
+from aot.errors import InvalidValueError
 from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
 
@@ -338,7 +339,7 @@ def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native")
   triple = triple or host_triple
   if cpu == "native":
     if triple != host_triple:
-      raise ValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
+      raise InvalidValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
     cpu, features = host_cpu, host_features
   else:
     features = ""
@@ -348,7 +349,7 @@ def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native")
   try:
     target = llvm.Target.from_triple(triple)
   except RuntimeError as e:
-    raise ValueError(f"LLVM has no target for triple {triple!r}: {e}") from None
+    raise InvalidValueError(f"LLVM has no target for triple {triple!r}: {e}") from None
   tm = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
   mod = llvm.parse_assembly(ir_text)
   mod.triple, mod.data_layout = triple, str(tm.target_data)

@@ -174,10 +174,10 @@ def container_input(vi, spec, make_tensor) -> object:
     if inner.HasField("tensor_type"):
       if _is_shape(spec):
         return Optional(make_tensor(vi.name, tuple(spec), inner.tensor_type.elem_type))
-      raise ValueError(f"input '{vi.name}' is an optional tensor: give its shape, or None when it is absent")
+      raise InvalidValueError(f"input '{vi.name}' is an optional tensor: give its shape, or None when it is absent")
     t = inner
   if not t.HasField("sequence_type") or not t.sequence_type.elem_type.HasField("tensor_type"):
-    raise ValueError(
+    raise InvalidValueError(
       f"input '{vi.name}': only sequences of tensors and optionals of tensors or of sequences are supported"
     )
   if not isinstance(spec, (list, tuple)) or not all(_is_shape(e) for e in spec):
@@ -211,7 +211,7 @@ def container_output(value, name: str) -> tuple[str, list[tuple[str, Tensor]]]:
     return "sequence", [(f"{name}_{i}", t) for i, t in enumerate(value.items)]
   if isinstance(value, Tensor):
     return "tensor", [(name, value)]
-  raise ValueError(f"output '{name}' is not a tensor, a sequence of tensors nor an optional")
+  raise InvalidValueError(f"output '{name}' is not a tensor, a sequence of tensors nor an optional")
 
 
 def container_spec(value) -> object:

@@ -8,6 +8,8 @@ from typing import Callable
 
 import numpy as np
 
+from aot.errors import InvalidValueError
+
 NAMES = ("mlp", "mnist", "resnet18", "transformer")
 
 
@@ -26,5 +28,5 @@ class ReferenceModel:
 
 def get(name: str) -> ReferenceModel:
   if name not in NAMES:
-    raise ValueError(f"unknown reference model {name!r}; the bundled models are: {', '.join(NAMES)}")
+    raise InvalidValueError(f"unknown reference model {name!r}; the bundled models are: {', '.join(NAMES)}")
   return importlib.import_module(f"aot.models.{name}").build()

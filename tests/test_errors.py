@@ -3,6 +3,7 @@ CompileErrors, a bug of ours is an InternalError naming where it happened; the b
 caught."""
 
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -120,6 +121,94 @@ def test_the_cli_says_an_internal_error_is_one_in_one_line(broken_relu, tmp_path
     "out of range (a bug in the compiler, not in the model: please report it) (rerun with -v "
     "for the traceback)"
   ]
+
+
+# a bug of ours past the frontend (the renderer, as the fuzzer found: seed 4242 case 704, seed 123 case 796) names
+# the kernel, its function, the model output it writes and the stage; the IR keeps no link back to the ONNX nodes
+RENDER_BUG = (
+  r"internal compiler error in function m_f0 of kernel k0_e_2_3 \(writing output 'y'\) while rendering the kernels "
+  r"for target c: KeyError: 'r0' \(a bug in the compiler, not in the model: please report it\)"
+)
+
+
+@pytest.fixture
+def broken_renderer(monkeypatch):
+  """The C renderer with a bug in it: a KeyError from our own code (which reached the user bare)."""
+  from aot.codegen.c import CRenderer
+
+  def render_kernel(self, name, ast):
+    raise KeyError("r0")
+
+  monkeypatch.setattr(CRenderer, "render_kernel", render_kernel)
+
+
+def test_a_bug_in_the_renderer_is_an_internal_error_naming_the_kernel_and_stage(broken_renderer, tmp_path):
+  with pytest.raises(InternalError, match=f"^{RENDER_BUG}$") as e:
+    aot.compile_model(relu_model(), out_dir=tmp_path / "out", name="m")
+  assert isinstance(e.value.__cause__, KeyError)
+  # a Tensor program's kernels too, and nothing is left behind
+  with pytest.raises(InternalError, match=r"^internal compiler error in function scale_f0 of kernel k0_e_3 "):
+    aot.compile_model(lambda x: x * 2, [np.zeros(3, np.float32)], out_dir=tmp_path / "t", name="scale")
+  assert not (tmp_path / "t").exists()
+
+
+def test_a_bug_in_the_scheduler_or_the_build_names_its_stage(monkeypatch, tmp_path):
+  import aot.compiler
+  import aot.schedule
+
+  def lower_stage(ctx, x, buf):
+    return [][0]
+
+  with monkeypatch.context() as m:
+    m.setattr(aot.schedule, "lower_stage", lower_stage)
+    with pytest.raises(
+      InternalError,
+      match=r"^internal compiler error in the kernel of the \w+ of shape \(2, 3\) \(writing output 'y'\) while "
+      r"scheduling: IndexError: list index out of range \(a bug in the compiler",
+    ):
+      aot.compile_model(relu_model(), out_dir=tmp_path / "out")
+
+  def build_library(*args, **kwargs):
+    raise TypeError("an argument too many")
+
+  monkeypatch.setattr(aot.compiler, "build_library", build_library)
+  with pytest.raises(
+    InternalError, match=r"^internal compiler error while building libm\.so: TypeError: an argument too many \(a bug"
+  ):
+    aot.compile_model(relu_model(), out_dir=tmp_path / "out", name="m")
+
+
+def test_the_users_errors_and_the_systems_pass_through_unchanged(monkeypatch, tmp_path):
+  import aot.compiler
+
+  # the user's program raising is the user's own error, not the compiler's
+  with pytest.raises(ZeroDivisionError):
+    aot.compile_model(lambda x: x * (1 / 0), [np.zeros(3, np.float32)], out_dir=tmp_path / "a")
+  with pytest.raises(ValueError, match="unknown reference model 'nope'") as e:
+    aot.compile_model("models:nope", out_dir=tmp_path / "a")
+  assert isinstance(e.value, CompileError)
+  # a CompileError, a BuildError or an OSError raised past the frontend: the very same exception
+  for err in (CompileError("a dim of 0"), errors.BuildError("cc failed"), PermissionError("read-only folder")):
+
+    def render(*args, err=err, **kwargs):
+      raise err
+
+    monkeypatch.setattr(aot.compiler, "render", render)
+    with pytest.raises(type(err)) as e:
+      aot.compile_model(relu_model(), out_dir=tmp_path / "b")
+    assert e.value is err
+
+
+def test_the_cli_reports_a_bug_past_the_frontend_as_an_internal_error(broken_renderer, tmp_path, capsys):
+  import onnx
+
+  from aot import cli
+
+  onnx.save(relu_model(), tmp_path / "m.onnx")
+  for emit in ([], ["--emit", "kernels"]):
+    assert cli.main([str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out"), *emit]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(f"compile-model: error: {RENDER_BUG} \\(rerun with -v for the traceback\\)", line), line
 
 
 def test_loader_input_errors_name_the_input_and_keep_their_builtin_types(tmp_path):

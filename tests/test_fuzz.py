@@ -200,3 +200,80 @@ def test_found_an_upcast_lane_that_reads_only_padding(tmp_path):
   x = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
   got, want = _ort_and_aot(model, {"x": x}, tmp_path)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_found_a_padding_only_lane_read_after_its_sums(tmp_path, target):
+  """seed 4242 case 704: in this grouped, dilated, strided ConvTranspose one unrolled lane of the output loop reads
+  only padding, so its sum varies in fewer loops than the lanes' shared reduction nest; the division by a runtime
+  scalar reading it was placed by its own loops, before the nest had run (KeyError on an ACCUMULATE while rendering)."""
+  import onnxruntime as ort
+  from onnx import helper
+
+  import aot
+
+  rng = np.random.default_rng(0)
+  conv = helper.make_node(
+    "ConvTranspose",
+    ["x", "w"],
+    ["t"],
+    dilations=[2, 1],
+    group=8,
+    kernel_shape=[2, 2],
+    pads=[0, 1, 1, 0],
+    strides=[2, 1],
+  )
+  inputs = [
+    helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 8, 15]),
+    helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, []),
+  ]
+  model = _model(
+    [conv, helper.make_node("Div", ["t", "s"], ["y"])],
+    inputs,
+    {"w": rng.standard_normal((8, 3, 2, 2)).astype(np.float32)},
+  )
+  feeds = {"x": rng.standard_normal((1, 8, 8, 15)).astype(np.float32), "s": np.asarray(1.5, np.float32)}
+  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+  art = aot.compile_model(model, target=target, out_dir=tmp_path / "m")
+  got = aot.load(art, threads=1)(feeds["x"], feeds["s"])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _matmul_then(rng, nodes: list, inits: dict) -> onnx.ModelProto:
+  from onnx import helper
+
+  inits = {"w": rng.standard_normal((64, 64)).astype(np.float32), **inits}
+  x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [48, 64])
+  return _model([helper.make_node("MatMul", ["x", "w"], ["mm"]), *nodes], [x], inits)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@pytest.mark.parametrize("joined", ["pad", "concat"])
+def test_found_a_matmul_joined_then_summed_over_the_joined_axis(tmp_path, target, joined):
+  """seed 123 case 796 (Pad) and seed 2718 case 900 (Concat): a matmul's result padded or concatenated on an axis, then
+  reduced over that axis in the same kernel. The epilogue was cut into one piece per slice of the axis, as for a concat
+  that is stored, which made the sum's loop variable an expression ('CONST/ADD has no field of RANGE's arg')."""
+  import onnxruntime as ort
+  from onnx import helper
+
+  import aot
+
+  rng = np.random.default_rng(0)
+  axes = np.asarray([0, 1] if joined == "pad" else [0, -1], np.int64)
+  if joined == "pad":
+    pad = helper.make_node("Pad", ["mm", "pads", "", "pad_axes"], ["j"], mode="constant")
+    reduce = helper.make_node("ReduceMean", ["j", "axes"], ["y"], keepdims=1)
+    model = _matmul_then(rng, [pad, reduce], {"pads": np.asarray([1, -1]), "pad_axes": np.asarray([-1]), "axes": axes})
+  else:
+    inits = {
+      "top": rng.standard_normal((2, 64)).astype(np.float32),
+      "bottom": rng.standard_normal((1, 64)).astype(np.float32),
+      "axes": axes,
+    }
+    concat = helper.make_node("Concat", ["top", "mm", "bottom"], ["j"], axis=-2)
+    reduce = helper.make_node("ReduceMin", ["j", "axes"], ["y"], keepdims=0)
+    model = _matmul_then(rng, [concat, reduce], inits)
+  x = rng.standard_normal((48, 64)).astype(np.float32)
+  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  art = aot.compile_model(model, target=target, out_dir=tmp_path / "m")
+  np.testing.assert_allclose(aot.load(art, threads=1)(x), want, rtol=1e-4, atol=1e-4)
