@@ -361,6 +361,7 @@ def _model_struct(name: str, n: int, profile: bool, external_weights) -> str:
   float *panels;               /* PANEL_FLOATS per thread of the pool */
   char error[AOT_ERROR_CAPACITY];
   pthread_mutex_t lock;        /* held by every call that reads or writes the above: threads sharing it take turns */
+  unsigned long long id;       /* its number among the instances this process made (instance_lock_c) */
 {f"  double profile[{3 * n + 1}];{chr(10)}  int cpu, call, split;{chr(10)}" if profile else ""}}};
 {instance_lock_c(name)}
 {_profile_c(name, n) if profile else ""}{external_weights_c(name, external_weights) if external_weights else ""}\
@@ -392,6 +393,7 @@ API int {name}_create({name}_model **out) {{
   }}
   {_LOAD_WEIGHTS if external_weights else f"m->weights = {name}_weights;"}
   pthread_mutex_init(&m->lock, NULL);
+  m->id = new_instance_id();
   *out = m;
   return AOT_OK;
 }}
@@ -459,7 +461,6 @@ def _model_destroy(name: str, external_weights) -> str:
   {unmap}
   aot_arena_free(m->arena);
   pthread_mutex_destroy(&m->lock);
-  if (call_model == m) call_model = NULL;
   free(m);
 }}
 
@@ -475,21 +476,25 @@ def _model_last_error(name: str, external_weights) -> str:
 
 
 def instance_lock_c(name: str) -> str:
-  """After the instance's struct (which has error and lock): the end of every locked call, and NAME_last_error's
+  """After the instance's struct (which has error, lock and id): the end of every locked call, and NAME_last_error's
   answer. A locked call leaves its message in the instance; each thread keeps a copy of its own last call's, so that
-  threads sharing an instance read their own call's message, not one another thread's call wrote or cleared since."""
-  return f"""static _Thread_local const {name}_model *call_model;
+  threads sharing an instance read their own call's message, not one another thread's call wrote or cleared since.
+  The copy is keyed by the instance's number, not its address: an address is reused by the next instance made, and
+  one kept in thread-local storage would keep a leaked instance reachable, out of a leak checker's sight."""
+  return f"""static unsigned long long instances_made;
+static unsigned long long new_instance_id(void) {{ return __atomic_add_fetch(&instances_made, 1, __ATOMIC_RELAXED); }}
+static _Thread_local unsigned long long call_instance;
 static _Thread_local char call_error[AOT_ERROR_CAPACITY];
 
 static int unlock_with({name}_model *m, int status) {{
-  call_model = m;
+  call_instance = m->id;
   memcpy(call_error, m->error, sizeof call_error);
   pthread_mutex_unlock(&m->lock);
   return status;
 }}
 
 static const char *last_error_of(const {name}_model *m) {{
-  const char *e = m == call_model ? call_error : m->error;
+  const char *e = m->id == call_instance ? call_error : m->error;
   return e[0] ? e : "no error";
 }}
 """

@@ -86,6 +86,7 @@ def _gpu_model_struct(name: str, num_functions: int, io: int) -> str:
   aot_devptr arena, weights, io[{max(io, 1)}];  /* device memory: arena, weights, the run's inputs and outputs */
   char error[AOT_ERROR_CAPACITY];
   pthread_mutex_t lock;  /* held by every call that uses the above: threads sharing the instance take turns */
+  unsigned long long id;  /* its number among the instances this process made (instance_lock_c) */
 }};
 {instance_lock_c(name)}
 /* why the last {name}_create on this thread failed ({name}_last_error(NULL) returns it: there is no model to ask) */
@@ -102,7 +103,6 @@ def _gpu_destroy(name: str, io: int) -> str:
     aot_gpu_close(m->gpu);
   }}
   pthread_mutex_destroy(&m->lock);
-  if (call_model == m) call_model = NULL;
   free(m);
 }}"""
 
@@ -117,6 +117,7 @@ def _gpu_create(name: str, num_functions: int, io: int, external_weights: Extern
   {name}_model *m = calloc(1, sizeof *m);
   if (!m) return aot_fail(create_error, AOT_ERR_OUT_OF_MEMORY, "out of memory");
   pthread_mutex_init(&m->lock, NULL);
+  m->id = new_instance_id();
   int st = aot_gpu_open(&m->gpu, {name}_image, (size_t)({name}_image_end - {name}_image), create_error);
   for (int i = 0; st == AOT_OK && i < {num_functions}; i++) \
 st = aot_gpu_function(m->gpu, function_names[i], &m->fn[i], create_error);
