@@ -62,11 +62,11 @@ class LoadedModel:
   def _call(self):
     """The C instance, counted as in use until the block ends."""
     with self._idle:
-      if getattr(self, "_model", None) is None:
+      if (model := getattr(self, "_model", None)) is None:
         raise ModelClosedError(f"{self.artifact.name} (loaded from {self.artifact.dir}) is closed: load it again")
       self._calls += 1
     try:
-      yield self._model
+      yield model
     finally:
       with self._idle:
         self._calls -= 1
@@ -118,9 +118,10 @@ class LoadedModel:
     if idle is None:  # __init__ failed before anything was made
       return
     with idle:
+      # refuse new calls first: waiting for none to be under way while they kept coming could wait forever
+      model, self._model = getattr(self, "_model", None), None
       while self._calls:
         idle.wait()
-      model, self._model = getattr(self, "_model", None), None
     if model is not None:
       self._destroy(model)
     if getattr(self, "lib", None) is not None:

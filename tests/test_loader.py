@@ -57,13 +57,13 @@ def test_close_waits_for_the_calls_under_way(compiled_model):
   x = model.example_inputs(2)[0]
   m = aot.load(art)
   want = m(x)
-  outcomes, busy = [], threading.Barrier(CALLERS + 1)
+  outcomes, busy, stop = [], threading.Barrier(CALLERS + 1), threading.Event()
 
   def work():
     got = m(x)
     outcomes.append(np.array_equal(got, want))
     busy.wait()
-    while True:
+    while not stop.is_set():
       try:
         got = m(x)
       except ModelClosedError:
@@ -74,7 +74,12 @@ def test_close_waits_for_the_calls_under_way(compiled_model):
   for t in threads:
     t.start()
   busy.wait()  # every thread has made a call and goes on calling
-  m.close()
+  # close() in a thread of its own, so that one waiting forever (for calls that keep coming) fails the test
+  closing = threading.Thread(target=m.close, daemon=True)
+  closing.start()
+  closing.join(60)
+  stop.set()  # where close() hangs, the callers stop (so that the test can end)
+  assert not closing.is_alive(), "close() did not return while other threads kept calling"
   for t in threads:
     t.join()
   assert outcomes and all(outcomes)
