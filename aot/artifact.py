@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot.dtype import DType, Narrow, dtypes, narrow_of, to_dtype
+from aot.errors import ArtifactError
 from aot.kernel import Buffer, Schedule
 
 
@@ -87,17 +88,45 @@ class TensorInfo:
   narrow: Narrow | None = None
 
 
+# what every manifest has (the rest has defaults): a manifest without one of them is not one this loader can read
+MANIFEST_KEYS = ("name", "target", "arena_bytes", "weights_bytes", "kernels", "inputs", "outputs")
+
+
+def _manifest_path(d: Path) -> Path:
+  """The artifact's manifest: the NAME.json beside NAME.h (a profile build's folder also holds profile.json)."""
+  found = sorted(d.glob("*.json"))
+  manifests = [p for p in found if p.with_suffix(".h").exists()]
+  if len(manifests) == 1:
+    return manifests[0]
+  if not d.is_dir():
+    raise ArtifactError(f"{d} is not an artifact folder: no such folder")
+  if manifests:
+    names = ", ".join(p.name for p in manifests)
+    raise ArtifactError(f"{d} holds {len(manifests)} artifacts ({names}): compile each into its own folder")
+  # a NAME.json whose library is here, else any: the header is what is missing
+  lone = [p for p in found if (d / f"lib{p.stem}.so").exists()] or found
+  if lone:
+    raise ArtifactError(f"{d} is not a whole artifact: {lone[0].name} is there, but not {lone[0].stem}.h beside it")
+  raise ArtifactError(f"{d} is not an artifact folder: no NAME.json and NAME.h in it")
+
+
+def _read_manifest(path: Path) -> dict:
+  try:
+    m = json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ArtifactError(f"{path} is not a manifest aot can read (truncated or damaged? {e}): compile again") from None
+  missing = [k for k in MANIFEST_KEYS if not isinstance(m, dict) or k not in m]
+  if missing:
+    raise ArtifactError(f"{path} is not a manifest aot can read: no {', '.join(map(repr, missing))} in it")
+  return m
+
+
 class Artifact:
   """A compiled model on disk, described by its manifest."""
 
   def __init__(self, path):
     self.dir = Path(path)
-    # the manifest is the NAME.json beside NAME.h (a profile build's folder also holds profile.json)
-    manifests = [p for p in self.dir.glob("*.json") if p.with_suffix(".h").exists()]
-    if len(manifests) != 1:
-      raise FileNotFoundError(f"{self.dir} is not an artifact folder (expected one NAME.json)")
-    m = json.loads(manifests[0].read_text())
-    self.manifest = m
+    self.manifest = m = _read_manifest(_manifest_path(self.dir))
     self.name: str = m["name"]
     self.target: str = m["target"]
     self.arena_bytes: int = m["arena_bytes"]

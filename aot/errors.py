@@ -117,6 +117,14 @@ class InputCountError(AotError, TypeError):
   """A loaded model called with the wrong number of inputs."""
 
 
+class ArtifactError(AotError, FileNotFoundError):
+  """A folder that is not a whole artifact: a file missing, or a manifest that does not parse."""
+
+
+class ModelClosedError(AotError, ValueError):
+  """A loaded model used after its close()."""
+
+
 class KernelCountException(AotError, AssertionError):
   """The number of kernels a model compiles to changed (aot.testing.assert_kernel_count)."""
 

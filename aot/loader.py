@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
+import os
 import threading
 from pathlib import Path
 
@@ -10,19 +13,33 @@ import cffi
 import numpy as np
 
 from aot.artifact import Artifact, api_type
-from aot.errors import IndexRangeError, InputCountError, InputDtypeError, InputShapeError
+from aot.errors import (
+  ArtifactError,
+  IndexRangeError,
+  InputCountError,
+  InputDtypeError,
+  InputShapeError,
+  ModelClosedError,
+)
 
 # runtime_c/aot_runtime.h: a run given an index outside the axis it indexes
 AOT_ERR_INDEX_RANGE = 5
 
 _ffi_lock = threading.Lock()
+# numbers the hard links libraries are opened through (_open_library)
+_link_numbers = itertools.count()
+# libraries opened under their own path (where no link could be made): path -> [inode, models holding it open]
+_opened_in_place: dict[str, list[int]] = {}
 
 
 class LoadedModel:
-  """One instance of a compiled model (its own arena). Calling it checks every input's shape and dtype."""
+  """One instance of a compiled model (its own arena). Calling it checks every input's shape and dtype. Threads may
+  share it: the library runs one call on an instance at a time (NAME.h); close() waits for the calls under way."""
 
   def __init__(self, artifact: Artifact, threads: int | None = None):
     self.artifact = a = artifact
+    # the calls under way, which close() waits for: the C instance must not be destroyed under one
+    self._calls, self._idle = 0, threading.Condition()
     self.ffi = ffi = cffi.FFI()
     n = a.name
     args = [f"const {api_type(t.dtype)} *" for t in a.inputs] + [f"{api_type(t.dtype)} *" for t in a.outputs]
@@ -30,8 +47,7 @@ class LoadedModel:
       int {n}_create({n}_model **out); int {n}_run({n}_model *m, {", ".join(args)});
       int {n}_set_threads({n}_model *m, int n);
       void {n}_destroy({n}_model *m); const char *{n}_last_error(const {n}_model *m);""")
-    with _ffi_lock:
-      self.lib = ffi.dlopen(str(a.library_path))
+    self.lib, self._in_place = _open_library(ffi, a)
     self._run, self._destroy = getattr(self.lib, f"{n}_run"), getattr(self.lib, f"{n}_destroy")
     self._last_error = getattr(self.lib, f"{n}_last_error")
     out = ffi.new(f"{n}_model **")
@@ -48,8 +64,23 @@ class LoadedModel:
 
   def set_threads(self, n: int) -> None:
     """Run the kernels on n threads (results are bitwise the same for any n)."""
-    if getattr(self.lib, f"{self.artifact.name}_set_threads")(self._model, int(n)) != 0:
-      raise ValueError(self.ffi.string(self._last_error(self._model)).decode())
+    with self._call() as model:
+      if getattr(self.lib, f"{self.artifact.name}_set_threads")(model, int(n)) != 0:
+        raise ValueError(self.ffi.string(self._last_error(model)).decode())
+
+  @contextlib.contextmanager
+  def _call(self):
+    """The C instance, counted as in use until the block ends."""
+    with self._idle:
+      if (model := getattr(self, "_model", None)) is None:
+        raise ModelClosedError(f"{self.artifact.name} (loaded from {self.artifact.dir}) is closed: load it again")
+      self._calls += 1
+    try:
+      yield model
+    finally:
+      with self._idle:
+        self._calls -= 1
+        self._idle.notify_all()
 
   def __call__(self, *arrays: np.ndarray):
     a = self.artifact
@@ -78,29 +109,86 @@ class LoadedModel:
       for t in a.outputs
     ]
     ptrs = [self.ffi.cast(pt, x.ctypes.data) for pt, x in zip(self._ptr_types, ins + outs)]
-    if (status := self._run(self._model, *ptrs)) != 0:
-      why = self.ffi.string(self._last_error(self._model)).decode()
-      if status == AOT_ERR_INDEX_RANGE:
-        raise IndexRangeError(f"{a.name}_run: {why}")
-      raise RuntimeError(f"{a.name}_run failed (status {status}): {why}")
+    with self._call() as model:
+      # last_error is this thread's own call's message, whatever other threads ran on the instance since
+      if (status := self._run(model, *ptrs)) != 0:
+        why = self.ffi.string(self._last_error(model)).decode()
+        if status == AOT_ERR_INDEX_RANGE:
+          raise IndexRangeError(f"{a.name}_run: {why}")
+        raise RuntimeError(f"{a.name}_run failed (status {status}): {why}")
     outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(a.outputs, outs)]
     if a.containers:
       outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   def close(self):
-    """Destroy the instance and unload the library. Unloading matters: glibc knows a loaded library by its file's
-    inode, and a deleted artifact's inode can be reused by a new one, which dlopen would then mistake for the old."""
-    if getattr(self, "_model", None) is not None:
-      self._destroy(self._model)
-      self._model = None
+    """Destroy the instance (once the calls under way are done; a call after this is a ModelClosedError) and unload
+    the library. Unloading matters: glibc knows a loaded library by its file's inode, and a deleted artifact's inode
+    can be reused by a new one, which dlopen would then mistake for the old."""
+    idle = getattr(self, "_idle", None)
+    if idle is None:  # __init__ failed before anything was made
+      return
+    with idle:
+      # refuse new calls first: waiting for none to be under way while they kept coming could wait forever
+      model, self._model = getattr(self, "_model", None), None
+      while self._calls:
+        idle.wait()
+    if model is not None:
+      self._destroy(model)
     if getattr(self, "lib", None) is not None:
       with _ffi_lock:
         self.ffi.dlclose(self.lib)
+        if self._in_place:
+          _release_in_place(self._in_place)
       self.lib = None
 
   def __del__(self):
     self.close()
+
+
+def _open_library(ffi: cffi.FFI, a: Artifact):
+  """(the library opened, the path it was opened in place under or None). glibc's dlopen returns the library already
+  loaded under the same path, however the file changed since: after a recompile into the folder of a model still
+  loaded, dlopen(path) would run the old build's code (and crash where the new one's arguments are smaller). So it is
+  opened through a new hard link beside it (the weights file is found beside the name opened), a name never loaded
+  before: glibc then matches an already loaded library only by the file's inode, which is the same file. The link goes
+  once opened."""
+  path = a.library_path
+  if not path.exists():
+    raise ArtifactError(f"{a.dir} is not a whole artifact: {path.name} is missing")
+  link = path.with_name(f".{path.name}.{os.getpid()}.{next(_link_numbers)}")
+  try:
+    os.link(path, link)
+  except OSError:  # a folder we cannot write to, or a file system without hard links
+    return _open_in_place(ffi, path), str(path)
+  try:
+    with _ffi_lock:
+      return ffi.dlopen(str(link)), None
+  finally:
+    link.unlink(missing_ok=True)
+
+
+def _open_in_place(ffi: cffi.FFI, path: Path):
+  """dlopen(path) itself, refused when an older build of path is still loaded through it (a stale library)."""
+  key, inode = str(path), path.stat().st_ino
+  with _ffi_lock:
+    held = _opened_in_place.get(key)
+    if held and held[0] != inode:
+      raise ArtifactError(
+        f"{path} was rebuilt while {held[1]} model(s) loaded from its older build are still open, and its folder "
+        "takes no hard link to load the new one beside them: close() those models first"
+      )
+    lib = ffi.dlopen(key)
+    _opened_in_place[key] = [inode, (held[1] if held else 0) + 1]
+  return lib
+
+
+def _release_in_place(key: str) -> None:
+  """A model opened in place (_open_in_place) is closed; the caller holds _ffi_lock."""
+  held = _opened_in_place[key]
+  held[1] -= 1
+  if not held[1]:
+    del _opened_in_place[key]
 
 
 def _runs(a: Artifact, side: str) -> list[tuple[str, str | None, int, int]]:

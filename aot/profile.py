@@ -13,7 +13,6 @@ flop_count), which is more than the model needs where a kernel computes values i
 
 from __future__ import annotations
 
-import ctypes
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -168,17 +167,20 @@ def profile_artifact(
   model = aot.load(art, threads=threads)
   try:
     xs = inputs if inputs is not None else random_inputs(art.inputs, indexed=art.indexed_inputs)
-    lib = ctypes.CDLL(str(art.library_path))
-    read = getattr(lib, f"{art.name}_profile")
-    read.argtypes, read.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_int], ctypes.c_int
-    handle = int(model.ffi.cast("uintptr_t", model._model))
+    # the library the model was loaded from (by its path, dlopen could return an older build's: aot/loader.py)
+    model.ffi.cdef(
+      f"int {art.name}_profile({art.name}_model *m, double *out, int n);"
+      f"int {art.name}_profile_cpu({art.name}_model *m, int on);"
+    )
+    read = getattr(model.lib, f"{art.name}_profile")
+    handle = model._model
     if cpu:
-      getattr(lib, f"{art.name}_profile_cpu")(ctypes.c_void_p(handle), 1)
+      getattr(model.lib, f"{art.name}_profile_cpu")(handle, 1)
     # per call: wall seconds, then (after the run's) thread CPU seconds on its busiest thread and on all its threads
-    sums = (ctypes.c_double * (3 * len(infos) + 1))()
+    sums = model.ffi.new("double[]", 3 * len(infos) + 1)
     for _ in range(WARMUP_RUNS):
       model(*xs)
-    if read(handle, None, 0) != 0:
+    if read(handle, model.ffi.NULL, 0) != 0:
       raise RuntimeError(f"{art.name}_profile failed")
     runs, t0 = 0, time.perf_counter()
     while runs < MIN_RUNS or (runs < MAX_RUNS and time.perf_counter() < t0 + budget_s):

@@ -12,6 +12,7 @@ from aot.codegen.host_cpu import (
   api_args,
   external_weights_c,
   incbin_asm,
+  instance_lock_c,
   null_checks,
   render_header,
   render_model_c,
@@ -56,7 +57,9 @@ def _gpu_preamble(name: str, target: str) -> str:
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdbool.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include "aot_runtime.h"
 #include "aot_gpu.h"
 #include "{name}.h"
@@ -82,8 +85,10 @@ def _gpu_model_struct(name: str, num_functions: int, io: int) -> str:
   void *fn[{num_functions}];
   aot_devptr arena, weights, io[{max(io, 1)}];  /* device memory: arena, weights, the run's inputs and outputs */
   char error[AOT_ERROR_CAPACITY];
+  pthread_mutex_t lock;  /* held by every call that uses the above: threads sharing the instance take turns */
+  unsigned long long id;  /* its number among the instances this process made (instance_lock_c) */
 }};
-
+{instance_lock_c(name)}
 /* why the last {name}_create on this thread failed ({name}_last_error(NULL) returns it: there is no model to ask) */
 static _Thread_local char create_error[AOT_ERROR_CAPACITY];"""
 
@@ -97,6 +102,7 @@ def _gpu_destroy(name: str, io: int) -> str:
     for (int i = 0; i < {io}; i++) aot_gpu_free(m->gpu, m->io[i]);
     aot_gpu_close(m->gpu);
   }}
+  pthread_mutex_destroy(&m->lock);
   free(m);
 }}"""
 
@@ -110,6 +116,8 @@ def _gpu_create(name: str, num_functions: int, io: int, external_weights: Extern
   *out = NULL;
   {name}_model *m = calloc(1, sizeof *m);
   if (!m) return aot_fail(create_error, AOT_ERR_OUT_OF_MEMORY, "out of memory");
+  pthread_mutex_init(&m->lock, NULL);
+  m->id = new_instance_id();
   int st = aot_gpu_open(&m->gpu, {name}_image, (size_t)({name}_image_end - {name}_image), create_error);
   for (int i = 0; st == AOT_OK && i < {num_functions}; i++) \
 st = aot_gpu_function(m->gpu, function_names[i], &m->fn[i], create_error);
@@ -173,11 +181,20 @@ def _gpu_launch_all(
 
 
 def _gpu_entry(name: str, sched: Schedule, entry: str) -> str:
-  """The opening of run and run_device: the signature over the API's arguments, then the NULL checks."""
-  return f"""API int {name}_{entry}({name}_model *m, {", ".join(api_args(sched))}) {{
-  if (!m) return AOT_ERR_NULL_ARGUMENT;
+  """The opening of run's and run_device's body (run under the instance's lock): the NULL checks."""
+  return f"""static int {entry}_locked({name}_model *m, {", ".join(api_args(sched))}) {{
 {chr(10).join(null_checks(sched))}
   m->error[0] = 0;"""
+
+
+def _gpu_locked(name: str, sched: Schedule, entry: str) -> str:
+  """The entry point itself: its body under the instance's lock."""
+  ins, outs = param_names(sched)
+  return f"""API int {name}_{entry}({name}_model *m, {", ".join(api_args(sched))}) {{
+  if (!m) return AOT_ERR_NULL_ARGUMENT;
+  pthread_mutex_lock(&m->lock);
+  return unlock_with(m, {entry}_locked(m, {", ".join(ins + outs)}));
+}}"""
 
 
 def _gpu_run_device(name: str, sched: Schedule) -> str:
@@ -187,7 +204,9 @@ def _gpu_run_device(name: str, sched: Schedule) -> str:
   return f"""{_gpu_entry(name, sched, "run_device")}
   const aot_devptr io[] = {{{as_dev or "0"}}};
   return launch_all(m, io);
-}}"""
+}}
+
+{_gpu_locked(name, sched, "run_device")}"""
 
 
 def _gpu_run(name: str, sched: Schedule) -> str:
@@ -208,22 +227,25 @@ def _gpu_run(name: str, sched: Schedule) -> str:
 {chr(10).join(down)}
   (void)st;
   return AOT_OK;
-}}"""
+}}
+
+{_gpu_locked(name, sched, "run")}"""
 
 
 def _gpu_set_threads(name: str) -> str:
   return f"""/* kernels run on the GPU: the host thread count changes nothing (accepted for the common API) */
 API int {name}_set_threads({name}_model *m, int n) {{
   if (!m) return AOT_ERR_NULL_ARGUMENT;
-  if (n < 1) return aot_fail(m->error, AOT_ERR_INVALID_ARGUMENT, "the thread count must be at least 1, got %d", n);
-  return AOT_OK;
+  pthread_mutex_lock(&m->lock);
+  int st = n < 1 ? aot_fail(m->error, AOT_ERR_INVALID_ARGUMENT, "the thread count must be at least 1, got %d", n) : 0;
+  return unlock_with(m, st);
 }}"""
 
 
 def _gpu_last_error(name: str) -> str:
   return f"""API const char *{name}_last_error(const {name}_model *m) {{
   if (!m) return create_error[0] ? create_error : "the model pointer is NULL";
-  return m->error[0] ? m->error : "no error";
+  return last_error_of(m);
 }}"""
 
 
