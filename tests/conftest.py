@@ -107,6 +107,13 @@ def outputs_on_threads(art, feeds: dict, threads=(1, 3)) -> list:
   return outs
 
 
+def run_body(src: str) -> str:
+  """The generated run's body in a model.c (its kernel calls): NAME_run is a wrapper taking the instance's lock around
+  run_locked (codegen/host_cpu.py)."""
+  start = src.index("static int run_locked(")
+  return src[start : src.index("\n}\n", start)]
+
+
 def corrupt_weights(art) -> None:
   """Make an artifact wrong the way a damaged file would: the weights linked into its library (found by their bytes,
   src/weights.bin) negated in place."""

@@ -6,7 +6,7 @@ conftest.py): odd extents, so a split that lost its remainder rows would show.""
 
 import numpy as np
 import pytest
-from conftest import TARGETS, fresh_like
+from conftest import TARGETS, fresh_like, run_body
 
 import aot
 from aot.frontends.tensor import Tensor
@@ -151,21 +151,20 @@ def test_bare_product_runs_no_epilogue(tmp_path):
   # the microkernel writes a bare matmul's result in place: reading it back and storing it again would be a wasted pass
   a, b = f32(64, 96), f32(96, 80)
 
-  def run_body(fn, d):
+  def compile_run_body(fn, d):
     art = aot.compile_model(fn, [a], out_dir=tmp_path / d, target="c", name="m")
-    src = (art.dir / "src" / "model.c").read_text()
-    return art, src[src.index("API int m_run") : src.index("API int m_set_threads")]
+    return art, run_body((art.dir / "src" / "model.c").read_text())
 
-  art, body = run_body(lambda p: p @ Tensor(b), "bare")
+  art, body = compile_run_body(lambda p: p @ Tensor(b), "bare")
   assert "m_f0(" not in body and "aot_gemm_run" in body
   fresh = fresh_like(a, 1)
   close(aot.load(art)(fresh), fresh.astype(np.float64) @ b)
   # a ReLU is applied to each finished tile by the microkernel (a fused epilogue step), not by a pass of its own
-  art, body = run_body(lambda p: (p @ Tensor(b)).relu(), "relu")
+  art, body = compile_run_body(lambda p: (p @ Tensor(b)).relu(), "relu")
   assert "m_f0(" not in body and ".nsteps = 1" in body
   close(aot.load(art)(fresh), np.maximum(fresh.astype(np.float64) @ b, 0))
   # an epilogue that is no chain of steps still runs as a kernel
-  art, body = run_body(lambda p: (p @ Tensor(b)).exp(), "exp")
+  art, body = compile_run_body(lambda p: (p @ Tensor(b)).exp(), "exp")
   assert "m_f0(" in body and ".nsteps" not in body
   close(aot.load(art)(fresh), np.exp(fresh.astype(np.float64) @ b))
 
@@ -304,7 +303,7 @@ def test_concat_branches_share_one_window_copy(target, tmp_path):
   out, (x,), gemms, kernels = compiled(fn, [x], tmp_path, target, name="m")
   close(out, np.concatenate([np.maximum(conv_ref(x, w1, padding=1), 0), conv_ref(x, w2, padding=1)], 1))
   src = (tmp_path / target / "src" / "model.c").read_text()
-  body = src[src.index("API int m_run") :]
+  body = run_body(src)
   assert gemms == 2 and body.count("_dense") == 1
 
 

@@ -5,7 +5,7 @@ epilogue as a kernel pass of its own (FUSE_EPILOGUES off), and with onnxruntime;
 
 import numpy as np
 import pytest
-from conftest import TARGETS
+from conftest import TARGETS, run_body
 from test_contract import close, onnx_graph
 
 import aot
@@ -109,7 +109,7 @@ def _run(model, feeds: dict, out_dir, target: str, cpu: str) -> tuple[list[np.nd
       outs.append(m(*feeds.values()))
     finally:
       m.close()
-  return outs, src[src.index("API int m_run") : src.index("API int m_set_threads")]
+  return outs, run_body(src)
 
 
 def _calls_epilogue(body: str) -> bool:
@@ -165,7 +165,7 @@ def test_last_axis_concat_branches_write_in_place(target, tmp_path):
   model, _ = CASES["last-axis concat of matmul and matmul + bias + relu"]
   art = aot.compile_model(model, out_dir=tmp_path, target=target, name="m")
   src = (art.dir / "src" / "model.c").read_text()
-  body = src[src.index("API int m_run") : src.index("API int m_set_threads")]
+  body = run_body(src)
   assert body.count(".ldc = 85") == 2 and not _calls_epilogue(body)
   assert art.arena_bytes == 0
 
@@ -182,4 +182,4 @@ def test_unfusable_epilogue_keeps_its_pass(tmp_path):
   )
   art = aot.compile_model(model, out_dir=tmp_path, target="c", name="m")
   src = (art.dir / "src" / "model.c").read_text()
-  assert ".nsteps" not in src and _calls_epilogue(src[src.index("API int m_run") :])
+  assert ".nsteps" not in src and _calls_epilogue(run_body(src))

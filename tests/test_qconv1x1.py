@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import onnx
 import pytest
-from conftest import ort_session, outputs_on_threads
+from conftest import ort_session, outputs_on_threads, run_body
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -98,7 +98,7 @@ def test_1x1_convs_read_their_input_in_place_and_equal_onnxruntime(form, dt):
   assert np.mean((every == info.min) | (every == info.max)) < 0.5
   # no operand written by a kernel of its own (a generated copy, the runtime's im2col) for any contraction: the only
   # generated kernels are those storing each graph input as the bytes the first convolution reads
-  run = source.split(" g_run(", 1)[1].split("aot_pool_rest", 1)[0]
+  run = run_body(source).split("aot_pool_rest", 1)[0]
   generated = [c for c in run.splitlines() if c.strip().startswith(("g_f", "{ void *a[]"))]
   assert len(generated) == len(CHAINS) and all(re.search(r"\(const u?int8_t \*\)x\d\b", c) for c in generated)
   assert "aot_qim2col" not in source
