@@ -104,9 +104,10 @@ def check(art, model: str, bind: dict, quiet: bool = False, files: dict[str, str
     times.append(time.perf_counter() - t)
   tol = _check_tolerance(art.outputs)
   err, rel = _errors(got, want)
-  ok = rel <= tol and all(g.shape == np.shape(w) for g, w in zip(got, want))
+  same_shapes = all(g.shape == np.shape(w) for g, w in zip(got, want))
+  ok = rel <= tol and same_shapes
   line = f"check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e}"
-  if not ok and not model.startswith("models:") and all(g.shape == np.shape(w) for g, w in zip(got, want)):
+  if not ok and not model.startswith("models:") and same_shapes:
     # the float32 reference rounds too (onnxruntime's sigmoid of a large negative logit is off by ~1e-7, many times
     # the value): where it and we disagree, a float64 evaluation of the model says which of us is right
     line += " (they disagree)"
@@ -177,7 +178,7 @@ def _reference_evaluator(model: str, feed: dict, bind: dict, ort_error: Exceptio
   from onnx.reference import ReferenceEvaluator
 
   why = _first_line(ort_error)[:160]
-  feed = {**feed, **{k: np.asarray(v, dtype=_onnx_input_dtype(model, k)) for k, v in bind.items()}}
+  feed = _with_bind(model, feed, bind)
   try:
     want = ReferenceEvaluator(model).run(None, feed)
   except Exception as e:  # noqa: BLE001  (numpy's own errors on inputs the model cannot take)
@@ -219,9 +220,7 @@ def _float64_judgement(model: str, feed: dict, bind: dict, got, want, tol: float
   """(PASS?, what to add to the line): our outputs against a float64 evaluation of the model, and the float32
   reference's error against it."""
   try:
-    exact, how = float64_reference(
-      model, {**feed, **{k: np.asarray(v, dtype=_onnx_input_dtype(model, k)) for k, v in bind.items()}}
-    )
+    exact, how = float64_reference(model, _with_bind(model, feed, bind))
   except Exception as e:  # noqa: BLE001  (a model that has no float64 form: quantized ops, fixed-type inputs)
     return False, f"; no float64 evaluation ({type(e).__name__}: {_first_line(e)[:120]})"
   if len(exact) != len(want) or any(np.shape(e) != np.shape(w) for e, w in zip(exact, want)):
@@ -289,11 +288,14 @@ def _check_tolerance(outputs) -> float:
   return max([CHECK_RTOL] + steps)
 
 
-def _onnx_input_dtype(model: str, name: str):
+def _with_bind(model: str, feed: dict, bind: dict) -> dict:
+  """feed and the --bind values, each as its graph input's dtype (the model read once, without its weights)."""
+  if not bind:
+    return feed
   import onnx
 
-  vi = next(i for i in onnx.load(model, load_external_data=False).graph.input if i.name == name)
-  return onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+  dtypes = {i.name: i.type.tensor_type.elem_type for i in onnx.load(model, load_external_data=False).graph.input}
+  return {**feed, **{k: np.asarray(v, dtype=onnx.helper.tensor_dtype_to_np_dtype(dtypes[k])) for k, v in bind.items()}}
 
 
 _ORT_TYPES = {

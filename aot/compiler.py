@@ -559,8 +559,6 @@ def compile_model(
       sched = schedule(traced.outputs, traced.inputs, traced.output_names)
     sched.formats = traced.formats or {}
     sched.containers = traced.containers or []
-    if gpu:
-      sched = without_checks(sched)
     say(f"scheduled {len(sched.kernels)} kernels")
     out, stage = make_stage(traced.name, out_dir)
     try:
