@@ -131,12 +131,12 @@ def test_no_progress_bar_in_a_pipe_or_with_quiet(stream, flags):
   assert stream.getvalue() == ""
 
 
-def test_check_reports_fail_on_a_wrong_artifact(monkeypatch, capsys, tmp_path):
-  """--check on an artifact whose weights were damaged after it was built: FAIL and exit 1."""
+@pytest.fixture
+def damaged_builds(monkeypatch):
+  """aot.compile_model, as the CLI calls it, damages each artifact's weights after building it."""
   from conftest import corrupt_weights
 
   import aot
-  from aot import cli
 
   compile_model = aot.compile_model
 
@@ -146,6 +146,12 @@ def test_check_reports_fail_on_a_wrong_artifact(monkeypatch, capsys, tmp_path):
     return art
 
   monkeypatch.setattr(aot, "compile_model", damaged)
+
+
+def test_check_reports_fail_on_a_wrong_artifact(damaged_builds, capsys, tmp_path):
+  """--check on an artifact whose weights were damaged after it was built: FAIL and exit 1."""
+  from aot import cli
+
   assert cli.main(["models:mlp", "-o", str(tmp_path / "out"), "--check"]) == 1
   check = capsys.readouterr().out.strip().splitlines()[-1]
   assert check.startswith("check vs numpy reference: ") and "-> FAIL" in check, check
@@ -327,21 +333,10 @@ def test_check_judges_in_float64_where_onnxruntime_rounds_a_sigmoid(tmp_path):
   assert own > 1e-3, line  # onnxruntime's sigmoid really is off here: the test exercises the case
 
 
-def test_check_still_fails_a_wrong_artifact_judged_in_float64(monkeypatch, capsys, tmp_path):
-  from conftest import corrupt_weights
-
-  import aot
+def test_check_still_fails_a_wrong_artifact_judged_in_float64(damaged_builds, capsys, tmp_path):
   from aot import cli as cli_module
 
-  compile_model = aot.compile_model
-
-  def damaged(*a, **kw):
-    art = compile_model(*a, **kw)
-    corrupt_weights(art)
-    return art
-
   sigmoid_of_large_negative_logits(tmp_path / "det.onnx")
-  monkeypatch.setattr(aot, "compile_model", damaged)
   assert cli_module.main([str(tmp_path / "det.onnx"), "-o", str(tmp_path / "out"), "--check"]) == 1
   line = capsys.readouterr().out.strip().splitlines()[-1]
   assert "vs float64 evaluation" in line and "-> FAIL" in line, line
