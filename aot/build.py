@@ -128,9 +128,9 @@ def cflags(cpu: str, triple: str | None = None, sanitize: bool = False) -> list[
 # code into vectors) miscompiled one: clang 19.1 built a strided conv's fully unrolled channels, some lanes of which
 # multiply a padding tap's 0.0f, into 16-lane vectors whose padding lanes were poison, and wrong numbers came out with
 # AVX-512 (tests/test_compilers.py::test_a_strided_conv_with_padding_taps; LLVM 22, llvmlite's, gets the same IR
-# right). The kernels' loops are the loop vectoriser's: without SLP the mlp, mnist, ResNet-18 and the transformer ran
-# within 2% of their time with it. The runtime's own files keep it (aot_qgemm.c's code changes without it) and are
-# tested under each compiler
+# right). Without SLP the mlp, mnist, ResNet-18 and the float transformer run within 2% of their time with it, but
+# transformer:dynamic 1.13-1.17x and ShuffleNet 1.02-1.13x slower (clang-19, 1 thread). The runtime's own files keep
+# it (aot_qgemm.c's code changes without it) and are tested under each compiler
 KERNEL_FLAGS = {"clang": ("-fno-slp-vectorize",)}
 
 
