@@ -1,9 +1,8 @@
 """aot: an ahead-of-time model compiler. Tensor programs (and ONNX models) -> a kernel list -> libNAME.so + NAME.h."""
 
 __version__ = "0.1.0"
-from aot import testing
 from aot.compiler import compile_model
-from aot.dtype import DType, dtypes
+from aot.core.dtype import DType, dtypes
 from aot.errors import AotError, BuildError, CompileError, InternalError
 from aot.frontends.tensor import Tensor, function
 from aot.loader import load
@@ -21,3 +20,12 @@ __all__ = [
   "InternalError",
   "testing",
 ]
+
+
+def __getattr__(name: str):
+  # aot.testing (kernel-count assertions for users' tests) loads on first use: `import aot` loads no test helper
+  if name == "testing":
+    import importlib
+
+    return importlib.import_module("aot.testing")
+  raise AttributeError(f"module 'aot' has no attribute {name!r}")

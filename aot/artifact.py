@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from aot.dtype import DType, Narrow, dtypes, narrow_of, to_dtype
+from aot.core.dtype import DType, Narrow, dtypes, narrow_of, to_dtype
 from aot.errors import ArtifactError
-from aot.kernel import Buffer, Schedule
+from aot.scheduler.kernel import Buffer, Schedule
 
 
 def c_name(name: str) -> str:
@@ -142,7 +142,7 @@ class Artifact:
     self.compile_seconds: float = m.get("compile_seconds", 0.0)
     # sequence and optional inputs/outputs: runs of the tensors above that aot.load passes as one list (or None)
     self.containers: list[dict] = m.get("containers", [])
-    # model inputs that are indices (aot/ir.py IndexCheck), by name: the size of the smallest axis each indexes
+    # model inputs that are indices (aot/core/ir.py IndexCheck), by name: the size of the smallest axis each indexes
     self.indexed_inputs: dict[str, int] = m.get("indexed_inputs", {})
 
   @property
@@ -185,7 +185,7 @@ class WeightsWriter:
     """Place the constant b at the end of the blob (b.offset) and write its data there."""
     import numpy as np
 
-    from aot.memory import align_up
+    from aot.scheduler.memory import align_up
 
     b.offset = self.size
     self.size = align_up(b.offset + b.nbytes)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from aot.codegen.gpu import DEVICE_IMAGE, HOST_GLUE, KERNEL_SOURCE
+from aot.codegen.render.gpu import DEVICE_IMAGE, HOST_GLUE, KERNEL_SOURCE
 from aot.errors import BuildError, MissingToolError
 
 
@@ -222,7 +222,7 @@ def build_library(
   builds the C with AddressSanitizer and UBSan (SANITIZE_FLAGS). Returns True when the library came from the cache."""
   compiler, flags = cc(triple), cflags(cpu, triple, sanitize)
   # "native" means this machine's CPU, which a hash of the sources does not see
-  from aot.codegen.llvm import host_target
+  from aot.codegen.render.llvm import host_target
 
   flags = flags + [f"--target={triple or host_target()[0]}", f"--cpu={cpu if cpu != 'native' else host_target()[1]}"]
   # headers are part of what a source means (NAME.h holds the arena size model.c allocates)
@@ -260,7 +260,7 @@ def build_library(
       if cache and cached_o.exists():
         shutil.copyfile(cached_o, o)
       elif s.endswith(".ll"):
-        from aot.codegen.llvm import compile_module
+        from aot.codegen.render.llvm import compile_module
 
         Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
       else:
@@ -408,7 +408,7 @@ def build_gpu_library(target: str, src: Path, out: Path, emulate: bool, offload_
       return arg
 
     # "native" means this machine's CPU, which the command line does not say
-    from aot.codegen.llvm import host_target
+    from aot.codegen.render.llvm import host_target
 
     h = hashlib.sha256(json.dumps([host_target()] + [[portable(a) for a in s] for s in steps]).encode())
     for f in sorted(src.iterdir()):

@@ -51,10 +51,10 @@ class Progress:
 
 
 def _graph_text(outputs) -> str:
-  from aot.dtype import dtypes
-  from aot.ir import Ops, UOp
-  from aot.rewrite import graph_rewrite
-  from aot.schedule import pm_prepare
+  from aot.core.dtype import dtypes
+  from aot.core.ir import Ops, UOp
+  from aot.core.rewrite import graph_rewrite
+  from aot.scheduler.schedule import pm_prepare
 
   sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outputs)), pm_prepare)
   names: dict = {}
@@ -164,7 +164,7 @@ def _run(args) -> int:
   # checked here rather than by argparse: an unknown target is one line and exit 1, like a missing toolchain
   if args.target not in TARGETS:
     raise ValueError(f"unknown target {args.target!r}; available: {', '.join(TARGETS)}")
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   if not args.model.startswith("models:") and not args.model.endswith(".onnx"):
     raise ValueError(
@@ -225,7 +225,7 @@ def _run(args) -> int:
   if args.profile:
     if args.triple:
       raise ValueError("--profile runs the artifact here: it cannot profile a cross-compiled one")
-    from aot.profile import profile_and_report
+    from aot.tools.profile import profile_and_report
 
     profile_and_report(art, out / "profile.json")
   return check(art, args.model, bind, args.quiet, check_files) if args.check else 0

@@ -29,28 +29,28 @@ from aot.artifact import (
   write_manifest,
 )
 from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest
-from aot.codegen.c import KERNEL_PRELUDE, CRenderer
-from aot.codegen.contract import fuse_epilogues, gemm_tile, lower_contractions, split_by_slices
-from aot.codegen.direct import DepthwiseCall, lower_depthwise
-from aot.codegen.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch, plan_launch
-from aot.codegen.gpu import RENDERERS as GPU_RENDERERS
-from aot.codegen.host_cpu import GemmCall, render_header, render_model_c, render_weights_asm
-from aot.codegen.host_gpu import render_emulated_host, render_gpu_host
-from aot.codegen.linearize import flop_count, kernel_params, parallel_extent
-from aot.codegen.opt import optimize
-from aot.codegen.qpool import lower_qpool
-from aot.codegen.quant import lower_qgemm, narrow_int8_producers
-from aot.dtype import dtypes, to_dtype
+from aot.codegen.lower.contract import fuse_epilogues, gemm_tile, lower_contractions, split_by_slices
+from aot.codegen.lower.direct import DepthwiseCall, lower_depthwise
+from aot.codegen.lower.qpool import lower_qpool
+from aot.codegen.lower.quant import lower_qgemm, narrow_int8_producers
+from aot.codegen.render.c import KERNEL_PRELUDE, CRenderer
+from aot.codegen.render.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch, plan_launch
+from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
+from aot.codegen.render.host_cpu import GemmCall, render_header, render_model_c, render_weights_asm
+from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
+from aot.codegen.render.linearize import flop_count, kernel_params, parallel_extent
+from aot.codegen.render.opt import optimize
+from aot.core.dtype import dtypes, to_dtype
+from aot.core.ir import Ops, UOp, release_mapped_pages
+from aot.core.symbolic import linear
 from aot.errors import BUG_REPORT, AotError, InternalError, InvalidTypeError, InvalidValueError, places_of, working_on
 from aot.frontends.tensor import Tensor
-from aot.ir import Ops, UOp, release_mapped_pages
-from aot.kernel import Buffer, Kernel, Schedule, Traced
-from aot.memory import align_up, memory_plan
-from aot.profile import CALLS_FILE, calls_json, describe_calls
-from aot.schedule import schedule, without_checks
-from aot.symbolic import linear
+from aot.scheduler.kernel import Buffer, Kernel, Schedule, Traced
+from aot.scheduler.memory import align_up, memory_plan
+from aot.scheduler.schedule import schedule, without_checks
+from aot.tools.profile import CALLS_FILE, calls_json, describe_calls
 
-# the CPU targets, then the GPU ones (rendered by codegen/gpu.py, their host code by codegen/host_gpu.py)
+# the CPU targets, then the GPU ones (rendered by codegen/render/gpu.py, their host code by codegen/render/host_gpu.py)
 TARGETS = ("c", "llvm", *GPU_TARGETS)
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
 PARALLEL_MIN_WORK = 1 << 16
@@ -141,7 +141,7 @@ def render_kernels(target: str, functions: dict[UOp, str], places: dict[str, str
   if target == "llvm":
     from llvmlite import ir
 
-    from aot.codegen.llvm import LLVMRenderer, module_text
+    from aot.codegen.render.llvm import LLVMRenderer, module_text
 
     module = ir.Module(name="kernels")
     llr = LLVMRenderer(module)
@@ -186,7 +186,7 @@ def render(
   weights: WeightsWriter | None = None,
 ) -> Sources:
   """The sources of an artifact for any target. cpu, triple: what a CPU target's kernels are tuned for (the gemm
-  tile); profile: time each call (aot/profile.py, CPU targets); emulate: a CUDA or HIP build run on the CPU."""
+  tile); profile: time each call (aot/tools/profile.py, CPU targets); emulate: a CUDA or HIP build run on the CPU."""
   weights = weights or WeightsWriter(None)
   if target in GPU_TARGETS or emulate:
     return _render_gpu(name, sched, target, emulate, weights)
@@ -228,7 +228,7 @@ def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
 
 
 def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights: WeightsWriter) -> Sources:
-  """The schedule's kernels one launch each (codegen/gpu.py), over the constants as they are."""
+  """The schedule's kernels one launch each (codegen/render/gpu.py), over the constants as they are."""
   if emulate and target not in ("cuda", "hip"):
     raise InvalidValueError("emulate=True runs the CUDA or HIP kernel source on the CPU: target must be cuda or hip")
   if target not in GPU_TARGETS:
@@ -291,17 +291,18 @@ def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
     packed.add(id(b))
     return b
 
-  # contractions become the runtime's microkernel plus an epilogue kernel (codegen/contract.py)
-  # depthwise convolutions go to the runtime's direct kernel instead (codegen/direct.py); directs[i] are kernel i's
+  # contractions become the runtime's microkernel plus an epilogue kernel (codegen/lower/contract.py)
+  # depthwise convolutions go to the runtime's direct kernel instead (codegen/lower/direct.py); directs[i] are kernel
+  # i's
   kernels, plans, directs = [], [], []
-  # int8 contractions go to the runtime's int8 microkernel (codegen/quant.py), after a kernel writing their A; 8-bit
-  # values widened to int32 are stored as bytes first
+  # int8 contractions go to the runtime's int8 microkernel (codegen/lower/quant.py), after a kernel writing their A;
+  # 8-bit values widened to int32 are stored as bytes first
   narrowed, made8, replaced = narrow_int8_producers(sched.kernels)
   scratch_made += made8
   producers, qgemms, qresults = {id(k.bufs[0]): k for k in narrowed}, {}, {}
   for k in narrowed:
     with working_on(kernel_place(k)):
-      # and 8-bit max pools to the runtime's pool (codegen/qpool.py)
+      # and 8-bit max pools to the runtime's pool (codegen/lower/qpool.py)
       if (q := lower_qgemm(k.ast, k.bufs, producers, qresults) or lower_qpool(k.ast, k.bufs)) is not None:
         for b in q[1]:
           if b.kind == "scratch":
@@ -530,9 +531,9 @@ def compile_model(
   target: "c" (kernels in C, built with the system compiler) or "llvm" (kernels as LLVM IR through llvmlite).
   cpu: the CPU to compile for ("native" = this machine); triple: cross-compile for another target triple
   (e.g. "aarch64-linux-gnu"; needs that triple's gcc for the runtime and the link).
-  GPU targets "cuda", "hip", "metal" (codegen/gpu.py): offload_arch lists the AMD GPUs of a hip build (default
+  GPU targets "cuda", "hip", "metal" (codegen/render/gpu.py): offload_arch lists the AMD GPUs of a hip build (default
   gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers.
-  profile=True (CPU targets) builds the timed variant aot/profile.py reads.
+  profile=True (CPU targets) builds the timed variant aot/tools/profile.py reads.
   sanitize (default: AOT_SANITIZE=1 in the environment) builds the C with AddressSanitizer and UBSan, for a program
   that is itself built with -fsanitize=address,undefined (or runs with the ASan runtime preloaded).
   A bug of ours on the way is an InternalError naming where it happened (bugs_as_internal_errors)."""

@@ -17,7 +17,7 @@ def kernel_count(what, example_inputs=None, **kw) -> int:
   if isinstance(what, (str, Path)) and Path(what).is_dir():
     return Artifact(Path(what)).num_kernels
   from aot.compiler import resolve
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   traced = resolve(what, example_inputs, kw.get("name"))
   return len(schedule(traced.outputs, traced.inputs).kernels)

@@ -1,12 +1,13 @@
-"""Narrow storage types (aot/dtype.py: NARROW) as Tensor ops: decoding to float32, encoding from it exactly as ONNX's
-Cast says (round to nearest even, saturate on or off, each variant's NaN/Inf codes, e8m0's rounding modes), and the
-packing of the 4- and 2-bit types. Integer and bit ops only, so every target renders them as it renders any kernel."""
+"""Narrow storage types (aot/core/dtype.py: NARROW) as Tensor ops: decoding to float32, encoding from it exactly as
+ONNX's Cast says (round to nearest even, saturate on or off, each variant's NaN/Inf codes, e8m0's rounding modes), and
+the packing of the 4- and 2-bit types. Integer and bit ops only, so every target renders them as it renders any
+kernel."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from aot.dtype import Narrow, dtypes, narrow_of
+from aot.core.dtype import Narrow, dtypes, narrow_of
 from aot.errors import InvalidValueError
 from aot.frontends.tensor import Tensor
 

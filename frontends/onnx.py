@@ -14,12 +14,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from aot.dtype import NARROW, DType, Narrow, dtypes, to_dtype
+from aot.core.dtype import NARROW, DType, Narrow, dtypes, to_dtype
+from aot.core.ir import Ops
 from aot.errors import AotError, CompileError, InternalError, NeedsConstant, Unsupported
 from aot.frontends import narrow
 from aot.frontends.tensor import Tensor, function
-from aot.ir import Ops
-from aot.kernel import Traced
+from aot.scheduler.kernel import Traced
 
 # op_type (with domain prefix for non-default domains) -> [(since_version, fn)], newest first
 OPS: dict[str, list[tuple[int, Callable]]] = {}
@@ -47,7 +47,7 @@ def lookup(op_type: str, domain: str, opset: int) -> Callable | None:
 
 
 def onnx_narrow(elem_type: int) -> Narrow | None:
-  """The narrow storage type (aot/dtype.py: NARROW) an ONNX element type is, if it is one."""
+  """The narrow storage type (aot/core/dtype.py: NARROW) an ONNX element type is, if it is one."""
   name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else ""
   return next((f for f in NARROW.values() if f.onnx == name), None)
 
@@ -113,7 +113,7 @@ class Node:
 
 
 def constant_value(t: Tensor, what: str) -> np.ndarray:
-  from aot.interpret import evaluate
+  from aot.core.interpret import evaluate
 
   leaves = [
     u
@@ -127,8 +127,8 @@ def constant_value(t: Tensor, what: str) -> np.ndarray:
       f"(pin it with --bind {name}=VALUE, or use a static shape)",
       name,
     )
-  from aot.rewrite import graph_rewrite
-  from aot.schedule import pm_prepare
+  from aot.core.rewrite import graph_rewrite
+  from aot.scheduler.schedule import pm_prepare
 
   return np.asarray(evaluate(graph_rewrite(t.uop, pm_prepare)))
 
@@ -567,7 +567,7 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
   without the shapes the model declares (its outputs' and value_info: an exporter's claim, which onnxruntime too
   overrides with what it computes), a dim it infers must be the traced one."""
   # onnx's inference (1.23) keeps a ceil_mode pool's last window where it would start in the right padding;
-  # onnxruntime and onnx's own reference evaluator drop it (found by aot/fuzz.py): there it is no check
+  # onnxruntime and onnx's own reference evaluator drop it (found by aot/tools/fuzz.py): there it is no check
   if any(a.name == "ceil_mode" and a.i for g in _all_graphs(model.graph) for n in g.node for a in n.attribute):
     return
   m = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
@@ -613,7 +613,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   from aot.frontends.onnx_qdq import fuse_qdq
   from aot.frontends.onnx_skip_ln import fuse_skip_layer_norm
 
-  # QDQ groups run as onnxruntime runs them: as integer contractions (frontends/onnx_qdq.py, codegen/quant.py)
+  # QDQ groups run as onnxruntime runs them: as integer contractions (frontends/onnx_qdq.py, codegen/lower/quant.py)
   model = fuse_qdq(load_model(src), in_place=not isinstance(src, onnx.ModelProto))
   # Add + LayerNormalization as onnxruntime fuses and computes it (frontends/onnx_skip_ln.py)
   model = fuse_skip_layer_norm(model, in_place=model is not src)

@@ -6,7 +6,7 @@ onnx_ops_control.py."""
 
 from __future__ import annotations
 
-from aot.dtype import dtypes, to_dtype
+from aot.core.dtype import dtypes, to_dtype
 from aot.frontends import narrow
 from aot.frontends.onnx import Unsupported, onnx_dtype, onnx_type, op
 from aot.frontends.tensor import Tensor

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from aot.dtype import dtypes
+from aot.core.dtype import dtypes
 from aot.frontends.onnx import Unsupported, onnx_dtype, op
 from aot.frontends.onnx_ops_nn import _iota, _mm
 from aot.frontends.tensor import Tensor

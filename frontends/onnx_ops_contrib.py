@@ -4,7 +4,7 @@ opset 17. Each is written with the same Tensor ops the unfused graph would have 
 
 from __future__ import annotations
 
-from aot.dtype import dtypes
+from aot.core.dtype import dtypes
 from aot.frontends.onnx import Unsupported, onnx_dtype, op
 from aot.frontends.onnx_ops_nn import _mm, conv, layer_norm
 

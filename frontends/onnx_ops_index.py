@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aot.dtype import dtypes, max_value, min_value
+from aot.core.dtype import dtypes, max_value, min_value
 from aot.frontends.onnx import NeedsConstant, Unsupported, op
 from aot.frontends.onnx_ops_tensor import (
   _along,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aot.codegen.opt import WIDE_SUM_MIN_TERMS
-from aot.dtype import dtypes, min_value
+from aot.codegen.render.opt import WIDE_SUM_MIN_TERMS
+from aot.core.dtype import dtypes, min_value
 from aot.frontends.onnx import Unsupported, onnx_dtype, op
 from aot.frontends.tensor import Tensor
 

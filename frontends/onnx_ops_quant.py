@@ -12,14 +12,14 @@ import math
 
 import numpy as np
 
-from aot.dtype import dtypes, max_value, min_value
+from aot.core.dtype import dtypes, max_value, min_value
+from aot.core.ir import Ops
 from aot.errors import NeedsConstant
 from aot.frontends import narrow
 from aot.frontends.onnx import Unsupported, onnx_type, op
 from aot.frontends.onnx_ops_nn import _zp32, avg_pool, conv_integer
 from aot.frontends.onnx_ops_rnn import _activations, _rnn_outputs, _rnn_setup, _run_dirs, lstm_cell
 from aot.frontends.tensor import Tensor
-from aot.ir import Ops
 
 MS = "com.microsoft"
 F32 = dtypes.float32
@@ -361,7 +361,7 @@ _NARROW_INT_RANGE = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2"
 
 
 def _quantize(x, scale, zp, out_dt, saturate: bool = True):
-  """out_dt: a DType or a narrow type (aot/dtype.py: NARROW); the narrow floats round and saturate as Cast does."""
+  """out_dt: a DType or a narrow type (aot/core/dtype.py: NARROW); the narrow floats round and saturate as Cast does."""
   f = narrow.narrow_of(out_dt)
   if f is None and out_dt not in _QTYPES:
     raise Unsupported(f"quantize to {out_dt.name}")

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from aot.dtype import dtypes
+from aot.core.dtype import dtypes
 from aot.frontends.onnx import Unsupported, op
 from aot.frontends.onnx_ops_attention import _heads
 from aot.frontends.onnx_ops_nn import _conv, _f32, _reduce

@@ -9,7 +9,7 @@ import operator
 
 import numpy as np
 
-from aot.dtype import dtypes
+from aot.core.dtype import dtypes
 from aot.frontends.onnx import Unsupported, op
 from aot.frontends.onnx_ops_nn import _defaults, _f32, _iota, _reduce
 from aot.frontends.tensor import Tensor

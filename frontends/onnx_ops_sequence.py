@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aot.dtype import DType, dtypes
+from aot.core.dtype import DType, dtypes
 from aot.errors import InvalidValueError
 from aot.frontends.onnx import Unsupported, onnx_dtype, onnx_type, op
 from aot.frontends.tensor import Tensor

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import onnx
 
-from aot.dtype import dtypes
+from aot.core.dtype import dtypes
 from aot.errors import InvalidValueError
 from aot.frontends import narrow
 from aot.frontends.onnx import Unsupported, op

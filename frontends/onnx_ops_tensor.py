@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from aot.dtype import dtypes, to_dtype
+from aot.core.dtype import dtypes, to_dtype
 from aot.frontends import narrow
 from aot.frontends.onnx import NeedsConstant, Unsupported, onnx_dtype, op
 from aot.frontends.tensor import Tensor

@@ -2,8 +2,8 @@
 (frontends/onnx.py). DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear becomes QLinearConv, QLinearMatMul or
 com.microsoft's QGemm, as onnxruntime's graph optimizer fuses them, so the contraction runs in integers and is
 requantized once (float products in the dequantized form round differently); the int8 kernels themselves are
-codegen/quant.py's. Add, Mul and Softmax groups become com.microsoft's QLinearAdd, QLinearMul and QLinearSoftmax, and
-ops that only move values run on the bytes between a DequantizeLinear and a QuantizeLinear of one scale."""
+codegen/lower/quant.py's. Add, Mul and Softmax groups become com.microsoft's QLinearAdd, QLinearMul and QLinearSoftmax,
+and ops that only move values run on the bytes between a DequantizeLinear and a QuantizeLinear of one scale."""
 
 from __future__ import annotations
 

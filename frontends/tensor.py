@@ -9,10 +9,10 @@ from typing import Sequence
 
 import numpy as np
 
-from aot.dtype import DType, dtypes, promote, to_dtype
+from aot.core.dtype import DType, dtypes, promote, to_dtype
+from aot.core.ir import BufferArg, ConstData, IndexCheck, Ops, ReduceOp, UOp, prod
 from aot.errors import CompileError, InvalidIndexError, InvalidTypeError, InvalidValueError, Unsupported
 from aot.frontends.tensor_nn import TensorNN
-from aot.ir import BufferArg, ConstData, IndexCheck, Ops, ReduceOp, UOp, prod
 
 
 def _axes(axis, ndim: int) -> tuple[int, ...]:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from aot.dtype import min_value
+from aot.core.dtype import min_value
+from aot.core.ir import prod
 from aot.errors import InvalidValueError
-from aot.ir import prod
 
 if TYPE_CHECKING:
   from aot.frontends.tensor import Tensor

@@ -1,5 +1,5 @@
 """Quantized forms of float ONNX models, made with onnxruntime's own quantizer from seeded calibration data: what people
-deploy on small machines, for the bench (python -m aot.bench) and the int8 tests to run beside onnxruntime's int8.
+deploy on small machines, for the bench (python -m aot.tools.bench) and the int8 tests to run beside onnxruntime's int8.
 
   quantized(model, "qdq")        # quantize_static, QDQ format: per-channel int8 weights, uint8 activations
   quantized(model, "qoperator")  # quantize_static, QOperator format (QLinearConv, com.microsoft's QLinearAdd, ...)

@@ -1,4 +1,4 @@
-/* Depthwise convolution computed directly (see codegen/direct.py): every plane (one channel of one image) is
+/* Depthwise convolution computed directly (see codegen/lower/direct.py): every plane (one channel of one image) is
    convolved with its own KH x KW filter, no im2col and no microkernel (a GEMM with M = 1 and K = 9 fills one row of
    its tile and spends its time packing).
 
@@ -147,7 +147,7 @@ static void conv_rows(const aot_depthwise *d, const float *src, long src_row, co
 }
 
 int aot_depthwise_band_rows(const aot_depthwise *d) {
-  /* output rows per band: as many as the buffer holds (codegen/direct.py checks that one fits) */
+  /* output rows per band: as many as the buffer holds (codegen/lower/direct.py checks that one fits) */
   const long row = (long)d->SW * phase_width(d);
   const long in_rows = AOT_DEPTHWISE_BUFFER / row;
   return in_rows < d->KH ? 0 : (int)((in_rows - d->KH) / d->SH + 1);

@@ -1,4 +1,4 @@
-/* The matrix-multiply microkernel generated contraction kernels call (see codegen/contract.py).
+/* The matrix-multiply microkernel generated contraction kernels call (see codegen/lower/contract.py).
 
    C[b][m][n] = sum_k A[b][m][k] * B[b][k][n]. Each operand is described by strides (aot_operand): a constant is
    packed at compile time in tiles ([m/MR][K][MR] for A, [n/NR][K][NR] for B, zero-padded) so the inner loop reads it
@@ -142,7 +142,7 @@ static int min(int a, int b) { return a < b ? a : b; }
 
 /* The fused epilogue (aot_gemm.steps) over an mr x nr tile of C at (b, m, n), row stride ldc: one pass per step and
    row, over contiguous columns, so each vectorises; the ops and their argument order are the generated kernel's, one
-   rounding per op (codegen/contract.py fuses only chains no compiler contracts into a multiply-add). */
+   rounding per op (codegen/lower/contract.py fuses only chains no compiler contracts into a multiply-add). */
 #define STEP_MAX(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #define STEP_MIN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
 #define STEP_ROW(EXPR)                                                                                     \

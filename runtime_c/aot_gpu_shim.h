@@ -1,5 +1,5 @@
 /* Runs CUDA (or HIP) kernel source on the CPU, for checking a GPU target's numbers without a GPU.
-   The kernels are written as phases separated by barriers (codegen/gpu.py). A kernel without barriers (one thread per
+   The kernels are written as phases separated by barriers (codegen/render/gpu.py). A kernel without barriers (one thread per
    output) runs each phase as a loop over the block's threads. A cooperative kernel (aot_shim_blocks with barriers)
    runs each of its block's threads as a coroutine that yields at every AOT_BARRIER: the block's threads run round by
    round, each round from one barrier to the next, so a barrier the source lacks lets a thread run on into the next
@@ -29,7 +29,7 @@ typedef _Float16 __half;
 #define __builtin_amdgcn_workitem_id_x() (threadIdx.x)
 #define AOT_DEVICE static inline
 
-/* the most threads a block has (codegen/gpu.py BLOCK_THREADS, COOP_THREADS) */
+/* the most threads a block has (codegen/render/gpu.py BLOCK_THREADS, COOP_THREADS) */
 enum { AOT_SHIM_MAX_THREADS = 1024 };
 /* a coroutine's stack: a kernel's frame holds scalars and libm calls only */
 enum { AOT_SHIM_STACK_BYTES = 64 * 1024 };

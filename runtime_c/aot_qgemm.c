@@ -1,4 +1,4 @@
-/* The int8 matrix-multiply microkernel (declared in aot_runtime.h; weights packed by codegen/quant.py).
+/* The int8 matrix-multiply microkernel (declared in aot_runtime.h; weights packed by codegen/lower/quant.py).
 
    C[m][n] = sum_k (A[m][k] - a_zero) * B[k][n] + bias[n], A uint8 or int8 (a runtime operand, row stride lda), B
    int8 weights packed at compile time in tiles of QNR columns: [N/QNR][K4/4][QNR][4] (K4 = K rounded up to 4, zero

@@ -1,5 +1,5 @@
 /* 8-bit windows of the runtime (declared in aot_runtime.h): the max pool (aot_qpool_run) and an 8-bit convolution's
-   k-major A (aot_qim2col_run) that the int8 microkernel (aot_qgemm.c) reads; recognised by codegen/qpool.py. */
+   k-major A (aot_qim2col_run) that the int8 microkernel (aot_qgemm.c) reads; recognised by codegen/lower/qpool.py. */
 #include <stdint.h>
 #include <string.h>
 #include "aot_runtime.h"
@@ -83,7 +83,7 @@ void aot_qpool_run(void *ctx, int start, int end) {
   const aot_qpool *p = ctx;
   const uint8_t flip = p->x_signed ? 0x80 : 0;
   /* the row with its padding: t[PW + ix] holds column ix, the padding (and a vector past the end, which the steps
-     read into lanes they drop) the identity 0, flipped the minimum; codegen/qpool.py keeps the row within
+     read into lanes they drop) the identity 0, flipped the minimum; codegen/lower/qpool.py keeps the row within
      AOT_QPOOL_ROW - QV */
   uint8_t t[AOT_QPOOL_ROW] __attribute__((aligned(64)));
   memset(t, 0, sizeof t);
@@ -316,7 +316,7 @@ void aot_qim2col_run(void *ctx, int start, int end) {
   const int OW = p->OW, OH = p->OH, W = p->W, PW = p->PW, SW = p->SW, KH = p->KH;
   /* the rows from exact_from on have fewer than v - OW bytes of their tap's row after them */
   const int v = spill_width(OW, SW), exact_from = v ? OH - cdiv(v - OW, OW) : 0;
-  /* the padded rows: b[r * wp + PW + ix] holds column ix of padded row r, the rest the pad; codegen/qpool.py keeps
+  /* the padded rows: b[r * wp + PW + ix] holds column ix of padded row r, the rest the pad; codegen/lower/qpool.py keeps
      a row within AOT_QPOOL_ROW less the vector read past its end, so at least one fits */
   const int wp = max((OW - 1) * SW + p->KW, PW + W), hp = max((OH - 1) * p->SH + KH, p->PH + p->H);
   const int whole = (long)hp * wp <= QIM2COL_BUF - QIM2COL_SLACK;

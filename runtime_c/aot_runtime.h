@@ -57,7 +57,7 @@ __attribute__((visibility("hidden"))) int aot_default_threads(void);
    are the panel's, its pointer unused), and every row block of C then runs over it. The thread's buffer is
    panels + start * panel_floats: run it with aot_parallel over the thread count, so that start is the thread.
    With steps set, each finished tile of C goes through them in order while it is in L1 (the kernel's epilogue, fused:
-   codegen/contract.py fused_steps): element v = c[b][m][n] becomes op(v, x), or op(x, v) when swapped, x being value
+   codegen/lower/contract.py fused_steps): element v = c[b][m][n] becomes op(v, x), or op(x, v) when swapped, x being value
    when p is NULL, else p[b*batch + m*m_stride + n*n_stride]; max and min keep their first argument when it is NaN,
    as the generated kernels do. MUL_ADD is a multiply whose result the next step (an add) takes in the same
    expression, as a C kernel computes it: the compiler contracts the two into one multiply-add where it would in that
@@ -129,7 +129,7 @@ typedef struct {
 } aot_qim2col;
 __attribute__((visibility("hidden"))) void aot_qim2col_run(void *p, int start, int end);
 /* The int8 contraction (runtime_c/aot_qgemm.c): C[m][n] = sum_k (A[m][k] - a_zero) * B[k][n] + bias[n] in int32,
-   A uint8 (or int8: a_signed) at a + m*lda + k, B int8 packed by codegen/quant.py as [N/QNR][K4/4][QNR][4] with
+   A uint8 (or int8: a_signed) at a + m*lda + k, B int8 packed by codegen/lower/quant.py as [N/QNR][K4/4][QNR][4] with
    col_sum[n] = sum_k B[k][n]; bias may be NULL. out_type INT32 writes C; UINT8/INT8 write
    clamp(rint(float(C) * scale[n * scale_step]) + out_zero) (round half to even). C's element (m, n) is at c + m*ldc_m +
    n*ldc_n. Run

@@ -31,11 +31,11 @@ CPU_VARIANTS = (("--target", "c", "--cpu", "x86-64-v3"), ("--target", "c", "--tr
 
 def _graphs(folder: Path) -> dict[str, str]:
   """Each graph's name and what compile-model takes for it (models:NAME or an .onnx file written to folder)."""
-  from aot.bench import _onnx_arg
-  from aot.fuzz_cases import merged
-  from aot.fuzz_graphs import generate
   from aot.models.onnx_forms import onnx_model
   from aot.models.quantized import quantized
+  from aot.tools.bench import _onnx_arg
+  from aot.tools.fuzz_cases import merged
+  from aot.tools.fuzz_graphs import generate
 
   graphs = {f"models-{n}": f"models:{n}" for n in BUNDLED}
   protos = {f"onnx-{n}": onnx_model(n) for n in BUNDLED}

@@ -109,7 +109,7 @@ def outputs_on_threads(art, feeds: dict, threads=(1, 3)) -> list:
 
 def run_body(src: str) -> str:
   """The generated run's body in a model.c (its kernel calls): NAME_run is a wrapper taking the instance's lock around
-  run_locked (codegen/host_cpu.py)."""
+  run_locked (codegen/render/host_cpu.py)."""
   start = src.index("static int run_locked(")
   return src[start : src.index("\n}\n", start)]
 

@@ -17,7 +17,7 @@ from onnx import helper as oh
 
 import aot
 from aot.artifact import WEIGHTS_INLINE_MAX, Artifact
-from aot.scale_bench import compile_in_subprocess, create_seconds, write_external_mlp
+from aot.tools.scale_bench import compile_in_subprocess, create_seconds, write_external_mlp
 
 # 20 layers of 1024x1024: 80 MB, past WEIGHTS_INLINE_MAX, so the weights are the mapped NAME.weights file
 WIDTH, WEIGHT_BYTES = 1024, 80 << 20

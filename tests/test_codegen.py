@@ -6,12 +6,12 @@ from conftest import TARGETS
 
 import aot
 from aot import Tensor
-from aot.codegen.linearize import flop_count, linearize
-from aot.codegen.opt import optimize
+from aot.codegen.render.linearize import flop_count, linearize
+from aot.codegen.render.opt import optimize
 from aot.compiler import resolve
-from aot.dtype import dtypes
-from aot.ir import Ops
-from aot.schedule import schedule
+from aot.core.dtype import dtypes
+from aot.core.ir import Ops
+from aot.scheduler.schedule import schedule
 
 
 def kernels(fn, *xs):
@@ -57,7 +57,7 @@ def test_an_index_adds_the_innermost_loops_term_last():
 
 def grouped_1x1_model(cin: int = 24, cout: int = 64, groups: int = 4, h: int = 10, w: int = 12):
   """A grouped 1x1 convolution with 6 input channels per group (ShuffleNet's first stage), batch norm and ReLU: a
-  reduction too short for the microkernel (codegen/contract.py's MIN_K), left to the generated loops."""
+  reduction too short for the microkernel (codegen/lower/contract.py's MIN_K), left to the generated loops."""
   from onnx import TensorProto, helper, numpy_helper
 
   rng = np.random.default_rng(0)
@@ -86,7 +86,8 @@ def grouped_1x1_model(cin: int = 24, cout: int = 64, groups: int = 4, h: int = 1
 
 def test_a_short_grouped_sum_runs_lanes_of_channels_over_the_whole_plane():
   # the plane's rows and columns are one loop (it vectorises without a remainder per row), and 4 output channels of
-  # a group are lanes of one reduction loop, sharing each load of the group's input (2-3.7x faster, codegen/opt.py)
+  # a group are lanes of one reduction loop, sharing each load of the group's input (2-3.7x faster,
+  # codegen/render/opt.py)
   t = resolve(grouped_1x1_model())
   (k,) = schedule(t.outputs, t.inputs).kernels
   prog = linearize(optimize(k.ast))
@@ -142,8 +143,8 @@ def test_pools_with_written_out_windows_match_onnxruntime(op, attrs, target, tmp
 def test_a_kernel_reading_at_a_small_stride_indexes_in_64_bits():
   # a 3x3/2 pool written out reads every 2nd element along its innermost loop: 64-bit indices let the vectorisers
   # see one interleaved load per window row; a contiguous elementwise kernel keeps 32-bit ones
-  from aot.codegen.linearize import widen_index
-  from aot.dtype import dtypes
+  from aot.codegen.render.linearize import widen_index
+  from aot.core.dtype import dtypes
 
   x = np.zeros((1, 3, 23, 23), np.float32)
   (pool,) = kernels(lambda x: x.max_pool2d(3, 2), x)
@@ -156,8 +157,8 @@ def test_an_edge_gated_loop_runs_in_pieces_with_constant_gates():
   # a 3x3/1 average pool padded by 1: the column loop is cut where its gates change (c >= 1, c + 1 < 17), so the
   # interior piece's loads are plain ones, and so is the row loop around it (in_pieces), the columns' pieces inside
   # each row piece; a kernel with sums is left whole
-  from aot.codegen.c import CRenderer
-  from aot.codegen.linearize import loop_pieces
+  from aot.codegen.render.c import CRenderer
+  from aot.codegen.render.linearize import loop_pieces
 
   x = np.zeros((1, 3, 17, 17), np.float32)
   (pool,) = kernels(lambda x: x.avg_pool2d(3, 1, padding=1), x)
@@ -198,9 +199,10 @@ def test_pools_run_in_pieces_match_onnxruntime(op, attrs, target, tmp_path):
 
 
 def conv_packs(model) -> list:
-  """The optimised kernels that pack a conv's window matrix a panel at a time (codegen/contract.py's panel_operand)."""
+  """The optimised kernels that pack a conv's window matrix a panel at a time (codegen/lower/contract.py's
+  panel_operand)."""
   from aot.artifact import WeightsWriter
-  from aot.codegen.contract import gemm_tile
+  from aot.codegen.lower.contract import gemm_tile
   from aot.compiler import _lower_kernels
 
   t = resolve(model)
@@ -229,8 +231,8 @@ def test_a_padded_conv_pack_runs_its_rows_in_pieces_bounded_by_the_taps(kernel, 
   from onnx import helper
   from test_contract import check_against_onnxruntime, onnx_graph
 
-  from aot.codegen.linearize import in_pieces, widen_index
-  from aot.ir import ranges_of
+  from aot.codegen.render.linearize import in_pieces, widen_index
+  from aot.core.ir import ranges_of
 
   rng = np.random.default_rng(6)
   w = rng.standard_normal((16, 8, *kernel)).astype(np.float32)

@@ -6,8 +6,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aot.compiler import resolve
-from aot.rewrite import PatternMatcher
-from aot.schedule import schedule
+from aot.core.rewrite import PatternMatcher
+from aot.scheduler.schedule import schedule
 
 # doubling the graph may cost a little more than double (a longer chain has a few longer index expressions), but not
 # the ~2.8x of the old quadratic walk (16 -> 32 blocks: 10982 -> 31106 calls; linear: 6024 -> 11972); the QOperator

@@ -1,8 +1,8 @@
-"""Contractions on the runtime's microkernel (codegen/contract.py, runtime_c/aot_gemm.c): every operand form (packed
-constant, strided view, dense copy), edges that fill no whole tile, batches, swapped operands, epilogues in place and
-through a scratch matrix, against numpy in float64. Each artifact runs on inputs other than those it was compiled with,
-on 1, 2 and 3 threads, bitwise the same, compiled to split every kernel across the pool (split_every_kernel in
-conftest.py): odd extents, so a split that lost its remainder rows would show."""
+"""Contractions on the runtime's microkernel (codegen/lower/contract.py, runtime_c/aot_gemm.c): every operand form
+(packed constant, strided view, dense copy), edges that fill no whole tile, batches, swapped operands, epilogues in
+place and through a scratch matrix, against numpy in float64. Each artifact runs on inputs other than those it was
+compiled with, on 1, 2 and 3 threads, bitwise the same, compiled to split every kernel across the pool
+(split_every_kernel in conftest.py): odd extents, so a split that lost its remainder rows would show."""
 
 import numpy as np
 import pytest
@@ -174,12 +174,12 @@ def test_bare_product_runs_no_epilogue(tmp_path):
 
 def planned(model) -> tuple[list[tuple[int, int, int, int]], int]:
   """((batch, M, N, K) of each microkernel call the compiler plans, accumulators left to the generated loops)."""
-  from aot.codegen.contract import lower_contractions
+  from aot.codegen.lower.contract import lower_contractions
   from aot.compiler import resolve
-  from aot.dtype import dtypes
-  from aot.ir import Ops
-  from aot.kernel import Buffer
-  from aot.schedule import schedule
+  from aot.core.dtype import dtypes
+  from aot.core.ir import Ops
+  from aot.scheduler.kernel import Buffer
+  from aot.scheduler.schedule import schedule
 
   traced = resolve(model)
   shapes, left = [], 0
@@ -314,7 +314,7 @@ def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tm
   # 9x), is never written whole: each task packs its panel of output rows into its thread's buffer (30 rows in panels
   # of 8 leave the last one short; a grouped conv's panels run over the groups too), so the arena holds the input and
   # the output only
-  from aot.codegen.contract import DENSE_GROWTH, DENSE_SMALL, PANEL_MAX_BYTES
+  from aot.codegen.lower.contract import DENSE_GROWTH, DENSE_SMALL, PANEL_MAX_BYTES
 
   cin, n = shape[1], shape[2] * shape[3]
   w, x = f32(16 * groups, cin // groups, 3, 3), f32(*shape)
@@ -354,7 +354,7 @@ def test_strided_panel_pack_runs_its_rows_unmasked(pads, target, tmp_path):
   from onnx import helper
 
   from aot.compiler import render, resolve
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   w = f32(16, 8, 3, 3)
   node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[pads] * 4, strides=[2, 2])
@@ -376,7 +376,7 @@ def test_long_reduction_keeps_wide_panels(target, tmp_path):
   # (224 columns, 7 whole tiles), not of 1 row (28 columns: the weights streamed past every 28 columns)
   from onnx import helper
 
-  from aot.codegen.contract import GEMM_KC
+  from aot.codegen.lower.contract import GEMM_KC
 
   w = f32(16, 256, 3, 3)
   assert 256 * 9 > GEMM_KC

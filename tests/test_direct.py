@@ -1,7 +1,7 @@
-"""Depthwise convolutions on the runtime's direct kernel (codegen/direct.py, runtime_c/aot_direct.c): window sizes,
-strides, symmetric and asymmetric padding, each fused epilogue, batches, against onnxruntime on fresh inputs; the plan
-(no im2col, no M = 1 microkernel call); bitwise the same results on 1 and 2 threads; and the shapes it leaves to the
-microkernel still right."""
+"""Depthwise convolutions on the runtime's direct kernel (codegen/lower/direct.py, runtime_c/aot_direct.c): window
+sizes, strides, symmetric and asymmetric padding, each fused epilogue, batches, against onnxruntime on fresh inputs; the
+plan (no im2col, no M = 1 microkernel call); bitwise the same results on 1 and 2 threads; and the shapes it leaves to
+the microkernel still right."""
 
 import numpy as np
 import onnx
@@ -311,7 +311,7 @@ def test_gemv_matches_onnxruntime(tmp_path, target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_exp_as_arithmetic_matches_numpy(tmp_path, target):
-  """float32 exp is computed from multiplies, adds and exponent arithmetic (codegen/opt.py: it vectorises, libm's
+  """float32 exp is computed from multiplies, adds and exponent arithmetic (codegen/render/opt.py: it vectorises, libm's
   expf does not): within 2 ulp over the whole range, right at the denormals, overflow, infinities and NaN."""
   exact = [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.73, -104.0, -150.0]
   x = np.concatenate([np.linspace(-110, 95, 100001), [88.72, -87.5, -103.9], exact]).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Float32 sums of many terms accumulate in float64 (codegen/opt.py wide_sums), so that the float parts of the
+"""Float32 sums of many terms accumulate in float64 (codegen/render/opt.py wide_sums), so that the float parts of the
 dynamically quantized transformer (LayerNormalization's mean and variance, softmax's row sums) land where
 onnxruntime's do: a value a few ulp apart just before a DynamicQuantizeLinear can round to the next step, and the
 difference then grows through the integer matmuls to 4e-3 of the output. Summed one term after another in float32,
@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import aot
-from aot.bench import _reference_form
+from aot.tools.bench import _reference_form
 
 
 def _model(node, x_shape, outputs, inits=()):

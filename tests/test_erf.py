@@ -1,6 +1,6 @@
-"""float32 erf is two forms on [-4, 4] joined by a select (codegen/opt.py _erf32), x + x R(x^2) near 0 and 1 - S^2
-past 0.9, both computed so that it vectorises: within 1.5 ulp of erf over the whole range (onnxruntime's is within 1;
-the one rational it replaced was within 7) and within 1e-7 of onnxruntime's own Erf, exact at +-0, +-inf and NaN,
+"""float32 erf is two forms on [-4, 4] joined by a select (codegen/render/opt.py _erf32), x + x R(x^2) near 0 and 1 -
+S^2 past 0.9, both computed so that it vectorises: within 1.5 ulp of erf over the whole range (onnxruntime's is within
+1; the one rational it replaced was within 7) and within 1e-7 of onnxruntime's own Erf, exact at +-0, +-inf and NaN,
 never past +-1; GELU on it as close to onnxruntime's GELU graph as 2.5 ulp of x (the old erf's was 4); the same
 under each C compiler and the llvm target."""
 
@@ -11,10 +11,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import aot
-from aot.codegen.opt import optimize
+from aot.codegen.render.opt import optimize
 from aot.compiler import resolve
-from aot.ir import Ops
-from aot.schedule import schedule
+from aot.core.ir import Ops
+from aot.scheduler.schedule import schedule
 
 # measured over 8.4M points of [-4.5, 4.5]: 1.39 ulp, 8.3e-8 (clang-14, clang-19, llvm), gcc's FMAs 1.32 ulp
 ERF_ABS = 1e-7

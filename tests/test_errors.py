@@ -134,7 +134,7 @@ RENDER_BUG = (
 @pytest.fixture
 def broken_renderer(monkeypatch):
   """The C renderer with a bug in it: a KeyError from our own code (which reached the user bare)."""
-  from aot.codegen.c import CRenderer
+  from aot.codegen.render.c import CRenderer
 
   def render_kernel(self, name, ast):
     raise KeyError("r0")
@@ -154,13 +154,13 @@ def test_a_bug_in_the_renderer_is_an_internal_error_naming_the_kernel_and_stage(
 
 def test_a_bug_in_the_scheduler_or_the_build_names_its_stage(monkeypatch, tmp_path):
   import aot.compiler
-  import aot.schedule
+  import aot.scheduler.schedule
 
   def lower_stage(ctx, x, buf):
     return [][0]
 
   with monkeypatch.context() as m:
-    m.setattr(aot.schedule, "lower_stage", lower_stage)
+    m.setattr(aot.scheduler.schedule, "lower_stage", lower_stage)
     with pytest.raises(
       InternalError,
       match=r"^internal compiler error in the kernel of the \w+ of shape \(2, 3\) \(writing output 'y'\) while "

@@ -15,11 +15,11 @@ from onnx import helper as oh
 from onnx import numpy_helper
 
 import aot
-from aot.codegen.c import CRenderer
-from aot.dtype import dtypes
-from aot.interpret import fused_multiply_add
-from aot.ir import Ops, UOp
-from aot.symbolic import simplify
+from aot.codegen.render.c import CRenderer
+from aot.core.dtype import dtypes
+from aot.core.interpret import fused_multiply_add
+from aot.core.ir import Ops, UOp
+from aot.core.symbolic import simplify
 from aot.testing import assert_kernel_count
 
 F32, F64, F16 = np.float32, np.float64, np.float16
@@ -163,7 +163,7 @@ def test_integer_fma_is_the_separate_ops():
 
 def test_gpu_sources_spell_fma(tmp_path):
   # CUDA through the C library's fmaf (run on the CPU shim: the numbers), HIP through clang's builtin, Metal's own
-  from aot.codegen.gpu import GPU_TARGETS, KERNEL_SOURCE
+  from aot.codegen.render.gpu import GPU_TARGETS, KERNEL_SOURCE
 
   x, y, z = hard_cases(F32, 64, 4)
   fn = lambda a, b, c: a.fma(b, c)

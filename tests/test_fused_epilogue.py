@@ -1,4 +1,4 @@
-"""Epilogues the microkernel applies to each finished tile (codegen/contract.py fused_steps, runtime_c/aot_gemm.c
+"""Epilogues the microkernel applies to each finished tile (codegen/lower/contract.py fused_steps, runtime_c/aot_gemm.c
 apply_steps): conv + batch norm + ReLU, conv + bias + ReLU6, conv + bias + residual + ReLU, matmul + bias, on odd
 M, N and K (edge tiles), split across 1, 2 and 3 threads. Each is compared bitwise with the same model built with its
 epilogue as a kernel pass of its own (FUSE_EPILOGUES off), and with onnxruntime; the fused build runs no epilogue."""
@@ -9,7 +9,7 @@ from conftest import TARGETS, run_body
 from test_contract import close, onnx_graph
 
 import aot
-import aot.codegen.contract as contract
+import aot.codegen.lower.contract as contract
 
 rng = np.random.default_rng(11)
 f32 = lambda *shape: rng.standard_normal(shape, dtype=np.float32)

@@ -1,6 +1,6 @@
-"""The differential fuzzer (aot/fuzz.py) on a fixed set of seeds: every random graph compiles and matches onnxruntime,
-on the c target under each C compiler and on llvm. Any number more by hand: python -m aot.fuzz --seed S --n N
-[--target llvm] [--cc gcc]."""
+"""The differential fuzzer (aot/tools/fuzz.py) on a fixed set of seeds: every random graph compiles and matches
+onnxruntime, on the c target under each C compiler and on llvm. Any number more by hand: python -m aot.tools.fuzz --seed
+S --n N [--target llvm] [--cc gcc]."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import onnx
 import pytest
 from conftest import need
 
-from aot import fuzz
+from aot.tools import fuzz
 
 # (target, C compiler, seed, cases): 288 graphs on c under clang-19, 96 under gcc and under clang-14 (a compiler can
 # miscompile what the others get right: clang 19's SLP vectoriser did, tests/test_compilers.py), 96 on llvm (its
@@ -83,7 +83,7 @@ def test_a_failure_is_reported_and_saved(tmp_path):
   case = fuzz.generate(3, 5)
   f = fuzz.Failure(case, "c", "mismatch", "output x: 1 of 4 elements differ")
   text = f.report()
-  assert "seed 3 case 5" in text and "python -m aot.fuzz --seed 3 --case 5 --target c" in text
+  assert "seed 3 case 5" in text and "python -m aot.tools.fuzz --seed 3 --case 5 --target c" in text
   assert case.nodes[0].op_type in text
   path = f.save(tmp_path)
   assert onnx.load(str(path)).SerializeToString() == case.model().SerializeToString()
@@ -123,7 +123,7 @@ def test_cc_builds_with_that_compiler_and_goes_into_the_reproduce_line(monkeypat
   monkeypatch.setenv("CC", "the-default-cc")
   assert fuzz.main(["--seed", "4", "--n", "2", "-q", "--cc", "gcc"]) == 1
   out = capsys.readouterr().out
-  assert "python -m aot.fuzz --seed 4 --case 0 --target c --cc gcc" in out and "(seed 4, target c, cc gcc," in out
+  assert "python -m aot.tools.fuzz --seed 4 --case 0 --target c --cc gcc" in out and "(seed 4, target c, cc gcc," in out
   # the batch and each case's retry alone, all under gcc; $CC as it was after
   assert built_with == ["gcc"] * 3 and os.environ["CC"] == "the-default-cc"
   with pytest.raises(SystemExit):

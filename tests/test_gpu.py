@@ -18,11 +18,11 @@ import aot
 import aot.build
 from aot.build import DEFAULT_OFFLOAD_ARCH, check_metal_syntax
 from aot.codegen import gpu
-from aot.codegen.gpu import GPU_TARGETS, KERNEL_SOURCE
+from aot.codegen.render.gpu import GPU_TARGETS, KERNEL_SOURCE
 from aot.compiler import render, resolve
 from aot.errors import BuildError
 from aot.models import NAMES, get
-from aot.schedule import schedule
+from aot.scheduler.schedule import schedule
 from aot.testing import assert_kernel_count, kernel_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aot.build import cc, cflags
-from aot.codegen.quant import pack_weights, requantize
+from aot.codegen.lower.quant import pack_weights, requantize
 
 RUNTIME = Path(__file__).resolve().parent.parent / "runtime_c"
 
@@ -278,7 +278,7 @@ def test_a_quantized_model_splits_its_int8_work_across_threads(tmp_path):
   import onnxruntime as ort
 
   import aot
-  from aot.profile import load_calls
+  from aot.tools.profile import load_calls
 
   model = _qdq_model("big conv", True, "u8", tmp_path)
   art = aot.compile_model(model, out_dir=tmp_path / "art", profile=True)
@@ -430,8 +430,8 @@ def test_dynamic_quantize_linear_reads_its_range_once(tmp_path):
 
   import aot
   from aot.compiler import resolve
-  from aot.ir import Ops
-  from aot.schedule import schedule
+  from aot.core.ir import Ops
+  from aot.scheduler.schedule import schedule
 
   m = _dynamic_quantize_model((64, 96), 96, 40, seed=23)
   traced = resolve(m)
@@ -469,7 +469,7 @@ def test_dynamic_quantize_range_is_reduced_in_parts_that_split_over_threads(tmp_
   import aot
   from aot.compiler import resolve
   from aot.frontends.onnx_ops_quant import RANGE_LANES, RANGE_PARTS
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   shape = (3, 50, 70)
   m = _dynamic_quantize_model(shape, 70, 24, seed=29)
@@ -552,7 +552,7 @@ def test_quantized_input_is_stored_as_bytes_for_the_conv_and_the_residual_add(tm
     np.testing.assert_array_equal(aot.load(art, threads=threads)(x), want)
 
 
-# *** 8-bit max pools: the runtime's pool (codegen/qpool.py), exact against onnxruntime's ***
+# *** 8-bit max pools: the runtime's pool (codegen/lower/qpool.py), exact against onnxruntime's ***
 
 
 def _pool_model(dtype, shape, kernel, strides, pads, form: str):

@@ -157,7 +157,7 @@ def test_the_fuzzer_draws_integer_div_and_mod_with_nonzero_divisors():
   # (tests/test_fuzz.py runs such cases against onnxruntime: seed 6 on llvm has two)
   from onnx import numpy_helper
 
-  from aot.fuzz_graphs import generate
+  from aot.tools.fuzz_graphs import generate
 
   kinds = set()
   for i in range(96):

@@ -1,5 +1,5 @@
-"""NaN-propagating max/min: pools written out and long reductions run in blocks (codegen/opt.py maxmin_blocks) keep
-the sequential order's result bit for bit: a NaN wins (the last one in order, with its payload), otherwise the
+"""NaN-propagating max/min: pools written out and long reductions run in blocks (codegen/render/opt.py maxmin_blocks)
+keep the sequential order's result bit for bit: a NaN wins (the last one in order, with its payload), otherwise the
 extreme, a tie of -0 and +0 going to the zero that comes first (onnxruntime's vectorised max/min take either)."""
 
 import numpy as np
@@ -7,11 +7,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import aot
-from aot.codegen.c import CRenderer
-from aot.codegen.linearize import linearize
-from aot.codegen.opt import MAXMIN_BLOCKS, WIDE_SUM_BLOCK, optimize
+from aot.codegen.render.c import CRenderer
+from aot.codegen.render.linearize import linearize
+from aot.codegen.render.opt import MAXMIN_BLOCKS, WIDE_SUM_BLOCK, optimize
 from aot.compiler import resolve
-from aot.schedule import schedule
+from aot.scheduler.schedule import schedule
 
 MAXMIN_BLOCK = MAXMIN_BLOCKS[0]
 
@@ -23,7 +23,7 @@ def kernels(fn, *xs):
 
 def test_a_long_max_min_is_combined_in_blocks_of_neighbours():
   # one value from 4x256: the reduction's innermost loop runs over blocks of MAXMIN_BLOCK, whose loads are combined
-  # in one update; a long sum too, in float64 (codegen/opt.py wide_sums); a max too short to pay keeps its loop
+  # in one update; a long sum too, in float64 (codegen/render/opt.py wide_sums); a max too short to pay keeps its loop
   x = np.zeros((4, 256), np.float32)
   blocks = ((lambda x: x.max(), MAXMIN_BLOCK), (lambda x: x.min(), MAXMIN_BLOCK), (lambda x: x.sum(), WIDE_SUM_BLOCK))
   for fn, block in blocks:

@@ -1,4 +1,5 @@
-"""The memory plan (aot/memory.py) checked from what it hands the code generator, not from its own reasoning: every
+"""The memory plan (aot/scheduler/memory.py) checked from what it hands the code generator, not from its own reasoning:
+every
 scratch buffer's offset, against lifetimes read off the kernel list the artifact runs in order. Two buffers that are
 alive at once never share a byte of the arena, whatever numbers flow through them; and a model whose output would come
 out visibly wrong if a buffer were reused too early matches numpy."""
@@ -14,10 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import aot
 import aot.compiler
-from aot import fuzz
-from aot.fuzz_cases import merged
-from aot.kernel import Buffer, Kernel
-from aot.memory import ALIGN, memory_plan
+from aot.scheduler.kernel import Buffer, Kernel
+from aot.scheduler.memory import ALIGN, memory_plan
+from aot.tools import fuzz
+from aot.tools.fuzz_cases import merged
 
 # the bundled reference models, and quantized forms whose int8 lowering makes scratch buffers of its own
 MODELS = ("mlp", "mnist", "resnet18", "transformer")

@@ -6,7 +6,7 @@ from conftest import TARGETS
 
 import aot
 from aot.compiler import resolve
-from aot.ir import Ops
+from aot.core.ir import Ops
 from aot.models import NAMES
 from aot.testing import assert_kernel_count
 
@@ -40,7 +40,7 @@ def test_arena_reuses_memory(compiled_model):
   # ResNet-18's intermediates and the convolutions' operand copies (im2col) add up to more than twice the arena:
   # liveness-based reuse is working. The arena cannot be smaller than the first conv's output plus the maxpool's,
   # which are live together; the stem's im2col (3*7*7 x 112*112 floats) is never in it whole, only a panel at a time
-  # in a thread's buffer (codegen/contract.py)
+  # in a thread's buffer (codegen/lower/contract.py)
   art, _ = compiled_model("resnet18")
   sizes = [4 * int(np.prod(k.shape)) for k in art.kernels[:-1]]
   assert sizes[0] + sizes[1] <= art.arena_bytes < min(art.arena_holds_bytes / 2, 4 * 147 * 112 * 112)

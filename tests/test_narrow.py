@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from aot.compiler import compile_model
-from aot.dtype import NARROW
+from aot.core.dtype import NARROW
 from aot.loader import load
 
 # onnx.reference casts NaN and out-of-range floats to the ints with numpy, which warns

@@ -7,7 +7,7 @@ import warnings
 import onnx.backend.test
 from onnx_exclusions import EXCLUDED
 
-from aot.onnx_backend import AotBackend, AotLLVMBackend
+from aot.tools.onnx_backend import AotBackend, AotLLVMBackend
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 _excluded = re.compile("|".join(f"(?:{p})" for p, _ in EXCLUDED))

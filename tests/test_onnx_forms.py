@@ -9,7 +9,7 @@ import pytest
 
 import aot
 from aot.compiler import resolve
-from aot.ir import Ops
+from aot.core.ir import Ops
 from aot.models import NAMES, get
 from aot.models.onnx_forms import FUNCTION_DOMAIN, OPSET, onnx_model
 from aot.testing import assert_kernel_count, kernel_count

@@ -1,5 +1,5 @@
-"""The profiler (aot/profile.py): a timed build that computes what the normal one does, a normal one with no timing;
-and the bench's memory columns."""
+"""The profiler (aot/tools/profile.py): a timed build that computes what the normal one does, a normal one with no
+timing; and the bench's memory columns."""
 
 import ctypes
 import json
@@ -13,7 +13,7 @@ import pytest
 import aot
 from aot.frontends.tensor import Tensor
 from aot.models import get
-from aot.profile import busiest_share, format_profile, load_calls, profile_artifact, thread_bound
+from aot.tools.profile import busiest_share, format_profile, load_calls, profile_artifact, thread_bound
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +128,8 @@ def test_cli_profile_writes_the_table_and_json(tmp_path):
 def test_bench_rows_give_weights_and_arena_against_the_model(tmp_path):
   from onnx import numpy_helper
 
-  from aot.bench import bench_model, slower_note
   from aot.models.onnx_forms import onnx_model
+  from aot.tools.bench import bench_model, slower_note
 
   form, ref = onnx_model("mlp"), get("mlp")
   rows = bench_model("mlp", form, form, lambda art: ref.example_inputs(0), [1, 2], ["c"], 3, 0.1)
@@ -149,7 +149,7 @@ def test_bench_times_every_thread_count_in_one_interleaved_run(monkeypatch, tmp_
   gives its speed-up over the 1-thread row of that run."""
   import os
 
-  import aot.bench
+  import aot.tools.bench
   from aot.models.onnx_forms import onnx_model
 
   form, ref = onnx_model("mlp"), get("mlp")
@@ -162,9 +162,9 @@ def test_bench_times_every_thread_count_in_one_interleaved_run(monkeypatch, tmp_
   assert len(os.listdir("/proc/self/task")) == before
   one.close()
 
-  calls, timed = [], aot.bench._time
-  monkeypatch.setattr(aot.bench, "_time", lambda fns, *a: calls.append(sorted(fns, key=str)) or timed(fns, *a))
-  rows = aot.bench.bench_model("mlp", form, form, lambda art: ref.example_inputs(0), [1, 2, 3], ["c"], 3, 0.1)
+  calls, timed = [], aot.tools.bench._time
+  monkeypatch.setattr(aot.tools.bench, "_time", lambda fns, *a: calls.append(sorted(fns, key=str)) or timed(fns, *a))
+  rows = aot.tools.bench.bench_model("mlp", form, form, lambda art: ref.example_inputs(0), [1, 2, 3], ["c"], 3, 0.1)
   assert calls == [[("c", 1), ("c", 2), ("c", 3), ("ort", 1), ("ort", 2), ("ort", 3)]]
   assert [r["threads"] for r in rows] == [1, 2, 3] and all(r["c_rel_err"] < 1e-4 for r in rows)
   assert rows[0]["c_x_1t"] == rows[0]["ort_x_1t"] == 1.0 and all(r["c_x_1t"] > 0 and r["ort_x_1t"] > 0 for r in rows)
@@ -177,7 +177,7 @@ def test_bench_times_a_fast_call_in_batches_the_same_for_every_fn():
   the load), the same number for each fn compared, and the result is per call."""
   import time
 
-  from aot.bench import SAMPLE_S, _time
+  from aot.tools.bench import SAMPLE_S, _time
 
   counts = {"fast": 0, "slow": 0}
 
@@ -206,7 +206,7 @@ def test_bench_times_a_fast_call_in_batches_the_same_for_every_fn():
   ],
 )
 def test_bench_names_an_unknown_model_before_it_compiles_anything(argv, says, capsys):
-  from aot.bench import main
+  from aot.tools.bench import main
 
   with pytest.raises(SystemExit) as e:
     main(argv)
@@ -238,9 +238,9 @@ def test_flop_count_counts_each_concat_branch_over_its_own_slice():
   # both sums at every output element, but the model's work is each branch over its own channels
   from onnx import TensorProto, helper, numpy_helper
 
-  from aot.codegen.linearize import flop_count
+  from aot.codegen.render.linearize import flop_count
   from aot.compiler import resolve
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   rng = np.random.default_rng(0)
   N, C, H, W = 1, 5, 9, 11
@@ -272,9 +272,9 @@ def test_flop_count_of_concat_heavy_light_models_is_their_contractions(name):
   # densenet121: 2.87 GMAC, 5.7 GFLOP (the count was 26.7 before gated branches were counted over their slices)
   from test_onnx_light import light_model
 
-  from aot.codegen.linearize import flop_count
+  from aot.codegen.render.linearize import flop_count
   from aot.compiler import resolve
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   model = light_model(name)
   t = resolve(model)

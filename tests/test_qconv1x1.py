@@ -1,5 +1,5 @@
 """8-bit 1x1 stride-1 convolutions read their input where it lies: an NCHW plane x[c][h*w] is the int8 contraction's
-k-major A ([K][M], lda = H*W), so no copy kernel writes A (codegen/quant.py _in_place), a batch's images one
+k-major A ([K][M], lda = H*W), so no copy kernel writes A (codegen/lower/quant.py _in_place), a batch's images one
 contraction each. QLinearConv and QDQ convolutions over uint8 and int8, batch 1 and 2, from a graph input and from a
 previous int8 convolution's output, against onnxruntime byte for byte."""
 
@@ -184,7 +184,7 @@ def test_a_batch_of_1x1_convs_under_a_residual_add_reads_its_input_in_place():
 def test_a_1x1_conv_wider_than_the_in_place_limit_copies_its_input_row_major():
   """Past MAX_KMAJOR_IN_PLACE_N output channels the microkernel would pack a strided A once per 128 of them: A is a
   row-major copy instead, and the result the same bytes as onnxruntime's."""
-  from aot.codegen.quant import MAX_KMAJOR_IN_PLACE_N
+  from aot.codegen.lower.quant import MAX_KMAJOR_IN_PLACE_N
 
   B, C, H, W, N = 1, 8, 3, 5, MAX_KMAJOR_IN_PLACE_N + 32
   nodes, inits = [], {}

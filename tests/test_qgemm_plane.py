@@ -12,7 +12,7 @@ from test_int8 import DRIVER, QGemm, build_qgemm
 from test_qim2col import QIm2col, out_size
 from test_qim2col import reference as im2col_reference
 
-from aot.codegen.quant import pack_weights, requantize
+from aot.codegen.lower.quant import pack_weights, requantize
 
 PLANE_DRIVER = (
   DRIVER

@@ -10,7 +10,7 @@ import pytest
 from test_int8 import QGemm, build_qgemm
 
 from aot.build import cc
-from aot.codegen.quant import pack_weights, requantize
+from aot.codegen.lower.quant import pack_weights, requantize
 
 BUILDS = [(cc(), "native"), (cc(), "x86-64-v3"), (cc(), "x86-64")] + (
   [("gcc", "native")] if shutil.which("gcc") else []

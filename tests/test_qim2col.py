@@ -202,8 +202,8 @@ def _qdq_conv(i, C, KH, KW, dt, window):
 
 
 # the convolutions over small and odd planes (not the two too big for a cheap model), and those whose operand the
-# runtime makes: a k-major A, the output row longer than the window's (codegen/quant.py writes A row-major where it is
-# not: 3 or 1 outputs a row under a 3-wide window)
+# runtime makes: a k-major A, the output row longer than the window's (codegen/lower/quant.py writes A row-major where
+# it is not: 3 or 1 outputs a row under a 3-wide window)
 MODEL_GEOMETRIES = [g for g in GEOMETRIES if g[1] * g[2] <= 70 * 70]
 
 

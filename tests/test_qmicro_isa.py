@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from aot.build import cc, cflags
-from aot.codegen.quant import pack_weights
+from aot.codegen.lower.quant import pack_weights
 
 RUNTIME = Path(__file__).resolve().parent.parent / "runtime_c"
 TRIPLE = "aarch64-linux-gnu"

@@ -156,7 +156,7 @@ def test_an_index_past_2_31_is_computed_in_64_bits(target):
 
 def kernel_sources(fn, example_inputs, target):
   from aot.compiler import render, trace
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   traced = trace(fn, example_inputs)
   files = render(traced.name, schedule(traced.outputs, traced.inputs), target).files
@@ -180,7 +180,7 @@ def test_a_buffer_past_2_31_elements_is_indexed_in_64_bits_and_small_ones_in_32(
 
 def test_a_gpu_target_refuses_what_it_would_index_in_32_bits():
   from aot.compiler import render, trace
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   traced = trace(strided, [((3,), np.int64)])
   with pytest.raises(CompileError, match=r"indexes past 2\*\*31-1 elements, which this target computes in 32 bits"):

@@ -1,5 +1,5 @@
-"""The index simplifier (aot/symbolic.py) against brute force: seeded random index expressions over small loops (sums
-of loop variables times constants, some negative, divided and taken modulo, nested), evaluated at every point of
+"""The index simplifier (aot/core/symbolic.py) against brute force: seeded random index expressions over small loops
+(sums of loop variables times constants, some negative, divided and taken modulo, nested), evaluated at every point of
 their loops before and after simplification, and their value ranges checked against the values they take. Divisors
 are drawn around each expression's largest value, where a fold's boundary (x < c, x <= c) decides."""
 
@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from aot.dtype import dtypes
-from aot.ir import Ops, UOp
-from aot.symbolic import simplify
+from aot.core.dtype import dtypes
+from aot.core.ir import Ops, UOp
+from aot.core.symbolic import simplify
 
 
 def evaluate(u: UOp, env: dict) -> int:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aot.dtype import dtypes
+from aot.core.dtype import dtypes
+from aot.core.ir import Ops, UOp, prod, ranges_of
+from aot.core.symbolic import from_linear, linear
 from aot.errors import CompileError
-from aot.ir import Ops, UOp, prod, ranges_of
-from aot.symbolic import from_linear, linear
 
 ROOT = "root"  # the block outside every loop
 # kernels index in 32 bits (as fast as it gets, and enough for most tensors); a kernel whose loop counter or index
@@ -269,7 +269,7 @@ def _loop_deps(topo: list[UOp]) -> dict[UOp, frozenset]:
   loop nest, placed in one block: each varies in every loop any of them does, and so does what reads it. A lane that
   reads only padding (its summand a constant 0 times a weight) varies in fewer loops than its nest is placed in; the
   value reading it, placed by its own loops, was emitted before the nest (a grouped, dilated, strided ConvTranspose
-  divided by a runtime scalar, found by aot/fuzz.py: seed 4242 case 704). A lane's summand may come after another
+  divided by a runtime scalar, found by aot/tools/fuzz.py: seed 4242 case 704). A lane's summand may come after another
   lane in topological order, so this repeats until nothing grows (twice, mostly)."""
   lanes: dict[tuple, list[UOp]] = {}
   for u in topo:
@@ -315,7 +315,7 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
   # accumulators over the same reduction ranges (an upcast kernel's lanes) live in one block, the deepest any of them
   # needs (_loop_deps gives every lane the loops of all): the ranges are one loop nest at one depth. A lane that
   # happens not to vary in an output loop (all its reads padding, say) placed alone outside it would open the shared
-  # nest there, around values of the other lanes that read that loop's index (found by aot/fuzz.py: a dilated,
+  # nest there, around values of the other lanes that read that loop's index (found by aot/tools/fuzz.py: a dilated,
   # strided ConvTranspose)
   home: dict[tuple, object] = {}
   for u in reversed(topo):
@@ -391,7 +391,7 @@ def _live_fractions(ast: UOp) -> dict[UOp, float]:
   """For each accumulator and each node of its summand that varies with its reduction, the fraction of the output
   where the summand can be nonzero: a concat's branch is zero outside its slice of the channels (its loads are gated
   off there), though the kernel's loops compute it everywhere. A node several summands share takes the largest."""
-  from aot.codegen.contract import gate_slices
+  from aot.codegen.lower.contract import gate_slices
 
   live: dict[UOp, float] = {}
   for acc in ast.toposort():
@@ -418,7 +418,7 @@ def flop_count(ast: UOp, live_only: bool = False, integer: bool = False) -> int:
   concat's branches are computed everywhere by generated loops, but only in their slice by the microkernel): the
   bench's GFLOP. Without it, what the generated loops execute, which is what deciding a thread split needs.
   integer: the data's integer arithmetic too (a quantized model's int32 sums), still not the index arithmetic."""
-  from aot.ir import GroupOp
+  from aot.core.ir import GroupOp
 
   live = _live_fractions(ast) if live_only else {}
   trips, total = [1], 0.0

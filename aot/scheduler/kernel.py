@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aot.dtype import DType
-from aot.ir import IndexCheck, UOp
+from aot.core.dtype import DType
+from aot.core.ir import IndexCheck, UOp
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Traced:
 
 @dataclass(eq=False)
 class Buffer:
-  kind: str  # "input" | "output" | "const" | "scratch" | "check" (an index check's result: aot/ir.py IndexCheck)
+  kind: str  # "input" | "output" | "const" | "scratch" | "check" (an index check's result: aot/core/ir.py IndexCheck)
   dtype: DType
   size: int  # elements
   name: str = ""
@@ -61,12 +61,12 @@ class Schedule:
   outputs: list[Buffer]
   consts: list[Buffer] = field(default_factory=list)
   scratch: list[Buffer] = field(default_factory=list)
-  # inputs and outputs of a narrow type (aot/dtype.py: NARROW) by name: (type name, logical shape); their buffers hold
-  # its codes or packed bytes
+  # inputs and outputs of a narrow type (aot/core/dtype.py: NARROW) by name: (type name, logical shape); their buffers
+  # hold its codes or packed bytes
   formats: dict = field(default_factory=dict)
   # sequence and optional inputs and outputs (frontends/onnx_ops_sequence.py): {name, kind, side, start, count} each
   containers: list = field(default_factory=list)
-  # the index checks the run makes after its kernels (aot/ir.py: IndexCheck)
+  # the index checks the run makes after its kernels (aot/core/ir.py: IndexCheck)
   checks: list[IndexCheckCall] = field(default_factory=list)
   # model inputs that are indices (checked or not: GPU targets drop the checks), by name: the smallest axis' size
   indexed: dict[str, int] = field(default_factory=dict)

@@ -5,8 +5,8 @@ over the window's gated taps at the pool's stride: the compilers vectorise it as
 (ResNet-18's 3x3/2 pool over 64x112x112 ran at 4 GB/s, 0.51 ms). The runtime's pool is separable and runs along
 contiguous bytes (0.10 ms). Integer max has no NaN to propagate, so skipping the padding is exact.
 
-The shape is recognised from the kernel, as codegen/direct.py recognises a depthwise convolution: a MAX of one gated
-8-bit load over two window ranges, at an index linear in (planes, oh, ow, kh, kw) with unit steps along the window
+The shape is recognised from the kernel, as codegen/lower/direct.py recognises a depthwise convolution: a MAX of one
+gated 8-bit load over two window ranges, at an index linear in (planes, oh, ow, kh, kw) with unit steps along the window
 and the plane's row, whose gate is exactly "inside an H x W plane" (checked by evaluating it over its grid). What
 the kernel does with the pooled bytes (a dequantization) is an epilogue kernel reading them."""
 
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aot.codegen.direct import _valid_span
-from aot.dtype import dtypes
-from aot.interpret import evaluate_grid
-from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
-from aot.kernel import Buffer
-from aot.rewrite import graph_rewrite, substitute
-from aot.symbolic import flat_stride, linear, pm_simplify
+from aot.codegen.lower.direct import _valid_span
+from aot.core.dtype import dtypes
+from aot.core.interpret import evaluate_grid
+from aot.core.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
+from aot.core.rewrite import graph_rewrite, substitute
+from aot.core.symbolic import flat_stride, linear, pm_simplify
+from aot.scheduler.kernel import Buffer
 
 # bytes of the runtime's row buffer (AOT_QPOOL_ROW in runtime_c/aot_runtime.h), less the vector read past a row's end
 ROW_BUFFER = 4096 - 64

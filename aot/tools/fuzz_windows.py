@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from aot.fuzz_cases import Builder, Value, exact_grain, mag_ok, moved
+from aot.tools.fuzz_cases import Builder, Value, exact_grain, mag_ok, moved
 
 
 def _weight(b: Builder, shape, x: Value, const_p: float = 0.7) -> Value:

@@ -7,9 +7,9 @@ import weakref
 
 import numpy as np
 
-from aot.dtype import dtypes, max_value, min_value
-from aot.ir import GroupOp, Ops, UOp
-from aot.rewrite import PatternMatcher, UPat, graph_rewrite
+from aot.core.dtype import dtypes, max_value, min_value
+from aot.core.ir import GroupOp, Ops, UOp
+from aot.core.rewrite import PatternMatcher, UPat, graph_rewrite
 
 
 def value_range(u: UOp) -> tuple:
@@ -196,7 +196,7 @@ def _fold_mod(x: UOp, d: UOp) -> UOp | None:
 
 
 def _fold_const(x: UOp) -> UOp | None:
-  from aot.interpret import NP_ALU, eval_dtype
+  from aot.core.interpret import NP_ALU, eval_dtype
 
   if x.dtype == dtypes.index:
     a = [s.arg for s in x.src]

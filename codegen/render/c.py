@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from aot.codegen.linearize import (
+from aot.codegen.render.linearize import (
   CORE_SPLIT,
   Piece,
   guards_divisor,
@@ -16,8 +16,8 @@ from aot.codegen.linearize import (
   reads_strided,
   widen_index,
 )
-from aot.dtype import DType, dtypes, min_value, to_dtype
-from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
+from aot.core.dtype import DType, dtypes, min_value, to_dtype
+from aot.core.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
 
 def _fn(name: str):
@@ -240,7 +240,7 @@ class CRenderer:
     if guards_divisor(u):
       return self.int_division(u.op, u.dtype, r(u.src[0]), r(u.src[1]))
     if u.op is Ops.IDIV and u.dtype.is_float:
-      # IDIV truncates toward zero (aot/interpret.py), a float quotient too
+      # IDIV truncates toward zero (aot/core/interpret.py), a float quotient too
       return self.code_for_op[Ops.TRUNC](u.dtype, self.code_for_op[Ops.DIV](u.dtype, r(u.src[0]), r(u.src[1])))
     if u.op in self.code_for_op:
       dt = u.src[-1].dtype if u.op in GroupOp.Compare else u.dtype

@@ -1,4 +1,4 @@
-"""`python -m aot.bench --scale GB`: how the compiler copes with big weights. It writes an MLP with GB of float32
+"""`python -m aot.tools.bench --scale GB`: how the compiler copes with big weights. It writes an MLP with GB of float32
 weights in ONNX external data (layers of width x width MatMul + Add + Tanh, batch 4) one layer at a time, compiles it
 in a subprocess (so its peak RSS is the compiler's alone), then reports compile time, that peak, the artifact's size,
 the time of NAME_create, and the output against onnxruntime."""
@@ -78,7 +78,7 @@ def write_external_mlp(
 _COMPILE = """
 import json, re, resource, sys, time
 import aot, aot.compiler, aot.frontends.onnx, aot.frontends.onnx_ops
-from aot.codegen.contract import gemm_tile
+from aot.codegen.lower.contract import gemm_tile
 gemm_tile("native", None)
 start = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
 t = time.perf_counter()

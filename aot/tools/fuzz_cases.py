@@ -1,6 +1,7 @@
 """What a fuzz case is and how it is built: the values a case grows from, whose shapes, magnitudes and exactness
 are tracked so that every node drawn is valid and the tolerance each output deserves is known; the case and its
-ONNX model; the Builder that adds leaves and nodes. aot/fuzz_graphs.py draws the ops, aot/fuzz.py runs the cases.
+ONNX model; the Builder that adds leaves and nodes. aot/tools/fuzz_graphs.py draws the ops, aot/tools/fuzz.py runs the
+cases.
 
 A value is exact when it is a multiple of 2**-grain far enough below 2**mantissa that every sum and product of such
 values is representable: any correct evaluation order, FMA included, then gives the same bits, and the fuzzer may
@@ -22,7 +23,7 @@ IR_VERSION = 8
 # elements per tensor, and rank: small enough that a case compiles and runs in milliseconds
 MAX_NUMEL = 512
 # ... except in a share of big cases, whose matmuls and convs are big enough for the runtime's microkernel
-# (codegen/contract.py: MIN_WORK multiply-adds, MIN_K long)
+# (codegen/lower/contract.py: MIN_WORK multiply-adds, MIN_K long)
 BIG_NUMEL, BIG_SHARE = 8192, 0.2
 # slices that come out empty, and cases whose every operand is a constant (the whole graph folds at compile time)
 EMPTY_SHARE, CONSTANT_SHARE = 0.04, 0.06

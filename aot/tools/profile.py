@@ -1,8 +1,8 @@
 """The profiler: where a model's run goes, call by call.
 
-A profile build (compile_model(..., profile=True), `compile-model --profile`, `python -m aot.bench --profile`) times
-every call of model.c's kernel list with clock_gettime into its instance and exports NAME_profile to read the sums;
-a normal build renders none of that (its model.c, and so its cache entry, differ). Each call is one of:
+A profile build (compile_model(..., profile=True), `compile-model --profile`, `python -m aot.tools.bench --profile`)
+times every call of model.c's kernel list with clock_gettime into its instance and exports NAME_profile to read the
+sums; a normal build renders none of that (its model.c, and so its cache entry, differ). Each call is one of:
 - the runtime's microkernel over a contraction ("microkernel"),
 - the runtime's depthwise convolution, with its epilogue after each task's planes when fused ("direct"),
 - a generated kernel: a dense operand's copy (im2col), an epilogue, or a whole kernel; "copy" when it does no
@@ -52,8 +52,8 @@ def gemm_task_work(g) -> list[int]:
 
 def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[CallInfo]:
   """What each call of render_model_c's list is. notes: (kernel name, role, the call's kernel AST or None) per call."""
-  from aot.codegen.host_cpu import GemmCall
-  from aot.codegen.linearize import flop_count
+  from aot.codegen.render.host_cpu import GemmCall
+  from aot.codegen.render.linearize import flop_count
 
   infos = []
   for call, (kernel, role, ast) in zip(calls, notes, strict=True):
@@ -96,13 +96,13 @@ def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[Ca
       )
       continue
     if type(call).__name__ == "RuntimeCall":
-      # the runtime's 8-bit pool and im2col (codegen/qpool.py)
+      # the runtime's 8-bit pool and im2col (codegen/lower/qpool.py)
       used = {id(call.bufs[s]): call.bufs[s] for s in call.slots.values()}
       nbytes = sum(b.nbytes for b in used.values())
       infos.append(CallInfo(kernel, f"{call.name}_run", role, call.path, 0, nbytes, None, call.parallel, call.tasks))
       continue
     if not isinstance(call, tuple):
-      # the direct depthwise kernel (codegen/direct.py), with its epilogue when fused (ast is then the epilogue's)
+      # the direct depthwise kernel (codegen/lower/direct.py), with its epilogue when fused (ast is then the epilogue's)
       d = call.d
       used = {id(call.bufs[s]): call.bufs[s] for s in (d.x_slot, d.w_slot, d.planes_slot, d.result)}
       used |= {id(b): b for _, b in (call.epilogue[1] if call.epilogue else [])}

@@ -11,13 +11,13 @@ import dataclasses
 
 import numpy as np
 
-from aot.dtype import DType, dtypes
+from aot.core.dtype import DType, dtypes
+from aot.core.interpret import evaluate
+from aot.core.ir import BufferArg, ConstData, GroupOp, IndexCheck, Ops, UOp, file_mapping, prod
+from aot.core.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
+from aot.core.symbolic import pm_simplify, simplify
 from aot.errors import CompileError, InvalidTypeError, InvalidValueError, working_on
-from aot.interpret import evaluate
-from aot.ir import BufferArg, ConstData, GroupOp, IndexCheck, Ops, UOp, file_mapping, prod
-from aot.kernel import Buffer, IndexCheckCall, Kernel, Schedule
-from aot.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
-from aot.symbolic import pm_simplify, simplify
+from aot.scheduler.kernel import Buffer, IndexCheckCall, Kernel, Schedule
 
 # *** prepare: inline calls, fold constants ***
 
@@ -71,7 +71,7 @@ def fold_constant(x: UOp) -> UOp | None:
 
 def _const_buffer(value: np.ndarray, dtype) -> UOp:
   # a movement of a memory-mapped weight stays a view of the map: a copy would hold every weight twice; and
-  # ascontiguousarray makes a 0-d value 1-d, which made a folded scalar output shape (1,) (found by aot/fuzz.py)
+  # ascontiguousarray makes a 0-d value 1-d, which made a folded scalar output shape (1,) (found by aot/tools/fuzz.py)
   arr = value if file_mapping(value) is not None else np.ascontiguousarray(value).reshape(np.shape(value))
   arr.flags.writeable = False
   return UOp(Ops.BUFFER, dtype, (), BufferArg("folded", arr.shape, "const", ConstData(arr)))
@@ -470,7 +470,8 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     Buffer("output", o.dtype, o.numel, output_names[k] if output_names else f"output{k}", k, o.shape)
     for k, o in enumerate(outputs)
   ]
-  # the check tensors are written like outputs, into buffers the run reads after its kernels (codegen/host_cpu.py)
+  # the check tensors are written like outputs, into buffers the run reads after its kernels
+  # (codegen/render/host_cpu.py)
   check_bufs = [Buffer("check", dtypes.int64, 2, f"check{k}", k, (2,)) for k in range(len(checks))]
   outputs, out_bufs = outputs + [c for c, _ in checks], out_bufs + check_bufs
   sink = UOp(Ops.SINK, dtypes.void, tuple(outputs))

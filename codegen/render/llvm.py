@@ -13,10 +13,18 @@ import re
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from aot.codegen.linearize import CORE_SPLIT, guards_divisor, in_pieces, is_outer, kernel_params, linearize, widen_index
-from aot.dtype import DType, dtypes
+from aot.codegen.render.linearize import (
+  CORE_SPLIT,
+  guards_divisor,
+  in_pieces,
+  is_outer,
+  kernel_params,
+  linearize,
+  widen_index,
+)
+from aot.core.dtype import DType, dtypes
+from aot.core.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 from aot.errors import InvalidValueError
-from aot.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
 
 
 def ltype(dt: DType) -> ir.Type:
@@ -53,7 +61,7 @@ INT_SIGNED = {
 
 class KernelAttributes(ir.FunctionAttributes):
   """A kernel's attributes: llvmlite's, and LLVM's string attributes that keep memset and memcpy out of a loop (as
-  C's no_builtin: codegen/c.py's no_idioms)."""
+  C's no_builtin: codegen/render/c.py's no_idioms)."""
 
   _known = ir.FunctionAttributes._known | {'"no-builtin-memset"', '"no-builtin-memcpy"'}
 

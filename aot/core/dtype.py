@@ -47,7 +47,7 @@ class dtypes:
   float64 = DType("float64", 8, "f", "double")
   # index arithmetic inside kernels; 32 bits keeps loops vectorisable and covers 2**31 elements
   index = DType("index", 4, "i", "int")
-  # the same in a kernel where a loop or an index can pass 2**31-1 (codegen/linearize.py: widen_index)
+  # the same in a kernel where a loop or an index can pass 2**31-1 (codegen/render/linearize.py: widen_index)
   index64 = DType("index64", 8, "i", "int64_t")
   void = DType("void", 0, "v", "void")
   default_float = float32

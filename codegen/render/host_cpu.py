@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 
 from aot.artifact import WEIGHTS_CHECK_BLOCK_BYTES, WEIGHTS_CHECK_BLOCKS, ExternalWeights, api_type, param_names
-from aot.codegen.contract import STEP_MUL_ADD, STEP_OPS
-from aot.dtype import Narrow, narrow_of
-from aot.ir import IndexCheck, Ops
-from aot.kernel import Buffer, Schedule
+from aot.codegen.lower.contract import STEP_MUL_ADD, STEP_OPS
+from aot.core.dtype import Narrow, narrow_of
+from aot.core.ir import IndexCheck, Ops
+from aot.scheduler.kernel import Buffer, Schedule
 
 
 def api_args(sched: Schedule) -> list[str]:
@@ -45,7 +45,7 @@ def render_header(
   weights_bytes: int | None = None,
   run_device: bool = False,
 ) -> str:
-  """profile_calls: the number of timed calls of a profile build (aot/profile.py), which adds NAME_profile.
+  """profile_calls: the number of timed calls of a profile build (aot/tools/profile.py), which adds NAME_profile.
   weights_bytes (GPU targets): adds NAME_WEIGHTS_BYTES; run_device (GPU targets): adds NAME_run_device."""
   P = name.upper()
   args = api_args(sched)
@@ -196,7 +196,7 @@ return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "library path too long");
 
 @dataclass
 class GemmCall:
-  """A contraction run by the runtime's microkernel (codegen/contract.py) over the kernel's buffers."""
+  """A contraction run by the runtime's microkernel (codegen/lower/contract.py) over the kernel's buffers."""
 
   gemm: object  # codegen.contract.Gemm
   bufs: list[Buffer]  # the kernel's buffers by slot
@@ -273,7 +273,7 @@ def _call_lines(calls: list, arg) -> tuple[dict[str, str], list[str]]:
     if isinstance(call, GemmCall):
       body.append(call.render(arg, tramps))
       continue
-    # a direct kernel (codegen/direct.py) may call its epilogue through a trampoline
+    # a direct kernel (codegen/lower/direct.py) may call its epilogue through a trampoline
     if not isinstance(call, tuple):
       body.append(call.render(arg, trampoline))
       continue
@@ -315,8 +315,8 @@ def render_model_c(
   """The C API over the kernel list. calls: GemmCall, or (function, [(slot, buffer)] of its arguments, extent of its
   outermost loop, run it on the pool?).
   external_weights: NAME.weights, if the weights are not linked in.
-  profile: time every call into the instance and export NAME_profile (aot/profile.py); a normal build has none of it.
-  panel_floats: the floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does."""
+  profile: time every call into the instance and export NAME_profile (aot/tools/profile.py); a normal build has none of
+  it. panel_floats: the floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does."""
   ins, outs = param_names(sched)
   ptr = {id(b): n for b, n in zip(sched.inputs + sched.outputs, ins + outs)}
 

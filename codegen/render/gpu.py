@@ -22,11 +22,11 @@ import math
 import re
 from dataclasses import dataclass
 
-from aot.codegen.c import CRenderer, abs_with, fma_with
-from aot.codegen.linearize import kernel_params, linearize
-from aot.dtype import DType, dtypes
+from aot.codegen.render.c import CRenderer, abs_with, fma_with
+from aot.codegen.render.linearize import kernel_params, linearize
+from aot.core.dtype import DType, dtypes
+from aot.core.ir import LIBM, Ops, UOp, prod
 from aot.errors import CompileError
-from aot.ir import LIBM, Ops, UOp, prod
 
 # threads per block for per-thread kernels: a multiple of both warp (32) and wavefront (64) sizes, and small enough
 # that a block's registers fit on every GPU we target

@@ -1,16 +1,17 @@
 """Benchmark: our artifacts (c and llvm targets) against onnxruntime, in one process, interleaved, on the same seeded
 input, after warm-up. Ratios are what to compare: absolute times move with the machine's load.
 
-  python -m aot.bench                         # the bundled reference models
-  python -m aot.bench model.onnx ... --json out.json --threads 1
-  python -m aot.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
-  python -m aot.bench --zoo --threads 1,2      # the reference models and all nine light models (long)
-  python -m aot.bench --models resnet18:qdq light:resnet50:qdq   # quantized by onnxruntime's quantizer (qdq,
+  python -m aot.tools.bench                         # the bundled reference models
+  python -m aot.tools.bench model.onnx ... --json out.json --threads 1
+  python -m aot.tools.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
+  python -m aot.tools.bench --zoo --threads 1,2      # the reference models and all nine light models (long)
+  python -m aot.tools.bench --models resnet18:qdq light:resnet50:qdq   # quantized by onnxruntime's quantizer (qdq,
       # qoperator, dynamic: models/quantized.py), timed beside onnxruntime's own int8 run
-  python -m aot.bench --profile light:squeezenet models:resnet18 --targets c   # where each model's run goes
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python -m aot.bench --micro
+  python -m aot.tools.bench --profile light:squeezenet models:resnet18 --targets c   # where each model's run goes
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python -m aot.tools.bench --micro
       # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread; unset a forced OpenBLAS core type, which slows numpy)
-  python -m aot.bench --scale 1               # an MLP with 1 GB of weights in external data (aot/scale_bench.py)
+  python -m aot.tools.bench --scale 1               # an MLP with 1 GB of weights in external data
+  (aot/tools/scale_bench.py)
 """
 
 from __future__ import annotations
@@ -94,9 +95,9 @@ def bench_model(
   were measured at different moments, under different loads. {t}_x_1t and ort_x_1t are each row's speed-up over the
   1-thread row of the same run (when the thread counts include 1)."""
   import aot
-  from aot.codegen.linearize import flop_count
+  from aot.codegen.render.linearize import flop_count
   from aot.compiler import resolve
-  from aot.schedule import schedule
+  from aot.scheduler.schedule import schedule
 
   traced = resolve(what)
   sched = schedule(traced.outputs, traced.inputs, traced.output_names)
@@ -309,7 +310,7 @@ def slower_note(rows: list[dict], targets) -> str:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(
-    prog="python -m aot.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    prog="python -m aot.tools.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   ap.add_argument(
     "onnx",
@@ -335,7 +336,7 @@ def main(argv=None) -> int:
     "--profile",
     action="store_true",
     help="profile the models given (models:NAME, a file or light:NAME) "
-    "instead: each kernel call's time, GFLOP/s, bytes and path (aot/profile.py); --json writes them",
+    "instead: each kernel call's time, GFLOP/s, bytes and path (aot/tools/profile.py); --json writes them",
   )
   ap.add_argument("--top", type=int, default=20, help="--profile: show this many of the slowest calls")
   ap.add_argument(
@@ -360,7 +361,7 @@ def main(argv=None) -> int:
 
   targets = [t for t in args.targets.split(",") if t]
   if args.scale is not None:
-    from aot.scale_bench import scale
+    from aot.tools.scale_bench import scale
 
     row = scale(args.scale)
     print(
@@ -382,7 +383,9 @@ def main(argv=None) -> int:
     if args.json:
       Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.readme:
-      _replace_between(Path(args.readme), "micro", f"`python -m aot.bench --micro` (OpenBLAS {_openblas()}):\n\n{text}")
+      _replace_between(
+        Path(args.readme), "micro", f"`python -m aot.tools.bench --micro` (OpenBLAS {_openblas()}):\n\n{text}"
+      )
     return 0
   if args.zoo:
     args.onnx += [f"light:{n}" for n in LIGHT_MODELS if f"light:{n}" not in args.onnx]
@@ -419,7 +422,7 @@ def main(argv=None) -> int:
     # the command as run: the models and files beyond the defaults too
     models = "" if args.models == ap.get_default("models") else f" --models {args.models}"
     extra = [o for o in args.onnx if not (args.zoo and o.removeprefix("light:") in LIGHT_MODELS)]
-    command = f"python -m aot.bench{models} --threads {args.threads}{' --zoo' if args.zoo else ''}" + "".join(
+    command = f"python -m aot.tools.bench{models} --threads {args.threads}{' --zoo' if args.zoo else ''}" + "".join(
       f" {o}" for o in extra
     )
     _replace_between(
@@ -494,12 +497,12 @@ def _profile_arg(what: str):
 def _profile(models: list[str], targets, threads: list[int], args) -> int:
   """Profile builds of each model for each target and thread count: the tables, and with --json all of them."""
   import aot
-  from aot.profile import cpu_speedup, profile_and_report
+  from aot.tools.profile import cpu_speedup, profile_and_report
 
   if not models:
     raise SystemExit(
-      "python -m aot.bench --profile: name the models to profile (models:NAME, models:NAME:FORM, a file, light:NAME, "
-      "light:NAME:FORM)"
+      "python -m aot.tools.bench --profile: name the models to profile (models:NAME, models:NAME:FORM, a file, "
+      "light:NAME, light:NAME:FORM)"
     )
   profiles = []
   for what in models:

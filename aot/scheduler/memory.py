@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from aot.kernel import Buffer, Kernel
+from aot.scheduler.kernel import Buffer, Kernel
 
 ALIGN = 64  # a cache line, and enough for any vector load
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aot.codegen.qpool import QIm2col, im2col
-from aot.dtype import dtypes
-from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
-from aot.kernel import Buffer, Kernel
-from aot.rewrite import graph_rewrite, substitute
-from aot.symbolic import flat_stride, from_linear, linear, pm_simplify
+from aot.codegen.lower.qpool import QIm2col, im2col
+from aot.core.dtype import dtypes
+from aot.core.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
+from aot.core.rewrite import graph_rewrite, substitute
+from aot.core.symbolic import flat_stride, from_linear, linear, pm_simplify
+from aot.scheduler.kernel import Buffer, Kernel
 
 # columns of a packed weight tile (QNR in runtime_c/aot_runtime.h): two 16-lane int32 vectors of the microkernel
 QNR = 32
@@ -314,7 +314,7 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   if (scale is not None and scales is None) or (bias is not None and biases is None):
     return None
   # the weights as an int8 [K][N] matrix (evaluated with numpy as the float microkernel's constants are)
-  from aot.codegen.contract import Contraction, Side, evaluate_operand
+  from aot.codegen.lower.contract import Contraction, Side, evaluate_operand
 
   c = Contraction(acc, (), k, Side(x, m_rows), Side(w, n_rows))
   data = {l.src[0].arg: bufs[l.src[0].arg].data for l in w.toposort() if l.op is Ops.LOAD}

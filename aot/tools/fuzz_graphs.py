@@ -1,9 +1,9 @@
-"""The random graphs of the differential fuzzer (aot/fuzz.py runs them): each case is a few ONNX nodes grown from a
-pool of values whose shapes, magnitudes and exactness the generator tracks, so that every node it draws is valid and
+"""The random graphs of the differential fuzzer (aot/tools/fuzz.py runs them): each case is a few ONNX nodes grown from
+a pool of values whose shapes, magnitudes and exactness the generator tracks, so that every node it draws is valid and
 the tolerance each output deserves is known.
 
-The elementwise, reduction, movement and joining ops are here; the contraction and window ops in aot/fuzz_windows.py;
-values, cases and the builder in aot/fuzz_cases.py."""
+The elementwise, reduction, movement and joining ops are here; the contraction and window ops in
+aot/tools/fuzz_windows.py; values, cases and the builder in aot/tools/fuzz_cases.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 from onnx import helper
 
-from aot.fuzz_cases import (
+from aot.tools.fuzz_cases import (
   BIG_NUMEL,
   BIG_SHARE,
   CONSTANT_SHARE,
@@ -34,7 +34,7 @@ from aot.fuzz_cases import (
   maxabs,
   moved,
 )
-from aot.fuzz_windows import gen_conv, gen_conv_transpose, gen_gemm, gen_matmul, gen_pool, gen_resize
+from aot.tools.fuzz_windows import gen_conv, gen_conv_transpose, gen_gemm, gen_matmul, gen_pool, gen_resize
 
 # *** op generators: each takes the builder and an operand x, adds nodes and returns True, or returns False when x does
 # not suit it ***

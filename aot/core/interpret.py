@@ -1,5 +1,5 @@
 """numpy semantics of every op: one table (NP_ALU) and one evaluator, for compile-time constant folding at tensor
-level and for constant operands and index grids at kernel level (codegen/contract.py, codegen/direct.py)."""
+level and for constant operands and index grids at kernel level (codegen/lower/contract.py, codegen/lower/direct.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections import Counter
 
 import numpy as np
 
-from aot.dtype import DType, dtypes
+from aot.core.dtype import DType, dtypes
+from aot.core.ir import Ops, ReduceOp, UOp
 from aot.errors import InvalidValueError
-from aot.ir import Ops, ReduceOp, UOp
 
 
 def _idiv(a, b):
@@ -198,7 +198,7 @@ def _eval_node(n: UOp, src: list[np.ndarray], axes: list[UOp] | None, data: dict
     # a checked gather (IndexCheck) of constant indices: a bad one is the model's error, found at compile time
     if len(src) == 3 and src[2][0] != math.prod(arg[1].shape):
       raise InvalidValueError(arg[1].message(int(src[2][0]), int(src[2][1])))
-    # clamped into [-n, n) and wrapped, as lowering does (aot/schedule.py _index_compute)
+    # clamped into [-n, n) and wrapped, as lowering does (aot/scheduler/schedule.py _index_compute)
     idx = np.clip(idx.astype(np.int64), -x.shape[axis], x.shape[axis] - 1)
     idx = np.where(idx < 0, idx + x.shape[axis], idx)
     return np.take_along_axis(x, idx.astype(np.int64), axis=axis)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Callable, Iterable
 
-from aot.ir import Ops, UOp
+from aot.core.ir import Ops, UOp
 
 
 class UPat:

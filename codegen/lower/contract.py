@@ -25,12 +25,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from aot.dtype import dtypes
-from aot.interpret import evaluate
-from aot.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
-from aot.rewrite import graph_rewrite, substitute
-from aot.schedule import pm_gated_off
-from aot.symbolic import flat_stride, linear, pm_simplify
+from aot.core.dtype import dtypes
+from aot.core.interpret import evaluate
+from aot.core.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
+from aot.core.rewrite import graph_rewrite, substitute
+from aot.core.symbolic import flat_stride, linear, pm_simplify
+from aot.scheduler.schedule import pm_gated_off
 
 # a contraction smaller than this (multiply-adds) is not worth a call into the microkernel and its packing
 MIN_WORK = 1 << 15

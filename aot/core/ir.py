@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from aot.dtype import DType, dtypes, max_value, min_value
+from aot.core.dtype import DType, dtypes, max_value, min_value
 from aot.errors import InvalidValueError
 
 
@@ -431,7 +431,7 @@ class UOp:
   @property
   def vrange(self):
     if self._vrange is None:
-      from aot.symbolic import value_range
+      from aot.core.symbolic import value_range
 
       self._vrange = value_range(self)
     return self._vrange
@@ -456,7 +456,7 @@ def _binop(op: Ops, a, b) -> UOp:
     a = UOp.const(b.dtype, a)
   if not isinstance(b, UOp):
     b = UOp.const(a.dtype, b)
-  from aot.symbolic import simplify
+  from aot.core.symbolic import simplify
 
   return simplify(UOp(op, dtypes.bool if op in GroupOp.Compare else a.dtype, (a, b)))
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 
-from aot.dtype import dtypes
-from aot.ir import LIBM, Ops, ReduceOp, UOp, prod
-from aot.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
-from aot.symbolic import from_linear, linear, pm_simplify, simplify
+from aot.core.dtype import dtypes
+from aot.core.ir import LIBM, Ops, ReduceOp, UOp, prod
+from aot.core.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
+from aot.core.symbolic import from_linear, linear, pm_simplify, simplify
 
 # lanes per upcast: 8 floats fill an AVX register; more lanes add accumulators without adding vector width here
 UPCAST = (8, 4)

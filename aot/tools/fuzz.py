@@ -1,6 +1,6 @@
 """A seeded differential fuzzer: random small ONNX graphs, compiled with aot and compared with onnxruntime.
 
-  python -m aot.fuzz --seed S --n N [--target c|llvm] [--cc COMPILER] [--case I] [--save DIR]
+  python -m aot.tools.fuzz --seed S --n N [--target c|llvm] [--cc COMPILER] [--case I] [--save DIR]
 
 Case i of seed S is drawn from numpy's Generator seeded with (S, i) alone, so any case reproduces by itself
 (`--case I`). Cases are compiled BATCH to a model (one graph holding every case's nodes and outputs), since the C
@@ -27,8 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from aot.fuzz_cases import Case, merged
-from aot.fuzz_graphs import generate
+from aot.tools.fuzz_cases import Case, merged
+from aot.tools.fuzz_graphs import generate
 
 # cases per compiled model: the C build is most of a compile's time. CPU per 96 cases on c with an empty build cache:
 # 5.4 s in batches of 12, 4.4 s of 24, 3.6 s of 48; a smaller batch is cheaper to retry case by case when it fails
@@ -61,7 +61,7 @@ class Failure:
     return (
       f"FAIL seed {c.seed} case {c.index} (target {self.target}{on}): {self.kind}\n{c.describe()}\n"
       f"{graph_text(c)}\n{self.message}\n"
-      f"reproduce: python -m aot.fuzz --seed {c.seed} --case {c.index} --target {self.target}{again}"
+      f"reproduce: python -m aot.tools.fuzz --seed {c.seed} --case {c.index} --target {self.target}{again}"
     )
 
   def save(self, folder: Path) -> Path:
@@ -226,7 +226,7 @@ def fuzz(
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog="python -m aot.fuzz", description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(prog="python -m aot.tools.fuzz", description=__doc__.splitlines()[0])
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--n", type=int, default=100, help="cases to run (default 100)")
   p.add_argument("--start", type=int, default=0, help="first case index (default 0)")

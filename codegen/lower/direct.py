@@ -9,7 +9,7 @@ band of rows at a time, and keeps output segments in vector registers across the
 The shape is recognised from the contraction, not from the ONNX op: the runtime side must be one gated load at an
 index linear in (oh, ow, kh, kw) with unit column stride plus any function of the plane (a table of plane starts:
 a channel shuffle, a channel multiplier), and its gate must be exactly "inside an H x W plane" (checked by
-evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/contract.py.
+evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/lower/contract.py.
 The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel, which the runtime
 calls on each task's planes right after computing them (they are still in cache)."""
 
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aot.codegen.contract import Contraction, epilogue_kernel, evaluate_operand, find_contractions, result_index
-from aot.dtype import dtypes
-from aot.interpret import evaluate_grid
-from aot.ir import Ops, UOp, prod, ranges_of
-from aot.rewrite import graph_rewrite, substitute
-from aot.symbolic import linear, pm_simplify
+from aot.codegen.lower.contract import Contraction, epilogue_kernel, evaluate_operand, find_contractions, result_index
+from aot.core.dtype import dtypes
+from aot.core.interpret import evaluate_grid
+from aot.core.ir import Ops, UOp, prod, ranges_of
+from aot.core.rewrite import graph_rewrite, substitute
+from aot.core.symbolic import linear, pm_simplify
 
 # the window sizes the direct kernel takes (taps per side): past 7x7 a window is a real reduction, left to the GEMM
 MAX_WINDOW = 7
@@ -218,7 +218,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
 
 def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[Depthwise]] | None:
   """(the epilogue kernel, the kernel's buffers with new slots appended, its depthwise convolution) when the kernel's
-  one contraction is a depthwise convolution, else None (codegen/contract.py then takes it). make_buffer as in
+  one contraction is a depthwise convolution, else None (codegen/lower/contract.py then takes it). make_buffer as in
   lower_contractions."""
   found = find_contractions(ast, (1, 1))
   if len(found) != 1 or any(u.op is Ops.ACCUMULATE and u is not found[0].acc for u in ast.toposort()):

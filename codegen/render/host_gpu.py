@@ -6,9 +6,9 @@ CUDA or HIP build runs its kernels on the CPU through per-function wrappers behi
 from __future__ import annotations
 
 from aot.artifact import ExternalWeights, param_names
-from aot.codegen.c import CRenderer
-from aot.codegen.gpu import DEVICE_IMAGE, KERNEL_SOURCE, Launch
-from aot.codegen.host_cpu import (
+from aot.codegen.render.c import CRenderer
+from aot.codegen.render.gpu import DEVICE_IMAGE, KERNEL_SOURCE, Launch
+from aot.codegen.render.host_cpu import (
   api_args,
   external_weights_c,
   incbin_asm,
@@ -18,7 +18,7 @@ from aot.codegen.host_cpu import (
   render_model_c,
   render_weights_asm,
 )
-from aot.kernel import Buffer, Schedule
+from aot.scheduler.kernel import Buffer, Schedule
 
 
 def render_gpu_model_c(
