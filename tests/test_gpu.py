@@ -17,7 +17,7 @@ from test_onnx_light import assert_matches_onnxruntime, light_model
 import aot
 import aot.build
 from aot.build import DEFAULT_OFFLOAD_ARCH, check_metal_syntax
-from aot.codegen import gpu
+from aot.codegen.render import gpu
 from aot.codegen.render.gpu import GPU_TARGETS, KERNEL_SOURCE
 from aot.compiler import render, resolve
 from aot.errors import BuildError
