@@ -30,6 +30,7 @@ from aot.models import get
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "PERFORMANCE.md"
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
 # a command's limit: the slowest block compiles MNIST cold (a few seconds)
 BLOCK_TIMEOUT_S = 300
@@ -218,5 +219,19 @@ def test_results_are_the_bench_tables_of_the_saved_rows():
   from aot.tools.bench import performance_tables, summary_table
 
   run = json.loads((ROOT / "docs" / "performance.json").read_text())
-  assert _between((ROOT / "docs" / "PERFORMANCE.md").read_text(), "bench") == performance_tables(run)
+  assert _between(PERFORMANCE.read_text(), "bench") == performance_tables(run)
   assert _between(README.read_text(), "bench") == summary_table(run["rows"], run["targets"])
+
+
+def test_bench_rewrites_the_published_tables_from_the_saved_rows(tmp_path, capsys):
+  # `--rows` times nothing: from the saved run it writes back exactly what the two files hold
+  from aot.tools.bench import main
+
+  doc, readme = tmp_path / "PERFORMANCE.md", tmp_path / "README.md"
+  doc.write_text(
+    re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", r"\1\2", PERFORMANCE.read_text(), flags=re.S)
+  )
+  readme.write_text(re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", r"\1\2", README.read_text(), flags=re.S))
+  assert main(["--rows", str(ROOT / "docs" / "performance.json"), "--doc", str(doc), "--readme", str(readme)]) == 0
+  assert doc.read_text() == PERFORMANCE.read_text() and readme.read_text() == README.read_text()
+  assert "Slower than onnxruntime" in capsys.readouterr().out

@@ -436,7 +436,7 @@ def main(argv=None) -> int:
   if args.profile:
     return _profile(args.onnx, targets, [int(t) for t in args.threads.split(",")], args)
   if args.rows:
-    run = json.loads(Path(args.rows).read_text())
+    run = _saved_run(Path(args.rows))
     rows, targets = run["rows"], run["targets"]
   else:
     rows = _run_bench(args, targets)
@@ -450,6 +450,17 @@ def main(argv=None) -> int:
   if args.readme:
     _replace_between(Path(args.readme), "bench", summary_table(rows, targets))
   return 0
+
+
+def _saved_run(path: Path) -> dict:
+  """What a run wrote with --json: its command, machine, targets and rows."""
+  try:
+    run = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise SystemExit(f"--rows {path}: {e}") from None
+  if not isinstance(run, dict) or not {"command", "machine", "targets", "rows"} <= run.keys():
+    raise SystemExit(f"--rows {path}: not a bench run's --json (command, machine, targets and rows)")
+  return run
 
 
 def _run_bench(args, targets) -> list[dict]:
@@ -473,12 +484,14 @@ def _run_bench(args, targets) -> list[dict]:
 
 
 def _command(args, ap) -> str:
-  """The command as run: the models and files beyond the defaults too."""
-  models = "" if args.models == ap.get_default("models") else f" --models {args.models}"
-  targets = "" if args.targets == ap.get_default("targets") else f" --targets {args.targets}"
+  """The command as run: every option not at its default, and the models and files beyond the defaults."""
+  options = [f" --{o} {getattr(args, o)}" for o in ("models", "targets", "repeats", "budget")]
+  options = [
+    t for o, t in zip(("models", "targets", "repeats", "budget"), options) if getattr(args, o) != ap.get_default(o)
+  ]
   extra = [o for o in args.onnx if not (args.zoo and o.removeprefix("light:") in LIGHT_MODELS)]
   zoo = " --zoo" if args.zoo else ""
-  return f"python -m aot.tools.bench{models}{targets} --threads {args.threads}{zoo}" + "".join(f" {o}" for o in extra)
+  return f"python -m aot.tools.bench{''.join(options)} --threads {args.threads}{zoo}" + "".join(f" {o}" for o in extra)
 
 
 def machine() -> str:
@@ -621,6 +634,8 @@ def _replace_between(path: Path, marker: str, text: str):
   """The file's text between <!-- marker:start --> and <!-- marker:end --> becomes text."""
   import re
 
+  if not path.is_file():
+    raise SystemExit(f"{path}: no such file to write the bench's tables into")
   new, found = re.subn(
     rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)",
     lambda m: m.group(1) + text + "\n" + m.group(2),
