@@ -183,12 +183,14 @@ def render(
   profile: bool = False,
   emulate: bool = False,
   weights: WeightsWriter | None = None,
+  options: CompileOptions | None = None,
 ) -> Sources:
   """The sources of an artifact for any target. cpu, triple: what a CPU target's kernels are tuned for (the gemm
   tile); profile: time each call (aot/tools/profile.py, CPU targets); emulate: a CUDA or HIP build run on the CPU.
-  The options are checked as compile_model's are (CompileOptions)."""
-  opts = CompileOptions(target=target, cpu=cpu, triple=triple, profile=profile, emulate=emulate, sanitize=False)
-  return _render(name, sched, opts, weights or WeightsWriter(None))
+  The settings are checked as compile_model's are; options (compile_model's own) stands for all of them."""
+  if options is None:
+    options = CompileOptions(target=target, cpu=cpu, triple=triple, profile=profile, emulate=emulate, sanitize=False)
+  return _render(name, sched, options, weights or WeightsWriter(None))
 
 
 def _render(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWriter) -> Sources:
@@ -552,7 +554,7 @@ def _schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
 def _render_stage(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWriter) -> Sources:
   """Lower and render (_render), the weights written as they are made."""
   with working_on(f"while rendering the kernels for target {opts.target}"):
-    srcs = _render(name, sched, opts, weights)
+    srcs = render(name, sched, weights=weights, options=opts)
   if not opts.gpu:
     opts.say(f"rendered {len(srcs.kernels)} kernels")
   return srcs
