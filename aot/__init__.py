@@ -6,11 +6,13 @@ from aot.core.dtype import DType, dtypes
 from aot.errors import AotError, BuildError, CompileError, InternalError
 from aot.frontends.tensor import Tensor, function
 from aot.loader import load
+from aot.options import CompileOptions
 
 __all__ = [
   "Tensor",
   "function",
   "compile_model",
+  "CompileOptions",
   "load",
   "dtypes",
   "DType",
