@@ -19,7 +19,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aot.codegen.lower.calls import (
+  Call,
+  CallContext,
+  CallInfo,
+  LoopCall,
+  Lowered,
+  copies_in_place,
+  distinct_bytes,
+  trampoline,
+)
 from aot.codegen.lower.contract import Contraction, epilogue_kernel, evaluate_operand, find_contractions, result_index
+from aot.codegen.render.linearize import flop_count
 from aot.core.dtype import dtypes
 from aot.core.interpret import evaluate_grid
 from aot.core.ir import Ops, UOp, prod, ranges_of
@@ -263,25 +274,26 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   return last, bufs, [d]
 
 
-@dataclass
-class DepthwiseCall:
-  """A depthwise convolution run by the runtime's direct kernel over the kernel's buffers; epilogue: the function and
-  (slot, buffer) arguments of the epilogue kernel it runs after each task, when fused."""
+@dataclass(kw_only=True)
+class DepthwiseCall(Call):
+  """A depthwise convolution run by the runtime's direct kernel over the kernel's buffers; epilogue: the call of the
+  epilogue kernel it runs after each task's planes, when fused."""
 
   d: Depthwise
   bufs: list
-  parallel: bool
-  epilogue: tuple[str, list] | None
+  epilogue: LoopCall | None
 
-  def render(self, arg, trampoline) -> str:
-    """model.c's statement; arg(buffer, slot) is a buffer's pointer, trampoline(fn, args) the name of the function
-    that calls fn with its pointers unpacked from an array."""
+  @property
+  def tasks(self) -> int:
+    return self.d.tasks
+
+  def render(self, arg, tramps: dict[str, str]) -> str:
     d, b = self.d, self.bufs
     epilogue, pointers = "NULL, NULL", ""
     if self.epilogue is not None:
-      fn, fargs = self.epilogue
+      fargs = self.epilogue.args
       pointers = f"void *a[] = {{{', '.join(f'(void *){arg(buf, s)}' for s, buf in fargs)}}}; "
-      epilogue = f"{trampoline(fn, fargs)}, a"
+      epilogue = f"{trampoline(tramps, self.epilogue.fn, fargs)}, a"
     desc = (
       f"{arg(b[d.x_slot], d.x_slot)}, (const int *){arg(b[d.planes_slot], d.planes_slot)}, {d.images}, "
       f"{d.x_row}, {d.H}, {d.W}, "
@@ -292,3 +304,33 @@ class DepthwiseCall:
       "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else "aot_depthwise_run(&d, 0, d.tasks)"
     )
     return f"  {{ {pointers}aot_depthwise d = {{{desc}}}; {run}; }}"
+
+  def describe(self, kernel: str) -> CallInfo:
+    d, e = self.d, self.epilogue
+    used = [self.bufs[s] for s in (d.x_slot, d.w_slot, d.planes_slot, d.result)] + [b for _, b in (e.args if e else [])]
+    flops = 2 * d.work + (flop_count(e.ast) if e else 0)
+    return CallInfo(
+      kernel, "aot_depthwise_run", self.role, "direct", flops, distinct_bytes(used), None, self.parallel, d.tasks
+    )
+
+
+@dataclass
+class DirectLowered(Lowered):
+  """A kernel whose one contraction is a depthwise convolution on the direct kernel, then its epilogue (pieces: the
+  one epilogue kernel), after each task's planes when their loops agree."""
+
+  convs: list[Depthwise]
+
+  def calls(self, ctx: CallContext) -> list[Call]:
+    bufs, calls = self.kernel.bufs, []
+    (last,) = self.pieces
+    epilogue = None if copies_in_place(last) else ctx.loop(last, bufs, bufs[0], "epilogue")
+    for d in self.convs:
+      fused = epilogue is not None and d.fused and epilogue.extent == d.tasks
+      parallel = ctx.parallel(d.tasks, d.work)
+      calls.append(
+        DepthwiseCall(d=d, bufs=bufs, epilogue=epilogue if fused else None, role="depthwise", parallel=parallel)
+      )
+      if not fused and epilogue is not None:
+        calls.append(epilogue)
+    return calls

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered, distinct_bytes
 from aot.codegen.lower.direct import _valid_span
 from aot.core.dtype import dtypes
 from aot.core.interpret import evaluate_grid
@@ -62,11 +63,6 @@ class QPool:
   OH: int
   OW: int
   planes: int
-  # as QGemm's: no dense copy of the input (generated or the runtime's), no zero point computed at run time
-  dense = None
-  zero = None
-  im2col = None
-  role = "int8 pool"
 
   @property
   def tasks(self) -> int:
@@ -76,31 +72,48 @@ class QPool:
   def work(self) -> int:
     return self.planes * self.OH * self.OW * self.KH * self.KW
 
-  def call(self, bufs: list, parallel: bool) -> RuntimeCall:
+  def call(self, bufs: list, parallel: bool, role: str) -> RuntimeCall:
     p = self
     desc = (
       f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {int(p.x_signed)}, {p.KH}, "
       f"{p.KW}, {p.SH}, {p.SW}, {p.PH}, {p.PW}, 1, 1, (uint8_t *){{y}} + {p.y_offset}, {p.y_plane}, {p.y_row}, "
       f"{p.OH}, {p.OW}, {p.planes}"
     )
-    return RuntimeCall("aot_qpool", desc, {"x": self.x_slot, "y": self.y_slot}, p.planes, bufs, parallel, "int8 pool")
+    slots = {"x": self.x_slot, "y": self.y_slot}
+    return RuntimeCall(
+      name="aot_qpool",
+      desc=desc,
+      slots=slots,
+      count=p.planes,
+      bufs=bufs,
+      path="int8 pool",
+      role=role,
+      parallel=parallel,
+    )
 
 
-@dataclass
-class RuntimeCall:
+@dataclass(kw_only=True)
+class RuntimeCall(Call):
   """A call of one of the runtime's 8-bit routines (NAME_run over an aot_NAME descriptor whose text desc names the
-  kernel's buffers {name}: slots), rendered into model.c beside QGemmCall; path and tasks for the profile."""
+  kernel's buffers {name}: slots, in count tasks), rendered into model.c beside QGemmCall; path for the profile."""
 
   name: str
   desc: str
   slots: dict
-  tasks: int
+  count: int
   bufs: list
-  parallel: bool
   path: str
   when: str = ""  # a C condition on the descriptor p: the call runs only where it holds
 
-  def render(self, arg, trampoline=None) -> str:
+  @property
+  def tasks(self) -> int:
+    return self.count
+
+  def describe(self, kernel: str) -> CallInfo:
+    nbytes = distinct_bytes(self.bufs[s] for s in self.slots.values())
+    return CallInfo(kernel, f"{self.name}_run", self.role, self.path, 0, nbytes, None, self.parallel, self.tasks)
+
+  def render(self, arg, tramps: dict[str, str]) -> str:
     run = f"{self.name}_run(&p, 0, {self.tasks})"
     if self.parallel:
       run = f"aot_parallel(m->pool, {self.name}_run, &p, {self.tasks})"
@@ -111,6 +124,19 @@ class RuntimeCall:
   def initializer(self, arg) -> str:
     """The descriptor's fields, its buffers named by arg (the renderer's)."""
     return self.desc.format(**{n: arg(self.bufs[s], s) for n, s in self.slots.items()})
+
+
+@dataclass
+class PoolLowered(Lowered):
+  """A kernel whose one reduction is an 8-bit max pool on the runtime's pool, then the kernel reading the pooled
+  bytes (pieces: it, or none when the pool writes the output itself)."""
+
+  pools: list[QPool]
+
+  def calls(self, ctx: CallContext) -> list[Call]:
+    bufs = self.kernel.bufs
+    calls: list[Call] = [p.call(bufs, ctx.parallel(p.tasks, p.work), "int8 pool") for p in self.pools]
+    return calls + [ctx.loop(e, bufs, bufs[0], "epilogue") for e in self.pieces]
 
 
 def _window(acc: UOp, bufs: list) -> dict | None:
@@ -243,7 +269,7 @@ class QIm2col:
   planes: int
   pad: int
 
-  def call(self, bufs: list, parallel: bool) -> RuntimeCall:
+  def call(self, bufs: list, parallel: bool, role: str) -> RuntimeCall:
     p = self
     desc = (
       f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {p.KH}, {p.KW}, {p.SH}, {p.SW}, "
@@ -251,7 +277,18 @@ class QIm2col:
     )
     # not where the contraction reads A from the planes itself (QGemmCall: the same descriptor)
     when = "!aot_qgemm_reads_plane(&p)"
-    return RuntimeCall("aot_qim2col", desc, {"x": p.x_slot, "y": p.y_slot}, p.tasks, bufs, parallel, "copy", when)
+    slots = {"x": p.x_slot, "y": p.y_slot}
+    return RuntimeCall(
+      name="aot_qim2col",
+      desc=desc,
+      slots=slots,
+      count=p.tasks,
+      bufs=bufs,
+      path="copy",
+      when=when,
+      role=role,
+      parallel=parallel,
+    )
 
   @property
   def tasks(self) -> int:

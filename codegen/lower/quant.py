@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered, distinct_bytes
 from aot.codegen.lower.qpool import QIm2col, im2col
 from aot.core.dtype import dtypes
 from aot.core.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
@@ -79,8 +80,6 @@ class QGemm:
   im2col: QIm2col | None = None  # the runtime writes the dense A instead (an 8-bit convolution's input)
   c_offset: int = 0  # C's first element in c_slot (one image's contraction of a batch)
 
-  role = "int8 contraction"
-
   @property
   def tasks(self) -> int:
     return -(-self.M // 64) * -(-self.N // 128)
@@ -89,19 +88,27 @@ class QGemm:
   def work(self) -> int:
     return self.M * self.N * self.K
 
-  def call(self, bufs: list, parallel: bool) -> QGemmCall:
-    return QGemmCall(self, bufs, parallel)
 
-
-@dataclass
-class QGemmCall:
+@dataclass(kw_only=True)
+class QGemmCall(Call):
   """aot_qgemm over the kernel's buffers (rendered into model.c beside GemmCall)."""
 
   q: QGemm
   bufs: list
-  parallel: bool
 
-  def render(self, arg, trampoline=None) -> str:
+  @property
+  def tasks(self) -> int:
+    return self.q.tasks
+
+  def describe(self, kernel: str) -> CallInfo:
+    q = self.q
+    nbytes = distinct_bytes(self.bufs[s] for s in (q.a_slot, q.b_slot, q.c_slot))
+    flops = 2 * q.M * q.N * q.K
+    return CallInfo(
+      kernel, "aot_qgemm_run", self.role, "int8 microkernel", flops, nbytes, [1, q.M, q.N, q.K], self.parallel, q.tasks
+    )
+
+  def render(self, arg, tramps: dict[str, str]) -> str:
     q, b = self.q, self.bufs
     ptr = lambda ty, s: f"(const {ty} *){arg(b[s], s)}" if s is not None else "NULL"
     c = f"({arg(b[q.c_slot], q.c_slot)} + {q.c_offset})" if q.c_offset else arg(b[q.c_slot], q.c_slot)
@@ -121,9 +128,43 @@ class QGemmCall:
     if q.im2col is None:
       return f"  {{ aot_qgemm g = {{{desc}, NULL}}; {run}; }}"
     # A from the convolution's planes where the runtime reads them itself (its im2col call then skipped)
-    planes = q.im2col.call(b, False).initializer(arg)
+    planes = q.im2col.call(b, False, "operand").initializer(arg)
     desc += ", aot_qgemm_reads_plane(&plane) ? &plane : NULL"
     return f"  {{ aot_qim2col plane = {{{planes}}}; aot_qgemm g = {{{desc}}}; {run}; }}"
+
+
+@dataclass
+class QGemmLowered(Lowered):
+  """A kernel whose int8 contractions run on the runtime's int8 microkernel: each after what writes its A (a zero
+  point computed at run time, a generated dense copy or the runtime's im2col), then the epilogue reading their
+  results (pieces: it, else A's copy; none for a bare matmul read in place)."""
+
+  qgemms: list[QGemm]
+  epilogue: UOp | None  # the kernel reading their results
+
+  def functions(self) -> dict[UOp, str]:
+    names = super().functions()
+    for i, q in enumerate(self.qgemms):
+      if q.dense is not None:
+        names.setdefault(q.dense, f"_dense{i}")
+      if q.zero is not None:
+        names.setdefault(q.zero, f"_zero{i}")
+    return names
+
+  def calls(self, ctx: CallContext) -> list[Call]:
+    bufs, calls = self.kernel.bufs, []
+    for q in self.qgemms:
+      # a zero point computed at run time first: A's copy and the microkernel read it
+      if q.zero is not None:
+        calls.append(ctx.loop(q.zero, bufs, bufs[q.zero_slot], "operand"))
+      if q.dense is not None:
+        calls.append(ctx.loop(q.dense, bufs, bufs[q.a_slot], "operand"))
+      if q.im2col is not None:
+        calls.append(q.im2col.call(bufs, ctx.parallel(q.im2col.tasks, q.M * q.K), "operand"))
+      calls.append(QGemmCall(q=q, bufs=bufs, role="int8 contraction", parallel=ctx.parallel(q.tasks, q.work)))
+    if self.epilogue is not None:
+      calls.append(ctx.loop(self.epilogue, bufs, bufs[0], "epilogue"))
+    return calls
 
 
 def _const(u: UOp):
