@@ -12,8 +12,9 @@ from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered
 from aot.codegen.lower.contract import fuse_epilogues, lower_contractions, split_by_slices
 from aot.codegen.lower.direct import DirectLowered, lower_depthwise
 from aot.codegen.lower.microkernel import GemmLowered
+from aot.codegen.lower.qgemm import QGemmLowered
 from aot.codegen.lower.qpool import PoolLowered, lower_qpool
-from aot.codegen.lower.quant import QGemmLowered, lower_qgemm, narrow_int8_producers
+from aot.codegen.lower.quant import lower_qgemm, narrow_int8_producers
 from aot.codegen.render.linearize import flop_count
 from aot.codegen.render.opt import optimize
 from aot.core.dtype import dtypes
