@@ -149,8 +149,8 @@ class Lowered:
   kernel: Kernel
   pieces: list[UOp]
 
-  # what a kernel with no generated function of its own reports as its function (KernelInfo)
-  runtime_entry = "aot_qgemm_run"
+  # what a kernel with no generated function of its own (main() None) reports as its function (KernelInfo)
+  runtime_entry = ""
 
   def functions(self) -> dict[UOp, str]:
     """The generated functions by AST, in the order they are named: each its name's suffix after NAME_fI."""

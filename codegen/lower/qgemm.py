@@ -100,6 +100,8 @@ class QGemmLowered(Lowered):
   qgemms: list[QGemm]
   epilogue: UOp | None  # the kernel reading their results
 
+  runtime_entry = "aot_qgemm_run"
+
   def functions(self) -> dict[UOp, str]:
     names = super().functions()
     for i, q in enumerate(self.qgemms):

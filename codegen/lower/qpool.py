@@ -123,6 +123,9 @@ class PoolLowered(Lowered):
 
   pools: list[QPool]
 
+  # (the name an int8 kernel with no generated function has reported since the pool shared the int8 path)
+  runtime_entry = "aot_qgemm_run"
+
   def calls(self, ctx: CallContext) -> list[Call]:
     bufs = self.kernel.bufs
     calls: list[Call] = [p.call(bufs, ctx.parallel(p.tasks, p.work), "int8 pool") for p in self.pools]
