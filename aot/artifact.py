@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot.core.dtype import DType, Narrow, dtypes, narrow_of, to_dtype
+from aot.core.ir import file_mapping
 from aot.errors import ArtifactError
 from aot.scheduler.kernel import Buffer, Schedule
 
@@ -172,6 +173,15 @@ def make_stage(name: str, out_dir) -> tuple[Path, Path]:
   return out, stage
 
 
+def release_mapped_pages(x) -> None:
+  """Drop the pages of a memory-mapped array (an ONNX model's external weights) from this process's resident memory:
+  the file is read-only, so a later read pages them in again. Anything else is left alone."""
+  import mmap
+
+  if (m := file_mapping(x)) is not None:
+    m.madvise(mmap.MADV_DONTNEED)
+
+
 class WeightsWriter:
   """The weights blob written to a file as its constants are made: each goes to its offset and can then be dropped,
   so the blob is never in memory as a whole. path None: only the layout (offsets and size), nothing written."""
@@ -193,12 +203,30 @@ class WeightsWriter:
       self.file.seek(b.offset)
       self.file.write(np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1).view(np.uint8).data)
 
+  def add_consts(self, bufs) -> None:
+    """Write the constants bufs in order, each mapped weight's pages released once written."""
+    for b in bufs:
+      self.add(b)
+      release_mapped_pages(b.data)
+
   def close(self) -> None:
     """Finish the file: the padding after the last constant is zeros, like the gaps between them."""
     if self.file is not None:
       self.file.truncate(self.size)
       self.file.close()
       self.file = None
+
+  def finish(self) -> ExternalWeights | None:
+    """Close the file; above WEIGHTS_INLINE_MAX it is NAME.weights beside the library, checked at create (its
+    checksum kept here for the manifest)."""
+    self.close()
+    external = (
+      ExternalWeights(self.size, weights_checksum(self.path) if self.path else 0)
+      if self.size > WEIGHTS_INLINE_MAX
+      else None
+    )
+    self.checksum = external.checksum if external else None
+    return external
 
 
 def place_sources(stage: Path, name: str, files: dict[str, str], blob: bytes | Path) -> None:
@@ -228,22 +256,27 @@ def install(stage: Path, out: Path):
     shutil.move(str(p), str(out / p.name))
 
 
-def write_manifest(
-  path: Path,
-  name: str,
-  target: str,
-  cpu: str,
-  triple: str | None,
-  sched: Schedule,
-  kernels: list[KernelInfo],
-  arena: int,
-  arena_holds: int,
-  weights: int,
-  seconds: float,
-  weights_checksum: int | None = None,
-  gpu: dict | None = None,
-):
-  """NAME.json; gpu: a GPU target's own fields (aot/build.py gpu_manifest)."""
+@dataclass(frozen=True)
+class Built:
+  """What the driver made, for NAME.json: the target it built for, the kernel list, the arena (its size, and the bytes
+  of every buffer placed in it), the weights (size, and checksum when external) and the compile's time; gpu: a GPU
+  target's own fields (aot/build.py gpu_manifest)."""
+
+  name: str
+  target: str
+  cpu: str
+  triple: str | None
+  kernels: list[KernelInfo]
+  arena: int
+  arena_holds: int
+  weights: int
+  weights_checksum: int | None
+  seconds: float
+  gpu: dict | None = None
+
+
+def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
+  """NAME.json: the schedule's inputs and outputs, and what was built from it."""
   from aot import __version__
 
   def t(b: Buffer) -> dict:
@@ -252,31 +285,32 @@ def write_manifest(
     fmt, shape = sched.formats[b.name]
     return {"name": b.name, "shape": list(shape), "dtype": fmt, "storage": b.dtype.name, "storage_shape": list(b.shape)}
 
+  external = built.weights > WEIGHTS_INLINE_MAX
   path.write_text(
     json.dumps(
       {
-        "name": name,
-        "target": target,
-        "cpu": cpu,
-        "triple": triple,
+        "name": built.name,
+        "target": built.target,
+        "cpu": built.cpu,
+        "triple": built.triple,
         "compiler": f"aot-compiler {__version__}",
         "inputs": [t(b) for b in sched.inputs],
         "outputs": [t(b) for b in sched.outputs],
-        "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in kernels],
-        "arena_bytes": arena,
-        "arena_holds_bytes": arena_holds,
-        "weights_bytes": weights,
-        "weights_file": f"{name}.weights" if weights > WEIGHTS_INLINE_MAX else None,
+        "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in built.kernels],
+        "arena_bytes": built.arena,
+        "arena_holds_bytes": built.arena_holds,
+        "weights_bytes": built.weights,
+        "weights_file": f"{built.name}.weights" if external else None,
         **(
-          {"weights_checksum": f"{weights_checksum:016x}"}
-          if weights > WEIGHTS_INLINE_MAX and weights_checksum is not None
+          {"weights_checksum": f"{built.weights_checksum:016x}"}
+          if external and built.weights_checksum is not None
           else {}
         ),
         **({"containers": sched.containers} if sched.containers else {}),
         # inputs that are indices, and the size of the smallest axis each indexes: --check draws valid ones
         **({"indexed_inputs": sched.indexed} if sched.indexed else {}),
-        "compile_seconds": round(seconds, 3),
-        **({"gpu": gpu} if gpu is not None else {}),
+        "compile_seconds": round(built.seconds, 3),
+        **({"gpu": built.gpu} if built.gpu is not None else {}),
       },
       indent=1,
     )

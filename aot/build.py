@@ -329,70 +329,72 @@ def gpu_build_steps(target: str, src: Path, out: Path, emulate: bool, offload_ar
   if emulate:
     o = str(tmp / "emulate.o")
     objs.append(o)
-    # C++17, not gnu++17: no contraction of a*b+c into fma, so results match the CPU targets' rounding
-    steps.append(
-      [
-        emulator_cxx(),
-        "-O2",
-        "-fPIC",
-        "-fvisibility=hidden",
-        "-fno-math-errno",
-        "-std=c++17",
-        "-w",
-        *([f"-march={cpu}"] if cpu != "generic" else []),
-        "-c",
-        "emulate.cpp",
-        "-o",
-        o,
-      ]
-    )
+    steps.append(_emulator_step(cpu, o))
     compile_c("model.c")
     compile_c("aot_runtime.c")
     link = [emulator_cxx(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]
     return steps + [link], tmp
-  if target == "cuda":
-    # uncompressed: the PTX stays readable in the artifact (and the driver skips a decompression at load)
-    steps.append(
-      [
-        nvcc(),
-        "-fatbin",
-        "-O3",
-        "-std=c++17",
-        "--no-compress",
-        f"-gencode=arch=compute_{CUDA_ARCH},code=sm_{CUDA_ARCH}",
-        f"-gencode=arch=compute_{CUDA_ARCH},code=compute_{CUDA_ARCH}",
-        "-I.",
-        KERNEL_SOURCE[target],
-        "-o",
-        DEVICE_IMAGE[target],
-      ]
-    )
-    glue_flags = [f"-I{cuda_include()}"]
-  else:
-    arches = [f"--offload-arch={a}" for a in (offload_arch or DEFAULT_OFFLOAD_ARCH)]
-    steps.append(
-      [
-        clang(),
-        "-x",
-        "hip",
-        *arches,
-        "-nogpulib",
-        "-nogpuinc",
-        "--cuda-device-only",
-        "-O3",
-        "-std=c++17",
-        "-I.",
-        "-c",
-        KERNEL_SOURCE[target],
-        "-o",
-        DEVICE_IMAGE[target],
-      ]
-    )
-    glue_flags = [f"-I{hip_include()}"]
+  device, glue_flags = _device_step(target, offload_arch)
+  steps.append(device)
   for s, extra in (("model.c", ()), ("aot_runtime.c", ()), (HOST_GLUE[target], glue_flags)):
     compile_c(s, extra)
   # the GPU runtime is dlopen'ed at create time: the library links against nothing of it
   return steps + [[cc(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]], tmp
+
+
+def _emulator_step(cpu: str, o: str) -> list[str]:
+  """The command compiling an emulated build's kernels (emulate.cpp, the kernel source over aot_gpu_shim.h) to o."""
+  # C++17, not gnu++17: no contraction of a*b+c into fma, so results match the CPU targets' rounding
+  return [
+    emulator_cxx(),
+    "-O2",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-fno-math-errno",
+    "-std=c++17",
+    "-w",
+    *([f"-march={cpu}"] if cpu != "generic" else []),
+    "-c",
+    "emulate.cpp",
+    "-o",
+    o,
+  ]
+
+
+def _device_step(target: str, offload_arch) -> tuple[list[str], list[str]]:
+  """The command building the device image of a CUDA or HIP build, and the flags its host glue compiles with."""
+  if target == "cuda":
+    # uncompressed: the PTX stays readable in the artifact (and the driver skips a decompression at load)
+    return [
+      nvcc(),
+      "-fatbin",
+      "-O3",
+      "-std=c++17",
+      "--no-compress",
+      f"-gencode=arch=compute_{CUDA_ARCH},code=sm_{CUDA_ARCH}",
+      f"-gencode=arch=compute_{CUDA_ARCH},code=compute_{CUDA_ARCH}",
+      "-I.",
+      KERNEL_SOURCE[target],
+      "-o",
+      DEVICE_IMAGE[target],
+    ], [f"-I{cuda_include()}"]
+  arches = [f"--offload-arch={a}" for a in (offload_arch or DEFAULT_OFFLOAD_ARCH)]
+  return [
+    clang(),
+    "-x",
+    "hip",
+    *arches,
+    "-nogpulib",
+    "-nogpuinc",
+    "--cuda-device-only",
+    "-O3",
+    "-std=c++17",
+    "-I.",
+    "-c",
+    KERNEL_SOURCE[target],
+    "-o",
+    DEVICE_IMAGE[target],
+  ], [f"-I{hip_include()}"]
 
 
 def build_gpu_library(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str, cache: bool) -> bool:

@@ -72,12 +72,17 @@ def _kernel_lines(kernels) -> list[str]:
   return [f"  {i:3d}  {k.name:<32} shape {tuple(k.shape)}  fn {k.function}" for i, k in enumerate(kernels)]
 
 
-def main(argv: list[str] | None = None) -> int:
-  # `compile-model ... | head` closing the pipe is not an error
-  signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
     prog="compile-model", description="Compile a model ahead of time into libNAME.so + NAME.h."
   )
+  _add_build_arguments(p)
+  _add_action_arguments(p)
+  return p
+
+
+def _add_build_arguments(p: argparse.ArgumentParser) -> None:
+  """What to compile, for what, and into where: the arguments that become CompileOptions (_options)."""
   p.add_argument(
     "model",
     help="an ONNX file (model.onnx), or a bundled reference model: models:NAME (mlp, mnist, resnet18, transformer)",
@@ -113,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     metavar="NAME=VALUE",
     help="pin a scalar input to a value at compile time (sr=16000), so control flow on it folds; repeatable",
   )
+  p.add_argument("--no-cache", action="store_true", help="always run the C compiler (ignore the build cache)")
+
+
+def _add_action_arguments(p: argparse.ArgumentParser) -> None:
+  """What to do besides building (stop early, check, profile) and how much to say."""
   p.add_argument("--emit", choices=["graph", "kernels", "source"], help="stop after this stage and show it")
   p.add_argument(
     "--check",
@@ -132,11 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     action="store_true",
     help="build a timed variant, run it on a seeded input and show each kernel call's time (also OUT/profile.json)",
   )
-  p.add_argument("--no-cache", action="store_true", help="always run the C compiler (ignore the build cache)")
   talk = p.add_mutually_exclusive_group()
   talk.add_argument("-v", "--verbose", action="store_true", help="show every step and full tracebacks")
   talk.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors (and what --emit asks for)")
-  args = p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+  # `compile-model ... | head` closing the pipe is not an error
+  signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+  args = _parser().parse_args(argv)
   try:
     return _run(args)
   except KeyboardInterrupt:
@@ -156,44 +170,68 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
-def _run(args) -> int:
-  import aot
-  from aot.compiler import TARGETS, bugs_as_internal_errors, render, resolve
-  from aot.errors import working_on
+def _options(args, progress=None):
+  """The CompileOptions the arguments ask for: checked here, before any model is read (an unknown target is one line
+  and exit 1, like a missing toolchain)."""
+  from aot.options import CompileOptions
 
-  # checked here rather than by argparse: an unknown target is one line and exit 1, like a missing toolchain
-  if args.target not in TARGETS:
-    raise ValueError(f"unknown target {args.target!r}; available: {', '.join(TARGETS)}")
+  return CompileOptions(
+    target=args.target,
+    out_dir=Path(args.out),
+    name=args.name,
+    cpu=args.cpu,
+    cache=not args.no_cache,
+    progress=progress,
+    shapes=_pins(args.shape, "--shape", _dims),
+    bind=_pins(args.bind, "--bind", _number),
+    triple=args.triple,
+    offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None,
+    profile=args.profile,
+  )
+
+
+def _emit(args, opts) -> int:
+  """--emit: the stages compile_model runs, as far as it asks; a bug in them is an InternalError saying where, as
+  there."""
+  from aot.compiler import bugs_as_internal_errors, render, resolve
+  from aot.errors import working_on
   from aot.scheduler.schedule import schedule
 
+  with bugs_as_internal_errors():
+    with working_on("while tracing the model"):
+      traced = resolve(args.model, name=opts.name, shapes=opts.shapes, bind=opts.bind)
+    if args.emit == "graph":
+      print(_graph_text(traced.outputs))
+      return 0
+    with working_on("while scheduling"):
+      sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+    with working_on(f"while rendering the kernels for target {opts.target}"):
+      srcs = render(traced.name, sched, opts.target, opts.cpu, opts.triple)
+  if args.emit == "kernels":
+    print(f"{traced.name}: {len(srcs.kernels)} kernels, arena {srcs.arena} bytes")
+    print("\n".join(_kernel_lines(srcs.kernels)))
+    return 0
+  out = Path(args.out)
+  (out / "src").mkdir(parents=True, exist_ok=True)
+  for f, text in srcs.files.items():
+    (out / "src" / f).write_text(text)
+  print(f"{traced.name}: wrote {len(srcs.files)} sources to {out / 'src'}")
+  return 0
+
+
+def _run(args) -> int:
+  import dataclasses
+
+  import aot
+
+  opts = _options(args)
   if not args.model.startswith("models:") and not args.model.endswith(".onnx"):
     raise ValueError(
       f"{args.model!r}: expected an .onnx file or models:NAME (one of mlp, mnist, resnet18, transformer)"
     )
-  shapes, bind = _pins(args.shape, "--shape", _dims), _pins(args.bind, "--bind", _number)
-  out = Path(args.out)
   if args.emit in ("graph", "kernels", "source"):
-    # the stages compile_model runs, as far as --emit asks: a bug in them is an InternalError saying where, as there
-    with bugs_as_internal_errors():
-      with working_on("while tracing the model"):
-        traced = resolve(args.model, name=args.name, shapes=shapes, bind=bind)
-      if args.emit == "graph":
-        print(_graph_text(traced.outputs))
-        return 0
-      with working_on("while scheduling"):
-        sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-      with working_on(f"while rendering the kernels for target {args.target}"):
-        srcs = render(traced.name, sched, args.target, args.cpu, args.triple)
-    files, infos, arena = srcs.files, srcs.kernels, srcs.arena
-    if args.emit == "kernels":
-      print(f"{traced.name}: {len(infos)} kernels, arena {arena} bytes")
-      print("\n".join(_kernel_lines(infos)))
-      return 0
-    (out / "src").mkdir(parents=True, exist_ok=True)
-    for f, text in files.items():
-      (out / "src" / f).write_text(text)
-    print(f"{traced.name}: wrote {len(files)} sources to {out / 'src'}")
-    return 0
+    return _emit(args, opts)
+  out = Path(args.out)
   if args.check and args.triple:
     raise ValueError("--check runs the artifact here: it cannot check a cross-compiled one")
   if args.check_input and not args.check:
@@ -204,20 +242,7 @@ def _run(args) -> int:
   t0 = time.perf_counter()
   progress = Progress(sys.stderr, args.verbose, args.quiet)
   try:
-    art = aot.compile_model(
-      args.model,
-      target=args.target,
-      out_dir=out,
-      name=args.name,
-      cpu=args.cpu,
-      cache=not args.no_cache,
-      progress=progress,
-      shapes=shapes,
-      bind=bind,
-      triple=args.triple,
-      offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None,
-      profile=args.profile,
-    )
+    art = aot.compile_model(args.model, options=dataclasses.replace(opts, progress=progress))
   finally:
     progress.close()
   if not args.quiet:
@@ -228,7 +253,7 @@ def _run(args) -> int:
     from aot.tools.profile import profile_and_report
 
     profile_and_report(art, out / "profile.json")
-  return check(art, args.model, bind, args.quiet, check_files) if args.check else 0
+  return check(art, args.model, opts.bind, args.quiet, check_files) if args.check else 0
 
 
 def _summary(art, seconds: float) -> None:

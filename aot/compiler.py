@@ -1,10 +1,9 @@
-"""The driver: trace -> schedule -> memory plan -> render -> build -> artifact."""
+"""The driver: trace -> schedule -> lower -> render -> build -> install, one stage after the other (compile_model)."""
 
 from __future__ import annotations
 
 import importlib.resources
 import inspect
-import os
 import re
 import shutil
 import time
@@ -16,8 +15,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from aot.artifact import (
-  WEIGHTS_INLINE_MAX,
   Artifact,
+  Built,
   ExternalWeights,
   KernelInfo,
   WeightsWriter,
@@ -25,7 +24,6 @@ from aot.artifact import (
   install,
   make_stage,
   place_sources,
-  weights_checksum,
   write_manifest,
 )
 from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest
@@ -38,15 +36,15 @@ from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
 from aot.codegen.render.host_cpu import render_header, render_model_c, render_weights_asm
 from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
 from aot.core.dtype import to_dtype
-from aot.core.ir import UOp, release_mapped_pages
-from aot.errors import BUG_REPORT, AotError, InternalError, InvalidTypeError, InvalidValueError, places_of, working_on
+from aot.core.ir import UOp
+from aot.errors import BUG_REPORT, AotError, InternalError, InvalidTypeError, places_of, working_on
 from aot.frontends.tensor import Tensor
+from aot.options import TARGETS, CompileOptions
 from aot.scheduler.kernel import Buffer, Schedule, Traced
 from aot.scheduler.memory import align_up, memory_plan
 from aot.scheduler.schedule import schedule, without_checks
 
-# the CPU targets, then the GPU ones (rendered by codegen/render/gpu.py, their host code by codegen/render/host_gpu.py)
-TARGETS = ("c", "llvm", *GPU_TARGETS)
+__all__ = ["TARGETS", "CompileOptions", "bugs_as_internal_errors", "compile_model", "render", "resolve", "trace"]
 # the runtime's C files of a CPU artifact (the pool and errors; the microkernel, the depthwise kernel, the int8
 # microkernel, the 8-bit pool and im2col), each with the entry points the generated code calls it by: a file is built
 # and linked only where a kernel calls it, since a model with no contraction need not wait for the int8 microkernel
@@ -174,41 +172,38 @@ def render(
   profile: bool = False,
   emulate: bool = False,
   weights: WeightsWriter | None = None,
+  options: CompileOptions | None = None,
 ) -> Sources:
   """The sources of an artifact for any target. cpu, triple: what a CPU target's kernels are tuned for (the gemm
-  tile); profile: time each call (aot/tools/profile.py, CPU targets); emulate: a CUDA or HIP build run on the CPU."""
-  weights = weights or WeightsWriter(None)
-  if target in GPU_TARGETS or emulate:
-    return _render_gpu(name, sched, target, emulate, weights)
-  return _render_cpu(name, sched, target, cpu, triple, profile, weights)
+  tile); profile: time each call (aot/tools/profile.py, CPU targets); emulate: a CUDA or HIP build run on the CPU.
+  The settings are checked as compile_model's are; options (compile_model's own) stands for all of them."""
+  if options is None:
+    options = CompileOptions(target=target, cpu=cpu, triple=triple, profile=profile, emulate=emulate, sanitize=False)
+  return _render(name, sched, options, weights or WeightsWriter(None))
+
+
+def _render(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWriter) -> Sources:
+  """The lower and render stages: on a CPU target, kernels lowered to the runtime's calls and generated functions,
+  then rendered (_render_cpu); on a GPU target, each kernel one launch (_render_gpu)."""
+  if opts.gpu:
+    return _render_gpu(name, sched, opts.target, opts.emulate, weights)
+  return _render_cpu(name, sched, opts.target, opts.cpu, opts.triple, opts.profile, weights)
 
 
 def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
-  """Close the weights file; above WEIGHTS_INLINE_MAX it is NAME.weights beside the library, checked at create."""
-  weights.close()
-  external = (
-    ExternalWeights(weights.size, weights_checksum(weights.path) if weights.path else 0)
-    if weights.size > WEIGHTS_INLINE_MAX
-    else None
-  )
-  weights.checksum = external.checksum if external else None
-  return external
+  """Close the weights file (WeightsWriter.finish): NAME.weights beside the library when external."""
+  return weights.finish()
 
 
 def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights: WeightsWriter) -> Sources:
-  """The schedule's kernels one launch each (codegen/render/gpu.py), over the constants as they are."""
-  if emulate and target not in ("cuda", "hip"):
-    raise InvalidValueError("emulate=True runs the CUDA or HIP kernel source on the CPU: target must be cuda or hip")
-  if target not in GPU_TARGETS:
-    raise InvalidValueError(f"unknown GPU target {target!r}; available: {', '.join(GPU_TARGETS)}")
+  """The schedule's kernels one launch each (codegen/render/gpu.py), over the constants as they are (the target is
+  checked: CompileOptions)."""
   # the GPU hosts do not read index checks back yet: a bad index is clamped there, not reported
   sched = without_checks(sched)
   arena = memory_plan(sched.kernels, sched.scratch)
   # the model's constants into the weights file one at a time (a mapped weight's pages released after)
-  for b in sched.consts:
-    weights.add(b)
-    release_mapped_pages(b.data)
-  external = _finish_weights(weights)
+  weights.add_consts(sched.consts)
+  external = weights.finish()
   functions: dict[UOp, str] = {}
   # kernels that do the same work on different buffers share one function
   owners = {}
@@ -256,23 +251,7 @@ def _render_cpu(
   return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in low.scratch), weights)
 
 
-def compile_model(
-  what,
-  example_inputs=None,
-  target: str = "c",
-  out_dir=None,
-  name: str | None = None,
-  cpu: str = "native",
-  cache: bool = True,
-  progress: Callable[[str], None] | None = None,
-  shapes: dict | None = None,
-  bind: dict | None = None,
-  triple: str | None = None,
-  offload_arch: tuple[str, ...] | None = None,
-  emulate: bool = False,
-  profile: bool = False,
-  sanitize: bool | None = None,
-) -> Artifact:
+def compile_model(what, example_inputs=None, *, options: CompileOptions | None = None, **keywords) -> Artifact:
   """Compile a Tensor program (with example inputs: numpy arrays or (shape, dtype) pairs), "models:NAME", or an ONNX
   model (a .onnx path or an onnx.ModelProto; `shapes` pins symbolic dims by input or dim name, `bind` pins scalar
   inputs to values) into an artifact folder: libNAME.so, NAME.h, NAME.json and src/. Returns the Artifact.
@@ -284,61 +263,77 @@ def compile_model(
   profile=True (CPU targets) builds the timed variant aot/tools/profile.py reads.
   sanitize (default: AOT_SANITIZE=1 in the environment) builds the C with AddressSanitizer and UBSan, for a program
   that is itself built with -fsanitize=address,undefined (or runs with the ASan runtime preloaded).
+  options: the same as a CompileOptions, instead of the keywords (not both).
   A bug of ours on the way is an InternalError naming where it happened (bugs_as_internal_errors)."""
-  if target not in TARGETS:
-    raise InvalidValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
-  gpu = target in GPU_TARGETS or emulate
-  if profile and gpu:
-    raise InvalidValueError(f"profile is for the CPU targets (c, llvm), not {target}{' emulation' if emulate else ''}")
-  if gpu and triple:
-    raise InvalidValueError(f"--triple is for the CPU targets; target {target} builds device code for the GPU")
-  if sanitize is None:
-    sanitize = os.environ.get("AOT_SANITIZE", "") not in ("", "0")
-  if gpu and sanitize:
-    raise InvalidValueError(f"sanitize is for the CPU targets (c, llvm), not {target}")
+  if options is not None and keywords:
+    raise InvalidTypeError(f"compile_model: options or keywords, not both (got options and {', '.join(keywords)})")
+  opts = options if options is not None else CompileOptions(**keywords)
   t0 = time.perf_counter()
-  say = progress or (lambda s: None)
   # a Tensor program is the user's code, run here: what it raises is its own, not a bug of the compiler's
-  traced = resolve(what, example_inputs, name, shapes, bind) if callable(what) else None
+  traced = resolve(what, example_inputs, opts.name, opts.shapes, opts.bind) if callable(what) else None
   with bugs_as_internal_errors():
-    if traced is None:
-      with working_on("while tracing the model"):
-        traced = resolve(what, example_inputs, name, shapes, bind)
-    with working_on("while scheduling"):
-      sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-    sched.formats = traced.formats or {}
-    sched.containers = traced.containers or []
-    say(f"scheduled {len(sched.kernels)} kernels")
-    out, stage = make_stage(traced.name, out_dir)
+    traced = _trace_stage(what, example_inputs, opts) if traced is None else traced
+    sched = _schedule_stage(traced, opts)
+    out, stage = make_stage(traced.name, opts.out_dir)
     try:
-      with working_on(f"while rendering the kernels for target {target}"):
-        srcs = render(traced.name, sched, target, cpu, triple, profile, emulate, WeightsWriter(stage / "weights.part"))
-      if not gpu:
-        say(f"rendered {len(srcs.kernels)} kernels")
-      with working_on(f"while building lib{traced.name}.so"):
-        _build(traced.name, stage, srcs, target, cpu, triple, offload_arch, emulate, cache, sanitize, say)
-      with working_on("while writing the artifact"):
-        shutil.copyfile(stage / "src" / f"{traced.name}.h", stage / f"{traced.name}.h")
-        manifest = gpu_manifest(target, emulate, srcs.launches, offload_arch) if gpu else None
-        write_manifest(
-          stage / f"{traced.name}.json",
-          traced.name,
-          target,
-          cpu,
-          triple,
-          sched,
-          srcs.kernels,
-          srcs.arena,
-          srcs.arena_holds,
-          srcs.weights.size,
-          time.perf_counter() - t0,
-          srcs.weights.checksum,
-          manifest,
-        )
-        install(stage, out)
+      srcs = _render_stage(traced.name, sched, opts, WeightsWriter(stage / "weights.part"))
+      _build_stage(traced.name, stage, srcs, opts)
+      _install_stage(traced.name, sched, srcs, opts, stage, out, time.perf_counter() - t0)
     finally:
       shutil.rmtree(stage, ignore_errors=True)
     return Artifact(out)
+
+
+def _trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
+  with working_on("while tracing the model"):
+    return resolve(what, example_inputs, opts.name, opts.shapes, opts.bind)
+
+
+def _schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
+  with working_on("while scheduling"):
+    sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+  sched.formats = traced.formats or {}
+  sched.containers = traced.containers or []
+  opts.say(f"scheduled {len(sched.kernels)} kernels")
+  return sched
+
+
+def _render_stage(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWriter) -> Sources:
+  """Lower and render (_render), the weights written as they are made."""
+  with working_on(f"while rendering the kernels for target {opts.target}"):
+    srcs = render(name, sched, weights=weights, options=opts)
+  if not opts.gpu:
+    opts.say(f"rendered {len(srcs.kernels)} kernels")
+  return srcs
+
+
+def _build_stage(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
+  with working_on(f"while building lib{name}.so"):
+    _build(name, stage, srcs, opts)
+
+
+def _install_stage(
+  name: str, sched: Schedule, srcs: Sources, opts: CompileOptions, stage: Path, out: Path, seconds: float
+) -> None:
+  """The header beside the library, the manifest (NAME.json) written, and the staged artifact moved into out."""
+  with working_on("while writing the artifact"):
+    shutil.copyfile(stage / "src" / f"{name}.h", stage / f"{name}.h")
+    gpu = gpu_manifest(opts.target, opts.emulate, srcs.launches, opts.offload_arch) if opts.gpu else None
+    built = Built(
+      name,
+      opts.target,
+      opts.cpu,
+      opts.triple,
+      srcs.kernels,
+      srcs.arena,
+      srcs.arena_holds,
+      srcs.weights.size,
+      srcs.weights.checksum,
+      seconds,
+      gpu,
+    )
+    write_manifest(stage / f"{name}.json", sched, built)
+    install(stage, out)
 
 
 @contextmanager
@@ -360,23 +355,23 @@ def bugs_as_internal_errors():
     raise InternalError(f"internal compiler error {where}: {type(e).__name__}: {why} {BUG_REPORT}") from e
 
 
-def _build(name, stage: Path, srcs: Sources, target, cpu, triple, offload_arch, emulate, cache, sanitize, say) -> None:
+def _build(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
   """The sources and the runtime's files written to stage/src and built into stage/libNAME.so (a Metal source is
   only checked: it builds on macOS)."""
   place_sources(stage, name, srcs.files, srcs.weights.path)
   src = stage / "src"
   runtime = importlib.resources.files("aot.runtime_c")
-  for f in runtime_files(target, emulate):
+  for f in runtime_files(opts.target, opts.emulate):
     (src / f).write_text(runtime.joinpath(f).read_text())
   library = stage / f"lib{name}.so"
-  if target == "metal":
+  if opts.target == "metal":
     check_metal_syntax(src)
-    say(
+    opts.say(
       "checked the Metal source's syntax (clang, C++ with a metal_stdlib stand-in); build on macOS: src/build_macos.sh"
     )
-  elif target in GPU_TARGETS or emulate:
-    build_gpu_library(target, src, library, emulate, offload_arch, cpu, cache)
-    say(f"built lib{name}.so")
+  elif opts.gpu:
+    build_gpu_library(opts.target, src, library, opts.emulate, opts.offload_arch, opts.cpu, opts.cache)
+    opts.say(f"built lib{name}.so")
   else:
     generated = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))]
     sources = generated + runtime_sources_called(src, generated)
@@ -384,11 +379,11 @@ def _build(name, stage: Path, srcs: Sources, target, cpu, triple, offload_arch, 
       src,
       sources,
       library,
-      cpu,
-      cache,
-      progress=lambda d, n: say(f"compiled {d}/{n} sources"),
-      triple=triple,
-      sanitize=sanitize,
+      opts.cpu,
+      opts.cache,
+      progress=lambda d, n: opts.say(f"compiled {d}/{n} sources"),
+      triple=opts.triple,
+      sanitize=opts.sanitize,
     )
 
 

@@ -15,6 +15,7 @@ How a block runs depends on what it is:
 A block the suite cannot run has `<!-- not run: why -->` on the line before it.
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -27,7 +28,9 @@ import pytest
 
 from aot.models import get
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "PERFORMANCE.md"
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
 # a command's limit: the slowest block compiles MNIST cold (a few seconds)
 BLOCK_TIMEOUT_S = 300
@@ -184,3 +187,51 @@ def test_readme_blocks_run_in_order(tmp_path):
     if runner is None:
       pytest.fail(f"{block}: no way to run it (test_every_block_is_run_or_says_why_not says more)")
     runner(block, tmp_path, blocks[i + 1 :])
+
+
+# the README is for users: short, and with no development diary in it or in the other documents
+README_MAX_LINES = 250
+DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/ARCHITECTURE.md", "docs/PERFORMANCE.md")
+DIARY = re.compile(r"\b(this stop|last stop|tried and not kept|not kept)\b|`[0-9a-f]{7,40}`", re.I)
+
+
+def test_readme_is_short():
+  lines = README.read_text().count("\n")
+  assert lines <= README_MAX_LINES, f"README.md has {lines} lines, over {README_MAX_LINES}: move reference to docs/"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_docs_keep_no_diary(doc):
+  text = (ROOT / doc).read_text()
+  found = [f"{doc}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}" for m in DIARY.finditer(text)]
+  assert not found, f"a development diary's words (history goes to CHANGELOG.md, without commit hashes): {found}"
+
+
+def _between(text: str, marker: str) -> str:
+  m = re.search(rf"<!-- {marker}:start -->\n(.*?)\n<!-- {marker}:end -->", text, re.S)
+  assert m, f"no <!-- {marker}:start/end --> markers"
+  return m.group(1)
+
+
+def test_results_are_the_bench_tables_of_the_saved_rows():
+  # docs/PERFORMANCE.md's tables and the README's summary are written by the bench from docs/performance.json:
+  # a figure edited by hand, or a table written from other rows, differs from what the bench writes
+  from aot.tools.bench import performance_tables, summary_table
+
+  run = json.loads((ROOT / "docs" / "performance.json").read_text())
+  assert _between(PERFORMANCE.read_text(), "bench") == performance_tables(run)
+  assert _between(README.read_text(), "bench") == summary_table(run["rows"], run["targets"])
+
+
+def test_bench_rewrites_the_published_tables_from_the_saved_rows(tmp_path, capsys):
+  # `--rows` times nothing: from the saved run it writes back exactly what the two files hold
+  from aot.tools.bench import main
+
+  doc, readme = tmp_path / "PERFORMANCE.md", tmp_path / "README.md"
+  doc.write_text(
+    re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", r"\1\2", PERFORMANCE.read_text(), flags=re.S)
+  )
+  readme.write_text(re.sub(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", r"\1\2", README.read_text(), flags=re.S))
+  assert main(["--rows", str(ROOT / "docs" / "performance.json"), "--doc", str(doc), "--readme", str(readme)]) == 0
+  assert doc.read_text() == PERFORMANCE.read_text() and readme.read_text() == README.read_text()
+  assert "Slower than onnxruntime" in capsys.readouterr().out

@@ -239,15 +239,6 @@ def file_mapping(x):
   return x if isinstance(x, mmap.mmap) else None
 
 
-def release_mapped_pages(x) -> None:
-  """Drop the pages of a memory-mapped array (an ONNX model's external weights) from this process's resident memory:
-  the file is read-only, so a later read pages them in again. Anything else is left alone."""
-  import mmap
-
-  if (m := file_mapping(x)) is not None:
-    m.madvise(mmap.MADV_DONTNEED)
-
-
 def prod(xs) -> int:
   return math.prod(xs)
 

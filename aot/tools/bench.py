@@ -12,6 +12,10 @@ input, after warm-up. Ratios are what to compare: absolute times move with the m
       # 1024^3 matmul and a 3x3 conv vs numpy's matmul (1 thread; unset a forced OpenBLAS core type, which slows numpy)
   python -m aot.tools.bench --scale 1               # an MLP with 1 GB of weights in external data
   (aot/tools/scale_bench.py)
+  python -m aot.tools.bench --zoo --threads 1,2 --json docs/performance.json --doc docs/PERFORMANCE.md \\
+      --readme README.md                             # the published tables: the rows, the tables, the README's summary
+  python -m aot.tools.bench --rows docs/performance.json --doc docs/PERFORMANCE.md --readme README.md   # the same
+      # tables from the saved rows, timing nothing
 """
 
 from __future__ import annotations
@@ -274,23 +278,77 @@ def micro(targets, threads: int, budget_s: float) -> list[dict]:
   return rows
 
 
-def table(rows: list[dict], targets) -> str:
-  cols = (
-    ["model", "gflop", "threads", "kernels", "weights_mb", "weights_x", "arena_mb", "arena_x"]
-    + [f"{t}_ms" for t in targets]
-    + ["ort_ms"]
-    + [f"{t}_vs_ort" for t in targets]
-    + [f"{t}_x_1t" for t in targets]
-    + ["ort_x_1t"]
-    + [f"{t}_gflops" for t in targets]
-    + ["llvm_over_c"]
-    + [f"{t}_compile_s" for t in targets]
-    + [f"{t}_rel_err" for t in targets]
-  )
+def table(rows: list[dict], targets, cols: list[str] | None = None) -> str:
+  """Rows as a Markdown table: every column (cols, else all the bench writes) that some row has."""
+  if cols is None:
+    cols = (
+      ["model", "gflop", "threads", "kernels", "weights_mb", "weights_x", "arena_mb", "arena_x"]
+      + [f"{t}_ms" for t in targets]
+      + ["ort_ms"]
+      + [f"{t}_vs_ort" for t in targets]
+      + [f"{t}_x_1t" for t in targets]
+      + ["ort_x_1t"]
+      + [f"{t}_gflops" for t in targets]
+      + ["llvm_over_c"]
+      + [f"{t}_compile_s" for t in targets]
+      + [f"{t}_rel_err" for t in targets]
+    )
   cols = [c for c in cols if any(c in r for r in rows)]
   fmt = lambda v: f"{v:.1e}" if isinstance(v, float) and abs(v) < 1e-2 and v != 0 else str(v)
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def _is_int8(row: dict) -> bool:
+  """A row of a quantized model: NAME:FORM (bundled) or "light NAME FORM"."""
+  return ":" in row["model"] or len(row["model"].split()) == 3
+
+
+def performance_tables(run: dict) -> str:
+  """docs/PERFORMANCE.md's generated part: the command and machine, then the float and int8 models against
+  onnxruntime, the speed-up on more threads, and memory and compile time, each model once."""
+  rows, targets = run["rows"], run["targets"]
+  per = lambda *names: [f"{t}_{n}" for n in names for t in targets]
+  speed = ["model", "threads", *per("ms"), "ort_ms", *per("vs_ort")]
+  first = min(r["threads"] for r in rows)
+  sections = [
+    (
+      "Float models",
+      [r for r in rows if not _is_int8(r)],
+      ["model", "gflop", "threads", *per("ms"), "ort_ms", *per("vs_ort", "gflops"), "llvm_over_c", *per("rel_err")],
+    ),
+    ("Int8 models, beside onnxruntime's own int8 run", [r for r in rows if _is_int8(r)], [*speed, *per("rel_err")]),
+    (
+      "Threads: each row's speed-up over 1 thread",
+      [r for r in rows if r["threads"] > 1],
+      ["model", "threads", *per("x_1t"), "ort_x_1t"],
+    ),
+    (
+      "Memory and compile time",
+      [r for r in rows if r["threads"] == first],
+      ["model", "kernels", "weights_mb", "weights_x", "arena_mb", "arena_x", *per("compile_s")],
+    ),
+  ]
+  parts = [f"`{run['command']}` on {run['machine']}:"]
+  for title, part, cols in sections:
+    if part and any(c in r for r in part for c in cols[2:]):
+      parts += [f"### {title}", table(part, targets, cols)]
+  parts.append(slower_note(rows, targets))
+  return "\n\n".join(parts)
+
+
+def summary_table(rows: list[dict], targets) -> str:
+  """The README's short table: each model's time over onnxruntime's, per target and thread count."""
+  threads = sorted({r["threads"] for r in rows})
+  cols = [f"{t}, {n} thread{'s' * (n > 1)}" for n in threads for t in targets]
+  by_model: dict[str, dict] = {}
+  for r in rows:
+    by_model.setdefault(r["model"], {}).update(
+      {f"{t}, {r['threads']} thread{'s' * (r['threads'] > 1)}": r.get(f"{t}_vs_ort", "") for t in targets}
+    )
+  lines = ["| model | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+  lines += [f"| {m} | " + " | ".join(str(v.get(c, "")) for c in cols) + " |" for m, v in by_model.items()]
   return "\n".join(lines)
 
 
@@ -308,7 +366,7 @@ def slower_note(rows: list[dict], targets) -> str:
   return "Slower than onnxruntime: " + ", ".join(f"{r['model']} ({r['threads']}t: {ratios(r)})" for _, r in slow) + "."
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(
     prog="python -m aot.tools.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
@@ -330,8 +388,16 @@ def main(argv=None) -> int:
   ap.add_argument(
     "--budget", type=float, default=20.0, help="seconds of timing per model and thread count at most (after 3 rounds)"
   )
-  ap.add_argument("--json", help="write the rows here as JSON")
-  ap.add_argument("--readme", help="replace the table between the bench markers of this README")
+  ap.add_argument("--json", help="write the rows here as JSON, with the command and the machine")
+  ap.add_argument(
+    "--doc", help="write the tables between the bench's markers of this Markdown file (docs/PERFORMANCE.md)"
+  )
+  ap.add_argument("--readme", help="write the short results table between the bench markers of this README")
+  ap.add_argument(
+    "--rows",
+    metavar="JSON",
+    help="time nothing: the tables from the rows a run wrote with --json (for --doc and --readme)",
+  )
   ap.add_argument(
     "--profile",
     action="store_true",
@@ -352,85 +418,122 @@ def main(argv=None) -> int:
     "in a subprocess; its compile time and peak RSS, the artifact's size and create time, its error vs "
     "onnxruntime (--json writes the row)",
   )
-  args = ap.parse_args(argv)
-  from aot.check import random_inputs
-  from aot.models import get
+  return ap
 
+
+def main(argv=None) -> int:
+  ap = _parser()
+  args = ap.parse_args(argv)
   if (problem := _unknown_model(args.models, args.onnx)) is not None:
     ap.error(problem)
-
   targets = [t for t in args.targets.split(",") if t]
   if args.scale is not None:
-    from aot.tools.scale_bench import scale
-
-    row = scale(args.scale)
-    print(
-      "\n".join(
-        ["| " + " | ".join(row) + " |", "|" + "---|" * len(row), "| " + " | ".join(map(str, row.values())) + " |"]
-      )
-    )
-    if args.json:
-      Path(args.json).write_text(json.dumps(row, indent=1))
-    return 0
+    return _run_scale(args)
   if args.micro:
-    rows = [r for n in args.threads.split(",") for r in micro(targets, int(n), args.budget)]
-    cols = list(rows[0])
-    text = "\n".join(
-      ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-      + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    )
-    print(text)
-    if args.json:
-      Path(args.json).write_text(json.dumps(rows, indent=1))
-    if args.readme:
-      _replace_between(
-        Path(args.readme), "micro", f"`python -m aot.tools.bench --micro` (OpenBLAS {_openblas()}):\n\n{text}"
-      )
-    return 0
+    return _run_micro(args, targets)
   if args.zoo:
     args.onnx += [f"light:{n}" for n in LIGHT_MODELS if f"light:{n}" not in args.onnx]
   if args.profile:
     return _profile(args.onnx, targets, [int(t) for t in args.threads.split(",")], args)
+  if args.rows:
+    run = _saved_run(Path(args.rows))
+    rows, targets = run["rows"], run["targets"]
+  else:
+    rows = _run_bench(args, targets)
+    run = {"command": _command(args, ap), "machine": machine(), "targets": targets, "rows": rows}
+  print(table(rows, targets))
+  print(slower_note(rows, targets))
+  if args.json:
+    Path(args.json).write_text(json.dumps(run, indent=1))
+  if args.doc:
+    _replace_between(Path(args.doc), "bench", performance_tables(run))
+  if args.readme:
+    _replace_between(Path(args.readme), "bench", summary_table(rows, targets))
+  return 0
+
+
+def _saved_run(path: Path) -> dict:
+  """What a run wrote with --json: its command, machine, targets and rows."""
+  try:
+    run = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise SystemExit(f"--rows {path}: {e}") from None
+  if not isinstance(run, dict) or not {"command", "machine", "targets", "rows"} <= run.keys():
+    raise SystemExit(f"--rows {path}: not a bench run's --json (command, machine, targets and rows)")
+  return run
+
+
+def _run_bench(args, targets) -> list[dict]:
+  """Every model asked for, timed; the rows by thread count, then in the order the models were given."""
+  from aot.check import random_inputs
+  from aot.models import get
+
   thread_counts = [int(t) for t in args.threads.split(",")]
   rows = []
   for name in [m for m in args.models.split(",") if m]:
     ref = get(name.partition(":")[0])
     # the ONNX form, compiled and given to onnxruntime alike (its kernels are the Tensor form's)
     form = _reference_form(name)
-    rows += bench_model(
-      name, form, form, lambda art, r=ref: r.example_inputs(0), thread_counts, targets, args.repeats, args.budget
-    )
+    inputs = lambda art, r=ref: r.example_inputs(0)
+    rows += bench_model(name, form, form, inputs, thread_counts, targets, args.repeats, args.budget)
   for path in args.onnx:
     label, model = _onnx_arg(path)
-    rows += bench_model(
-      label,
-      model,
-      model,
-      lambda art: random_inputs(art.inputs, indexed=art.indexed_inputs),
-      thread_counts,
-      targets,
-      args.repeats,
-      args.budget,
-    )
-  # the table by thread count, then in the order the models were given
-  rows = sorted(rows, key=lambda r: r["threads"])
-  print(table(rows, targets))
-  print(slower_note(rows, targets))
+    inputs = lambda art: random_inputs(art.inputs, indexed=art.indexed_inputs)
+    rows += bench_model(label, model, model, inputs, thread_counts, targets, args.repeats, args.budget)
+  return sorted(rows, key=lambda r: r["threads"])
+
+
+def _command(args, ap) -> str:
+  """The command as run: every option not at its default, and the models and files beyond the defaults."""
+  options = [f" --{o} {getattr(args, o)}" for o in ("models", "targets", "repeats", "budget")]
+  options = [
+    t for o, t in zip(("models", "targets", "repeats", "budget"), options) if getattr(args, o) != ap.get_default(o)
+  ]
+  extra = [o for o in args.onnx if not (args.zoo and o.removeprefix("light:") in LIGHT_MODELS)]
+  zoo = " --zoo" if args.zoo else ""
+  return f"python -m aot.tools.bench{''.join(options)} --threads {args.threads}{zoo}" + "".join(f" {o}" for o in extra)
+
+
+def machine() -> str:
+  """The CPU's model name and how many cores this process may use: what a table's times hold for."""
+  name = "an unknown CPU"
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        name = line.split(":", 1)[1].strip()
+        break
+  except OSError:
+    pass
+  return f"{name}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+
+
+def _run_scale(args) -> int:
+  from aot.tools.scale_bench import scale
+
+  row = scale(args.scale)
+  print(_plain_table([row]))
+  if args.json:
+    Path(args.json).write_text(json.dumps(row, indent=1))
+  return 0
+
+
+def _run_micro(args, targets) -> int:
+  rows = [r for n in args.threads.split(",") for r in micro(targets, int(n), args.budget)]
+  text = _plain_table(rows)
+  print(text)
   if args.json:
     Path(args.json).write_text(json.dumps(rows, indent=1))
-  if args.readme:
-    # the command as run: the models and files beyond the defaults too
-    models = "" if args.models == ap.get_default("models") else f" --models {args.models}"
-    extra = [o for o in args.onnx if not (args.zoo and o.removeprefix("light:") in LIGHT_MODELS)]
-    command = f"python -m aot.tools.bench{models} --threads {args.threads}{' --zoo' if args.zoo else ''}" + "".join(
-      f" {o}" for o in extra
-    )
-    _replace_between(
-      Path(args.readme),
-      "bench",
-      f"`{command}` on {os.cpu_count()} cores:\n\n" + table(rows, targets) + "\n\n" + slower_note(rows, targets),
-    )
+  if args.doc:
+    command = f"python -m aot.tools.bench --micro --threads {args.threads}"
+    _replace_between(Path(args.doc), "micro", f"`{command}` on {machine()} (OpenBLAS {_openblas()}):\n\n{text}")
   return 0
+
+
+def _plain_table(rows: list[dict]) -> str:
+  """A Markdown table of rows that share their keys, in the first row's order."""
+  cols = list(rows[0])
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  return "\n".join(lines + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
 
 
 def _forms() -> str:
@@ -527,18 +630,21 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
   return 0
 
 
-def _replace_between(readme: Path, marker: str, text: str):
-  """The README's text between <!-- marker:start --> and <!-- marker:end --> becomes text."""
+def _replace_between(path: Path, marker: str, text: str):
+  """The file's text between <!-- marker:start --> and <!-- marker:end --> becomes text."""
   import re
 
-  readme.write_text(
-    re.sub(
-      rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)",
-      lambda m: m.group(1) + text + "\n" + m.group(2),
-      readme.read_text(),
-      flags=re.S,
-    )
+  if not path.is_file():
+    raise SystemExit(f"{path}: no such file to write the bench's tables into")
+  new, found = re.subn(
+    rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)",
+    lambda m: m.group(1) + text + "\n" + m.group(2),
+    path.read_text(),
+    flags=re.S,
   )
+  if not found:
+    raise SystemExit(f"{path}: no <!-- {marker}:start --> ... <!-- {marker}:end --> markers to write between")
+  path.write_text(new)
 
 
 def _openblas() -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from aot.artifact import WeightsWriter, release_mapped_pages
 from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered
 from aot.codegen.lower.contract import fuse_epilogues, lower_contractions, split_by_slices
 from aot.codegen.lower.direct import DirectLowered, lower_depthwise
@@ -18,7 +19,7 @@ from aot.codegen.lower.quant import lower_qgemm, narrow_int8_producers
 from aot.codegen.render.linearize import flop_count
 from aot.codegen.render.opt import optimize
 from aot.core.dtype import dtypes
-from aot.core.ir import UOp, release_mapped_pages
+from aot.core.ir import UOp
 from aot.errors import working_on
 from aot.scheduler.kernel import Buffer, Kernel, Schedule
 
@@ -52,7 +53,7 @@ class LowerEnv:
   writing each buffer and the int8 results already lowered (quant.py's producers, qresults), and what was made."""
 
   tile: tuple[int, int]
-  weights: object  # aot.artifact.WeightsWriter
+  weights: WeightsWriter
   producers: dict = field(default_factory=dict)
   qresults: dict = field(default_factory=dict)
   scratch_made: list[Buffer] = field(default_factory=list)
@@ -182,7 +183,7 @@ def _lower_kernels(sched: Schedule, env: LowerEnv) -> tuple[list[Lowered], set[i
   return lowered, replaced
 
 
-def _write_weights(lowered: list[Lowered], packed: set[int], weights) -> None:
+def _write_weights(lowered: list[Lowered], packed: set[int], weights: WeightsWriter) -> None:
   """The model's constants that the generated functions read, after the packed copies written during lowering."""
   # constants only a prepacked copy reads are left out of the weights
   used = {id(low.kernel.bufs[s]) for low in lowered for s in low.reads()}
@@ -194,7 +195,9 @@ def _write_weights(lowered: list[Lowered], packed: set[int], weights) -> None:
     release_mapped_pages(b.data)
 
 
-def lower_schedule(name: str, sched: Schedule, tile: tuple[int, int], weights, target: str) -> LoweredSchedule:
+def lower_schedule(
+  name: str, sched: Schedule, tile: tuple[int, int], weights: WeightsWriter, target: str
+) -> LoweredSchedule:
   """The schedule's kernels lowered (LOWERINGS), the constants they read written after the packed ones, the generated
   functions named (NAME_fI and suffixes; kernels doing the same work share one) and optimised, and the calls."""
   env = LowerEnv(tile, weights)
