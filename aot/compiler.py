@@ -24,38 +24,27 @@ from aot.artifact import (
   install,
   make_stage,
   place_sources,
-  release_mapped_pages,
   write_manifest,
 )
 from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest
-from aot.codegen.lower.contract import fuse_epilogues, gemm_tile, lower_contractions, split_by_slices
-from aot.codegen.lower.direct import DepthwiseCall, lower_depthwise
-from aot.codegen.lower.qpool import lower_qpool
-from aot.codegen.lower.quant import lower_qgemm, narrow_int8_producers
+from aot.codegen.lower.calls import CALLS_FILE, calls_json
+from aot.codegen.lower.contract import gemm_tile
+from aot.codegen.lower.stage import function_name, function_places, lower_schedule
 from aot.codegen.render.c import KERNEL_PRELUDE, CRenderer
 from aot.codegen.render.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch, plan_launch
 from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
-from aot.codegen.render.host_cpu import GemmCall, render_header, render_model_c, render_weights_asm
+from aot.codegen.render.host_cpu import render_header, render_model_c, render_weights_asm
 from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
-from aot.codegen.render.linearize import flop_count, kernel_params, parallel_extent
-from aot.codegen.render.opt import optimize
-from aot.core.dtype import dtypes, to_dtype
-from aot.core.ir import Ops, UOp
-from aot.core.symbolic import linear
+from aot.core.dtype import to_dtype
+from aot.core.ir import UOp
 from aot.errors import BUG_REPORT, AotError, InternalError, InvalidTypeError, places_of, working_on
 from aot.frontends.tensor import Tensor
 from aot.options import TARGETS, CompileOptions
-from aot.scheduler.kernel import Buffer, Kernel, Schedule, Traced
+from aot.scheduler.kernel import Buffer, Schedule, Traced
 from aot.scheduler.memory import align_up, memory_plan
 from aot.scheduler.schedule import schedule, without_checks
-from aot.tools.profile import CALLS_FILE, calls_json, describe_calls
 
 __all__ = ["TARGETS", "CompileOptions", "bugs_as_internal_errors", "compile_model", "render", "resolve", "trace"]
-# kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
-PARALLEL_MIN_WORK = 1 << 16
-# a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
-# the first wake-up of a run costs more than splitting gains (the 3-layer mlp: 2 threads were 0.74x as fast as 1)
-MODEL_PARALLEL_MIN_WORK = 1 << 25
 # the runtime's C files of a CPU artifact (the pool and errors; the microkernel, the depthwise kernel, the int8
 # microkernel, the 8-bit pool and im2col), each with the entry points the generated code calls it by: a file is built
 # and linked only where a kernel calls it, since a model with no contraction need not wait for the int8 microkernel
@@ -201,28 +190,6 @@ def _render(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWr
   return _render_cpu(name, sched, opts.target, opts.cpu, opts.triple, opts.profile, weights)
 
 
-def function_name(name: str, i: int) -> str:
-  """The C function of the schedule's kernel i (named ki_...): NAME_fi."""
-  return f"{name}_f{i}"
-
-
-def kernel_place(k: Kernel) -> str:
-  """A kernel, for the InternalError a bug compiling it becomes (working_on): its name, and the model output it
-  writes if it writes one."""
-  return f"in kernel {k.name}" + (f" (writing output '{k.out.name}')" if k.out.kind == "output" else "")
-
-
-def function_places(name: str, sched: Schedule, functions: Sequence[str]) -> dict[str, str]:
-  """Each generated function's place (working_on): the function, and the kernel whose work it does (its name starts
-  with function_name(name, i) of kernel i: NAME_f3, NAME_f3_slice1, NAME_f3_dense0a)."""
-  places = {}
-  for fn in functions:
-    m = re.match(re.escape(name) + r"_f(\d+)", fn)
-    k = sched.kernels[int(m.group(1))] if m and int(m.group(1)) < len(sched.kernels) else None
-    places[fn] = f"in function {fn}" + (f" of kernel {kernel_place(k).removeprefix('in kernel ')}" if k else "")
-  return places
-
-
 def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
   """Close the weights file (WeightsWriter.finish): NAME.weights beside the library when external."""
   return weights.finish()
@@ -239,9 +206,10 @@ def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights:
   external = weights.finish()
   functions: dict[UOp, str] = {}
   # kernels that do the same work on different buffers share one function
+  owners = {}
   for i, k in enumerate(sched.kernels):
-    functions.setdefault(k.ast, function_name(name, i))
-  places = function_places(name, sched, list(functions.values()))
+    owners.setdefault(functions.setdefault(k.ast, function_name(name, i)), k)
+  places = function_places(owners)
   launch = {}
   for ast, fn in functions.items():
     with working_on(places[fn]):
@@ -256,252 +224,31 @@ def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights:
   return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in sched.scratch), weights, launches)
 
 
-@dataclass
-class _Lowered:
-  """The schedule's kernels lowered to calls (_lower_kernels): kernels[i] over its new buffers, plans[i] its generated
-  functions (epilogues per slice, and its contractions), directs[i] its depthwise calls, qgemms its int8 calls by
-  kernel name; the scratch buffers the lowering made, and the ids of the packed constants already written and of the
-  schedule's scratch buffers it replaced (narrowed to 8 bits)."""
-
-  kernels: list[Kernel]
-  plans: list
-  directs: list
-  qgemms: dict
-  scratch_made: list[Buffer]
-  packed: set[int]
-  replaced: set[int]
-
-
-def _lower_kernels(sched: Schedule, tile, weights: WeightsWriter) -> _Lowered:
-  scratch_made: list[Buffer] = []
-  packed: set[int] = set()
-
-  def make_buffer(kind: str, x) -> Buffer:
-    if kind == "scratch":
-      scratch_made.append(b := Buffer("scratch", dtypes.float32, x, "contraction"))
-      return b
-    # a packed copy of a weight goes to the weights file now and is dropped: never all of them in memory at once
-    b = Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x)
-    weights.add(b)
-    b.data = None
-    packed.add(id(b))
-    return b
-
-  # contractions become the runtime's microkernel plus an epilogue kernel (codegen/lower/contract.py)
-  # depthwise convolutions go to the runtime's direct kernel instead (codegen/lower/direct.py); directs[i] are kernel
-  # i's
-  kernels, plans, directs = [], [], []
-  # int8 contractions go to the runtime's int8 microkernel (codegen/lower/quant.py), after a kernel writing their A;
-  # 8-bit values widened to int32 are stored as bytes first
-  narrowed, made8, replaced = narrow_int8_producers(sched.kernels)
-  scratch_made += made8
-  producers, qgemms, qresults = {id(k.bufs[0]): k for k in narrowed}, {}, {}
-  for k in narrowed:
-    with working_on(kernel_place(k)):
-      # and 8-bit max pools to the runtime's pool (codegen/lower/qpool.py)
-      if (q := lower_qgemm(k.ast, k.bufs, producers, qresults) or lower_qpool(k.ast, k.bufs)) is not None:
-        for b in q[1]:
-          if b.kind == "scratch":
-            scratch_made.append(b)
-          else:
-            weights.add(b)
-            b.data = None
-            packed.add(id(b))
-        kernels.append(Kernel(k.name, k.ast, q[0], k.shape))
-        # the kernel's own generated function: its epilogue, else A's copy; none for a bare matmul read in place
-        own = q[3] or q[2][0].dense
-        plans.append(([own] if own is not None else [], []))
-        directs.append([])
-        qgemms[k.name] = q[2:]
-        continue
-      direct = lower_depthwise(k.ast, k.bufs, make_buffer)
-      last, bufs, gemms = lower_contractions(k.ast, k.bufs, tile, make_buffer) if direct is None else (*direct[:2], [])
-      kernels.append(Kernel(k.name, k.ast, bufs, k.shape))
-      # a concat's epilogue runs one kernel per branch's slice; a contraction applies its own to its tiles when it can
-      pieces = split_by_slices(last, gemms)
-      fuse_epilogues(pieces, gemms)
-      plans.append((pieces, gemms))
-      directs.append(direct[2] if direct is not None else [])
-      # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
-      for b in k.bufs:
-        if b.kind == "const":
-          release_mapped_pages(b.data)
-  return _Lowered(kernels, plans, directs, qgemms, scratch_made, packed, replaced)
-
-
-def _write_weights(low: _Lowered, weights: WeightsWriter) -> None:
-  """The model's constants that the generated functions read, after the packed copies written during lowering."""
-  kernels, plans, packed = low.kernels, low.plans, low.packed
-  # constants only a prepacked copy reads are left out of the weights
-  used = {
-    id(k.bufs[u.arg])
-    for k, (lasts, gemms) in zip(kernels, plans)
-    for ast in [*lasts, *(x for g in gemms for o in (g.a, g.b) for x in (o.dense, o.pack) if x is not None)]
-    for u in ast.toposort()
-    if u.op is Ops.DEFINE_GLOBAL
-  }
-  used |= {
-    id(k.bufs[o.slot]) for k, (_, gemms) in zip(kernels, plans) for g in gemms for o in (g.a, g.b) if o.pack is None
-  }
-  # the model's own constants that kernels read follow the packed ones (these were written as they were made)
-  consts = [b for k in kernels for b in k.bufs if b.kind == "const" and id(b) in used and id(b) not in packed]
-  for b in {id(b): b for b in consts}.values():
-    weights.add(b)
-    release_mapped_pages(b.data)
-
-
-def _name_functions(name: str, sched: Schedule, low: _Lowered) -> dict[UOp, str]:
-  """The generated functions' names, by their AST: a kernel's own, its slices', its operands' dense copies and packs."""
-  functions: dict[UOp, str] = {}
-  for n, (k, (lasts, gemms)) in enumerate(zip(sched.kernels, low.plans)):
-    # kernels that do the same work on different buffers share one function
-    base = function_name(name, n)
-    for j, last in enumerate(lasts):
-      functions.setdefault(last, base if j == 0 else f"{base}_slice{j}")
-    for i, q in enumerate(low.qgemms.get(k.name, ([], None))[0]):
-      if q.dense is not None:
-        functions.setdefault(q.dense, f"{base}_dense{i}")
-      if q.zero is not None:
-        functions.setdefault(q.zero, f"{base}_zero{i}")
-    for i, g in enumerate(gemms):
-      for side, o in zip("ab", (g.a, g.b)):
-        if o.dense is not None:
-          functions.setdefault(o.dense, f"{base}_dense{i}{side}")
-        if o.pack is not None:
-          functions.setdefault(o.pack, f"{base}_pack{i}{side}")
-  return functions
-
-
-def _call_list(
-  sched: Schedule, low: _Lowered, functions: dict[UOp, str], optimized: dict[UOp, UOp], target: str = "c"
-) -> tuple[list, list]:
-  """What model.c runs, in order (render_model_c's calls), and (kernel, role, AST) of each call for a profile build."""
-  kernels, plans, directs, qgemms = low.kernels, low.plans, low.directs, low.qgemms
-  calls: list = []
-  notes: list = []  # (kernel, role, AST) of each call, for a profile build
-  # integer sums count as work too: a quantized model's are nearly all of it
-  threads = sum(flop_count(k.ast, integer=True) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
-  for k, (lasts, gemms), ds in zip(kernels, plans, directs):
-    with working_on(kernel_place(k)):
-
-      def call(ast: UOp, out: Buffer):
-        # a dense operand's kernel writes its slot 0 into the operand's scratch buffer
-        ast, extent = optimized[ast], parallel_extent(optimized[ast])
-        args = [(u.arg, out if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)]
-        work = flop_count(ast, integer=True) + out.size
-        return (functions[ast], args, extent, threads and extent > 1 and work >= PARALLEL_MIN_WORK)
-
-      if k.name in qgemms:
-        qs, epilogue = qgemms[k.name]
-        for q in qs:
-          # a zero point computed at run time first: A's copy and the microkernel read it
-          if q.zero is not None:
-            calls.append(call(q.zero, k.bufs[q.zero_slot]))
-            notes.append((k.name, "operand", optimized[q.zero]))
-          if q.dense is not None:
-            calls.append(call(q.dense, k.bufs[q.a_slot]))
-            notes.append((k.name, "operand", optimized[q.dense]))
-          if q.im2col is not None:
-            calls.append(q.im2col.call(k.bufs, threads and q.im2col.tasks > 1 and q.M * q.K >= PARALLEL_MIN_WORK))
-            notes.append((k.name, "operand", None))
-          calls.append(q.call(k.bufs, threads and q.tasks > 1 and q.work >= PARALLEL_MIN_WORK))
-          notes.append((k.name, q.role, None))
-        if epilogue is not None:
-          calls.append(call(epilogue, k.bufs[0]))
-          notes.append((k.name, "epilogue", optimized[epilogue]))
-        continue
-      for g in gemms:
-        for o in (g.a, g.b):
-          if o.dense is not None:
-            calls.append(call(o.dense, k.bufs[o.slot]))
-            notes.append((k.name, "operand", optimized[o.dense]))
-        work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
-        pack = None
-        if g.b.pack is not None:
-          # B's panels are packed inside the gemm's tasks: the pack kernel is not a call of its own
-          ast = optimized[g.b.pack]
-          pack = (functions[ast], [(u.arg, None if u.arg == 0 else k.bufs[u.arg]) for u in kernel_params(ast)])
-        calls.append(GemmCall(g, k.bufs, threads and g.tasks > 1 and work >= PARALLEL_MIN_WORK, pack, target == "c"))
-        notes.append((k.name, "contraction", None))
-      if ds:
-        # the direct kernel runs its epilogue after each task's planes when their loops agree (no slices: one epilogue)
-        (last,) = lasts
-        epilogue = None if _copies_in_place(last) else call(last, k.bufs[0])
-        for d in ds:
-          fused = epilogue is not None and d.fused and epilogue[2] == d.tasks
-          calls.append(
-            DepthwiseCall(
-              d, k.bufs, threads and d.tasks > 1 and d.work >= PARALLEL_MIN_WORK, epilogue[:2] if fused else None
-            )
-          )
-          notes.append((k.name, "depthwise", optimized[last] if fused else None))
-          if fused or epilogue is None:
-            continue
-          calls.append(epilogue)
-          notes.append((k.name, "epilogue", optimized[last]))
-        continue
-      # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the
-      # microkernel applied to its tiles (Gemm.steps), is not run
-      for last in lasts:
-        if not (gemms and (_copies_in_place(last) or any(g.epilogue is last for g in gemms))):
-          calls.append(call(last, k.bufs[0]))
-          notes.append((k.name, "epilogue" if gemms else "kernel", optimized[last]))
-  return calls, notes
-
-
 def _render_cpu(
   name: str, sched: Schedule, target: str, cpu: str, triple: str | None, profile: bool, weights: WeightsWriter
 ) -> Sources:
-  """Contractions, depthwise and int8 kernels lowered to the runtime's kernels plus generated functions
-  (_lower_kernels), the weights laid out (_write_weights), the functions named and rendered, and model.c's call
-  list over them (_call_list)."""
-  low = _lower_kernels(sched, gemm_tile(cpu, triple), weights)
-  scratch = [b for b in sched.scratch if id(b) not in low.replaced] + low.scratch_made
-  arena = memory_plan(low.kernels, scratch)
-  _write_weights(low, weights)
+  """The schedule lowered to the runtime's kernels and generated functions (codegen/lower/stage.py), the functions
+  rendered, and model.c's calls over them."""
+  low = lower_schedule(name, sched, gemm_tile(cpu, triple), weights, target)
+  arena = memory_plan([x.kernel for x in low.lowered], low.scratch)
   external = _finish_weights(weights)
-  functions = _name_functions(name, sched, low)
-  places = function_places(name, sched, list(functions.values()))
-  optimized = {}
-  for ast, fn in functions.items():
-    with working_on(places[fn]):
-      optimized[ast] = optimize(ast)
-  functions = {optimized[ast]: fn for ast, fn in functions.items()}
-  files = render_kernels(target, functions, places)
-  protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in functions.items()]
-  infos = [
-    KernelInfo(k.name, functions[optimized[lasts[0]]] if lasts else "aot_qgemm_run", k.shape)
-    for k, (lasts, _) in zip(sched.kernels, low.plans)
-  ]
-  calls, notes = _call_list(sched, low, functions, optimized, target)
-  panel_floats = max([g.c.K * g.b.panel[1] for _, gemms in low.plans for g in gemms], default=0)
-  model_c = render_model_c(name, sched, calls, protos, external, profile, panel_floats)
+  files = render_kernels(target, low.functions, low.places)
+  protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in low.functions.items()]
+  infos = [KernelInfo(k.name, fn, k.shape) for k, fn in zip(sched.kernels, low.entries)]
+  calls = low.calls
+  model_c = render_model_c(name, sched, calls, protos, external, profile, low.panel_floats)
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c
   if not external:
     files["model.c"] += render_weights_asm(name)
   files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target, len(calls) if profile else 0)
   if profile:
-    files[CALLS_FILE] = calls_json(describe_calls(calls, notes))
+    files[CALLS_FILE] = calls_json(low.call_infos())
   if list(files) == ["kernels0.c", "model.c", f"{name}.h"]:
     # a small model is one C file: a compiler run per artifact is most of the build time
     files["model.c"] = files.pop("kernels0.c") + "\n" + files["model.c"]
   # dladdr (external weights) needs _GNU_SOURCE before the first system header
   files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
-  return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in scratch), weights)
-
-
-def _copies_in_place(ast: UOp) -> bool:
-  """Is the kernel out[i] = out[i]?"""
-  if ast.op is not Ops.STORE:
-    return False
-  buf, idx, value = ast.src
-  return (
-    value.op is Ops.LOAD
-    and value.src[0] is buf
-    and value.src[2].op is Ops.CONST
-    and value.src[2].arg is True
-    and linear(value.src[1]) == linear(idx)
-  )
+  return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in low.scratch), weights)
 
 
 def compile_model(what, example_inputs=None, *, options: CompileOptions | None = None, **keywords) -> Artifact:

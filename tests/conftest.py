@@ -42,11 +42,11 @@ def compiled_model(tmp_path_factory):
 @pytest.fixture
 def split_every_kernel(monkeypatch):
   """Artifacts compiled under this fixture split every kernel with an outer loop across the pool, however little work
-  it does (the thresholds in aot/compiler.py are about speed): small, odd shapes then test the split itself."""
-  import aot.compiler
+  it does (the thresholds in codegen/lower/stage.py are about speed): small, odd shapes then test the split itself."""
+  import aot.codegen.lower.stage
 
-  monkeypatch.setattr(aot.compiler, "PARALLEL_MIN_WORK", 0)
-  monkeypatch.setattr(aot.compiler, "MODEL_PARALLEL_MIN_WORK", 0)
+  monkeypatch.setattr(aot.codegen.lower.stage, "PARALLEL_MIN_WORK", 0)
+  monkeypatch.setattr(aot.codegen.lower.stage, "MODEL_PARALLEL_MIN_WORK", 0)
 
 
 class _Current:

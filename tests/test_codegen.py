@@ -203,11 +203,12 @@ def conv_packs(model) -> list:
   panel_operand)."""
   from aot.artifact import WeightsWriter
   from aot.codegen.lower.contract import gemm_tile
-  from aot.compiler import _lower_kernels
+  from aot.codegen.lower.stage import lower_schedule
 
   t = resolve(model)
-  low = _lower_kernels(schedule(t.outputs, t.inputs, t.output_names), gemm_tile("native", None), WeightsWriter(None))
-  return [optimize(g.b.pack) for _, gemms in low.plans for g in gemms if g.b.pack is not None]
+  sched = schedule(t.outputs, t.inputs, t.output_names)
+  low = lower_schedule("m", sched, gemm_tile("native", None), WeightsWriter(None), "c")
+  return [optimize(g.b.pack) for x in low.lowered for g in getattr(x, "gemms", []) if g.b.pack is not None]
 
 
 # (kernel, stride, pads, input size): the padded windows of ResNet's and Inception's convs, over an input whose window

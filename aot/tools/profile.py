@@ -2,7 +2,8 @@
 
 A profile build (compile_model(..., profile=True), `compile-model --profile`, `python -m aot.tools.bench --profile`)
 times every call of model.c's kernel list with clock_gettime into its instance and exports NAME_profile to read the
-sums; a normal build renders none of that (its model.c, and so its cache entry, differ). Each call is one of:
+sums; a normal build renders none of that (its model.c, and so its cache entry, differ). Each call describes itself
+(codegen/lower/calls.py: Call.describe, into the build's CALLS_FILE); it is one of:
 - the runtime's microkernel over a contraction ("microkernel"),
 - the runtime's depthwise convolution, with its epilogue after each task's planes when fused ("direct"),
 - a generated kernel: a dense operand's copy (im2col), an epilogue, or a whole kernel; "copy" when it does no
@@ -15,132 +16,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-# the name of the call list a profile build keeps in its src/ (what each timed call is, in model.c's order)
-CALLS_FILE = "profile_calls.json"
+from aot.codegen.lower.calls import CALLS_FILE, CallInfo
+
 # runs after warm-up: at least MIN_RUNS, more while they fit in the budget, at most MAX_RUNS
 WARMUP_RUNS, MIN_RUNS, MAX_RUNS = 2, 3, 50
-
-
-@dataclass
-class CallInfo:
-  kernel: str  # the schedule kernel the call belongs to
-  function: str  # the C function it runs (aot_gemm_run for the microkernel)
-  role: str  # contraction, operand (a dense copy of one), epilogue (after a contraction), kernel (whole)
-  path: str  # microkernel, copy, loop
-  flops: int
-  bytes: int  # of the distinct buffers it reads and writes
-  gemm: list[int] | None = None  # a contraction's batch, M, N, K
-  parallel: bool = False  # split across the pool's threads (else it runs whole on the calling thread)
-  tasks: int = 1  # the pieces it splits into when parallel (threads share them out)
-  task_work: list[int] | None = None  # a contraction's multiply-adds per task, in the order threads take them
-
-
-def gemm_task_work(g) -> list[int]:
-  """The multiply-adds of each of a contraction's tasks in the order aot_gemm_run hands them out (runtime_c/aot_gemm.c:
-  m blocks innermost, or a panel's row blocks all in its one task): the blocks at the edges are smaller."""
-  c, (mc, nc) = g.c, g.block
-  M, N = c.a.size, c.b.size
-  cols = [min(nc, N - n0) for n0 in range(0, N, nc)]
-  rows = [M] if g.b.pack is not None else [min(mc, M - m0) for m0 in range(0, M, mc)]
-  return [m * n * c.K for _ in range(c.B) for n in cols for m in rows]
-
-
-def describe_calls(calls: list, notes: list[tuple[str, str, object]]) -> list[CallInfo]:
-  """What each call of render_model_c's list is. notes: (kernel name, role, the call's kernel AST or None) per call."""
-  from aot.codegen.render.host_cpu import GemmCall
-  from aot.codegen.render.linearize import flop_count
-
-  infos = []
-  for call, (kernel, role, ast) in zip(calls, notes, strict=True):
-    if isinstance(call, GemmCall):
-      g, c = call.gemm, call.gemm.c
-      # a B packed in panels is read from the buffers its pack kernel reads
-      slots = [s for o in (g.a, g.b) if o.pack is None for s in [o.slot]] + [g.result]
-      slots += [s for s, _ in call.pack[1] if s != 0] if call.pack else []
-      used = {id(call.bufs[s]): call.bufs[s] for s in slots}
-      infos.append(
-        CallInfo(
-          kernel,
-          "aot_gemm_run",
-          role,
-          "microkernel",
-          2 * c.B * c.a.size * c.b.size * c.K,
-          sum(b.nbytes for b in used.values()),
-          [c.B, c.a.size, c.b.size, c.K],
-          call.parallel,
-          g.tasks,
-          gemm_task_work(g),
-        )
-      )
-      continue
-    if type(call).__name__ == "QGemmCall":
-      q = call.q
-      used = {id(call.bufs[s]): call.bufs[s] for s in (q.a_slot, q.b_slot, q.c_slot)}
-      infos.append(
-        CallInfo(
-          kernel,
-          "aot_qgemm_run",
-          role,
-          "int8 microkernel",
-          2 * q.M * q.N * q.K,
-          sum(b.nbytes for b in used.values()),
-          [1, q.M, q.N, q.K],
-          call.parallel,
-          q.tasks,
-        )
-      )
-      continue
-    if type(call).__name__ == "RuntimeCall":
-      # the runtime's 8-bit pool and im2col (codegen/lower/qpool.py)
-      used = {id(call.bufs[s]): call.bufs[s] for s in call.slots.values()}
-      nbytes = sum(b.nbytes for b in used.values())
-      infos.append(CallInfo(kernel, f"{call.name}_run", role, call.path, 0, nbytes, None, call.parallel, call.tasks))
-      continue
-    if not isinstance(call, tuple):
-      # the direct depthwise kernel (codegen/lower/direct.py), with its epilogue when fused (ast is then the epilogue's)
-      d = call.d
-      used = {id(call.bufs[s]): call.bufs[s] for s in (d.x_slot, d.w_slot, d.planes_slot, d.result)}
-      used |= {id(b): b for _, b in (call.epilogue[1] if call.epilogue else [])}
-      infos.append(
-        CallInfo(
-          kernel,
-          "aot_depthwise_run",
-          role,
-          "direct",
-          2 * d.work + (flop_count(ast) if ast else 0),
-          sum(b.nbytes for b in used.values()),
-          None,
-          call.parallel,
-          d.tasks,
-        )
-      )
-      continue
-    fn, fargs, extent, parallel = call
-    flops = flop_count(ast)
-    used = {id(b): b for _, b in fargs}
-    infos.append(
-      CallInfo(
-        kernel,
-        fn,
-        role,
-        "loop" if flops else "copy",
-        flops,
-        sum(b.nbytes for b in used.values()),
-        None,
-        parallel,
-        extent,
-      )
-    )
-  return infos
-
-
-def calls_json(infos: list[CallInfo]) -> str:
-  return json.dumps([asdict(i) for i in infos], indent=1)
 
 
 def load_calls(art) -> list[CallInfo]:

@@ -19,7 +19,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aot.codegen.lower.calls import (
+  Call,
+  CallContext,
+  CallInfo,
+  LoopCall,
+  Lowered,
+  copies_in_place,
+  distinct_bytes,
+  trampoline,
+)
 from aot.codegen.lower.contract import Contraction, epilogue_kernel, evaluate_operand, find_contractions, result_index
+from aot.codegen.lower.window import Window, padded_window
+from aot.codegen.render.linearize import flop_count
 from aot.core.dtype import dtypes
 from aot.core.interpret import evaluate_grid
 from aot.core.ir import Ops, UOp, prod, ranges_of
@@ -44,18 +56,9 @@ class Depthwise:
   x_slot: int
   images: int  # planes per filter (batch images, which the filter does not vary with)
   x_row: int
-  H: int
-  W: int
+  win: Window
   w_slot: int  # the filters, [planes][KH][KW]
   planes_slot: int  # x_planes, the table of where each plane starts (int32 bits in a constant)
-  KH: int
-  KW: int
-  SH: int
-  SW: int
-  PH: int
-  PW: int
-  OH: int
-  OW: int
   result: int  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
   tasks: int  # planes are split into this many tasks, one epilogue call each
   fused: bool  # the epilogue runs after each task (its outermost loop is the tasks')
@@ -67,15 +70,7 @@ class Depthwise:
 
   @property
   def work(self) -> int:
-    return self.planes * self.OH * self.OW * self.KH * self.KW
-
-
-def _valid_span(valid: np.ndarray) -> tuple[int, int] | None:
-  """(first, count) of the valid padded positions when they are one run, else None."""
-  idx = np.flatnonzero(valid)
-  if idx.size == 0 or idx[-1] - idx[0] + 1 != idx.size:
-    return None
-  return int(idx[0]), int(idx.size)
+    return self.planes * self.win.taps
 
 
 def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
@@ -158,32 +153,13 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw}:
     return None
   SH, SW = terms.get(oh, 0) // x_row, terms[ow]
-  KH, KW, OH, OW = kh.size, kw.size, oh.size, ow.size
+  KH, KW, OW = kh.size, kw.size, ow.size
   if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE:
     return None
-  # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
-  axes = [oh, kh, ow, kw]
-  rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
-  mask = np.ones((OH, KH, OW, KW), bool)
-  for g in gates:
-    if ranges_of(g) - set(axes):
-      return None
-    mask &= evaluate_grid(g, axes).astype(bool)
-  ih = (np.arange(OH)[:, None] * SH + np.arange(KH)[None, :]).reshape(-1)
-  iw = (np.arange(OW)[:, None] * SW + np.arange(KW)[None, :]).reshape(-1)
-  row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
-  row_ok[ih] = mask.any(axis=(2, 3)).reshape(-1)
-  col_ok[iw] = mask.any(axis=(0, 1)).reshape(-1)
-  rs, cs = _valid_span(row_ok), _valid_span(col_ok)
-  if rs is None or cs is None:
+  win = padded_window(gates, oh, kh, ow, kw, SH, SW)
+  if win is None:
     return None
-  (PH, H), (PW, W) = rs, cs
-  expected = (
-    row_ok[(np.arange(OH)[:, None] * SH + np.arange(KH))][:, :, None, None]
-    & col_ok[(np.arange(OW)[:, None] * SW + np.arange(KW))][None, None, :, :]
-  )
-  if not np.array_equal(mask, expected):
-    return None
+  PH, PW = win.PH, win.PW
   # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
   shift = np.zeros([r.size for r in planes_of], np.int64) + offset + PH * x_row + PW
   for t, k in plane_terms.items():
@@ -203,16 +179,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
     images=prod(r.size for r in extra),
     extra=extra,
     x_row=x_row,
-    H=H,
-    W=W,
-    KH=KH,
-    KW=KW,
-    SH=SH,
-    SW=SW,
-    PH=PH,
-    PW=PW,
-    OH=OH,
-    OW=OW,
+    win=win,
   )
 
 
@@ -263,32 +230,64 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   return last, bufs, [d]
 
 
-@dataclass
-class DepthwiseCall:
-  """A depthwise convolution run by the runtime's direct kernel over the kernel's buffers; epilogue: the function and
-  (slot, buffer) arguments of the epilogue kernel it runs after each task, when fused."""
+@dataclass(kw_only=True)
+class DepthwiseCall(Call):
+  """A depthwise convolution run by the runtime's direct kernel over the kernel's buffers; epilogue: the call of the
+  epilogue kernel it runs after each task's planes, when fused."""
 
   d: Depthwise
   bufs: list
-  parallel: bool
-  epilogue: tuple[str, list] | None
+  epilogue: LoopCall | None
 
-  def render(self, arg, trampoline) -> str:
-    """model.c's statement; arg(buffer, slot) is a buffer's pointer, trampoline(fn, args) the name of the function
-    that calls fn with its pointers unpacked from an array."""
+  @property
+  def tasks(self) -> int:
+    return self.d.tasks
+
+  def render(self, arg, tramps: dict[str, str]) -> str:
     d, b = self.d, self.bufs
     epilogue, pointers = "NULL, NULL", ""
     if self.epilogue is not None:
-      fn, fargs = self.epilogue
+      fargs = self.epilogue.args
       pointers = f"void *a[] = {{{', '.join(f'(void *){arg(buf, s)}' for s, buf in fargs)}}}; "
-      epilogue = f"{trampoline(fn, fargs)}, a"
+      epilogue = f"{trampoline(tramps, self.epilogue.fn, fargs)}, a"
+    w = d.win
     desc = (
       f"{arg(b[d.x_slot], d.x_slot)}, (const int *){arg(b[d.planes_slot], d.planes_slot)}, {d.images}, "
-      f"{d.x_row}, {d.H}, {d.W}, "
-      f"{arg(b[d.w_slot], d.w_slot)}, {d.KH}, {d.KW}, {d.SH}, {d.SW}, {d.PH}, {d.PW}, "
-      f"(float *){arg(b[d.result], d.result)}, {d.OH}, {d.OW}, {d.planes}, {d.tasks}, {epilogue}"
+      f"{d.x_row}, {w.H}, {w.W}, "
+      f"{arg(b[d.w_slot], d.w_slot)}, {w.KH}, {w.KW}, {w.SH}, {w.SW}, {w.PH}, {w.PW}, "
+      f"(float *){arg(b[d.result], d.result)}, {w.OH}, {w.OW}, {d.planes}, {d.tasks}, {epilogue}"
     )
     run = (
       "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else "aot_depthwise_run(&d, 0, d.tasks)"
     )
     return f"  {{ {pointers}aot_depthwise d = {{{desc}}}; {run}; }}"
+
+  def describe(self, kernel: str) -> CallInfo:
+    d, e = self.d, self.epilogue
+    used = [self.bufs[s] for s in (d.x_slot, d.w_slot, d.planes_slot, d.result)] + [b for _, b in (e.args if e else [])]
+    flops = 2 * d.work + (flop_count(e.ast) if e else 0)
+    return CallInfo(
+      kernel, "aot_depthwise_run", self.role, "direct", flops, distinct_bytes(used), None, self.parallel, d.tasks
+    )
+
+
+@dataclass
+class DirectLowered(Lowered):
+  """A kernel whose one contraction is a depthwise convolution on the direct kernel, then its epilogue (pieces: the
+  one epilogue kernel), after each task's planes when their loops agree."""
+
+  convs: list[Depthwise]
+
+  def calls(self, ctx: CallContext) -> list[Call]:
+    bufs, calls = self.kernel.bufs, []
+    (last,) = self.pieces
+    epilogue = None if copies_in_place(last) else ctx.loop(last, bufs, bufs[0], "epilogue")
+    for d in self.convs:
+      fused = epilogue is not None and d.fused and epilogue.extent == d.tasks
+      parallel = ctx.parallel(d.tasks, d.work)
+      calls.append(
+        DepthwiseCall(d=d, bufs=bufs, epilogue=epilogue if fused else None, role="depthwise", parallel=parallel)
+      )
+      if not fused and epilogue is not None:
+        calls.append(epilogue)
+    return calls

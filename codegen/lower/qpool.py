@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aot.codegen.lower.direct import _valid_span
+from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered, distinct_bytes
+from aot.codegen.lower.window import Window, padded_window
 from aot.core.dtype import dtypes
-from aot.core.interpret import evaluate_grid
 from aot.core.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
 from aot.core.rewrite import graph_rewrite, substitute
 from aot.core.symbolic import flat_stride, linear, pm_simplify
@@ -46,27 +46,13 @@ class QPool:
   x_offset: int
   x_plane: int
   x_row: int
-  H: int
-  W: int
   x_signed: bool
-  KH: int
-  KW: int
-  SH: int
-  SW: int
-  PH: int
-  PW: int
+  win: Window
   y_slot: int
   y_offset: int
   y_plane: int
   y_row: int
-  OH: int
-  OW: int
   planes: int
-  # as QGemm's: no dense copy of the input (generated or the runtime's), no zero point computed at run time
-  dense = None
-  zero = None
-  im2col = None
-  role = "int8 pool"
 
   @property
   def tasks(self) -> int:
@@ -74,33 +60,50 @@ class QPool:
 
   @property
   def work(self) -> int:
-    return self.planes * self.OH * self.OW * self.KH * self.KW
+    return self.planes * self.win.taps
 
-  def call(self, bufs: list, parallel: bool) -> RuntimeCall:
-    p = self
+  def call(self, bufs: list, parallel: bool, role: str) -> RuntimeCall:
+    p, w = self, self.win
     desc = (
-      f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {int(p.x_signed)}, {p.KH}, "
-      f"{p.KW}, {p.SH}, {p.SW}, {p.PH}, {p.PW}, 1, 1, (uint8_t *){{y}} + {p.y_offset}, {p.y_plane}, {p.y_row}, "
-      f"{p.OH}, {p.OW}, {p.planes}"
+      f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {w.H}, {w.W}, {int(p.x_signed)}, {w.KH}, "
+      f"{w.KW}, {w.SH}, {w.SW}, {w.PH}, {w.PW}, 1, 1, (uint8_t *){{y}} + {p.y_offset}, {p.y_plane}, {p.y_row}, "
+      f"{w.OH}, {w.OW}, {p.planes}"
     )
-    return RuntimeCall("aot_qpool", desc, {"x": self.x_slot, "y": self.y_slot}, p.planes, bufs, parallel, "int8 pool")
+    slots = {"x": self.x_slot, "y": self.y_slot}
+    return RuntimeCall(
+      name="aot_qpool",
+      desc=desc,
+      slots=slots,
+      count=p.planes,
+      bufs=bufs,
+      path="int8 pool",
+      role=role,
+      parallel=parallel,
+    )
 
 
-@dataclass
-class RuntimeCall:
+@dataclass(kw_only=True)
+class RuntimeCall(Call):
   """A call of one of the runtime's 8-bit routines (NAME_run over an aot_NAME descriptor whose text desc names the
-  kernel's buffers {name}: slots), rendered into model.c beside QGemmCall; path and tasks for the profile."""
+  kernel's buffers {name}: slots, in count tasks), rendered into model.c beside QGemmCall; path for the profile."""
 
   name: str
   desc: str
   slots: dict
-  tasks: int
+  count: int
   bufs: list
-  parallel: bool
   path: str
   when: str = ""  # a C condition on the descriptor p: the call runs only where it holds
 
-  def render(self, arg, trampoline=None) -> str:
+  @property
+  def tasks(self) -> int:
+    return self.count
+
+  def describe(self, kernel: str) -> CallInfo:
+    nbytes = distinct_bytes(self.bufs[s] for s in self.slots.values())
+    return CallInfo(kernel, f"{self.name}_run", self.role, self.path, 0, nbytes, None, self.parallel, self.tasks)
+
+  def render(self, arg, tramps: dict[str, str]) -> str:
     run = f"{self.name}_run(&p, 0, {self.tasks})"
     if self.parallel:
       run = f"aot_parallel(m->pool, {self.name}_run, &p, {self.tasks})"
@@ -111,6 +114,22 @@ class RuntimeCall:
   def initializer(self, arg) -> str:
     """The descriptor's fields, its buffers named by arg (the renderer's)."""
     return self.desc.format(**{n: arg(self.bufs[s], s) for n, s in self.slots.items()})
+
+
+@dataclass
+class PoolLowered(Lowered):
+  """A kernel whose one reduction is an 8-bit max pool on the runtime's pool, then the kernel reading the pooled
+  bytes (pieces: it, or none when the pool writes the output itself)."""
+
+  pools: list[QPool]
+
+  # (the name an int8 kernel with no generated function has reported since the pool shared the int8 path)
+  runtime_entry = "aot_qgemm_run"
+
+  def calls(self, ctx: CallContext) -> list[Call]:
+    bufs = self.kernel.bufs
+    calls: list[Call] = [p.call(bufs, ctx.parallel(p.tasks, p.work), "int8 pool") for p in self.pools]
+    return calls + [ctx.loop(e, bufs, bufs[0], "epilogue") for e in self.pieces]
 
 
 def _window(acc: UOp, bufs: list) -> dict | None:
@@ -139,8 +158,7 @@ def _window(acc: UOp, bufs: list) -> dict | None:
   if kh is None or max(kh.size, kw.size) > MAX_WINDOW:
     return None
   g = window_geometry(load, gates, planes, oh, ow, kh, kw)
-  # the row with its padding must fit the runtime's buffer
-  if g is None or max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) > ROW_BUFFER:
+  if g is None or not _fits(g["win"]):
     return None
   return dict(load=load, rows=rows, x_signed=_SIGNED[acc.dtype], planes=prod(r.size for r in planes), **g)
 
@@ -161,33 +179,19 @@ def window_geometry(load: UOp, gates: list[UOp], planes, oh: UOp, ow: UOp, kh: U
   x_plane = flat_stride(planes, terms)
   if x_plane is None or (planes and x_plane <= 0 and prod(r.size for r in planes) > 1):
     return None
-  SH, KH, KW, OH, OW = terms[oh] // x_row, kh.size, kw.size, oh.size, ow.size
-  # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
-  axes = [oh, kh, ow, kw]
-  mask = np.ones((OH, KH, OW, KW), bool)
-  for g in gates:
-    if ranges_of(g) - set(axes):
-      return None
-    mask &= evaluate_grid(g, axes).astype(bool)
-  rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
-  ih = np.arange(OH)[:, None] * SH + np.arange(KH)
-  iw = np.arange(OW)[:, None] * SW + np.arange(KW)
-  row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
-  row_ok[ih.reshape(-1)] = mask.any(axis=(2, 3)).reshape(-1)
-  col_ok[iw.reshape(-1)] = mask.any(axis=(0, 1)).reshape(-1)
-  rs, cs = _valid_span(row_ok), _valid_span(col_ok)
-  if rs is None or cs is None:
-    return None
-  (PH, H), (PW, W) = rs, cs
-  if not np.array_equal(mask, row_ok[ih][:, :, None, None] & col_ok[iw][None, None, :, :]):
+  win = padded_window(gates, oh, kh, ow, kw, terms[oh] // x_row, SW)
+  if win is None:
     return None
   # the first plane's element (0, 0)
-  x_offset = offset + PH * x_row + PW
-  if x_offset < 0 or W > x_row:
+  x_offset = offset + win.PH * x_row + win.PW
+  if x_offset < 0 or win.W > x_row:
     return None
-  return dict(
-    x_offset=x_offset, x_plane=x_plane, x_row=x_row, H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, OH=OH, OW=OW
-  )
+  return dict(x_offset=x_offset, x_plane=x_plane, x_row=x_row, win=win)
+
+
+def _fits(w: Window) -> bool:
+  """Does a row with its padding fit the runtime's row buffer?"""
+  return max((w.OW - 1) * w.SW + w.KW, w.PW + w.W) <= ROW_BUFFER
 
 
 def lower_qpool(ast: UOp, bufs: list):
@@ -205,15 +209,16 @@ def lower_qpool(ast: UOp, bufs: list):
   terms, offset = linear(ast.src[1])
   if bare and set(terms) == set(rows) and terms[ow] == 1 and offset >= 0:
     y_plane, y_row = flat_stride(planes, terms), terms[oh]
-    if y_plane is not None and y_row >= g["OW"]:
+    if y_plane is not None and y_row >= g["win"].OW:
       return bufs, made, [QPool(load.src[0].arg, y_slot=0, y_offset=offset, y_plane=y_plane, y_row=y_row, **g)], None
   # else the pooled bytes go to a scratch [planes][OH][OW] that the rest of the kernel reads
-  bufs.append(b := Buffer("scratch", acc.dtype, g["planes"] * g["OH"] * g["OW"], "qpool"))
+  win = g["win"]
+  bufs.append(b := Buffer("scratch", acc.dtype, g["planes"] * win.OH * win.OW, "qpool"))
   made.append(b)
   slot = len(bufs) - 1
   at = flat_of(rows)
   read = UOp(Ops.LOAD, acc.dtype, (UOp(Ops.DEFINE_GLOBAL, acc.dtype, (), slot), at, UOp.const(dtypes.bool, True)))
-  pool = QPool(load.src[0].arg, y_slot=slot, y_offset=0, y_plane=g["OH"] * g["OW"], y_row=g["OW"], **g)
+  pool = QPool(load.src[0].arg, y_slot=slot, y_offset=0, y_plane=win.OH * win.OW, y_row=win.OW, **g)
   return bufs, made, [pool], graph_rewrite(substitute(ast, {acc: read}), pm_simplify)
 
 
@@ -226,36 +231,38 @@ class QIm2col:
   x_offset: int
   x_plane: int
   x_row: int
-  H: int
-  W: int
-  KH: int
-  KW: int
-  SH: int
-  SW: int
-  PH: int
-  PW: int
+  win: Window
   y_slot: int
   y_plane: int
   y_kh: int
   y_kw: int
-  OH: int
-  OW: int
   planes: int
   pad: int
 
-  def call(self, bufs: list, parallel: bool) -> RuntimeCall:
-    p = self
+  def call(self, bufs: list, parallel: bool, role: str) -> RuntimeCall:
+    p, w = self, self.win
     desc = (
-      f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {p.H}, {p.W}, {p.KH}, {p.KW}, {p.SH}, {p.SW}, "
-      f"{p.PH}, {p.PW}, (uint8_t *){{y}}, {p.y_plane}, {p.y_kh}, {p.y_kw}, {p.OH}, {p.OW}, {p.planes}, {p.pad}"
+      f"(const uint8_t *){{x}} + {p.x_offset}, {p.x_plane}, {p.x_row}, {w.c_fields()}, "
+      f"(uint8_t *){{y}}, {p.y_plane}, {p.y_kh}, {p.y_kw}, {w.OH}, {w.OW}, {p.planes}, {p.pad}"
     )
     # not where the contraction reads A from the planes itself (QGemmCall: the same descriptor)
     when = "!aot_qgemm_reads_plane(&p)"
-    return RuntimeCall("aot_qim2col", desc, {"x": p.x_slot, "y": p.y_slot}, p.tasks, bufs, parallel, "copy", when)
+    slots = {"x": p.x_slot, "y": p.y_slot}
+    return RuntimeCall(
+      name="aot_qim2col",
+      desc=desc,
+      slots=slots,
+      count=p.tasks,
+      bufs=bufs,
+      path="copy",
+      when=when,
+      role=role,
+      parallel=parallel,
+    )
 
   @property
   def tasks(self) -> int:
-    return self.planes * self.KH
+    return self.planes * self.win.KH
 
 
 def im2col(load: UOp, gates: list[UOp], m_rows, k, pad: int, x_slot: int, y_slot: int) -> QIm2col | None:
@@ -280,8 +287,7 @@ def im2col(load: UOp, gates: list[UOp], m_rows, k, pad: int, x_slot: int, y_slot
   oh, ow = m_rows
   for c, kh, kw in candidates:
     g = window_geometry(load, gates, [c], oh, ow, kh, kw)
-    # the row with its padding must fit the runtime's buffer
-    if g is not None and max((g["OW"] - 1) * g["SW"] + g["KW"], g["PW"] + g["W"]) <= ROW_BUFFER:
+    if g is not None and _fits(g["win"]):
       break
   else:
     return None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aot.codegen.lower.qgemm import QGemm
 from aot.codegen.lower.qpool import QIm2col, im2col
 from aot.core.dtype import dtypes
 from aot.core.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
@@ -49,81 +50,6 @@ def requantize(acc: np.ndarray, scale: np.ndarray, zero: int, dtype) -> np.ndarr
 # *** int32 contractions with a requantizing store to the int8 microkernel ***
 
 _QTYPES = {dtypes.uint8: 1, dtypes.int8: 2}
-
-
-@dataclass
-class QGemm:
-  """One int8 contraction as aot_qgemm computes it, over a kernel's buffer slots."""
-
-  M: int
-  N: int
-  K: int
-  a_slot: int
-  a_offset: int
-  lda: int
-  a_signed: bool
-  a_zero: int
-  b_slot: int  # packed weights; col_sum, bias (or None), scale (None: int32 out): their own slots
-  col_sum_slot: int
-  bias_slot: int | None
-  scale_slot: int | None
-  scale_step: int
-  out_type: int
-  out_zero: int
-  ldc: tuple[int, int]
-  dense: UOp | None  # the kernel writing A as a dense [M][K] byte matrix into a_slot, unless A is a view
-  c_slot: int = 0  # where the requantized result goes: the output, or a scratch the epilogue reads
-  k_major: bool = False  # A lies as [K][M] (lda its k stride), not [M][K]
-  zero_slot: int | None = None  # A's zero point computed at run time: a 1-element int32 scratch that zero writes
-  zero: UOp | None = None
-  im2col: QIm2col | None = None  # the runtime writes the dense A instead (an 8-bit convolution's input)
-  c_offset: int = 0  # C's first element in c_slot (one image's contraction of a batch)
-
-  role = "int8 contraction"
-
-  @property
-  def tasks(self) -> int:
-    return -(-self.M // 64) * -(-self.N // 128)
-
-  @property
-  def work(self) -> int:
-    return self.M * self.N * self.K
-
-  def call(self, bufs: list, parallel: bool) -> QGemmCall:
-    return QGemmCall(self, bufs, parallel)
-
-
-@dataclass
-class QGemmCall:
-  """aot_qgemm over the kernel's buffers (rendered into model.c beside GemmCall)."""
-
-  q: QGemm
-  bufs: list
-  parallel: bool
-
-  def render(self, arg, trampoline=None) -> str:
-    q, b = self.q, self.bufs
-    ptr = lambda ty, s: f"(const {ty} *){arg(b[s], s)}" if s is not None else "NULL"
-    c = f"({arg(b[q.c_slot], q.c_slot)} + {q.c_offset})" if q.c_offset else arg(b[q.c_slot], q.c_slot)
-    desc = (
-      f"{q.M}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
-      f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
-      f"{ptr('int32_t', q.col_sum_slot)}, {ptr('int32_t', q.bias_slot)}, {ptr('float', q.scale_slot)}, "
-      f"{q.scale_step}, {q.out_type}, {q.out_zero}, (void *){c}, {q.ldc[0]}, "
-      f"{q.ldc[1]}, 0, {int(q.k_major)}, {ptr('int32_t', q.zero_slot)}"
-    )
-    run = (
-      # the thread count splits the task grid into regions, one per slice (aot_qgemm.slices)
-      "g.slices = aot_pool_threads(m->pool); aot_parallel(m->pool, aot_qgemm_run, &g, aot_qgemm_tasks(&g))"
-      if self.parallel
-      else "aot_qgemm_run(&g, 0, aot_qgemm_tasks(&g))"
-    )
-    if q.im2col is None:
-      return f"  {{ aot_qgemm g = {{{desc}, NULL}}; {run}; }}"
-    # A from the convolution's planes where the runtime reads them itself (its im2col call then skipped)
-    planes = q.im2col.call(b, False).initializer(arg)
-    desc += ", aot_qgemm_reads_plane(&plane) ? &plane : NULL"
-    return f"  {{ aot_qim2col plane = {{{planes}}}; aot_qgemm g = {{{desc}}}; {run}; }}"
 
 
 def _const(u: UOp):
@@ -248,10 +174,28 @@ def _in_place(load: UOp, m_rows: tuple, k: tuple, N: int, out_terms: dict) -> tu
   return None
 
 
-def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
-  """(its QGemms: one, or one per image of a batch; the load of their result) of one int8 contraction of the kernel,
-  requantized (requant a _requant node) or its int32 sum (requant the ACCUMULATE: MatMulInteger's, which the epilogue
-  scales to float), its buffers appended to bufs (and the new ones to made); None when it is not one."""
+@dataclass
+class _Sum:
+  """An int8 contraction's sum as _lower_one reads it: requantized (scale, out_zero into out_dt) or its int32 sum
+  (scale None), a bias, the sum's k ranges, its activation side x (gate, load, the 8-bit buffer or the kernel it is
+  read back from as int32 and its zero point) and its constant weight side w."""
+
+  acc: UOp
+  scale: UOp | None
+  out_zero: int
+  out_dt: object
+  bias: UOp | None
+  k: tuple
+  x: UOp
+  w: UOp
+  gate: UOp | None
+  load: UOp
+  x8_buf: object  # the 8-bit Buffer A is read from, or the int32 dtype-of-A read back from the producer's output
+  p_zero: object  # A's zero point: an int, or a UOp computed at run time
+
+
+def _sum_of(requant: UOp, bufs: list, producers: dict, qresults: dict) -> _Sum | None:
+  """requant's sum of products of 8-bit activations and int8 constants, else None."""
   if requant.op is Ops.ACCUMULATE:
     total, scale, out_zero, out_dt = requant, None, 0, dtypes.int32
   else:
@@ -281,8 +225,32 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   # a run-time zero point is read back from the int32 the producer wrote (below), not beside an 8-bit buffer
   if isinstance(p_zero, UOp) and isinstance(x8_buf, Buffer):
     return None
-  m_rows = tuple(sorted(ranges_of(x) - set(k), key=lambda r: r.number))
-  n_rows = tuple(sorted(ranges_of(w) - set(k), key=lambda r: r.number))
+  return _Sum(acc, scale, out_zero, out_dt, bias, k, x, w, gate, load, x8_buf, p_zero)
+
+
+@dataclass
+class _Layout:
+  """Where an int8 contraction's A and C lie: its m and n rows, C's index (at, its terms) and row strides (ldc), A's
+  in-place reading (_in_place) or None, the outer m rows split into calls of their own, and M, N, K."""
+
+  m_rows: tuple
+  n_rows: tuple
+  at: UOp
+  out_terms: dict
+  ldc: tuple
+  in_place: tuple | None
+  outer: tuple
+  M: int
+  N: int
+  K: int
+
+
+def _layout(ast: UOp, requant: UOp, q: _Sum, bare: bool) -> _Layout | None:
+  """The layout of q's contraction in the kernel (bare: a requantized store, its result where the output has it),
+  else None."""
+  k, from_int32 = q.k, not isinstance(q.x8_buf, Buffer)
+  m_rows = tuple(sorted(ranges_of(q.x) - set(k), key=lambda r: r.number))
+  n_rows = tuple(sorted(ranges_of(q.w) - set(k), key=lambda r: r.number))
   # no m rows is one row (a batch-1 fully connected layer)
   if not n_rows or set(m_rows) & set(n_rows):
     return None
@@ -293,12 +261,9 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
   out_terms, out_offset = linear(at)
   if set(out_terms) != set(m_rows) | set(n_rows) or out_offset != 0:
     return None
-  # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
-  from_int32 = not isinstance(x8_buf, Buffer)
   # A where it lies, no copy (over the m rows inside those split off into calls of their own), when the load reads it so
-  in_place = (
-    None if from_int32 or gate is not None else _in_place(load, m_rows, k, prod(r.size for r in n_rows), out_terms)
-  )
+  N = prod(r.size for r in n_rows)
+  in_place = None if from_int32 or q.gate is not None else _in_place(q.load, m_rows, k, N, out_terms)
   outer = () if in_place is None else in_place[2]
   ldc = (flat_stride(m_rows[len(outer) :], out_terms), flat_stride(n_rows, out_terms))
   if None in ldc and not bare and not outer:
@@ -308,20 +273,86 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     ldc = (flat_stride(m_rows, out_terms), flat_stride(n_rows, out_terms))
   if None in ldc:
     return None
-  M, N, K = (prod(r.size for r in g) for g in (m_rows[len(outer) :], n_rows, k))
-  scales = None if scale is None else _per_n(scale, n_rows, bufs)
-  biases = None if bias is None else _per_n(bias, n_rows, bufs)
-  if (scale is not None and scales is None) or (bias is not None and biases is None):
+  M, K = prod(r.size for r in m_rows[len(outer) :]), prod(r.size for r in k)
+  return _Layout(m_rows, n_rows, at, out_terms, ldc, in_place, outer, M, N, K)
+
+
+def _weights(q: _Sum, lay: _Layout, bufs: list) -> tuple | None:
+  """(the packed int8 weights, their column sums, per-n scales, per-n biases) evaluated with numpy as the float
+  microkernel's constants are, else None (weights outside int8, a scale or bias that varies but along n)."""
+  scales = None if q.scale is None else _per_n(q.scale, lay.n_rows, bufs)
+  biases = None if q.bias is None else _per_n(q.bias, lay.n_rows, bufs)
+  if (q.scale is not None and scales is None) or (q.bias is not None and biases is None):
     return None
-  # the weights as an int8 [K][N] matrix (evaluated with numpy as the float microkernel's constants are)
   from aot.codegen.lower.contract import Contraction, Side, evaluate_operand
 
-  c = Contraction(acc, (), k, Side(x, m_rows), Side(w, n_rows))
-  data = {l.src[0].arg: bufs[l.src[0].arg].data for l in w.toposort() if l.op is Ops.LOAD}
-  grid = evaluate_operand(c, c.b, N, data).reshape(K, N)
+  c = Contraction(q.acc, (), q.k, Side(q.x, lay.m_rows), Side(q.w, lay.n_rows))
+  data = {l.src[0].arg: bufs[l.src[0].arg].data for l in q.w.toposort() if l.op is Ops.LOAD}
+  grid = evaluate_operand(c, c.b, lay.N, data).reshape(lay.K, lay.N)
   if grid.min() < -128 or grid.max() > 127:
     return None
-  packed, col_sum = pack_weights(grid.astype(np.int8))
+  return (*pack_weights(grid.astype(np.int8)), scales, biases)
+
+
+def _runtime_zero(load: UOp, bufs: list, slot) -> tuple[int, dict, UOp]:
+  """A's zero point computed at run time: a kernel of its own writes it into a 1-element int32 the microkernel and
+  A's copy read. A read back from int32 x8 - zero is that less its minimum (0..255 whatever x8's type; A's zero point
+  minus the minimum): one integer reduction, not the producer's float range again. (A's zero point as a constant,
+  QGemm's runtime fields, the load of it.)"""
+  every = UOp(Ops.RANGE, dtypes.index, (), (0, bufs[load.src[0].arg].size, "reduce"))
+  v = UOp(Ops.LOAD, dtypes.int32, (load.src[0], every, UOp.const(dtypes.bool, True)))
+  zero = UOp(
+    Ops.SUB, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp(Ops.ACCUMULATE, dtypes.int32, (v, every), ReduceOp.MIN))
+  )
+  zero_slot = slot(Buffer("scratch", dtypes.int32, 1, "qgemm zero"))
+  zero_ast = UOp(
+    Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), 0), UOp.const(dtypes.index, 0), zero)
+  )
+  zero_read = UOp(
+    Ops.LOAD,
+    dtypes.int32,
+    (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), zero_slot), UOp.const(dtypes.index, 0), UOp.const(dtypes.bool, True)),
+  )
+  return 0, dict(zero_slot=zero_slot, zero=zero_ast), zero_read
+
+
+def _dense_a(q: _Sum, lay: _Layout, a_dt, x8_slot: int, a_slot: int, p_zero: int, zero_read: UOp | None):
+  """(the kernel writing A as a dense [M][K] (or k-major [K][M]) byte matrix into slot 0, k_major), or the runtime's
+  im2col for it (an 8-bit convolution's input: strided rows read as vectors, not byte by byte) with no kernel."""
+  load, k, m_rows, M, K = q.load, q.k, lay.m_rows, lay.M, lay.K
+  from_int32 = not isinstance(q.x8_buf, Buffer)
+  k_major = _k_major(m_rows, k)
+  if k_major and not from_int32 and zero_read is None:
+    cols = im2col(load, [] if q.gate is None else [q.gate], m_rows, k, p_zero, x8_slot, a_slot)
+    if cols is not None:
+      return cols, True
+  # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
+  order = [*k, *m_rows] if k_major else [*m_rows, *k]
+  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(order)}
+  if from_int32:
+    read = UOp(Ops.CAST, a_dt, (load + (p_zero if zero_read is None else zero_read),))
+  else:
+    read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
+  pad = UOp.const(a_dt, p_zero) if zero_read is None else UOp(Ops.CAST, a_dt, (zero_read,))
+  value = read if q.gate is None else UOp(Ops.WHERE, a_dt, (q.gate, read, pad))
+  m_flat, k_flat = flat_of([fresh[r] for r in m_rows]), flat_of([fresh[r] for r in k])
+  idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
+  dense = graph_rewrite(
+    UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx, substitute(value, fresh))), pm_simplify
+  )
+  return dense, k_major
+
+
+def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, producers: dict, qresults: dict):
+  """(its QGemms: one, or one per image of a batch; the load of their result) of one int8 contraction of the kernel,
+  requantized (requant a _requant node) or its int32 sum (requant the ACCUMULATE: MatMulInteger's, which the epilogue
+  scales to float), its buffers appended to bufs (and the new ones to made); None when it is not one."""
+  q = _sum_of(requant, bufs, producers, qresults)
+  lay = None if q is None else _layout(ast, requant, q, bare)
+  weights = None if lay is None else _weights(q, lay, bufs)
+  if weights is None:
+    return None
+  packed, col_sum, scales, biases = weights
 
   def slot(b: Buffer, new: bool = True) -> int:
     bufs.append(b)
@@ -330,79 +361,42 @@ def _lower_one(ast: UOp, requant: UOp, bare: bool, bufs: list, made: list, produ
     return len(bufs) - 1
 
   const = lambda dt, arr: slot(Buffer("const", dt, arr.size, "qgemm", shape=arr.shape, data=arr))
-  a_dt = x8_buf if from_int32 else x8_buf.dtype
-  c_slot = 0 if bare else slot(Buffer("scratch", out_dt, prod(r.size for r in m_rows) * N, "qgemm C"))
-  x8_slot = load.src[0].arg if from_int32 else slot(x8_buf, new=False)
-  result = UOp(Ops.LOAD, out_dt, (UOp(Ops.DEFINE_GLOBAL, out_dt, (), c_slot), at, UOp.const(dtypes.bool, True)))
+  # a computed 8-bit value is read back from the kernel's int32 output, plus its zero point
+  from_int32, load, M, N, K = not isinstance(q.x8_buf, Buffer), q.load, lay.M, lay.N, lay.K
+  a_dt = q.x8_buf if from_int32 else q.x8_buf.dtype
+  c_slot = 0 if bare else slot(Buffer("scratch", q.out_dt, prod(r.size for r in lay.m_rows) * N, "qgemm C"))
+  x8_slot = load.src[0].arg if from_int32 else slot(q.x8_buf, new=False)
+  result = UOp(Ops.LOAD, q.out_dt, (UOp(Ops.DEFINE_GLOBAL, q.out_dt, (), c_slot), lay.at, UOp.const(dtypes.bool, True)))
   tail = (
     const(dtypes.int8, packed),
     const(dtypes.int32, col_sum),
     None if biases is None else const(dtypes.int32, biases.astype(np.int32)),
     None if scales is None else const(dtypes.float32, scales.astype(np.float32)),
     int(scales is not None and scales.size > 1),
-    _QTYPES.get(out_dt, 0),
-    out_zero,
-    ldc,
+    _QTYPES.get(q.out_dt, 0),
+    q.out_zero,
+    lay.ldc,
   )
-  # a run-time zero point: a kernel of its own writes it into a 1-element int32 the microkernel and A's copy read.
-  # A read back from int32 x8 - zero is that less its minimum (0..255 whatever x8's type; A's zero point minus the
-  # minimum): one integer reduction, not the producer's float range again
-  zero_slot = zero_ast = zero_read = None
+  p_zero, runtime, zero_read = q.p_zero, {}, None
   if isinstance(p_zero, UOp):
     a_dt = dtypes.uint8
-    every = UOp(Ops.RANGE, dtypes.index, (), (0, bufs[load.src[0].arg].size, "reduce"))
-    v = UOp(Ops.LOAD, dtypes.int32, (load.src[0], every, UOp.const(dtypes.bool, True)))
-    zero = UOp(
-      Ops.SUB, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp(Ops.ACCUMULATE, dtypes.int32, (v, every), ReduceOp.MIN))
-    )
-    zero_slot = slot(Buffer("scratch", dtypes.int32, 1, "qgemm zero"))
-    zero_ast = UOp(
-      Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), 0), UOp.const(dtypes.index, 0), zero)
-    )
-    zero_read = UOp(
-      Ops.LOAD,
-      dtypes.int32,
-      (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), zero_slot), UOp.const(dtypes.index, 0), UOp.const(dtypes.bool, True)),
-    )
-    p_zero, runtime = 0, dict(zero_slot=zero_slot, zero=zero_ast)
-  else:
-    runtime = {}
-  if in_place is not None:
-    k_major, lda, _ = in_place
+    p_zero, runtime, zero_read = _runtime_zero(load, bufs, slot)
+  if lay.in_place is not None:
+    k_major, lda, outer = lay.in_place
     terms, offset = linear(load.src[1])
     calls = []
     for image in itertools.product(*(range(r.size) for r in outer)):
       a_at = offset + sum(i * terms.get(r, 0) for i, r in zip(image, outer))
-      c_at = sum(i * out_terms[r] for i, r in zip(image, outer))
-      q = QGemm(M, N, K, x8_slot, a_at, lda, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, k_major, c_offset=c_at)
-      calls.append(q)
+      c_at = sum(i * lay.out_terms[r] for i, r in zip(image, outer))
+      signed = a_dt == dtypes.int8
+      calls.append(QGemm(M, N, K, x8_slot, a_at, lda, signed, p_zero, *tail, None, c_slot, k_major, c_offset=c_at))
     return calls, result
-  # else the 8-bit activation at each (m, k), its zero point where the gate is off, written out as a [M][K] matrix
   a_slot = slot(Buffer("scratch", a_dt, M * K, "qgemm A"))
-  k_major = _k_major(m_rows, k)
-  order = [*k, *m_rows] if k_major else [*m_rows, *k]
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(order)}
-  if from_int32:
-    read = UOp(Ops.CAST, a_dt, (load + (p_zero if zero_read is None else zero_read),))
-  else:
-    read = UOp(Ops.LOAD, a_dt, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), x8_slot), load.src[1], load.src[2]))
-  pad = UOp.const(a_dt, p_zero) if zero_read is None else UOp(Ops.CAST, a_dt, (zero_read,))
-  value = read if gate is None else UOp(Ops.WHERE, a_dt, (gate, read, pad))
-  # an 8-bit convolution's input by the runtime's im2col (strided rows read as vectors, not byte by byte)
-  if k_major and not from_int32 and zero_read is None:
-    gates = [] if gate is None else [gate]
-    if (cols := im2col(load, gates, m_rows, k, p_zero, x8_slot, a_slot)) is not None:
-      q = QGemm(M, N, K, a_slot, 0, M, a_dt == dtypes.int8, p_zero, *tail, None, c_slot, True, im2col=cols)
-      return [q], result
-  m_flat, k_flat = flat_of([fresh[r] for r in m_rows]), flat_of([fresh[r] for r in k])
-  idx = k_flat * M + m_flat if k_major else m_flat * K + k_flat
-  dense = graph_rewrite(
-    UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, a_dt, (), 0), idx, substitute(value, fresh))), pm_simplify
-  )
-  q = QGemm(
-    M, N, K, a_slot, 0, M if k_major else K, a_dt == dtypes.int8, p_zero, *tail, dense, c_slot, k_major, **runtime
-  )
-  return [q], result
+  dense, k_major = _dense_a(q, lay, a_dt, x8_slot, a_slot, p_zero, zero_read)
+  lda, signed = M if k_major else K, a_dt == dtypes.int8
+  if isinstance(dense, QIm2col):
+    return [QGemm(M, N, K, a_slot, 0, lda, signed, p_zero, *tail, None, c_slot, True, im2col=dense)], result
+  return [QGemm(M, N, K, a_slot, 0, lda, signed, p_zero, *tail, dense, c_slot, k_major, **runtime)], result
 
 
 def _slice_bounds(cond: UOp) -> tuple[UOp, int, int] | None:

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from aot.artifact import WEIGHTS_CHECK_BLOCK_BYTES, WEIGHTS_CHECK_BLOCKS, ExternalWeights, api_type, param_names
-from aot.codegen.lower.contract import STEP_MUL_ADD, STEP_OPS
+from aot.codegen.lower.calls import Call, ctype
 from aot.core.dtype import Narrow, narrow_of
-from aot.core.ir import IndexCheck, Ops
+from aot.core.ir import IndexCheck
 from aot.scheduler.kernel import Buffer, Schedule
 
 
@@ -194,101 +193,10 @@ return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "library path too long");
 """
 
 
-@dataclass
-class GemmCall:
-  """A contraction run by the runtime's microkernel (codegen/lower/contract.py) over the kernel's buffers."""
-
-  gemm: object  # codegen.contract.Gemm
-  bufs: list[Buffer]  # the kernel's buffers by slot
-  parallel: bool
-  # the function packing B's panels (Operand.pack) and its arguments [(slot, buffer)], slot 0 being the panel
-  pack: tuple[str, list] | None = None
-  # the kernels are C (the c target): the fused epilogue's multiply-adds are contracted where the C compiler would
-  contract: bool = False
-
-  def render(self, arg, tramps: dict) -> str:
-    g, c = self.gemm, self.gemm.c
-
-    def operand(o) -> str:
-      where = "NULL" if o.pack is not None else f"{arg(self.bufs[o.slot], o.slot)} + {o.offset}"
-      return f"{{{where}, {', '.join(map(str, o.strides))}, {int(o.padded)}}}"
-
-    desc = (
-      f"{c.B}, {c.a.size}, {c.b.size}, {c.K}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
-      f"{operand(g.a)}, {operand(g.b)}, (float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0"
-    )
-    # the fused epilogue's steps (contract.Step), an array on the stack that the struct's last fields point to
-    steps = ""
-    if g.steps:
-      # on the c target a multiply feeding an add is MUL_ADD: one expression, contracted where the kernel's would be
-      ops = [STEP_OPS[s.op] for s in g.steps]
-      if self.contract:
-        for i, (s, t) in enumerate(zip(g.steps, g.steps[1:])):
-          if s.op is Ops.MUL and t.op is Ops.ADD:
-            ops[i] = STEP_MUL_ADD
-
-      def step(s, op: int) -> str:
-        where = "NULL" if s.slot is None else f"{arg(self.bufs[s.slot], s.slot)} + {s.offset}"
-        return f"{{{op}, {int(s.swapped)}, {float(s.value).hex()}f, {where}, {', '.join(map(str, s.strides))}}}"
-
-      steps = f"aot_gemm_step s[] = {{{', '.join(step(s, op) for s, op in zip(g.steps, ops))}}}; "
-    tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
-    # C's rows as far apart as the output's (a last-axis concat's branch written in place)
-    tail += f", .ldc = {g.ldc}" if g.ldc else ""
-    if self.pack is None:
-      run = (
-        "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))"
-        if self.parallel
-        else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
-      )
-      return f"  {{ {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
-    # the pack kernel is called over one panel [i, i + 1) with the thread's buffer as its slot 0
-    fn, fargs = self.pack
-    if fn not in tramps:
-      unpack = ", ".join("panel" if s == 0 else f"(const {b.dtype.cname} *)a[{i}]" for i, (s, b) in enumerate(fargs))
-      tramps[fn] = f"static void pack_{fn}(void *c, float *panel, int i) {{ void **a = c; {fn}({unpack}, i, i + 1); }}"
-    ptrs = ", ".join("NULL" if s == 0 else f"(void *){arg(b, s)}" for s, b in fargs)
-    desc += f", pack_{fn}, a, m->panels, PANEL_FLOATS"
-    # one slice per thread: the slice's start is the thread, whose panel buffer it packs into
-    run = (
-      "aot_parallel(m->pool, aot_gemm_run, &g, aot_pool_threads(m->pool))"
-      if self.parallel
-      else "aot_gemm_run(&g, 0, 1)"
-    )
-    return f"  {{ void *a[] = {{{ptrs}}}; {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
-
-
-def _call_lines(calls: list, arg) -> tuple[dict[str, str], list[str]]:
-  """(trampolines by function, one C statement per call): a kernel on the pool is called through a trampoline that
-  unpacks its pointers from an array."""
-  tramps, body = {}, []
-
-  def trampoline(fn: str, fargs) -> str:
-    if fn not in tramps:
-      unpack = ", ".join(f"({_ctype(b, s)})a[{i}]" for i, (s, b) in enumerate(fargs))
-      tramps[fn] = f"static void run_{fn}(void *c, int s, int e) {{ void **a = c; {fn}({unpack}, s, e); }}"
-    return f"run_{fn}"
-
-  for call in calls:
-    if isinstance(call, GemmCall):
-      body.append(call.render(arg, tramps))
-      continue
-    # a direct kernel (codegen/lower/direct.py) may call its epilogue through a trampoline
-    if not isinstance(call, tuple):
-      body.append(call.render(arg, trampoline))
-      continue
-    fn, fargs, extent, parallel = call
-    if not parallel:
-      body.append(f"  {fn}({', '.join(arg(b, s) for s, b in fargs)}, 0, {extent});")
-      continue
-    ptrs = ", ".join(f"(void *){arg(b, s)}" for s, b in fargs)
-    body.append(f"  {{ void *a[] = {{{ptrs}}}; aot_parallel(m->pool, {trampoline(fn, fargs)}, a, {extent}); }}")
-  return tramps, body
-
-
-def _ctype(b: Buffer, slot: int) -> str:
-  """A kernel argument's C pointer type: slot 0 is the output, the others are read."""
-  return f"{'' if slot == 0 else 'const '}{b.dtype.cname} *"
+def _call_lines(calls: list[Call], arg) -> tuple[dict[str, str], list[str]]:
+  """(the static helpers the calls need, by function: trampolines, panel packers; one C statement per call)."""
+  tramps: dict[str, str] = {}
+  return tramps, [call.render(arg, tramps) for call in calls]
 
 
 def _timed(body: list[str]) -> list[str]:
@@ -306,14 +214,14 @@ def _timed(body: list[str]) -> list[str]:
 def render_model_c(
   name: str,
   sched: Schedule,
-  calls: list,
+  calls: list[Call],
   protos: list[str],
   external_weights: ExternalWeights | None = None,
   profile: bool = False,
   panel_floats: int = 0,
 ) -> str:
-  """The C API over the kernel list. calls: GemmCall, or (function, [(slot, buffer)] of its arguments, extent of its
-  outermost loop, run it on the pool?).
+  """The C API over the kernel list. calls: model.c's calls in order (codegen/lower/calls.py), each rendering its
+  own statement.
   external_weights: NAME.weights, if the weights are not linked in.
   profile: time every call into the instance and export NAME_profile (aot/tools/profile.py); a normal build has none of
   it. panel_floats: the floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does."""
@@ -326,7 +234,7 @@ def render_model_c(
   def arg(b: Buffer, slot: int) -> str:
     base = {"scratch": "A", "const": "W"}.get(b.kind)
     where = f"({base} + {b.offset})" if base else ptr[id(b)]
-    return f"({_ctype(b, slot)}){where}"
+    return f"({ctype(b, slot)}){where}"
 
   tramps, body = _call_lines(calls, arg)
   if profile:

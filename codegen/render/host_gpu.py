@@ -6,6 +6,7 @@ CUDA or HIP build runs its kernels on the CPU through per-function wrappers behi
 from __future__ import annotations
 
 from aot.artifact import ExternalWeights, param_names
+from aot.codegen.lower.calls import LoopCall
 from aot.codegen.render.c import CRenderer
 from aot.codegen.render.gpu import DEVICE_IMAGE, KERNEL_SOURCE, Launch
 from aot.codegen.render.host_cpu import (
@@ -315,8 +316,9 @@ def render_emulated_host(
   function behind a wrapper the CPU targets' model.c calls like one of its own kernels."""
   emulate_cpp, protos = _emulated_wrappers(functions, launch, target)
   calls = [
-    (f"{functions[k.ast]}_blocks", list(enumerate(k.bufs)), launch[k.ast].grid, launch[k.ast].grid > 1)
+    LoopCall(fn=f"{functions[k.ast]}_blocks", args=list(enumerate(k.bufs)), extent=grid, parallel=grid > 1)
     for k in sched.kernels
+    for grid in [launch[k.ast].grid]
   ]
   model = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
   return {

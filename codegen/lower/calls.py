@@ -1,0 +1,190 @@
+"""What model.c runs: one call interface for every way a kernel runs.
+
+A lowering (codegen/lower/stage.py's rule list) turns a kernel into calls: the runtime's microkernel (GemmCall), its
+direct depthwise kernel (DepthwiseCall), its int8 GEMM (QGemmCall), its 8-bit pool and im2col (RuntimeCall), or a
+generated function's loops (LoopCall). Each call renders its own C statement into model.c, describes itself to the
+profiler (CallInfo, written to a profile build's CALLS_FILE) and knows how many tasks it splits into."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from aot.codegen.render.linearize import flop_count, kernel_params, parallel_extent
+from aot.core.ir import Ops, UOp
+from aot.core.symbolic import linear
+from aot.scheduler.kernel import Buffer, Kernel
+
+# the name of the call list a profile build keeps in its src/ (what each timed call is, in model.c's order)
+CALLS_FILE = "profile_calls.json"
+
+
+@dataclass
+class CallInfo:
+  kernel: str  # the schedule kernel the call belongs to
+  function: str  # the C function it runs (aot_gemm_run for the microkernel)
+  role: str  # contraction, operand (a dense copy of one), epilogue (after a contraction), kernel (whole)
+  path: str  # microkernel, copy, loop
+  flops: int
+  bytes: int  # of the distinct buffers it reads and writes
+  gemm: list[int] | None = None  # a contraction's batch, M, N, K
+  parallel: bool = False  # split across the pool's threads (else it runs whole on the calling thread)
+  tasks: int = 1  # the pieces it splits into when parallel (threads share them out)
+  task_work: list[int] | None = None  # a contraction's multiply-adds per task, in the order threads take them
+
+
+def calls_json(infos: list[CallInfo]) -> str:
+  return json.dumps([asdict(i) for i in infos], indent=1)
+
+
+def distinct_bytes(bufs) -> int:
+  """The bytes of the distinct buffers among bufs (a call reading one buffer twice moves it once)."""
+  return sum(b.nbytes for b in {id(b): b for b in bufs}.values())
+
+
+@dataclass(kw_only=True)
+class Call:
+  """One statement of model.c's kernel list. Every call has a role (contraction, operand, epilogue, kernel, ...:
+  CallInfo.role), runs split across the pool's threads or whole, and knows the tasks it splits into; its kind says
+  how it renders (render) and what the profiler reports (describe)."""
+
+  role: str = ""
+  parallel: bool = False
+
+  @property
+  def tasks(self) -> int:
+    raise NotImplementedError
+
+  def render(self, arg, tramps: dict[str, str]) -> str:
+    """model.c's statement; arg(buffer, slot) is a buffer's pointer, tramps the static helpers already written (by
+    function: a call adds the ones it needs)."""
+    raise NotImplementedError
+
+  def describe(self, kernel: str) -> CallInfo:
+    """What the profiler reports of the call, which belongs to the schedule kernel named kernel."""
+    raise NotImplementedError
+
+
+def ctype(b: Buffer, slot: int) -> str:
+  """A kernel argument's C pointer type: slot 0 is the output, the others are read."""
+  return f"{'' if slot == 0 else 'const '}{b.dtype.cname} *"
+
+
+def trampoline(tramps: dict[str, str], fn: str, fargs: list) -> str:
+  """The name of the function that calls fn with its pointers (fargs: [(slot, buffer)]) unpacked from an array: a
+  kernel on the pool, or one the runtime calls back (a fused epilogue)."""
+  if fn not in tramps:
+    unpack = ", ".join(f"({ctype(b, s)})a[{i}]" for i, (s, b) in enumerate(fargs))
+    tramps[fn] = f"static void run_{fn}(void *c, int s, int e) {{ void **a = c; {fn}({unpack}, s, e); }}"
+  return f"run_{fn}"
+
+
+@dataclass(kw_only=True)
+class LoopCall(Call):
+  """A generated function run over its outermost loop's extent (split into that many tasks on the pool), over the
+  (slot, buffer) arguments it takes; ast its optimised kernel (the profiler counts its flops)."""
+
+  fn: str
+  args: list[tuple[int, Buffer]]
+  extent: int
+  ast: object = field(default=None, repr=False)
+
+  @property
+  def tasks(self) -> int:
+    return self.extent
+
+  def render(self, arg, tramps: dict[str, str]) -> str:
+    if not self.parallel:
+      return f"  {self.fn}({', '.join(arg(b, s) for s, b in self.args)}, 0, {self.extent});"
+    ptrs = ", ".join(f"(void *){arg(b, s)}" for s, b in self.args)
+    run = trampoline(tramps, self.fn, self.args)
+    return f"  {{ void *a[] = {{{ptrs}}}; aot_parallel(m->pool, {run}, a, {self.extent}); }}"
+
+  def describe(self, kernel: str) -> CallInfo:
+    flops = flop_count(self.ast)
+    nbytes = distinct_bytes(b for _, b in self.args)
+    return CallInfo(
+      kernel, self.fn, self.role, "loop" if flops else "copy", flops, nbytes, None, self.parallel, self.extent
+    )
+
+
+@dataclass
+class CallContext:
+  """What turning a lowered kernel into calls needs: the generated functions' names by their optimised AST, the
+  optimised AST of each generated one, whether the model runs on the pool at all (threads), the smallest work worth
+  splitting (stage.py's PARALLEL_MIN_WORK) and the target (the c target contracts a fused epilogue's multiply-adds)."""
+
+  functions: dict[UOp, str]
+  optimized: dict[UOp, UOp]
+  threads: bool
+  min_work: int
+  target: str
+
+  def parallel(self, tasks: int, work: int) -> bool:
+    """Does a call of this many tasks doing this much work run on the pool?"""
+    return self.threads and tasks > 1 and work >= self.min_work
+
+  def loop(self, ast: UOp, bufs: list[Buffer], out: Buffer, role: str) -> LoopCall:
+    """The call of generated function ast over the kernel's buffers, its slot 0 being out (a dense operand's kernel
+    writes its slot 0 into the operand's buffer)."""
+    ast = self.optimized[ast]
+    extent = parallel_extent(ast)
+    args = [(u.arg, out if u.arg == 0 else bufs[u.arg]) for u in kernel_params(ast)]
+    work = flop_count(ast, integer=True) + out.size
+    parallel = self.parallel(extent, work)
+    return LoopCall(fn=self.functions[ast], args=args, extent=extent, ast=ast, role=role, parallel=parallel)
+
+
+def globals_read(asts) -> set[int]:
+  """The slots the kernels asts read or write."""
+  return {u.arg for ast in asts for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+
+
+@dataclass
+class Lowered:
+  """One schedule kernel lowered (a rule of stage.py's LOWERINGS): the kernel over its buffers with the slots the
+  lowering added, the generated functions it needs, and the calls model.c makes of them and of the runtime. This
+  base is a kernel run as generated loops: pieces are its functions (one per slice of a concat's output, else one)."""
+
+  kernel: Kernel
+  pieces: list[UOp]
+
+  # what a kernel with no generated function of its own (main() None) reports as its function (KernelInfo)
+  runtime_entry = ""
+
+  def functions(self) -> dict[UOp, str]:
+    """The generated functions by AST, in the order they are named: each its name's suffix after NAME_fI."""
+    names: dict[UOp, str] = {}
+    for j, p in enumerate(self.pieces):
+      names.setdefault(p, "" if j == 0 else f"_slice{j}")
+    return names
+
+  def main(self) -> UOp | None:
+    """The kernel's own function (KernelInfo's), None when the runtime does all its work."""
+    return self.pieces[0] if self.pieces else None
+
+  def reads(self) -> set[int]:
+    """The slots of the kernel's buffers its generated functions and runtime calls read as they are (the constants
+    among them go to the weights)."""
+    return globals_read(self.pieces)
+
+  def panel_floats(self) -> int:
+    """The floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does."""
+    return 0
+
+  def calls(self, ctx: CallContext) -> list[Call]:
+    return [ctx.loop(p, self.kernel.bufs, self.kernel.bufs[0], "kernel") for p in self.pieces]
+
+
+def copies_in_place(ast: UOp) -> bool:
+  """Is the kernel out[i] = out[i]?"""
+  if ast.op is not Ops.STORE:
+    return False
+  buf, idx, value = ast.src
+  return (
+    value.op is Ops.LOAD
+    and value.src[0] is buf
+    and value.src[2].op is Ops.CONST
+    and value.src[2].arg is True
+    and linear(value.src[1]) == linear(idx)
+  )

@@ -1,0 +1,154 @@
+"""Contractions on the runtime's float microkernel (runtime_c/aot_gemm.c): the lowering of a kernel whose
+contractions codegen/lower/contract.py found, and the call that runs one of them (GemmCall)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered, copies_in_place, distinct_bytes, globals_read
+from aot.codegen.lower.contract import STEP_MUL_ADD, STEP_OPS, Gemm
+from aot.codegen.render.linearize import kernel_params
+from aot.core.ir import Ops, UOp
+from aot.scheduler.kernel import Buffer
+
+
+def gemm_task_work(g: Gemm) -> list[int]:
+  """The multiply-adds of each of a contraction's tasks in the order aot_gemm_run hands them out (runtime_c/aot_gemm.c:
+  m blocks innermost, or a panel's row blocks all in its one task): the blocks at the edges are smaller."""
+  c, (mc, nc) = g.c, g.block
+  M, N = c.a.size, c.b.size
+  cols = [min(nc, N - n0) for n0 in range(0, N, nc)]
+  rows = [M] if g.b.pack is not None else [min(mc, M - m0) for m0 in range(0, M, mc)]
+  return [m * n * c.K for _ in range(c.B) for n in cols for m in rows]
+
+
+@dataclass(kw_only=True)
+class GemmCall(Call):
+  """A contraction run by the runtime's microkernel (codegen/lower/contract.py) over the kernel's buffers."""
+
+  gemm: Gemm
+  bufs: list[Buffer]  # the kernel's buffers by slot
+  # the function packing B's panels (Operand.pack) and its arguments [(slot, buffer)], slot 0 being the panel
+  pack: tuple[str, list] | None = None
+  # the kernels are C (the c target): the fused epilogue's multiply-adds are contracted where the C compiler would
+  contract: bool = False
+
+  @property
+  def tasks(self) -> int:
+    return self.gemm.tasks
+
+  def describe(self, kernel: str) -> CallInfo:
+    g, c = self.gemm, self.gemm.c
+    # a B packed in panels is read from the buffers its pack kernel reads
+    slots = [s for o in (g.a, g.b) if o.pack is None for s in [o.slot]] + [g.result]
+    slots += [s for s, _ in self.pack[1] if s != 0] if self.pack else []
+    return CallInfo(
+      kernel,
+      "aot_gemm_run",
+      self.role,
+      "microkernel",
+      2 * c.B * c.a.size * c.b.size * c.K,
+      distinct_bytes(self.bufs[s] for s in slots),
+      [c.B, c.a.size, c.b.size, c.K],
+      self.parallel,
+      g.tasks,
+      gemm_task_work(g),
+    )
+
+  def render(self, arg, tramps: dict) -> str:
+    g, c = self.gemm, self.gemm.c
+
+    def operand(o) -> str:
+      where = "NULL" if o.pack is not None else f"{arg(self.bufs[o.slot], o.slot)} + {o.offset}"
+      return f"{{{where}, {', '.join(map(str, o.strides))}, {int(o.padded)}}}"
+
+    desc = (
+      f"{c.B}, {c.a.size}, {c.b.size}, {c.K}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
+      f"{operand(g.a)}, {operand(g.b)}, (float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0"
+    )
+    # the fused epilogue's steps (contract.Step), an array on the stack that the struct's last fields point to
+    steps = ""
+    if g.steps:
+      # on the c target a multiply feeding an add is MUL_ADD: one expression, contracted where the kernel's would be
+      ops = [STEP_OPS[s.op] for s in g.steps]
+      if self.contract:
+        for i, (s, t) in enumerate(zip(g.steps, g.steps[1:])):
+          if s.op is Ops.MUL and t.op is Ops.ADD:
+            ops[i] = STEP_MUL_ADD
+
+      def step(s, op: int) -> str:
+        where = "NULL" if s.slot is None else f"{arg(self.bufs[s.slot], s.slot)} + {s.offset}"
+        return f"{{{op}, {int(s.swapped)}, {float(s.value).hex()}f, {where}, {', '.join(map(str, s.strides))}}}"
+
+      steps = f"aot_gemm_step s[] = {{{', '.join(step(s, op) for s, op in zip(g.steps, ops))}}}; "
+    tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
+    # C's rows as far apart as the output's (a last-axis concat's branch written in place)
+    tail += f", .ldc = {g.ldc}" if g.ldc else ""
+    if self.pack is None:
+      run = (
+        "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))"
+        if self.parallel
+        else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
+      )
+      return f"  {{ {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
+    # the pack kernel is called over one panel [i, i + 1) with the thread's buffer as its slot 0
+    fn, fargs = self.pack
+    if fn not in tramps:
+      unpack = ", ".join("panel" if s == 0 else f"(const {b.dtype.cname} *)a[{i}]" for i, (s, b) in enumerate(fargs))
+      tramps[fn] = f"static void pack_{fn}(void *c, float *panel, int i) {{ void **a = c; {fn}({unpack}, i, i + 1); }}"
+    ptrs = ", ".join("NULL" if s == 0 else f"(void *){arg(b, s)}" for s, b in fargs)
+    desc += f", pack_{fn}, a, m->panels, PANEL_FLOATS"
+    # one slice per thread: the slice's start is the thread, whose panel buffer it packs into
+    run = (
+      "aot_parallel(m->pool, aot_gemm_run, &g, aot_pool_threads(m->pool))"
+      if self.parallel
+      else "aot_gemm_run(&g, 0, 1)"
+    )
+    return f"  {{ void *a[] = {{{ptrs}}}; {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
+
+
+@dataclass
+class GemmLowered(Lowered):
+  """A kernel whose contractions run on the microkernel: each after the dense copies of its operands, then the
+  epilogue pieces the microkernel did not apply to its tiles (Gemm.steps) nor leave done in place."""
+
+  gemms: list[Gemm]
+
+  def functions(self) -> dict[UOp, str]:
+    names = super().functions()
+    for i, g in enumerate(self.gemms):
+      for side, o in zip("ab", (g.a, g.b)):
+        if o.dense is not None:
+          names.setdefault(o.dense, f"_dense{i}{side}")
+        if o.pack is not None:
+          names.setdefault(o.pack, f"_pack{i}{side}")
+    return names
+
+  def reads(self) -> set[int]:
+    asts = [x for g in self.gemms for o in (g.a, g.b) for x in (o.dense, o.pack) if x is not None]
+    # an operand the microkernel reads where it lies
+    return super().reads() | globals_read(asts) | {o.slot for g in self.gemms for o in (g.a, g.b) if o.pack is None}
+
+  def panel_floats(self) -> int:
+    return max([g.c.K * g.b.panel[1] for g in self.gemms], default=0)
+
+  def calls(self, ctx: CallContext) -> list[Call]:
+    bufs, calls = self.kernel.bufs, []
+    for g in self.gemms:
+      calls += [ctx.loop(o.dense, bufs, bufs[o.slot], "operand") for o in (g.a, g.b) if o.dense is not None]
+      work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
+      pack = None
+      if g.b.pack is not None:
+        # B's panels are packed inside the gemm's tasks: the pack kernel is not a call of its own
+        ast = ctx.optimized[g.b.pack]
+        pack = (ctx.functions[ast], [(u.arg, None if u.arg == 0 else bufs[u.arg]) for u in kernel_params(ast)])
+      parallel = ctx.parallel(g.tasks, work)
+      calls.append(
+        GemmCall(gemm=g, bufs=bufs, pack=pack, contract=ctx.target == "c", role="contraction", parallel=parallel)
+      )
+    # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the
+    # microkernel applied to its tiles (Gemm.steps), is not run
+    for last in self.pieces:
+      if not (copies_in_place(last) or any(g.epilogue is last for g in self.gemms)):
+        calls.append(ctx.loop(last, bufs, bufs[0], "epilogue"))
+    return calls

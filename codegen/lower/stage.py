@@ -1,0 +1,226 @@
+"""The CPU targets' lowering stage: each schedule kernel to the calls model.c makes (codegen/lower/calls.py).
+
+Every way a kernel can run is a rule of LOWERINGS, tried in order on each kernel; the first that takes it returns a
+Lowered (the kernel over its new buffers, its generated functions, its calls). lower_schedule then writes the
+constants the generated functions read, names and optimises the functions and lists the calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aot.artifact import WeightsWriter, release_mapped_pages
+from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered
+from aot.codegen.lower.contract import fuse_epilogues, lower_contractions, split_by_slices
+from aot.codegen.lower.direct import DirectLowered, lower_depthwise
+from aot.codegen.lower.microkernel import GemmLowered
+from aot.codegen.lower.qgemm import QGemmLowered
+from aot.codegen.lower.qpool import PoolLowered, lower_qpool
+from aot.codegen.lower.quant import lower_qgemm, narrow_int8_producers
+from aot.codegen.render.linearize import flop_count
+from aot.codegen.render.opt import optimize
+from aot.core.dtype import dtypes
+from aot.core.ir import UOp
+from aot.errors import working_on
+from aot.scheduler.kernel import Buffer, Kernel, Schedule
+
+# kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
+PARALLEL_MIN_WORK = 1 << 16
+# a model doing fewer flops than this runs whole on the calling thread: the pool's threads rest between runs, and
+# the first wake-up of a run costs more than splitting gains (the 3-layer mlp: 2 threads were 0.74x as fast as 1)
+MODEL_PARALLEL_MIN_WORK = 1 << 25
+
+
+def function_name(name: str, i: int) -> str:
+  """The C function of the schedule's kernel i (named ki_...): NAME_fi."""
+  return f"{name}_f{i}"
+
+
+def kernel_place(k: Kernel) -> str:
+  """A kernel, for the InternalError a bug compiling it becomes (working_on): its name, and the model output it
+  writes if it writes one."""
+  return f"in kernel {k.name}" + (f" (writing output '{k.out.name}')" if k.out.kind == "output" else "")
+
+
+def function_places(owners: dict[str, Kernel]) -> dict[str, str]:
+  """Each generated function's place (working_on): the function, and the kernel whose work it does (owners: the
+  kernel that named it, by function)."""
+  return {fn: f"in function {fn} of kernel {kernel_place(k).removeprefix('in kernel ')}" for fn, k in owners.items()}
+
+
+@dataclass
+class LowerEnv:
+  """What the rules share: the gemm tile, the weights file the packed constants go to as they are made, the kernels
+  writing each buffer and the int8 results already lowered (quant.py's producers, qresults), and what was made."""
+
+  tile: tuple[int, int]
+  weights: WeightsWriter
+  producers: dict = field(default_factory=dict)
+  qresults: dict = field(default_factory=dict)
+  scratch_made: list[Buffer] = field(default_factory=list)
+  packed: set[int] = field(default_factory=set)
+
+  def keep(self, b: Buffer) -> Buffer:
+    """A buffer a lowering made: a scratch one for the arena; a packed constant to the weights file now, then
+    dropped (never all of them in memory at once)."""
+    if b.kind == "scratch":
+      self.scratch_made.append(b)
+      return b
+    self.weights.add(b)
+    b.data = None
+    self.packed.add(id(b))
+    return b
+
+  def make_buffer(self, kind: str, x) -> Buffer:
+    """A float32 scratch buffer of x elements, or a constant holding the array x (contract.py's make_buffer)."""
+    if kind == "scratch":
+      return self.keep(Buffer("scratch", dtypes.float32, x, "contraction"))
+    return self.keep(Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x))
+
+
+def lower_int8_gemm(k: Kernel, env: LowerEnv) -> Lowered | None:
+  found = lower_qgemm(k.ast, k.bufs, env.producers, env.qresults)
+  if found is None:
+    return None
+  bufs, made, qgemms, epilogue = found
+  for b in made:
+    env.keep(b)
+  # the kernel's own generated function: its epilogue, else A's copy; none for a bare matmul read in place
+  own = epilogue if epilogue is not None else qgemms[0].dense
+  return QGemmLowered(Kernel(k.name, k.ast, bufs, k.shape), [own] if own is not None else [], qgemms, epilogue)
+
+
+def lower_int8_pool(k: Kernel, env: LowerEnv) -> Lowered | None:
+  found = lower_qpool(k.ast, k.bufs)
+  if found is None:
+    return None
+  bufs, made, pools, epilogue = found
+  for b in made:
+    env.keep(b)
+  return PoolLowered(Kernel(k.name, k.ast, bufs, k.shape), [epilogue] if epilogue is not None else [], pools)
+
+
+def _released(k: Kernel, low: Lowered) -> Lowered:
+  # what packing read of a memory-mapped weight leaves the process's memory again (it stays in the page cache)
+  for b in k.bufs:
+    if b.kind == "const":
+      release_mapped_pages(b.data)
+  return low
+
+
+def lower_direct(k: Kernel, env: LowerEnv) -> Lowered | None:
+  found = lower_depthwise(k.ast, k.bufs, env.make_buffer)
+  if found is None:
+    return None
+  last, bufs, convs = found
+  return _released(k, DirectLowered(Kernel(k.name, k.ast, bufs, k.shape), [last], convs))
+
+
+def lower_contraction(k: Kernel, env: LowerEnv) -> Lowered | None:
+  last, bufs, gemms = lower_contractions(k.ast, k.bufs, env.tile, env.make_buffer)
+  if not gemms:
+    return None
+  # a concat's epilogue runs one kernel per branch's slice; a contraction applies its own to its tiles when it can
+  pieces = split_by_slices(last, gemms)
+  fuse_epilogues(pieces, gemms)
+  return _released(k, GemmLowered(Kernel(k.name, k.ast, bufs, k.shape), pieces, gemms))
+
+
+def lower_loops(k: Kernel, env: LowerEnv) -> Lowered:
+  return _released(k, Lowered(Kernel(k.name, k.ast, k.bufs, k.shape), split_by_slices(k.ast, [])))
+
+
+# each kernel goes to the first rule that takes it
+LOWERINGS = (
+  # int8 contractions first: their int32 sums are contractions the float microkernel would take too
+  lower_int8_gemm,
+  # 8-bit max pools: the runtime's separable pool (a MAX reduction, no contraction: either order finds it)
+  lower_int8_pool,
+  # depthwise convolutions before contractions: each is one, which the microkernel runs ~15x slower
+  lower_direct,
+  # float contractions on the microkernel, plus their epilogues
+  lower_contraction,
+  # whatever is left: generated loops (always takes the kernel)
+  lower_loops,
+)
+
+
+@dataclass
+class LoweredSchedule:
+  """The schedule lowered for a CPU target: each kernel's Lowered, the arena's scratch buffers (the schedule's, less
+  those the lowering replaced, plus those it made), the generated functions' names by optimised AST and each one's
+  place (working_on), the function KernelInfo names for each kernel, and model.c's calls of each kernel."""
+
+  lowered: list[Lowered]
+  scratch: list[Buffer]
+  functions: dict[UOp, str]
+  places: dict[str, str]
+  entries: list[str]
+  kernel_calls: list[list[Call]]
+
+  @property
+  def calls(self) -> list[Call]:
+    return [c for calls in self.kernel_calls for c in calls]
+
+  def call_infos(self) -> list[CallInfo]:
+    """What the profiler reports of each call, in model.c's order."""
+    return [c.describe(low.kernel.name) for low, calls in zip(self.lowered, self.kernel_calls) for c in calls]
+
+  @property
+  def panel_floats(self) -> int:
+    return max([low.panel_floats() for low in self.lowered], default=0)
+
+
+def _lower_kernels(sched: Schedule, env: LowerEnv) -> tuple[list[Lowered], set[int]]:
+  """Each kernel by the first rule of LOWERINGS that takes it; and the ids of the schedule's scratch buffers
+  replaced (8-bit values widened to int32 stored as bytes first)."""
+  narrowed, made8, replaced = narrow_int8_producers(sched.kernels)
+  env.scratch_made += made8
+  env.producers.update({id(k.bufs[0]): k for k in narrowed})
+  lowered = []
+  for k in narrowed:
+    with working_on(kernel_place(k)):
+      lowered.append(next(low for rule in LOWERINGS if (low := rule(k, env)) is not None))
+  return lowered, replaced
+
+
+def _write_weights(lowered: list[Lowered], packed: set[int], weights: WeightsWriter) -> None:
+  """The model's constants that the generated functions read, after the packed copies written during lowering."""
+  # constants only a prepacked copy reads are left out of the weights
+  used = {id(low.kernel.bufs[s]) for low in lowered for s in low.reads()}
+  consts = [
+    b for low in lowered for b in low.kernel.bufs if b.kind == "const" and id(b) in used and id(b) not in packed
+  ]
+  for b in {id(b): b for b in consts}.values():
+    weights.add(b)
+    release_mapped_pages(b.data)
+
+
+def lower_schedule(
+  name: str, sched: Schedule, tile: tuple[int, int], weights: WeightsWriter, target: str
+) -> LoweredSchedule:
+  """The schedule's kernels lowered (LOWERINGS), the constants they read written after the packed ones, the generated
+  functions named (NAME_fI and suffixes; kernels doing the same work share one) and optimised, and the calls."""
+  env = LowerEnv(tile, weights)
+  lowered, replaced = _lower_kernels(sched, env)
+  _write_weights(lowered, env.packed, weights)
+  names: dict[UOp, str] = {}
+  owners: dict[str, Kernel] = {}
+  for n, (k, low) in enumerate(zip(sched.kernels, lowered)):
+    for ast, suffix in low.functions().items():
+      owners.setdefault(names.setdefault(ast, f"{function_name(name, n)}{suffix}"), k)
+  places = function_places(owners)
+  optimized = {}
+  for ast, fn in names.items():
+    with working_on(places[fn]):
+      optimized[ast] = optimize(ast)
+  functions = {optimized[ast]: fn for ast, fn in names.items()}
+  entries = [names[low.main()] if low.main() is not None else low.runtime_entry for low in lowered]
+  # integer sums count as work too: a quantized model's are nearly all of it
+  threads = sum(flop_count(k.ast, integer=True) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
+  ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target)
+  kernel_calls = []
+  for low in lowered:
+    with working_on(kernel_place(low.kernel)):
+      kernel_calls.append(low.calls(ctx))
+  scratch = [b for b in sched.scratch if id(b) not in replaced] + env.scratch_made
+  return LoweredSchedule(lowered, scratch, functions, places, entries, kernel_calls)
