@@ -14,7 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include "aot_runtime.h"
+#include "aot_qgemm.h"
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
@@ -526,34 +526,285 @@ static void requantize_row(const int32_t *restrict sum, const int32_t *restrict 
   }
 }
 
+/* what one thread's run of a call keeps across its tasks: the call's geometry and its own buffers */
+typedef struct {
+  aot_qgemm *g;
+  int mblocks, K4, kslice;
+  uint8_t flip;
+  int32_t zero;
+  const plane_rows *rows_of;
+  uint64_t *valid;
+  uint8_t *ap;
+  int32_t *acc;
+} qrun;
+
+/* weights read once per run come from memory (ResNet's 7x7 layers, 49x512x4608: 0.444 ms against 0.316 with them in
+   cache), so they are fetched ahead, spread over the calls. Where M fits one block, each task's weights are its own:
+   the next slice of all its panels (after the last, the next task's first), a whole slice ahead (0.42 -> 0.36 ms;
+   the next panel alone was too late). Else the next m block's task reuses them from L2, and only the next panel is
+   fetched (a slice ahead cost 196x256x2304 5%, its lines crowding L1). far: the lines fetched a slice ahead */
+typedef struct {
+  const int8_t *far;
+  int far_lines, far_panels;
+} qahead;
+
+static qahead weights_ahead(const qrun *q, const qregion *reg, int n0, int k0, int kc, int panels, int j_next) {
+  const aot_qgemm *g = q->g;
+  const int K4 = q->K4;
+  qahead w = {NULL, 0, 0};
+  if (q->mblocks == 1 && k0 + kc < K4) {
+    w.far = g->b + (long)(n0 / QNR) * K4 * QNR + (long)(k0 + kc) * QNR;
+    w.far_lines = min(K4 - k0 - kc, q->kslice) * QNR / 64;
+    w.far_panels = panels;
+  } else if (q->mblocks == 1 && j_next >= 0) {
+    /* (the next n block of the region: mblocks == 1) */
+    const int n0n = (reg->n0 + j_next) * QNC;
+    w.far = g->b + (long)(n0n / QNR) * K4 * QNR;
+    w.far_lines = min(K4, q->kslice) * QNR / 64;
+    w.far_panels = cdiv(min(g->N - n0n, QNC), QNR);
+  }
+  return w;
+}
+
+/* call `call` of `calls`' share of the lines a slice ahead, walked as runs of contiguous lines, one per panel it
+   touches (a division per line had cost 10% there, a check per line for the panel's end 8 instructions a line) */
+static void fetch_weights_share(const qahead *w, int K4, long call, long calls) {
+  const long far_total = (long)w->far_lines * w->far_panels, end = (call + 1) * far_total / calls;
+  long l = call * far_total / calls;
+  if (l >= end) return;
+  const int8_t *line = w->far + l / w->far_lines * K4 * QNR + l % w->far_lines * 64;
+  for (long run; l < end; l += run, line += (long)K4 * QNR - w->far_lines * 64) {
+    run = min((int)(end - l), w->far_lines - (int)(l % w->far_lines));
+    for (const int8_t *stop = line + run * 64; line < stop; line += 64) __builtin_prefetch(line);
+  }
+}
+
+/* a k-major A (a convolution's im2col) is read QMC bytes from each of K rows lda apart, which the hardware does not
+   fetch ahead: in the last slice, the first slice of the next task's rows are (the next of this thread's region,
+   unless another thread takes it first: with one counter for all it had been a guess on 2). With A out of L2 (as an
+   im2col's 1.8 MB leaves it): the stem's 12544x64x147 0.58-0.68 -> 0.42-0.49 ms, 3136x64x576 0.38-0.52 -> 0.31;
+   with A in L2 up to 5% slower. Call `call` of `calls` fetches its share of the rows */
+static void fetch_a_share(const qrun *q, const qregion *reg, int j_next, long call, long calls) {
+  const aot_qgemm *g = q->g;
+  const int m0n = (reg->m0 + j_next % reg->mc) * QMC;
+  const uint8_t *a_next = g->a + m0n;
+  const int a_rows = min(g->K, q->kslice), a_span = min(g->M - m0n, QMC) - 1;
+  for (long k = call * a_rows / calls; k < (call + 1) * a_rows / calls; k++) {
+    const uint8_t *row = a_next + k * g->lda;
+    __builtin_prefetch(row);
+    /* the row's second line, where it crosses one */
+    if (((uintptr_t)row ^ (uintptr_t)(row + a_span)) >= 64) __builtin_prefetch(row + a_span);
+  }
+}
+
+/* the block's sums over the k slice [k0, k0 + kc) added into acc, A's slice packed into ap first; j_next: the task
+   this thread takes next, unless another takes it first (-1: none known) */
+static void multiply_slice(const qrun *q, const qregion *reg, int m0, int n0, int mr, int nr, int k0, int j_next) {
+  const aot_qgemm *g = q->g;
+  const int K4 = q->K4, kc = min(K4 - k0, q->kslice);
+  /* A's slice as [m tile][k/4][QMR][4] bytes, unsigned, zero past M and K (B is zero past K too) */
+  const int kin = min(g->K - k0, kc);
+  if (g->a_kmajor) pack_kmajor(g, m0, mr, k0, kc, kin, q->flip, q->rows_of, q->valid, q->ap);
+  else pack_rows(g, m0, mr, k0, kc, kin, q->flip, q->ap);
+  const int panels = cdiv(nr, QNR);
+  /* a last tile of few rows in the call of the whole one before it */
+  const int more = mr > QMR && mr % QMR <= MICRO_MORE ? mr % QMR : 0;
+  /* calls a panel */
+  const int tiles = cdiv(mr, QMR) - (more > 0);
+  const qahead w = weights_ahead(q, reg, n0, k0, kc, panels, j_next);
+  const long calls = (long)tiles * panels;
+  const int a_ahead = g->a_kmajor && !q->rows_of && q->mblocks > 1 && k0 + kc >= K4 && j_next >= 0;
+  for (int n = 0; n < nr; n += QNR) {
+    const int8_t *bt = g->b + (long)((n0 + n) / QNR) * K4 * QNR + (long)k0 * QNR;
+    /* the next panel: the next tile's, else the next slice's first */
+    const int8_t *next = q->mblocks == 1 ? NULL
+                         : n + QNR < nr  ? bt + (long)K4 * QNR
+                         : k0 + kc < K4  ? g->b + (long)(n0 / QNR) * K4 * QNR + (long)(k0 + kc) * QNR
+                                         : NULL;
+    const int next_kc = n + QNR < nr ? kc : min(K4 - k0 - kc, q->kslice);
+    const int lines = next ? next_kc * QNR / 64 : 0;
+    for (int tile = 0; tile < tiles; tile++) {
+      const int m = tile * QMR;
+      for (int l = tile * lines / tiles; l < (tile + 1) * lines / tiles; l++) __builtin_prefetch(next + l * 64);
+      const long call = (long)(n / QNR) * tiles + tile;
+      fetch_weights_share(&w, K4, call, calls);
+      if (a_ahead) fetch_a_share(q, reg, j_next, call, calls);
+      const uint8_t *at = q->ap + tile * QMR * kc;
+      int32_t *ct = q->acc + m * QNC + n;
+      if (more && tile == tiles - 1) micro_more(more, kc / 4, at, at + QMR * kc, bt, ct, QNC, k0 > 0);
+      else if (mr - m >= QMR) micro(kc / 4, at, bt, ct, QNC, k0 > 0);
+      else micro_tail(mr - m, kc / 4, at, bt, ct, QNC, k0 > 0);
+    }
+  }
+}
+
+/* the epilogue's zero-point correction and bias per column (corr) and scale (sc) of columns [n0, n0 + nr) */
+static void column_terms(const aot_qgemm *g, int n0, int nr, int32_t zero, int32_t *corr, float *sc) {
+  int e = 0;
+#if defined(__AVX512F__)
+  /* 16 at a time where the scales are one or one per column (the loop was 1/4 of the stem's epilogue by gcc,
+     whose loop vectoriser is off) */
+  if (!g->scale || g->scale_step <= 1)
+    for (; e < nr; e += 16) {
+      const __mmask16 cm = (__mmask16)((1u << min(nr - e, 16)) - 1);
+      const __m512i b = g->bias ? _mm512_maskz_loadu_epi32(cm, g->bias + n0 + e) : _mm512_setzero_si512();
+      const __m512i cs = _mm512_maskz_loadu_epi32(cm, g->col_sum + n0 + e);
+      _mm512_store_si512(corr + e, _mm512_sub_epi32(b, _mm512_mullo_epi32(_mm512_set1_epi32(zero), cs)));
+      _mm512_store_ps(sc + e, !g->scale            ? _mm512_setzero_ps()
+                              : g->scale_step == 1 ? _mm512_maskz_loadu_ps(cm, g->scale + n0 + e)
+                                                   : _mm512_set1_ps(g->scale[0]));
+    }
+#endif
+  for (; e < nr; e++) {
+    const int n = n0 + e;
+    /* wrapping int32 arithmetic, as vpdpbusd's own */
+    corr[e] = (int32_t)((uint32_t)(g->bias ? g->bias[n] : 0) - (uint32_t)zero * (uint32_t)g->col_sum[n]);
+    sc[e] = g->scale ? g->scale[n * g->scale_step] : 0.0f;
+  }
+}
+
+/* the block's int32 sums plus corr written as they are */
+static void write_int32(const aot_qgemm *g, const int32_t *acc, const int32_t *corr, int m0, int n0, int mr, int nr) {
+#if !defined(__clang__)
+  if (g->ldc_n == 1) {
+    /* rows of n contiguous (a dynamically quantized matmul's) 16 lanes at a time where the loop vectoriser is off
+       (gcc: 3136x256x64 0.435 -> 0.195 ms); clang vectorises the loop below itself, 5% faster than this */
+    typedef uint32_t v16 __attribute__((vector_size(64), aligned(4)));
+    for (int m = 0; m < mr; m++) {
+      uint32_t *out = (uint32_t *)g->c + (long)(m0 + m) * g->ldc_m + n0;
+      const uint32_t *sum = (const uint32_t *)acc + m * QNC;
+      int e = 0;
+#pragma GCC unroll 4
+      for (; e + 16 <= nr; e += 16) {
+        v16 a, c;
+        memcpy(&a, sum + e, sizeof a);
+        memcpy(&c, (const uint32_t *)corr + e, sizeof c);
+        a += c;
+        memcpy(out + e, &a, sizeof a);
+      }
+      for (; e < nr; e++) out[e] = sum[e] + (uint32_t)corr[e];
+    }
+    return;
+  }
+#endif
+  for (int m = 0; m < mr; m++)
+    for (int e = 0; e < nr; e++)
+      ((int32_t *)g->c)[(long)(m0 + m) * g->ldc_m + (long)(n0 + e) * g->ldc_n] =
+        (int32_t)((uint32_t)acc[m * QNC + e] + (uint32_t)corr[e]);
+}
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+/* a convolution's output (m contiguous, ldc_m 1): blocks of 16 x 16 requantized, turned to columns in registers and
+   stored straight into each column's line, part blocks (rows past the last 16, columns past the last 16) with
+   masks. The stem's 12544x64x147: the byte buffers, their transpose and a memcpy per line had been a fifth of the
+   call */
+static void write_columns(const aot_qgemm *g, const int32_t *acc, const int32_t *corr, const float *sc, int m0,
+                          int n0, int mr, int nr, float hi, int u8) {
+  const requant p = requant_of(hi, g->out_zero, u8);
+  const int m16 = mr / 16 * 16;
+  for (int eb = 0; eb < nr; eb += 16) {
+    const int cols = min(nr - eb, 16);
+    const __mmask16 cm = (__mmask16)((1u << cols) - 1);
+    const __m512i cv = _mm512_maskz_loadu_epi32(cm, corr + eb);
+    const __m512 sv = _mm512_maskz_loadu_ps(cm, sc + eb);
+    uint8_t *out = (uint8_t *)g->c + (long)(n0 + eb) * g->ldc_n + m0;
+    const int clamp = !scales_below_one(sv);
+    if (cols == 16 && !clamp)
+      for (int mb = 0; mb < m16; mb += 16)
+        requantize_columns16(acc + mb * QNC + eb, cv, sv, &p, 0, 16, 16, out + mb, g->ldc_n);
+    else
+      for (int mb = 0; mb < m16; mb += 16)
+        requantize_columns16(acc + mb * QNC + eb, cv, sv, &p, 1, 16, cols, out + mb, g->ldc_n);
+    if (m16 < mr) requantize_columns16(acc + m16 * QNC + eb, cv, sv, &p, 1, mr - m16, cols, out + m16, g->ldc_n);
+  }
+}
+#endif
+
+/* the block requantized to bytes, each row along n as the sums lie; a convolution's output (m contiguous) is turned
+   to columns 16 x 16 (with AVX-512 in registers, else through the byte transpose tb) so that each of its lines is
+   written contiguously */
+static void write_bytes(const aot_qgemm *g, const int32_t *acc, const int32_t *corr, const float *sc, int m0, int n0,
+                        int mr, int nr) {
+  const int m_inner = g->ldc_m < g->ldc_n;
+  const int u8 = g->out_type == AOT_QGEMM_UINT8;
+  /* clamping the integer-valued float to the range less the zero point first keeps the conversion in range */
+  const float lo = (u8 ? 0.0f : -128.0f) - (float)g->out_zero, hi = (u8 ? 255.0f : 127.0f) - (float)g->out_zero;
+  const int bias8 = g->out_zero + (u8 ? 0 : 128);
+  uint8_t *c8 = g->c;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  if (m_inner && g->ldc_m == 1) {
+    write_columns(g, acc, corr, sc, m0, n0, mr, nr, hi, u8);
+    return;
+  }
+#endif
+  /* the requantized rows ([m][e], QNC apart), and their transpose ([e][m], QMC apart) when m is contiguous */
+  uint8_t qb[QMC * QNC] __attribute__((aligned(64)));
+  uint8_t tb[QNC * QMC] __attribute__((aligned(64)));
+  const uint8_t flip8 = u8 ? 0 : 0x80;
+  for (int m = 0; m < mr; m++) {
+    const int32_t *sum = acc + m * QNC;
+    uint8_t *out = c8 + (long)(m0 + m) * g->ldc_m + (long)n0 * g->ldc_n;
+    /* a contiguous row of the output is written in place */
+    const int direct = !m_inner && g->ldc_n == 1;
+    uint8_t *q = direct ? out : qb + m * QNC;
+    requantize_row(sum, corr, sc, nr, lo, hi, bias8, flip8, q);
+    if (m_inner || direct) continue;
+    for (int e = 0; e < nr; e++) out[(long)e * g->ldc_n] = q[e];
+  }
+  if (!m_inner) return;
+  transpose_bytes(qb, QNC, tb, QMC, mr, nr);
+  for (int e = 0; e < nr; e++) {
+    uint8_t *out = c8 + (long)(n0 + e) * g->ldc_n + (long)m0 * g->ldc_m;
+    if (g->ldc_m == 1) memcpy(out, tb + e * QMC, (size_t)mr);
+    else
+      for (int m = 0; m < mr; m++) out[(long)m * g->ldc_m] = tb[e * QMC + m];
+  }
+}
+
+/* one task: the QMC x QNC block of C at (m0, n0) summed whole over K, then its epilogue */
+static void run_block(const qrun *q, const qregion *reg, int m0, int n0, int j_next) {
+  const aot_qgemm *g = q->g;
+  const int mr = min(g->M - m0, QMC), nr = min(g->N - n0, QNC);
+#if defined(__AVX512BW__) && QMC == 64 && QMR == 8
+  if (q->rows_of) plane_masks(g->plane, m0, q->valid);
+#endif
+  for (int k0 = 0; k0 < q->K4; k0 += q->kslice) multiply_slice(q, reg, m0, n0, mr, nr, k0, j_next);
+  int32_t corr[QNC] __attribute__((aligned(64)));
+  float sc[QNC] __attribute__((aligned(64)));
+  column_terms(g, n0, nr, q->zero, corr, sc);
+  if (g->out_type == AOT_QGEMM_INT32) write_int32(g, q->acc, corr, m0, n0, mr, nr);
+  else write_bytes(g, q->acc, corr, sc, m0, n0, mr, nr);
+}
+
+/* this call's region: the one whose slice [start, end) is (any other start of a range only changes which region
+   goes first) */
+static int own_region(int tasks, int regions, int start, int end) {
+  int own = 0;
+  for (int i = 0; i < regions; i++)
+    if (start == (int)((long)tasks * i / regions) && end == (int)((long)tasks * (i + 1) / regions)) own = i;
+  return own;
+}
+
 void aot_qgemm_run(void *ctx, int start, int end) {
   /* each task computes its block whole, whoever takes it: results do not depend on who does which */
   aot_qgemm *g = ctx;
   const int tasks = aot_qgemm_tasks(g), mblocks = cdiv(g->M, QMC), nblocks = cdiv(g->N, QNC), K4 = (g->K + 3) / 4 * 4;
   const int regions = g->slices > 1 && g->slices <= AOT_QGEMM_SLICES ? g->slices : 1;
-  const int by_m = split_by_m(g->M, g->N, regions);
-  /* this call's region: the slice [start, end) is (any other start of a range only changes which region goes
-     first) */
-  int own = 0;
-  for (int i = 0; i < regions; i++)
-    if (start == (int)((long)tasks * i / regions) && end == (int)((long)tasks * (i + 1) / regions)) own = i;
-  const uint32_t flip = g->a_signed ? 0x80 : 0;
-  const int32_t zero = (g->a_zero_at ? *g->a_zero_at : g->a_zero) + (g->a_signed ? 128 : 0);
+  const int by_m = split_by_m(g->M, g->N, regions), own = own_region(tasks, regions, start, end);
   /* K in slices of equal length (a multiple of 4) at most kmax: 2304 as 5 x 464, not 4 x 512 + 256 */
   const int kmax = mblocks == 1 ? QKC_FEW_ROWS : K4 <= QKC_ONE ? QKC_ONE : QKC;
-  const int kslice = (cdiv(K4, cdiv(K4, kmax)) + 3) / 4 * 4;
   uint8_t ap[QMC * QKC_MAX] __attribute__((aligned(64)));
   int32_t acc[QMC * QNC] __attribute__((aligned(64)));
-  const plane_rows *rows_of = NULL;
+  qrun q = {g, mblocks, K4, (cdiv(K4, cdiv(K4, kmax)) + 3) / 4 * 4, g->a_signed ? 0x80 : 0,
+            (g->a_zero_at ? *g->a_zero_at : g->a_zero) + (g->a_signed ? 128 : 0), NULL, NULL, ap, acc};
 #if defined(__AVX512BW__) && QMC == 64 && QMR == 8
   plane_rows table;
   uint64_t valid[QPLANE_TAPS];
   if (g->plane) {
     plane_rows_of(g->plane, g->M, &table);
-    rows_of = &table;
+    q.rows_of = &table;
+    q.valid = valid;
   }
-#else
-  const uint64_t *valid = NULL;
 #endif
   /* the region whose tasks are being taken (own, then the next ones round, from their ends), and its index */
   int r = own, from_end = 0;
@@ -567,209 +818,11 @@ void aot_qgemm_run(void *ctx, int start, int end) {
       reg = region_of(r, regions, by_m, mblocks, nblocks);
       continue;
     }
-    const int m0 = (reg.m0 + j % reg.mc) * QMC, n0 = (reg.n0 + j / reg.mc) * QNC;
     /* the task this thread takes next, unless another takes it first: the region's next from its start (-1 when
        taking from the end, or at the region's end) */
     const int jn = from_end ? -1
                    : regions == 1 ? __atomic_load_n(&g->next, __ATOMIC_RELAXED)
                                   : (int)(unsigned)__atomic_load_n(&g->taken[r], __ATOMIC_RELAXED);
-    const int j_next = jn >= 0 && jn < size ? jn : -1;
-    const int mr = min(g->M - m0, QMC), nr = min(g->N - n0, QNC);
-#if defined(__AVX512BW__) && QMC == 64 && QMR == 8
-    if (rows_of) plane_masks(g->plane, m0, valid);
-#endif
-    for (int k0 = 0; k0 < K4; k0 += kslice) {
-      const int kc = min(K4 - k0, kslice);
-      /* A's slice as [m tile][k/4][QMR][4] bytes, unsigned, zero past M and K (B is zero past K too) */
-      const int kin = min(g->K - k0, kc);
-      if (g->a_kmajor) pack_kmajor(g, m0, mr, k0, kc, kin, (uint8_t)flip, rows_of, valid, ap);
-      else pack_rows(g, m0, mr, k0, kc, kin, (uint8_t)flip, ap);
-      /* weights read once per run come from memory (ResNet's 7x7 layers, 49x512x4608: 0.444 ms against 0.316 with
-         them in cache), so they are fetched ahead, spread over the calls. Where M fits one block, each task's weights
-         are its own: the next slice of all its panels (after the last, the next task's first), a whole slice ahead
-         (0.42 -> 0.36 ms; the next panel alone was too late). Else the next m block's task reuses them from L2, and
-         only the next panel is fetched (a slice ahead cost 196x256x2304 5%, its lines crowding L1) */
-      const int panels = cdiv(nr, QNR);
-      /* a last tile of few rows in the call of the whole one before it */
-      const int more = mr > QMR && mr % QMR <= MICRO_MORE ? mr % QMR : 0;
-      /* calls a panel */
-      const int tiles = cdiv(mr, QMR) - (more > 0);
-      const int8_t *far = NULL;
-      int far_lines = 0, far_panels = 0;
-      if (mblocks == 1 && k0 + kc < K4) {
-        far = g->b + (long)(n0 / QNR) * K4 * QNR + (long)(k0 + kc) * QNR;
-        far_lines = min(K4 - k0 - kc, kslice) * QNR / 64;
-        far_panels = panels;
-      } else if (mblocks == 1 && j_next >= 0) {
-        /* (the next n block of the region: mblocks == 1) */
-        const int n0n = (reg.n0 + j_next) * QNC;
-        far = g->b + (long)(n0n / QNR) * K4 * QNR;
-        far_lines = min(K4, kslice) * QNR / 64;
-        far_panels = cdiv(min(g->N - n0n, QNC), QNR);
-      }
-      const long far_total = (long)far_lines * far_panels, calls = (long)tiles * panels;
-      /* a k-major A (a convolution's im2col) is read QMC bytes from each of K rows lda apart, which the hardware
-         does not fetch ahead: in the last slice, the first slice of the next task's rows are (the next of this
-         thread's region, unless another thread takes it first: with one counter for all it had been a guess on 2).
-         With A out of L2 (as an im2col's 1.8 MB leaves it): the stem's 12544x64x147 0.58-0.68 -> 0.42-0.49 ms,
-         3136x64x576 0.38-0.52 -> 0.31; with A in L2 up to 5% slower */
-      const uint8_t *a_next = NULL;
-      int a_rows = 0, a_span = 0;
-      if (g->a_kmajor && !rows_of && mblocks > 1 && k0 + kc >= K4 && j_next >= 0) {
-        const int m0n = (reg.m0 + j_next % reg.mc) * QMC;
-        a_next = g->a + m0n;
-        a_rows = min(g->K, kslice);
-        a_span = min(g->M - m0n, QMC) - 1;
-      }
-      for (int n = 0; n < nr; n += QNR) {
-        const int8_t *bt = g->b + (long)((n0 + n) / QNR) * K4 * QNR + (long)k0 * QNR;
-        /* the next panel: the next tile's, else the next slice's first */
-        const int8_t *next = mblocks == 1 ? NULL
-                             : n + QNR < nr ? bt + (long)K4 * QNR
-                             : k0 + kc < K4 ? g->b + (long)(n0 / QNR) * K4 * QNR + (long)(k0 + kc) * QNR
-                                            : NULL;
-        const int next_kc = n + QNR < nr ? kc : min(K4 - k0 - kc, kslice);
-        const int lines = next ? next_kc * QNR / 64 : 0;
-        for (int tile = 0; tile < tiles; tile++) {
-          const int m = tile * QMR;
-          for (int l = tile * lines / tiles; l < (tile + 1) * lines / tiles; l++) __builtin_prefetch(next + l * 64);
-          /* this call's share of the lines, walked as runs of contiguous lines, one per panel it touches (a division
-             per line had cost 10% there, a check per line for the panel's end 8 instructions a line) */
-          const long call = (long)(n / QNR) * tiles + tile, end = (call + 1) * far_total / calls;
-          long l = call * far_total / calls;
-          if (l < end) {
-            const int8_t *line = far + l / far_lines * K4 * QNR + l % far_lines * 64;
-            for (long run; l < end; l += run, line += (long)K4 * QNR - far_lines * 64) {
-              run = min((int)(end - l), far_lines - (int)(l % far_lines));
-              for (const int8_t *stop = line + run * 64; line < stop; line += 64) __builtin_prefetch(line);
-            }
-          }
-          if (a_next) {
-            const long call = (long)(n / QNR) * tiles + tile;
-            for (long k = call * a_rows / calls; k < (call + 1) * a_rows / calls; k++) {
-              const uint8_t *row = a_next + k * g->lda;
-              __builtin_prefetch(row);
-              /* the row's second line, where it crosses one */
-              if (((uintptr_t)row ^ (uintptr_t)(row + a_span)) >= 64) __builtin_prefetch(row + a_span);
-            }
-          }
-          const uint8_t *at = ap + tile * QMR * kc;
-          int32_t *ct = acc + m * QNC + n;
-          if (more && tile == tiles - 1) micro_more(more, kc / 4, at, at + QMR * kc, bt, ct, QNC, k0 > 0);
-          else if (mr - m >= QMR) micro(kc / 4, at, bt, ct, QNC, k0 > 0);
-          else micro_tail(mr - m, kc / 4, at, bt, ct, QNC, k0 > 0);
-        }
-      }
-    }
-    /* the epilogue: zero-point correction and bias per column first (corr), then each row of sums requantized
-       along n, as the sums lie; a convolution's output (m contiguous) is turned to columns 16 x 16 (with AVX-512 in
-       registers, else through the byte transpose tb) so that each of its lines is written contiguously */
-    const int m_inner = g->ldc_m < g->ldc_n;
-    int32_t corr[QNC] __attribute__((aligned(64)));
-    float sc[QNC] __attribute__((aligned(64)));
-    int e = 0;
-#if defined(__AVX512F__)
-    /* 16 at a time where the scales are one or one per column (the loop was 1/4 of the stem's epilogue by gcc,
-       whose loop vectoriser is off) */
-    if (!g->scale || g->scale_step <= 1)
-      for (; e < nr; e += 16) {
-        const __mmask16 cm = (__mmask16)((1u << min(nr - e, 16)) - 1);
-        const __m512i b = g->bias ? _mm512_maskz_loadu_epi32(cm, g->bias + n0 + e) : _mm512_setzero_si512();
-        const __m512i cs = _mm512_maskz_loadu_epi32(cm, g->col_sum + n0 + e);
-        _mm512_store_si512(corr + e, _mm512_sub_epi32(b, _mm512_mullo_epi32(_mm512_set1_epi32(zero), cs)));
-        _mm512_store_ps(sc + e, !g->scale            ? _mm512_setzero_ps()
-                                : g->scale_step == 1 ? _mm512_maskz_loadu_ps(cm, g->scale + n0 + e)
-                                                     : _mm512_set1_ps(g->scale[0]));
-      }
-#endif
-    for (; e < nr; e++) {
-      const int n = n0 + e;
-      /* wrapping int32 arithmetic, as vpdpbusd's own */
-      corr[e] = (int32_t)((uint32_t)(g->bias ? g->bias[n] : 0) - (uint32_t)zero * (uint32_t)g->col_sum[n]);
-      sc[e] = g->scale ? g->scale[n * g->scale_step] : 0.0f;
-    }
-#if !defined(__clang__)
-    if (g->out_type == AOT_QGEMM_INT32 && g->ldc_n == 1) {
-      /* rows of n contiguous (a dynamically quantized matmul's) 16 lanes at a time where the loop vectoriser is off
-         (gcc: 3136x256x64 0.435 -> 0.195 ms); clang vectorises the loop below itself, 5% faster than this */
-      typedef uint32_t v16 __attribute__((vector_size(64), aligned(4)));
-      for (int m = 0; m < mr; m++) {
-        uint32_t *out = (uint32_t *)g->c + (long)(m0 + m) * g->ldc_m + n0;
-        const uint32_t *sum = (const uint32_t *)acc + m * QNC;
-        int e = 0;
-#pragma GCC unroll 4
-        for (; e + 16 <= nr; e += 16) {
-          v16 a, c;
-          memcpy(&a, sum + e, sizeof a);
-          memcpy(&c, (const uint32_t *)corr + e, sizeof c);
-          a += c;
-          memcpy(out + e, &a, sizeof a);
-        }
-        for (; e < nr; e++) out[e] = sum[e] + (uint32_t)corr[e];
-      }
-      continue;
-    }
-#endif
-    if (g->out_type == AOT_QGEMM_INT32) {
-      for (int m = 0; m < mr; m++)
-        for (int e = 0; e < nr; e++)
-          ((int32_t *)g->c)[(long)(m0 + m) * g->ldc_m + (long)(n0 + e) * g->ldc_n] =
-            (int32_t)((uint32_t)acc[m * QNC + e] + (uint32_t)corr[e]);
-      continue;
-    }
-    const int u8 = g->out_type == AOT_QGEMM_UINT8;
-    /* clamping the integer-valued float to the range less the zero point first keeps the conversion in range */
-    const float lo = (u8 ? 0.0f : -128.0f) - (float)g->out_zero, hi = (u8 ? 255.0f : 127.0f) - (float)g->out_zero;
-    const int bias8 = g->out_zero + (u8 ? 0 : 128);
-    uint8_t *c8 = g->c;
-    /* the requantized rows ([m][e], QNC apart), and their transpose ([e][m], QMC apart) when m is contiguous */
-    uint8_t qb[QMC * QNC] __attribute__((aligned(64)));
-    uint8_t tb[QNC * QMC] __attribute__((aligned(64)));
-    const uint8_t flip8 = u8 ? 0 : 0x80;
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-    /* a convolution's output (m contiguous): blocks of 16 x 16 requantized, turned to columns in registers and
-       stored straight into each column's line, part blocks (rows past the last 16, columns past the last 16) with
-       masks. The stem's 12544x64x147: the byte buffers, their transpose and a memcpy per line had been a fifth of
-       the call */
-    if (m_inner && g->ldc_m == 1) {
-      const requant p = requant_of(hi, g->out_zero, u8);
-      const int m16 = mr / 16 * 16;
-      for (int eb = 0; eb < nr; eb += 16) {
-        const int cols = min(nr - eb, 16);
-        const __mmask16 cm = (__mmask16)((1u << cols) - 1);
-        const __m512i cv = _mm512_maskz_loadu_epi32(cm, corr + eb);
-        const __m512 sv = _mm512_maskz_loadu_ps(cm, sc + eb);
-        uint8_t *out = c8 + (long)(n0 + eb) * g->ldc_n + m0;
-        const int clamp = !scales_below_one(sv);
-        if (cols == 16 && !clamp)
-          for (int mb = 0; mb < m16; mb += 16)
-            requantize_columns16(acc + mb * QNC + eb, cv, sv, &p, 0, 16, 16, out + mb, g->ldc_n);
-        else
-          for (int mb = 0; mb < m16; mb += 16)
-            requantize_columns16(acc + mb * QNC + eb, cv, sv, &p, 1, 16, cols, out + mb, g->ldc_n);
-        if (m16 < mr)
-          requantize_columns16(acc + m16 * QNC + eb, cv, sv, &p, 1, mr - m16, cols, out + m16, g->ldc_n);
-      }
-      continue;
-    }
-#endif
-    for (int m = 0; m < mr; m++) {
-      const int32_t *sum = acc + m * QNC;
-      uint8_t *out = c8 + (long)(m0 + m) * g->ldc_m + (long)n0 * g->ldc_n;
-      /* a contiguous row of the output is written in place */
-      const int direct = !m_inner && g->ldc_n == 1;
-      uint8_t *q = direct ? out : qb + m * QNC;
-      requantize_row(sum, corr, sc, nr, lo, hi, bias8, flip8, q);
-      if (m_inner || direct) continue;
-      for (int e = 0; e < nr; e++) out[(long)e * g->ldc_n] = q[e];
-    }
-    if (m_inner) transpose_bytes(qb, QNC, tb, QMC, mr, nr);
-    if (m_inner)
-      for (int e = 0; e < nr; e++) {
-        uint8_t *out = c8 + (long)(n0 + e) * g->ldc_n + (long)m0 * g->ldc_m;
-        if (g->ldc_m == 1) memcpy(out, tb + e * QMC, (size_t)mr);
-        else
-          for (int m = 0; m < mr; m++) out[(long)m * g->ldc_m] = tb[e * QMC + m];
-      }
+    run_block(&q, &reg, (reg.m0 + j % reg.mc) * QMC, (reg.n0 + j / reg.mc) * QNC, jn >= 0 && jn < size ? jn : -1);
   }
 }
