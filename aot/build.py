@@ -225,8 +225,10 @@ def build_library(
   from aot.codegen.render.llvm import host_target
 
   flags = flags + [f"--target={triple or host_target()[0]}", f"--cpu={cpu if cpu != 'native' else host_target()[1]}"]
-  # headers are part of what a source means (NAME.h holds the arena size model.c allocates)
-  headers = b"".join(p.name.encode() + p.read_bytes() for p in sorted(src_dir.glob("*.h")))
+  # headers are part of what a source means (NAME.h holds the arena size model.c allocates): those the sources
+  # include, not every header in src_dir, so that editing a runtime part the model does not call keeps its library
+  source_headers = sorted({h for s in sources for h in included_headers(src_dir, s)})
+  headers = b"".join(h.encode() + (src_dir / h).read_bytes() for h in source_headers)
   # the compiler's identity, not its name: `clang` may be clang 14 today and clang 19 tomorrow
   ident = "\0".join(compiler_identity(compiler))
   kernel_only = kernel_flags(triple)

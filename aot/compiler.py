@@ -26,7 +26,7 @@ from aot.artifact import (
   place_sources,
   write_manifest,
 )
-from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest
+from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest, included_headers
 from aot.codegen.lower.calls import CALLS_FILE, calls_json
 from aot.codegen.lower.contract import gemm_tile
 from aot.codegen.lower.stage import function_name, function_places, lower_schedule
@@ -48,15 +48,18 @@ __all__ = ["TARGETS", "CompileOptions", "bugs_as_internal_errors", "compile_mode
 # the runtime's C files of a CPU artifact (the pool and errors; the microkernel, the depthwise kernel, the int8
 # microkernel, the 8-bit pool and im2col), each with the entry points the generated code calls it by: a file is built
 # and linked only where a kernel calls it, since a model with no contraction need not wait for the int8 microkernel
-# to compile (6.5 s of gcc -O2), nor carry it. The headers they include are written with them
+# to compile (6.5 s of gcc -O2), nor carry it. The headers each includes are written with it (runtime_files)
 RUNTIME_SOURCES = {
   "aot_runtime.c": (),
   "aot_gemm.c": ("aot_gemm_run", "aot_gemm_tasks"),
   "aot_direct.c": ("aot_depthwise_run", "aot_depthwise_band_rows"),
   "aot_qgemm.c": ("aot_qgemm_run", "aot_qgemm_tasks", "aot_qgemm_reads_plane"),
-  "aot_qwindow.c": ("aot_qpool_run", "aot_qim2col_run"),
+  "aot_qpool.c": ("aot_qpool_run",),
+  "aot_qim2col.c": ("aot_qim2col_run",),
 }
-RUNTIME_HEADERS = ("aot_runtime.h", "aot_qmicro.h")
+# the header model.c includes: it includes in turn the core and each operation's header that src/ holds, so that a
+# model's objects (keyed by the headers their sources include) do not change with the runtime parts it does not call
+RUNTIME_HEADERS = ("aot_runtime.h",)
 # kernels per generated C file: small enough that the files compile in parallel, big enough to amortise the headers
 KERNELS_PER_FILE = 16
 
@@ -361,7 +364,8 @@ def _build(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
   place_sources(stage, name, srcs.files, srcs.weights.path)
   src = stage / "src"
   runtime = importlib.resources.files("aot.runtime_c")
-  for f in runtime_files(opts.target, opts.emulate):
+  generated = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))]
+  for f in runtime_files(opts.target, opts.emulate, runtime_sources_called(src, generated)):
     (src / f).write_text(runtime.joinpath(f).read_text())
   library = stage / f"lib{name}.so"
   if opts.target == "metal":
@@ -373,7 +377,6 @@ def _build(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
     build_gpu_library(opts.target, src, library, opts.emulate, opts.offload_arch, opts.cpu, opts.cache)
     opts.say(f"built lib{name}.so")
   else:
-    generated = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))]
     sources = generated + runtime_sources_called(src, generated)
     build_library(
       src,
@@ -394,12 +397,16 @@ def runtime_sources_called(src: Path, generated: list[str]) -> list[str]:
   return [f for f, entries in RUNTIME_SOURCES.items() if not entries or called.intersection(entries)]
 
 
-def runtime_files(target: str, emulate: bool = False) -> list[str]:
-  """The runtime_c files an artifact's src/ holds: what its build compiles and includes."""
+def runtime_files(target: str, emulate: bool = False, called: list[str] | None = None) -> list[str]:
+  """The runtime_c files an artifact's src/ holds: what its build compiles and includes. On a CPU target, the runtime
+  C files the model calls (called, from runtime_sources_called; None: all of them) with the headers they include."""
   if target not in GPU_TARGETS and not emulate:
-    return [*RUNTIME_SOURCES, *RUNTIME_HEADERS]
+    sources = list(RUNTIME_SOURCES) if called is None else called
+    runtime = importlib.resources.files("aot.runtime_c")
+    headers = {h for s in sources for h in included_headers(runtime, s)}
+    return [*sources, *RUNTIME_HEADERS, *sorted(headers - set(RUNTIME_HEADERS))]
   return (
-    ["aot_runtime.c", "aot_runtime.h"]
+    ["aot_runtime.c", "aot_runtime.h", "aot_core.h"]
     + (["aot_hip_math.h"] if target == "hip" else [])
     + (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
   )

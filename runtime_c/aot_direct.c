@@ -12,7 +12,7 @@
    activation, residual add) runs on them while they are still in cache. Every output is summed in the same order
    (kh, then kw, ascending) whoever computes it, so results are bitwise the same for any thread count. */
 #include <string.h>
-#include "aot_runtime.h"
+#include "aot_direct.h"
 
 #if defined(__AVX512F__)
 typedef float vf __attribute__((vector_size(64), aligned(4)));

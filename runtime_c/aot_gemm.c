@@ -10,7 +10,7 @@
    summed in the same order (k ascending, in KC slices) whatever the thread count, so results are bitwise the same. */
 #include <stdlib.h>
 #include <string.h>
-#include "aot_runtime.h"
+#include "aot_gemm.h"
 
 /* K is walked in slices this long: fewer slices, fewer passes over C's tiles (measured in ResNet-18/50: 512-1024 is
    ~5% faster than 256; the slice of a B tile then lives in L2, not L1) */

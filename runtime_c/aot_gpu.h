@@ -4,7 +4,7 @@
 #ifndef AOT_GPU_H
 #define AOT_GPU_H
 #include <stddef.h>
-#include "aot_runtime.h"
+#include "aot_core.h"
 
 /* a device address (CUDA/HIP), or a buffer handle plus offset (Metal): arithmetic on it moves within one allocation */
 typedef unsigned long long aot_devptr;

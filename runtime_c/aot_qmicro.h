@@ -106,6 +106,7 @@ static void micro_more(int more, int groups, const uint8_t *restrict a, const ui
   }
 }
 #elif defined(__AVXVNNI__) || defined(AOT_QMICRO_EVEX_DPBUSD)
+#include <immintrin.h>
 /* AVX-VNNI (VEX vpdpbusd on 256 bits, e.g. Alder Lake): the same sums, 8 columns per vector. 8 x 32 would be 32
    accumulators of AVX's 16 registers, so the tile goes in parts of 4 rows x 16 columns: 8 accumulators, 2 B vectors
    and a broadcast */
@@ -147,6 +148,7 @@ static void micro(int groups, const uint8_t *restrict a, const int8_t *restrict 
     }
 }
 #elif defined(__AVX2__)
+#include <immintrin.h>
 /* AVX2 has no u8 x s8 dot product into int32, and vpmaddubsw (pairs of u8 x s8 products added in int16) saturates:
    255 * -128 twice is -65280. So both sides are widened to int16 and vpmaddwd adds pairs of products in int32: a
    product is at most 255 * 128 = 32640 in magnitude, a pair 65280, every step exact (the int32 sums wrap as

@@ -1,4 +1,4 @@
-#include "aot_runtime.h"
+#include "aot_core.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

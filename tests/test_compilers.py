@@ -3,8 +3,10 @@ and clang-19. Flags one of them lacks are probed and dropped, the build cache te
 failure reaches the user with the compiler's own words. Set CI=true to make a missing compiler a failure."""
 
 import ctypes
+import importlib.resources
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -226,14 +228,37 @@ def test_an_object_is_keyed_by_the_headers_its_source_includes(tmp_path, monkeyp
   assert build.build_library(src, ["a.c", "b.c"], tmp_path / "1.so") is False
   first = objects()
   assert len(first) == 2
-  # another model's header: the library is linked anew, from the objects already built
+  # a header no source includes (another model's): the library and its objects are the ones already built
   (src / "m.h").write_text("/* another model */\n")
-  assert build.build_library(src, ["a.c", "b.c"], tmp_path / "2.so") is False
+  assert build.build_library(src, ["a.c", "b.c"], tmp_path / "2.so") is True
   assert objects() == first and answer(tmp_path / "2.so") == 42
   # a header a.c includes through another one: a.c compiles anew, b.c does not
   (src / "base.h").write_text("#define BASE 50\n")
   assert build.build_library(src, ["a.c", "b.c"], tmp_path / "3.so") is False
   assert len(objects()) == 3 and answer(tmp_path / "3.so") == 52
+
+
+def test_editing_the_int8_runtime_rebuilds_no_float_model(tmp_path, monkeypatch):
+  # the runtime read from a copy: its int8 parts' headers edited, the mlp (the float microkernel only) builds from the
+  # cache, each object and the library; its own microkernel's header edited, what includes it compiles anew
+  monkeypatch.setenv("AOT_CACHE_DIR", str(tmp_path / "cache"))
+  runtime = tmp_path / "runtime_c"
+  shutil.copytree(str(importlib.resources.files("aot.runtime_c")), runtime)
+  files = importlib.resources.files
+  monkeypatch.setattr(importlib.resources, "files", lambda p: runtime if p == "aot.runtime_c" else files(p))
+  objects = lambda: sorted(p.name for p in (tmp_path / "cache" / "obj").glob("*.o"))
+  libraries = lambda: sorted(p.parent.name for p in (tmp_path / "cache").glob("*/lib.so"))
+  check_reference_model("mlp", tmp_path / "first")
+  built = objects(), libraries()
+  assert len(built[0]) >= 3 and len(built[1]) == 1
+  for h in ("aot_qgemm.h", "aot_qim2col.h", "aot_qpool.h", "aot_qvec.h", "aot_qmicro.h"):
+    (runtime / h).write_text((runtime / h).read_text() + "/* edited */\n")
+  check_reference_model("mlp", tmp_path / "int8-edited")
+  assert (objects(), libraries()) == built
+  (runtime / "aot_gemm.h").write_text((runtime / "aot_gemm.h").read_text() + "/* edited */\n")
+  check_reference_model("mlp", tmp_path / "gemm-edited")
+  # model.c and aot_gemm.c include it, aot_runtime.c and the kernels do not
+  assert len(objects()) == len(built[0]) + 2 and len(libraries()) == 2
 
 
 def runtime_functions(lib) -> set[str]:

@@ -1,4 +1,4 @@
-"""The runtime's im2col of 8-bit convolutions (aot_qim2col_run, runtime_c/aot_qwindow.c) at every stride: the routine
+"""The runtime's im2col of 8-bit convolutions (aot_qim2col_run, runtime_c/aot_qim2col.c) at every stride: the routine
 against an independent numpy im2col, byte for byte, and QLinearConv / QDQ convolutions over small and odd planes
 against onnxruntime's int8 run, their operand made by the runtime's routine."""
 
@@ -51,7 +51,7 @@ def lib(tmp_path_factory):
   d = tmp_path_factory.mktemp("qim2col")
   (d / "driver.c").write_text(DRIVER)
   so = d / "libq.so"
-  sources = [str(d / "driver.c"), *(str(RUNTIME / f) for f in ("aot_qwindow.c", "aot_qgemm.c", "aot_runtime.c"))]
+  sources = [str(d / "driver.c"), *(str(RUNTIME / f) for f in ("aot_qim2col.c", "aot_qgemm.c", "aot_runtime.c"))]
   subprocess.run(
     [cc(), *cflags("native"), "-shared", f"-I{RUNTIME}", *sources, "-o", str(so), "-lpthread", "-lm"], check=True
   )
@@ -216,7 +216,7 @@ def equal_to_onnxruntime_on_threads(m, feeds: dict, labels: list) -> tuple[list,
   """Model m compiled and run on 1 and 3 threads: each output equal to onnxruntime's (labels[i] names output i in a
   failure); onnxruntime's outputs and our model.c."""
   want = ort_session(m).run(None, feeds)
-  with tempfile.TemporaryDirectory(prefix="aot_qwindow_") as d:
+  with tempfile.TemporaryDirectory(prefix="aot_qim2col_") as d:
     art = aot.compile_model(m, out_dir=d)
     source = (art.dir / "src" / "model.c").read_text()
     for got in outputs_on_threads(art, feeds):

@@ -1,4 +1,5 @@
-"""The 8-bit window routines (runtime_c/aot_qwindow.c) over the shapes their fast paths and task splits pick apart:
+"""The 8-bit window routines (runtime_c/aot_qpool.c, aot_qim2col.c) over the shapes their fast paths and task splits
+pick apart:
 the im2col of "same" stride-1 convolutions over contiguous planes of up to 256 bytes (read as the plane shifted by
 the tap, masked to the plane, where AVX-512BW is there), with one channel, planes of 1x1, 7x7, 16x16, odd sizes,
 asymmetric padding and both orders of A's k, against an independent numpy im2col, split anyhow on 1 and 3 threads;

@@ -1,0 +1,31 @@
+/* The float depthwise convolution's call (runtime_c/aot_direct.c). */
+#ifndef AOT_DIRECT_H
+#define AOT_DIRECT_H
+#include "aot_core.h"
+/* Depthwise convolution (runtime_c/aot_direct.c): plane p = f * images + i (filter f, image i) has output
+   y[p*OH*OW + oh*OW + ow] = sum over kh, kw of w[f*KH*KW + kh*KW + kw] * x[x_planes[p] + ih*x_row + iw],
+   ih = oh*SH + kh - PH, iw = ow*SW + kw - PW, zero outside H x W (x_planes: any order, e.g. a channel shuffle's).
+   Tasks are planes / tasks planes each; after a task, epilogue(epilogue_ctx, t, t + 1) runs when not NULL.
+   Run aot_depthwise_run(d, 0, tasks) on any split of [0, tasks). */
+/* floats of the stack buffer holding a band of padded input rows (32 KB: a 112-wide plane's rows stay in L1) */
+#define AOT_DEPTHWISE_BUFFER 8192
+/* the largest window (KH * KW) it takes: 7 x 7 */
+#define AOT_DEPTHWISE_MAX_TAPS 49
+/* and the largest stride */
+#define AOT_DEPTHWISE_MAX_STRIDE 4
+typedef struct {
+  const float *x;
+  const int *x_planes;
+  int images;
+  long x_row;
+  int H, W;
+  const float *w;
+  int KH, KW, SH, SW, PH, PW;
+  float *y;
+  int OH, OW, planes, tasks;
+  aot_task epilogue;
+  void *epilogue_ctx;
+} aot_depthwise;
+__attribute__((visibility("hidden"))) int aot_depthwise_band_rows(const aot_depthwise *d);
+__attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start, int end);
+#endif

@@ -1,0 +1,42 @@
+/* The float GEMM microkernel's call (runtime_c/aot_gemm.c). */
+#ifndef AOT_GEMM_H
+#define AOT_GEMM_H
+/* C[b][m][n] = sum_k A[b][m][k] B[b][k][n] (runtime_c/aot_gemm.c). An operand's element (batch, row, k), row = m for
+   A and n for B in tiles of R = mr or nr rows, is p[batch*batch_stride + (row/R)*tile + (row%R)*row_stride +
+   k*k_stride]:
+   tiles packed ahead of time, or a plain strided matrix. A padded operand may be read past its last row up to a whole
+   tile (what is there only reaches C's elements past the edge, which are dropped). (mr, nr) is 8x32 or 6x16; mc, nc,
+   the rows and columns of C
+   one task computes, are multiples of them; next counts the tasks taken (0 to start). Run aot_gemm_run(g, 0,
+   aot_gemm_tasks(g)) on any number of threads at once: each takes tasks until none is left, and every element of C is
+   summed in the same order whoever computes it.
+   With pack set, B is written a panel of nc columns at a time: a task is one panel (batch b, columns from nb * nc),
+   which pack(pack_args, buffer, b * ceil(N / nc) + nb) writes into the calling thread's buffer as [K][b.k] (B's strides
+   are the panel's, its pointer unused), and every row block of C then runs over it. The thread's buffer is
+   panels + start * panel_floats: run it with aot_parallel over the thread count, so that start is the thread.
+   With steps set, each finished tile of C goes through them in order while it is in L1 (the kernel's epilogue, fused:
+   codegen/lower/contract.py fused_steps): element v = c[b][m][n] becomes op(v, x), or op(x, v) when swapped, x being value
+   when p is NULL, else p[b*batch + m*m_stride + n*n_stride]; max and min keep their first argument when it is NaN,
+   as the generated kernels do. MUL_ADD is a multiply whose result the next step (an add) takes in the same
+   expression, as a C kernel computes it: the compiler contracts the two into one multiply-add where it would in that
+   kernel (gcc does, clang does not); a MUL step then an ADD step are always two roundings, as LLVM IR computes them. */
+typedef struct { const float *p; long batch, tile, row, k; int padded; } aot_operand;
+typedef void (*aot_pack)(void *args, float *panel, int index);
+enum { AOT_STEP_ADD = 0, AOT_STEP_MUL = 1, AOT_STEP_MAX = 2, AOT_STEP_MIN = 3, AOT_STEP_MUL_ADD = 4 };
+typedef struct { int op, swapped; float value; const float *p; long batch, m, n; } aot_gemm_step;
+typedef struct {
+  int batch, M, N, K, mr, nr, mc, nc;
+  aot_operand a, b;
+  float *c;
+  int next;
+  aot_pack pack;
+  void *pack_args;
+  float *panels;
+  long panel_floats;
+  const aot_gemm_step *steps;
+  int nsteps;
+  long ldc;                    /* C's row stride (0: N): C[b][m][n] is c[(b*M + m)*ldc + n] */
+} aot_gemm;
+__attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
+__attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);
+#endif
