@@ -22,7 +22,7 @@ from aot.errors import (
   ModelClosedError,
 )
 
-# runtime_c/aot_runtime.h: a run given an index outside the axis it indexes
+# runtime_c/aot_core.h: a run given an index outside the axis it indexes
 AOT_ERR_INDEX_RANGE = 5
 
 _ffi_lock = threading.Lock()

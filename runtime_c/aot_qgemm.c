@@ -16,7 +16,7 @@
 #include <string.h>
 #include "aot_qgemm.h"
 
-/* rows of A per microkernel call; QNR (aot_runtime.h) columns: 8 x 32 keeps 16 accumulators of 16 int32 lanes plus
+/* rows of A per microkernel call; QNR (aot_qgemm.h) columns: 8 x 32 keeps 16 accumulators of 16 int32 lanes plus
    2 B vectors and a broadcast inside AVX-512's 32 registers */
 #define QMR 8
 /* a task's block of C: 64 x 128 int32 (32 KB) stays in L1/L2 beside a KC slice of A (32 KB) */

@@ -491,7 +491,7 @@ class Operand:
   panel: tuple[int, int] = (0, 0)
 
 
-# the ops of an epilogue step the microkernel applies to each finished tile (aot_gemm_step in runtime_c/aot_runtime.h)
+# the ops of an epilogue step the microkernel applies to each finished tile (aot_gemm_step in runtime_c/aot_gemm.h)
 STEP_OPS = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: 2, Ops.MIN: 3}
 # ... and a multiply whose result the next step adds to, in one expression (AOT_STEP_MUL_ADD)
 STEP_MUL_ADD = 4

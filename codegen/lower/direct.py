@@ -42,7 +42,7 @@ from aot.core.symbolic import linear, pm_simplify
 MAX_WINDOW = 7
 # strides it takes (each is a phase of the padded band)
 MAX_STRIDE = 4
-# floats of the runtime's stack band buffer (AOT_DEPTHWISE_BUFFER in runtime_c/aot_runtime.h)
+# floats of the runtime's stack band buffer (AOT_DEPTHWISE_BUFFER in runtime_c/aot_direct.h)
 BAND_BUFFER = 8192
 # the vector width the band's rows are padded to (16 floats with AVX-512; a multiple of AVX2's 8)
 BAND_VECTOR = 16

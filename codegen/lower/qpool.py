@@ -1,4 +1,4 @@
-"""8-bit max pools to the runtime's pool (aot_qpool in runtime_c/aot_qwindow.c), not to a generated loop.
+"""8-bit max pools to the runtime's pool (aot_qpool in runtime_c/aot_qpool.c), not to a generated loop.
 
 A max pool over uint8 or int8 planes (QOperator's MaxPool, QDQ's once fused to one) is, as a generated loop, a max
 over the window's gated taps at the pool's stride: the compilers vectorise it as byte inserts or not at all
@@ -24,7 +24,7 @@ from aot.core.rewrite import graph_rewrite, substitute
 from aot.core.symbolic import flat_stride, linear, pm_simplify
 from aot.scheduler.kernel import Buffer
 
-# bytes of the runtime's row buffer (AOT_QPOOL_ROW in runtime_c/aot_runtime.h), less the vector read past a row's end
+# bytes of the runtime's row buffer (AOT_QPOOL_ROW in runtime_c/aot_qpool.h), less the vector read past a row's end
 ROW_BUFFER = 4096 - 64
 # windows wider than this are reductions to leave to the generated loop (a global pool's)
 MAX_WINDOW = 16

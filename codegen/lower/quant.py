@@ -21,7 +21,7 @@ from aot.core.rewrite import graph_rewrite, substitute
 from aot.core.symbolic import flat_stride, from_linear, linear, pm_simplify
 from aot.scheduler.kernel import Buffer, Kernel
 
-# columns of a packed weight tile (QNR in runtime_c/aot_runtime.h): two 16-lane int32 vectors of the microkernel
+# columns of a packed weight tile (QNR in runtime_c/aot_qgemm.h): two 16-lane int32 vectors of the microkernel
 QNR = 32
 # k steps one vpdpbusd lane sums: the packed k axis is padded to a multiple of this
 K_GROUP = 4
