@@ -193,20 +193,17 @@ def _options(args, progress=None):
 def _emit(args, opts) -> int:
   """--emit: the stages compile_model runs, as far as it asks; a bug in them is an InternalError saying where, as
   there."""
-  from aot.compiler import bugs_as_internal_errors, render, resolve
-  from aot.errors import working_on
-  from aot.scheduler.schedule import schedule
+  from aot.artifact import WeightsWriter
+  from aot.compiler import bugs_as_internal_errors, lower_stage, render_stage, schedule_stage, trace_stage
 
   with bugs_as_internal_errors():
-    with working_on("while tracing the model"):
-      traced = resolve(args.model, name=opts.name, shapes=opts.shapes, bind=opts.bind)
+    traced = trace_stage(args.model, None, opts)
     if args.emit == "graph":
       print(_graph_text(traced.outputs))
       return 0
-    with working_on("while scheduling"):
-      sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-    with working_on(f"while rendering the kernels for target {opts.target}"):
-      srcs = render(traced.name, sched, opts.target, opts.cpu, opts.triple)
+    sched = schedule_stage(traced, opts)
+    weights = WeightsWriter(None)
+    srcs = render_stage(traced.name, sched, lower_stage(traced.name, sched, opts, weights), opts, weights)
   if args.emit == "kernels":
     print(f"{traced.name}: {len(srcs.kernels)} kernels, arena {srcs.arena} bytes")
     print("\n".join(_kernel_lines(srcs.kernels)))

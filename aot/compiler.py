@@ -17,7 +17,6 @@ import numpy as np
 from aot.artifact import (
   Artifact,
   Built,
-  ExternalWeights,
   KernelInfo,
   WeightsWriter,
   c_name,
@@ -29,7 +28,7 @@ from aot.artifact import (
 from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest, included_headers
 from aot.codegen.lower.calls import CALLS_FILE, calls_json
 from aot.codegen.lower.contract import gemm_tile
-from aot.codegen.lower.stage import function_name, function_places, lower_schedule
+from aot.codegen.lower.stage import LoweredSchedule, function_name, function_places, lower_schedule
 from aot.codegen.render.c import KERNEL_PRELUDE, CRenderer
 from aot.codegen.render.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch, plan_launch
 from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
@@ -182,20 +181,25 @@ def render(
   The settings are checked as compile_model's are; options (compile_model's own) stands for all of them."""
   if options is None:
     options = CompileOptions(target=target, cpu=cpu, triple=triple, profile=profile, emulate=emulate, sanitize=False)
-  return _render(name, sched, options, weights or WeightsWriter(None))
+  weights = weights or WeightsWriter(None)
+  return _render(name, sched, lower(name, sched, options, weights), options, weights)
 
 
-def _render(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWriter) -> Sources:
-  """The lower and render stages: on a CPU target, kernels lowered to the runtime's calls and generated functions,
-  then rendered (_render_cpu); on a GPU target, each kernel one launch (_render_gpu)."""
+def lower(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWriter) -> LoweredSchedule | None:
+  """On a CPU target, the schedule's kernels lowered to the runtime's calls and generated functions, the packed
+  weights written as they are made (codegen/lower/stage.py); a GPU target runs each kernel as one launch: None."""
   if opts.gpu:
+    return None
+  return lower_schedule(name, sched, gemm_tile(opts.cpu, opts.triple), weights, opts.target)
+
+
+def _render(
+  name: str, sched: Schedule, low: LoweredSchedule | None, opts: CompileOptions, weights: WeightsWriter
+) -> Sources:
+  """The artifact's sources: a CPU target's lowered schedule (_render_cpu), a GPU target's launches (_render_gpu)."""
+  if low is None:
     return _render_gpu(name, sched, opts.target, opts.emulate, weights)
-  return _render_cpu(name, sched, opts.target, opts.cpu, opts.triple, opts.profile, weights)
-
-
-def _finish_weights(weights: WeightsWriter) -> ExternalWeights | None:
-  """Close the weights file (WeightsWriter.finish): NAME.weights beside the library when external."""
-  return weights.finish()
+  return _render_cpu(name, sched, low, opts.target, opts.profile, weights)
 
 
 def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights: WeightsWriter) -> Sources:
@@ -228,13 +232,11 @@ def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights:
 
 
 def _render_cpu(
-  name: str, sched: Schedule, target: str, cpu: str, triple: str | None, profile: bool, weights: WeightsWriter
+  name: str, sched: Schedule, low: LoweredSchedule, target: str, profile: bool, weights: WeightsWriter
 ) -> Sources:
-  """The schedule lowered to the runtime's kernels and generated functions (codegen/lower/stage.py), the functions
-  rendered, and model.c's calls over them."""
-  low = lower_schedule(name, sched, gemm_tile(cpu, triple), weights, target)
+  """The lowered schedule's functions rendered, the arena placed, and model.c's calls over them."""
   arena = memory_plan([x.kernel for x in low.lowered], low.scratch)
-  external = _finish_weights(weights)
+  external = weights.finish()
   files = render_kernels(target, low.functions, low.places)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in low.functions.items()]
   infos = [KernelInfo(k.name, fn, k.shape) for k, fn in zip(sched.kernels, low.entries)]
@@ -275,24 +277,26 @@ def compile_model(what, example_inputs=None, *, options: CompileOptions | None =
   # a Tensor program is the user's code, run here: what it raises is its own, not a bug of the compiler's
   traced = resolve(what, example_inputs, opts.name, opts.shapes, opts.bind) if callable(what) else None
   with bugs_as_internal_errors():
-    traced = _trace_stage(what, example_inputs, opts) if traced is None else traced
-    sched = _schedule_stage(traced, opts)
+    traced = trace_stage(what, example_inputs, opts) if traced is None else traced
+    sched = schedule_stage(traced, opts)
     out, stage = make_stage(traced.name, opts.out_dir)
     try:
-      srcs = _render_stage(traced.name, sched, opts, WeightsWriter(stage / "weights.part"))
-      _build_stage(traced.name, stage, srcs, opts)
-      _install_stage(traced.name, sched, srcs, opts, stage, out, time.perf_counter() - t0)
+      weights = WeightsWriter(stage / "weights.part")
+      low = lower_stage(traced.name, sched, opts, weights)
+      srcs = render_stage(traced.name, sched, low, opts, weights)
+      build_stage(traced.name, stage, srcs, opts)
+      install_stage(traced.name, sched, srcs, opts, stage, out, time.perf_counter() - t0)
     finally:
       shutil.rmtree(stage, ignore_errors=True)
     return Artifact(out)
 
 
-def _trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
+def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   with working_on("while tracing the model"):
     return resolve(what, example_inputs, opts.name, opts.shapes, opts.bind)
 
 
-def _schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
+def schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
   with working_on("while scheduling"):
     sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   sched.formats = traced.formats or {}
@@ -301,21 +305,27 @@ def _schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
   return sched
 
 
-def _render_stage(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWriter) -> Sources:
-  """Lower and render (_render), the weights written as they are made."""
+def lower_stage(name: str, sched: Schedule, opts: CompileOptions, weights: WeightsWriter) -> LoweredSchedule | None:
+  with working_on(f"while lowering the kernels for target {opts.target}"):
+    return lower(name, sched, opts, weights)
+
+
+def render_stage(
+  name: str, sched: Schedule, low: LoweredSchedule | None, opts: CompileOptions, weights: WeightsWriter
+) -> Sources:
   with working_on(f"while rendering the kernels for target {opts.target}"):
-    srcs = render(name, sched, weights=weights, options=opts)
+    srcs = _render(name, sched, low, opts, weights)
   if not opts.gpu:
     opts.say(f"rendered {len(srcs.kernels)} kernels")
   return srcs
 
 
-def _build_stage(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
+def build_stage(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
   with working_on(f"while building lib{name}.so"):
     _build(name, stage, srcs, opts)
 
 
-def _install_stage(
+def install_stage(
   name: str, sched: Schedule, srcs: Sources, opts: CompileOptions, stage: Path, out: Path, seconds: float
 ) -> None:
   """The header beside the library, the manifest (NAME.json) written, and the staged artifact moved into out."""

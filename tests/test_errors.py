@@ -190,10 +190,10 @@ def test_the_users_errors_and_the_systems_pass_through_unchanged(monkeypatch, tm
   # a CompileError, a BuildError or an OSError raised past the frontend: the very same exception
   for err in (CompileError("a dim of 0"), errors.BuildError("cc failed"), PermissionError("read-only folder")):
 
-    def render(*args, err=err, **kwargs):
+    def render_stage(*args, err=err, **kwargs):
       raise err
 
-    monkeypatch.setattr(aot.compiler, "render", render)
+    monkeypatch.setattr(aot.compiler, "render_stage", render_stage)
     with pytest.raises(type(err)) as e:
       aot.compile_model(relu_model(), out_dir=tmp_path / "b")
     assert e.value is err
