@@ -28,7 +28,7 @@ from aot.artifact import (
 from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest, included_headers
 from aot.codegen.lower.calls import CALLS_FILE, calls_json
 from aot.codegen.lower.contract import gemm_tile
-from aot.codegen.lower.stage import LoweredSchedule, function_name, function_places, lower_schedule
+from aot.codegen.lower.stage import RUNTIME_SOURCES, LoweredSchedule, function_name, function_places, lower_schedule
 from aot.codegen.render.c import KERNEL_PRELUDE, CRenderer
 from aot.codegen.render.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch, plan_launch
 from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
@@ -44,18 +44,7 @@ from aot.scheduler.memory import align_up, memory_plan
 from aot.scheduler.schedule import schedule, without_checks
 
 __all__ = ["TARGETS", "CompileOptions", "bugs_as_internal_errors", "compile_model", "render", "resolve", "trace"]
-# the runtime's C files of a CPU artifact (the pool and errors; the microkernel, the depthwise kernel, the int8
-# microkernel, the 8-bit pool and im2col), each with the entry points the generated code calls it by: a file is built
-# and linked only where a kernel calls it, since a model with no contraction need not wait for the int8 microkernel
-# to compile (6.5 s of gcc -O2), nor carry it. The headers each includes are written with it (runtime_files)
-RUNTIME_SOURCES = {
-  "aot_runtime.c": (),
-  "aot_gemm.c": ("aot_gemm_run", "aot_gemm_tasks"),
-  "aot_direct.c": ("aot_depthwise_run", "aot_depthwise_band_rows"),
-  "aot_qgemm.c": ("aot_qgemm_run", "aot_qgemm_tasks", "aot_qgemm_reads_plane"),
-  "aot_qpool.c": ("aot_qpool_run",),
-  "aot_qim2col.c": ("aot_qim2col_run",),
-}
+
 # the header model.c includes: it includes in turn the core and each operation's header that src/ holds, so that a
 # model's objects (keyed by the headers their sources include) do not change with the runtime parts it does not call
 RUNTIME_HEADERS = ("aot_runtime.h",)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from aot.codegen.render.linearize import flop_count, kernel_params, parallel_extent
 from aot.core.ir import Ops, UOp
@@ -151,6 +152,9 @@ class Lowered:
 
   # what a kernel with no generated function of its own (main() None) reports as its function (KernelInfo)
   runtime_entry = ""
+  # the runtime's C files this path calls, each with the entry points generated code calls it by (a file is built
+  # and linked only where a model calls one: aot/compiler.py runtime_sources_called); generated loops call none
+  runtime_sources: ClassVar[dict[str, tuple[str, ...]]] = {}
 
   def functions(self) -> dict[UOp, str]:
     """The generated functions by AST, in the order they are named: each its name's suffix after NAME_fI."""

@@ -278,6 +278,8 @@ class DirectLowered(Lowered):
 
   convs: list[Depthwise]
 
+  runtime_sources = {"aot_direct.c": ("aot_depthwise_run", "aot_depthwise_band_rows")}
+
   def calls(self, ctx: CallContext) -> list[Call]:
     bufs, calls = self.kernel.bufs, []
     (last,) = self.pieces

@@ -114,6 +114,8 @@ class GemmLowered(Lowered):
 
   gemms: list[Gemm]
 
+  runtime_sources = {"aot_gemm.c": ("aot_gemm_run", "aot_gemm_tasks")}
+
   def functions(self) -> dict[UOp, str]:
     names = super().functions()
     for i, g in enumerate(self.gemms):

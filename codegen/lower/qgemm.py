@@ -97,6 +97,11 @@ class QGemmLowered(Lowered):
   point computed at run time, a generated dense copy or the runtime's im2col), then the epilogue reading their
   results (pieces: it, else A's copy; none for a bare matmul read in place)."""
 
+  runtime_sources = {
+    "aot_qgemm.c": ("aot_qgemm_run", "aot_qgemm_tasks", "aot_qgemm_reads_plane"),
+    "aot_qim2col.c": ("aot_qim2col_run",),
+  }
+
   qgemms: list[QGemm]
   epilogue: UOp | None  # the kernel reading their results
 

@@ -123,6 +123,8 @@ class PoolLowered(Lowered):
 
   pools: list[QPool]
 
+  runtime_sources = {"aot_qpool.c": ("aot_qpool_run",)}
+
   # (the name an int8 kernel with no generated function has reported since the pool shared the int8 path)
   runtime_entry = "aot_qgemm_run"
 

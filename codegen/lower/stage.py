@@ -144,6 +144,19 @@ LOWERINGS = (
 )
 
 
+# the runtime's C files an artifact may link, each with the entry points generated code calls it by (aot_runtime.c,
+# the pool and errors, always; then those of every path above): a file is built and linked only where a kernel calls
+# it, since a model with no contraction need not wait for the int8 microkernel to compile (6.5 s of gcc -O2)
+RUNTIME_SOURCES: dict[str, tuple[str, ...]] = {
+  "aot_runtime.c": (),
+  **{
+    f: entries
+    for path in (GemmLowered, DirectLowered, QGemmLowered, PoolLowered)
+    for f, entries in path.runtime_sources.items()
+  },
+}
+
+
 @dataclass
 class LoweredSchedule:
   """The schedule lowered for a CPU target: each kernel's Lowered, the arena's scratch buffers (the schedule's, less
