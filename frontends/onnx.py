@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable
@@ -23,14 +24,24 @@ from aot.scheduler.kernel import Traced
 
 # op_type (with domain prefix for non-default domains) -> [(since_version, fn)], newest first
 OPS: dict[str, list[tuple[int, Callable]]] = {}
+# (key, since) -> "file:line" of the registration, so that a second one for the same opset names both places
+_PLACES: dict[tuple[str, int], str] = {}
 
 
 def op(*names: str, since: int = 1, domain: str = ""):
-  """Register fn for these op types from opset `since` on (until the next registration of the same op)."""
+  """Register fn for these op types from opset `since` on (until the next registration of the same op). One op and
+  opset registered twice is an error at import: which one wins must not depend on the order modules are imported."""
 
   def register(fn):
+    caller = sys._getframe(1)
+    place = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"
     for n in names:
       key = f"{domain}::{n}" if domain else n
+      if (key, since) in _PLACES:
+        raise InternalError(
+          f"op {key} from opset {since} is registered twice: at {_PLACES[key, since]} and at {place} (keep one)"
+        )
+      _PLACES[key, since] = place
       OPS.setdefault(key, []).append((since, fn))
       OPS[key].sort(key=lambda x: -x[0])
     return fn
