@@ -119,6 +119,32 @@ def _multiplier_rows(c: Contraction) -> tuple[UOp, ...] | None:
   return (inner,)
 
 
+def _padding(gates: list[UOp], oh: UOp, kh: UOp, ow: UOp, kw: UOp, SH: int, SW: int):
+  """((PH, H), (PW, W)) when the gates are exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
+  (checked by evaluating them over the window's grid), else None."""
+  OH, KH, OW, KW = oh.size, kh.size, ow.size, kw.size
+  axes = [oh, kh, ow, kw]
+  rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
+  mask = np.ones((OH, KH, OW, KW), bool)
+  for g in gates:
+    if ranges_of(g) - set(axes):
+      return None
+    mask &= evaluate_grid(g, axes).astype(bool)
+  ih = (np.arange(OH)[:, None] * SH + np.arange(KH)[None, :]).reshape(-1)
+  iw = (np.arange(OW)[:, None] * SW + np.arange(KW)[None, :]).reshape(-1)
+  row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
+  row_ok[ih] = mask.any(axis=(2, 3)).reshape(-1)
+  col_ok[iw] = mask.any(axis=(0, 1)).reshape(-1)
+  rs, cs = _valid_span(row_ok), _valid_span(col_ok)
+  if rs is None or cs is None:
+    return None
+  expected = (
+    row_ok[(np.arange(OH)[:, None] * SH + np.arange(KH))][:, :, None, None]
+    & col_ok[(np.arange(OW)[:, None] * SW + np.arange(KW))][None, None, :, :]
+  )
+  return (rs, cs) if np.array_equal(mask, expected) else None
+
+
 def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   """The direct kernel's geometry for a contraction that is a depthwise convolution, else None."""
   allowed = _multiplier_rows(c)
@@ -161,29 +187,9 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   KH, KW, OH, OW = kh.size, kw.size, oh.size, ow.size
   if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE:
     return None
-  # the gate must be exactly "padded row in [PH, PH + H) and padded column in [PW, PW + W)"
-  axes = [oh, kh, ow, kw]
-  rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
-  mask = np.ones((OH, KH, OW, KW), bool)
-  for g in gates:
-    if ranges_of(g) - set(axes):
-      return None
-    mask &= evaluate_grid(g, axes).astype(bool)
-  ih = (np.arange(OH)[:, None] * SH + np.arange(KH)[None, :]).reshape(-1)
-  iw = (np.arange(OW)[:, None] * SW + np.arange(KW)[None, :]).reshape(-1)
-  row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
-  row_ok[ih] = mask.any(axis=(2, 3)).reshape(-1)
-  col_ok[iw] = mask.any(axis=(0, 1)).reshape(-1)
-  rs, cs = _valid_span(row_ok), _valid_span(col_ok)
-  if rs is None or cs is None:
+  if (spans := _padding(gates, oh, kh, ow, kw, SH, SW)) is None:
     return None
-  (PH, H), (PW, W) = rs, cs
-  expected = (
-    row_ok[(np.arange(OH)[:, None] * SH + np.arange(KH))][:, :, None, None]
-    & col_ok[(np.arange(OW)[:, None] * SW + np.arange(KW))][None, None, :, :]
-  )
-  if not np.array_equal(mask, expected):
-    return None
+  (PH, H), (PW, W) = spans
   # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
   shift = np.zeros([r.size for r in planes_of], np.int64) + offset + PH * x_row + PW
   for t, k in plane_terms.items():
