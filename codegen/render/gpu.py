@@ -113,27 +113,6 @@ class GPURenderer(CRenderer):
       return text
     return re.sub(r"\b(" + "|".join(self.type_names) + r")\b", lambda m: self.type_names[m.group(0)], text)
 
-  def _combine(self, accs: list[UOp], names: dict, part: dict, threads: int, ind: str) -> list[str]:
-    """End a cooperative reduction's phase: publish each thread's partial result, halve the block until one is left,
-    and read it back as a block-uniform value."""
-    t = self.thread_id
-    out = [f"  {part[a]}[{t}] = {names[a]};" for a in accs]
-    out += [
-      "AOT_PHASE_END",
-      "AOT_BARRIER;",
-      f"for (int s = {threads // 2}; s > 0; s >>= 1) {{",
-      f"  AOT_PHASE_BEGIN({threads})",
-    ]
-    for a in accs:
-      p = part[a]
-      fold = self.accumulate(a.reduce_op, a.dtype, f"{p}[{t}]", f"{p}[{t} + s]")
-      out.append(f"  if ({t} < (unsigned)s) {{ {fold} }}")
-    out += ["  AOT_PHASE_END", "  AOT_BARRIER;", "}"]
-    for a in accs:
-      names[a] = f"{names[a]}_total"
-      out.append(f"const {a.dtype.cname} {names[a]} = {part[a]}[0];")
-    return [ind + l for l in out]
-
   def render_source(self, functions: dict[UOp, str]) -> str:
     return self.prelude + "\n" + "\n\n".join(self.render_kernel(fn, ast) for ast, fn in functions.items()) + "\n"
 
@@ -236,8 +215,30 @@ class _Body:
     elif self.coop is not None and u is self.coop[0].src[1]:
       self.close()
       self.depth -= 1
-      self.lines += self.rd._combine(self.coop, self.names, self.part, self.launch.block, "  " * self.depth)
-      self.coop = None
+      self.combine()
+
+  def combine(self):
+    """End a cooperative reduction's phase: publish each thread's partial result, halve the block until one is left,
+    and read it back as a block-uniform value."""
+    rd, accs, part, threads = self.rd, self.coop, self.part, self.launch.block
+    t = rd.thread_id
+    out = [f"  {part[a]}[{t}] = {self.names[a]};" for a in accs]
+    out += [
+      "AOT_PHASE_END",
+      "AOT_BARRIER;",
+      f"for (int s = {threads // 2}; s > 0; s >>= 1) {{",
+      f"  AOT_PHASE_BEGIN({threads})",
+    ]
+    for a in accs:
+      p = part[a]
+      fold = rd.accumulate(a.reduce_op, a.dtype, f"{p}[{t}]", f"{p}[{t} + s]")
+      out.append(f"  if ({t} < (unsigned)s) {{ {fold} }}")
+    out += ["  AOT_PHASE_END", "  AOT_BARRIER;", "}"]
+    for a in accs:
+      self.names[a] = f"{self.names[a]}_total"
+      out.append(f"const {a.dtype.cname} {self.names[a]} = {part[a]}[0];")
+    self.lines += ["  " * self.depth + l for l in out]
+    self.coop = None
 
 
 # *** the targets: tables over GPURenderer ***
