@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable
@@ -23,14 +24,24 @@ from aot.scheduler.kernel import Traced
 
 # op_type (with domain prefix for non-default domains) -> [(since_version, fn)], newest first
 OPS: dict[str, list[tuple[int, Callable]]] = {}
+# (key, since) -> "file:line" of the registration, so that a second one for the same opset names both places
+_PLACES: dict[tuple[str, int], str] = {}
 
 
 def op(*names: str, since: int = 1, domain: str = ""):
-  """Register fn for these op types from opset `since` on (until the next registration of the same op)."""
+  """Register fn for these op types from opset `since` on (until the next registration of the same op). One op and
+  opset registered twice is an error at import: which one wins must not depend on the order modules are imported."""
 
   def register(fn):
+    caller = sys._getframe(1)
+    place = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"
     for n in names:
       key = f"{domain}::{n}" if domain else n
+      if (key, since) in _PLACES:
+        raise InternalError(
+          f"op {key} from opset {since} is registered twice: at {_PLACES[key, since]} and at {place} (keep one)"
+        )
+      _PLACES[key, since] = place
       OPS.setdefault(key, []).append((since, fn))
       OPS[key].sort(key=lambda x: -x[0])
     return fn
@@ -619,99 +630,126 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   model = fuse_skip_layer_norm(model, in_place=model is not src)
   if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None):
     raise CompileError("; ".join(problems))
-  shapes, bind = dict(shapes or {}), dict(bind or {})
   g = model.graph
+  ins = _GraphInputs(dict(shapes or {}), dict(bind or {}))
   inits = {i.name for i in g.initializer}
-  env: dict = {}
-  inputs, problems, unpinned, needs_shapes, containers = [], [], [], set(), []
-  formats: dict[str, tuple[str, tuple]] = {}  # narrow inputs and outputs: name -> (type, logical shape)
-  from aot.frontends.onnx_ops_sequence import (
-    NOT_GIVEN,
-    ContainerShapeNeeded,
-    container_input,
-    container_kind,
-    container_output,
-  )
-
-  def make_input(name: str, shape: tuple, dt) -> Tensor:
-    t, raw = _narrow_input(name, shape, dt, formats) if isinstance(dt, Narrow) else (Tensor.input(name, shape, dt),) * 2
-    inputs.append(raw)
-    return t
-
   for vi in g.input:
-    if vi.name in inits:
-      continue
-    if vi.name in bind:
-      tt = vi.type.tensor_type
-      env[vi.name] = narrow.from_array(np.asarray(bind[vi.name], dtype=onnx_type(tt.elem_type).np))
-      continue
-    if vi.type.HasField("sequence_type") or vi.type.HasField("optional_type"):
-      start = len(inputs)
-      element = lambda n, s, et: make_input(n, s, onnx_type(et))
-      try:
-        env[vi.name] = container_input(vi, shapes.get(vi.name, NOT_GIVEN), element)
-      except (ValueError, Unsupported, CompileError) as e:
-        problems.append(str(e))
-        if isinstance(e, ContainerShapeNeeded):
-          needs_shapes.add(vi.name)
-        continue
-      containers.append(
-        {
-          "name": vi.name,
-          "kind": container_kind(env[vi.name]),
-          "side": "input",
-          "start": start,
-          "count": len(inputs) - start,
-        }
-      )
-      continue
-    if not vi.type.HasField("tensor_type"):
-      problems.append(f"input '{vi.name}' is not a tensor")
-      continue
-    tt = vi.type.tensor_type
-    try:
-      dt = onnx_type(tt.elem_type)
-    except Unsupported as e:
-      problems.append(f"input '{vi.name}': {e}")
-      continue
-    if vi.name in shapes:
-      shape = tuple(int(s) for s in shapes[vi.name])
-    else:
-      shape = []
-      for i, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value") and d.dim_value >= 0:
-          shape.append(d.dim_value)
-        elif d.dim_param and d.dim_param in shapes:
-          shape.append(int(shapes[d.dim_param]))
-        else:
-          # a negative size is how some exporters write an unknown one: it needs pinning like a dim_param
-          why = f"'{d.dim_param}'" if d.dim_param else f"declared {d.dim_value}" if d.HasField("dim_value") else ""
-          unpinned.append(f"{vi.name}[{i}]" + (f" ({why})" if why else ""))
-          shape.append(None)
-      shape = tuple(shape)
-    if None not in shape:
-      try:
-        env[vi.name] = make_input(vi.name, shape, dt)
-        check_size(f"input '{vi.name}'", inputs[-1])
-      except CompileError as e:
-        problems.append(str(e))
-        continue
-    else:
-      needs_shapes.add(vi.name)
-  if unpinned:
-    problems.append(
-      f"unknown input dims must be pinned: {', '.join(unpinned)} (use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)"
-    )
-  if problems:
-    raise CompileError("; ".join(problems), needs_shapes=needs_shapes)
+    if vi.name not in inits:
+      ins.add(vi)
+  ins.raise_problems()
   tracer = Tracer(model, Path(src).parent if isinstance(src, (str, Path)) else None)
-  outs = tracer.run_graph(g, env, tracer.opset_of("", 1))
+  outs = tracer.run_graph(g, ins.env, tracer.opset_of("", 1))
   if tracer.errors:
     raise CompileError(
       f"{len(tracer.errors)} ONNX node(s) cannot be compiled: " + "; ".join(tracer.errors), tracer.needs_inputs
     )
+  flat = _flat_outputs(outs, g.output, ins.containers, ins.formats)
+  formats, inputs = ins.formats, ins.inputs
+  check_inferred_shapes(model, {t.uop.arg.name: formats.get(t.uop.arg.name, (None, t.shape))[1] for t in inputs}, outs)
+  name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
+  return Traced(
+    c_name(name), [t.uop for _, t in flat], [t.uop for t in inputs], [n for n, _ in flat], formats, ins.containers
+  )
+
+
+@dataclass
+class _GraphInputs:
+  """The graph's inputs as Tensors to trace with, and everything wrong with them, collected to be reported at once."""
+
+  shapes: dict  # input name or dim_param -> what the user pinned it to
+  bind: dict  # input name -> the value the user fixed it to (a constant in the traced graph)
+  env: dict = field(default_factory=dict)  # input name -> its Tensor (or sequence, optional) to trace with
+  inputs: list[Tensor] = field(default_factory=list)  # the buffers the caller passes, in order
+  formats: dict[str, tuple[str, tuple]] = field(default_factory=dict)  # narrow inputs and outputs: (type, shape)
+  containers: list[dict] = field(default_factory=list)  # sequence and optional inputs (and, later, outputs)
+  problems: list[str] = field(default_factory=list)
+  unpinned: list[str] = field(default_factory=list)  # dims with no size: "x[0] ('batch')"
+  needs_shapes: set[str] = field(default_factory=set)
+
+  def make(self, name: str, shape: tuple, dt) -> Tensor:
+    t, raw = (
+      _narrow_input(name, shape, dt, self.formats) if isinstance(dt, Narrow) else (Tensor.input(name, shape, dt),) * 2
+    )
+    self.inputs.append(raw)
+    return t
+
+  def add(self, vi: onnx.ValueInfoProto) -> None:
+    if vi.name in self.bind:
+      tt = vi.type.tensor_type
+      self.env[vi.name] = narrow.from_array(np.asarray(self.bind[vi.name], dtype=onnx_type(tt.elem_type).np))
+    elif vi.type.HasField("sequence_type") or vi.type.HasField("optional_type"):
+      self._add_container(vi)
+    elif not vi.type.HasField("tensor_type"):
+      self.problems.append(f"input '{vi.name}' is not a tensor")
+    else:
+      self._add_tensor(vi)
+
+  def _add_container(self, vi: onnx.ValueInfoProto) -> None:
+    from aot.frontends.onnx_ops_sequence import NOT_GIVEN, ContainerShapeNeeded, container_input, container_kind
+
+    start = len(self.inputs)
+    element = lambda n, s, et: self.make(n, s, onnx_type(et))
+    try:
+      self.env[vi.name] = container_input(vi, self.shapes.get(vi.name, NOT_GIVEN), element)
+    except (ValueError, Unsupported, CompileError) as e:
+      self.problems.append(str(e))
+      if isinstance(e, ContainerShapeNeeded):
+        self.needs_shapes.add(vi.name)
+      return
+    kind = container_kind(self.env[vi.name])
+    self.containers.append(
+      {"name": vi.name, "kind": kind, "side": "input", "start": start, "count": len(self.inputs) - start}
+    )
+
+  def _add_tensor(self, vi: onnx.ValueInfoProto) -> None:
+    try:
+      dt = onnx_type(vi.type.tensor_type.elem_type)
+    except Unsupported as e:
+      self.problems.append(f"input '{vi.name}': {e}")
+      return
+    shape = self._shape(vi)
+    if None in shape:
+      self.needs_shapes.add(vi.name)
+      return
+    try:
+      self.env[vi.name] = self.make(vi.name, shape, dt)
+      check_size(f"input '{vi.name}'", self.inputs[-1])
+    except CompileError as e:
+      self.problems.append(str(e))
+
+  def _shape(self, vi: onnx.ValueInfoProto) -> tuple:
+    """The input's shape as pinned or declared, None for a dim neither gives a size (noted in `unpinned`)."""
+    if vi.name in self.shapes:
+      return tuple(int(s) for s in self.shapes[vi.name])
+    shape = []
+    for i, d in enumerate(vi.type.tensor_type.shape.dim):
+      if d.HasField("dim_value") and d.dim_value >= 0:
+        shape.append(d.dim_value)
+      elif d.dim_param and d.dim_param in self.shapes:
+        shape.append(int(self.shapes[d.dim_param]))
+      else:
+        # a negative size is how some exporters write an unknown one: it needs pinning like a dim_param
+        why = f"'{d.dim_param}'" if d.dim_param else f"declared {d.dim_value}" if d.HasField("dim_value") else ""
+        self.unpinned.append(f"{vi.name}[{i}]" + (f" ({why})" if why else ""))
+        shape.append(None)
+    return tuple(shape)
+
+  def raise_problems(self) -> None:
+    if self.unpinned:
+      self.problems.append(
+        f"unknown input dims must be pinned: {', '.join(self.unpinned)} "
+        "(use --shape NAME=DIMxDIM or --shape DIM_PARAM=N)"
+      )
+    if self.problems:
+      raise CompileError("; ".join(self.problems), needs_shapes=self.needs_shapes)
+
+
+def _flat_outputs(outs: list, declared, containers: list[dict], formats: dict) -> list[tuple[str, Tensor]]:
+  """The graph's outputs as (name, tensor) pairs, a sequence or optional output spread over its elements."""
+  from aot.frontends.onnx_ops_sequence import container_output
+
   flat = []
-  for o, vi in zip(outs, g.output):
+  for o, vi in zip(outs, declared):
     try:
       kind, parts = container_output(o, vi.name)
     except ValueError as e:
@@ -723,11 +761,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
       flat.append((n, _narrow_output(t, onnx.helper.make_value_info(n, elem.type) if elem else vi, formats)))
   if not flat:
     raise CompileError("the model has no output tensors (each output is an empty optional or sequence)")
-  check_inferred_shapes(model, {t.uop.arg.name: formats.get(t.uop.arg.name, (None, t.shape))[1] for t in inputs}, outs)
-  name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
-  return Traced(
-    c_name(name), [t.uop for _, t in flat], [t.uop for t in inputs], [n for n, _ in flat], formats, containers
-  )
+  return flat
 
 
 def _element_info(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto | None:

@@ -314,18 +314,15 @@ def _arg(x, axis, keepdims, last, largest):
   return (x.argmax(axis, bool(keepdims)) if largest else x.argmin(axis, bool(keepdims))).cast(dtypes.int64)
 
 
-# the registry is filled in this order, and an op registered twice for one opset is the first one's (Hardmax:
-# onnx_ops_index's before onnx_ops_nn's): keep the order, not sorted
-# isort: off
-import aot.frontends.onnx_ops_tensor  # noqa: E402,F401
+# the other op modules register theirs on import (in any order: an op registered twice is an error, frontends/onnx.py)
+import aot.frontends.onnx_ops_attention  # noqa: E402,F401
+import aot.frontends.onnx_ops_contrib  # noqa: E402,F401
+import aot.frontends.onnx_ops_control  # noqa: E402,F401
 import aot.frontends.onnx_ops_index  # noqa: E402,F401
 import aot.frontends.onnx_ops_nn  # noqa: E402,F401
-import aot.frontends.onnx_ops_attention  # noqa: E402,F401
-import aot.frontends.onnx_ops_rnn  # noqa: E402,F401
-import aot.frontends.onnx_ops_control  # noqa: E402,F401
-import aot.frontends.onnx_ops_sampling  # noqa: E402,F401
 import aot.frontends.onnx_ops_quant  # noqa: E402,F401
-import aot.frontends.onnx_ops_contrib  # noqa: E402,F401
+import aot.frontends.onnx_ops_rnn  # noqa: E402,F401
+import aot.frontends.onnx_ops_sampling  # noqa: E402,F401
 import aot.frontends.onnx_ops_sequence  # noqa: E402,F401
 import aot.frontends.onnx_ops_signal  # noqa: E402,F401
-# isort: on
+import aot.frontends.onnx_ops_tensor  # noqa: E402,F401

@@ -433,11 +433,6 @@ def _flat2d(fn):
   return run
 
 
-def _hardmax(x, axis):
-  am = x.argmax(axis, keepdim=True)
-  return (_iota(x.shape[axis % x.ndim], axis % x.ndim, x.ndim) == am).cast(x.dtype)
-
-
 def _sum_acc(x, axis):
   # half sums accumulate in float, as numpy's do
   return (
@@ -512,7 +507,8 @@ def _log_softmax(x, axis):
   return (d - _sum_acc(d.exp(), axis).log()).cast(x.dtype)
 
 
-for _name, _fn in {"Softmax": _softmax, "LogSoftmax": _log_softmax, "Hardmax": _hardmax}.items():
+# Hardmax is in onnx_ops_index.py, with the other one-hot maps
+for _name, _fn in {"Softmax": _softmax, "LogSoftmax": _log_softmax}.items():
   op(_name, since=1)(_flat2d(_fn))
   op(_name, since=13)(lambda n, x, axis=-1, _f=_fn: _f(x, axis))
 

@@ -16,6 +16,9 @@ sum, as before) and only a LayerNormalization over the last axis (onnxruntime's 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 MS = "com.microsoft"
 # the fused node's epsilon where the LayerNormalization has none (onnxruntime's kDefaultSkipLayerNormEpsilon)
 DEFAULT_EPSILON = 1e-12
@@ -96,76 +99,109 @@ def _last_axis(ln, types: dict) -> bool:
   return axis == -1 or (rank > 0 and axis == rank - 1)
 
 
-def fuse_skip_layer_norm(model, in_place: bool = False):
-  """The model with each Add (+ bias Add) + LayerNormalization onnxruntime fuses as one com.microsoft
-  SkipLayerNormalization (module docstring). The model itself is changed only when in_place; else fused in a copy."""
-  import onnx
-  from onnx import helper
+@dataclass
+class _Fusion:
+  ln: Any  # the LayerNormalization NodeProto that becomes the SkipLayerNormalization
+  inputs: list[str]  # the fused node's input, skip and (Formats 1 and 2) bias
+  removed: list  # the Add NodeProtos it takes in
 
-  if not _candidates(model.graph):
-    return model
-  types = _value_types(model)
-  g = model.graph
-  producer = {o: n for n in g.node for o in n.output if o}
-  uses: dict = {}
-  for n in g.node:
-    for i in n.input:
-      uses[i] = uses.get(i, 0) + 1
-    # a value a subgraph reads is one more edge (an implicit input of its node)
-    for a in n.attribute:
-      for sub in [a.g] if a.HasField("g") else list(a.graphs):
-        for sn in sub.node:
-          for i in sn.input:
-            uses[i] = uses.get(i, 0) + 1
-  outputs = {o.name for o in g.output}
-  graph_inputs = {i.name for i in g.input}
-  # initializers onnxruntime treats as constant (not overridable as inputs), and Constant nodes it folds into them
-  constants = {t.name for t in g.initializer if t.name not in graph_inputs}
-  constants |= {n.output[0] for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")}
 
-  def single_use(add) -> bool:
-    return uses.get(add.output[0], 0) == 1 and add.output[0] not in outputs
+@dataclass
+class _Graph:
+  """What onnxruntime's conditions ask of the graph: each value's type, producer and number of readers, and which
+  values are graph outputs or constants."""
 
-  def bias_add(name: str):
-    # an Add onnxruntime takes into the fusion as the bias, or None
-    add = producer.get(name)
+  types: dict
+  producer: dict
+  uses: dict
+  outputs: set
+  constants: set
+
+  @staticmethod
+  def of(model) -> _Graph:
+    g = model.graph
+    uses: dict = {}
+    for n in g.node:
+      for i in n.input:
+        uses[i] = uses.get(i, 0) + 1
+      # a value a subgraph reads is one more edge (an implicit input of its node)
+      for a in n.attribute:
+        for sub in [a.g] if a.HasField("g") else list(a.graphs):
+          for sn in sub.node:
+            for i in sn.input:
+              uses[i] = uses.get(i, 0) + 1
+    graph_inputs = {i.name for i in g.input}
+    # initializers onnxruntime treats as constant (not overridable as inputs), and Constant nodes it folds into them
+    constants = {t.name for t in g.initializer if t.name not in graph_inputs}
+    constants |= {n.output[0] for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")}
+    producer = {o: n for n in g.node for o in n.output if o}
+    return _Graph(_value_types(model), producer, uses, {o.name for o in g.output}, constants)
+
+  def single_use(self, add) -> bool:
+    return self.uses.get(add.output[0], 0) == 1 and add.output[0] not in self.outputs
+
+  def bias_add(self, name: str):
+    """The Add producing `name` if onnxruntime takes it into the fusion as the bias, else None."""
+    add = self.producer.get(name)
     if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
       return None
-    if not single_use(add) or not _float(types, add.input) or not _second_add_ok(add, types, constants):
+    if not self.single_use(add) or not _float(self.types, add.input):
       return None
-    before = producer.get(add.input[0])
+    if not _second_add_ok(add, self.types, self.constants):
+      return None
+    before = self.producer.get(add.input[0])
     if before is not None and (
       before.op_type in _BIAS_TAKEN_BY
-      or (before.op_type == "Mul" and (c := producer.get(before.input[0])) is not None and c.op_type == "Cast")
+      or (before.op_type == "Mul" and (c := self.producer.get(before.input[0])) is not None and c.op_type == "Cast")
     ):
       return None
     return add
 
-  fusions = []
-  for ln in _candidates(g):
-    add1 = producer[ln.input[0]]
-    if not (_float(types, ln.input) and _float(types, add1.input) and _last_axis(ln, types)):
-      continue
-    if not single_use(add1) or not _first_add_ok(add1, types):
-      continue
+  def fusion(self, ln) -> _Fusion | None:
+    """How onnxruntime fuses this LayerNormalization with the Add(s) before it, or None where it does not."""
+    add1 = self.producer[ln.input[0]]
+    if not (_float(self.types, ln.input) and _float(self.types, add1.input) and _last_axis(ln, self.types)):
+      return None
+    if not self.single_use(add1) or not _first_add_ok(add1, self.types):
+      return None
     ins, removed = [add1.input[0], add1.input[1]], [add1]
     # Format 1 (the bias before the first input), else Format 2 (before the second), else Format 3 (none)
     for side in (0, 1):
-      if (add2 := bias_add(add1.input[side])) is not None:
+      if (add2 := self.bias_add(add1.input[side])) is not None:
         ins[side] = add2.input[0]
         ins.append(add2.input[1])
         removed.append(add2)
         break
-    fusions.append((ln, ins, removed))
+    return _Fusion(ln, ins, removed)
+
+
+def fuse_skip_layer_norm(model, in_place: bool = False):
+  """The model with each Add (+ bias Add) + LayerNormalization onnxruntime fuses as one com.microsoft
+  SkipLayerNormalization (module docstring). The model itself is changed only when in_place; else fused in a copy."""
+  import onnx
+
+  if not _candidates(model.graph):
+    return model
+  graph = _Graph.of(model)
+  fusions = [f for ln in _candidates(model.graph) if (f := graph.fusion(ln)) is not None]
   if not fusions:
     return model
   if not in_place:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     model = copy
-    g = model.graph
+  _rewrite(model, fusions)
+  return model
+
+
+def _rewrite(model, fusions: list[_Fusion]) -> None:
+  """Each fused LayerNormalization replaced by its SkipLayerNormalization in place, and the Adds it took in removed."""
+  from onnx import helper
+
+  g = model.graph
   by_output = {n.output[0]: k for k, n in enumerate(g.node)}
-  for ln, ins, _ in fusions:
+  for f in fusions:
+    ln, ins = f.ln, f.inputs
     beta = ln.input[2] if len(ln.input) > 2 else ""
     eps = next((a.f for a in ln.attribute if a.name == "epsilon"), DEFAULT_EPSILON)
     fused = helper.make_node(
@@ -175,10 +211,9 @@ def fuse_skip_layer_norm(model, in_place: bool = False):
     fused.attribute.append(helper.make_attribute("epsilon", eps))
     g.node[by_output[ln.output[0]]].CopyFrom(fused)
   # the fused Adds (each read only by what is now the SkipLayerNormalization)
-  gone = {n.output[0] for _, _, removed in fusions for n in removed}
+  gone = {n.output[0] for f in fusions for n in f.removed}
   keep = [n for n in g.node if not (n.op_type == "Add" and n.output[0] in gone)]
   del g.node[:]
   g.node.extend(keep)
   if not any(o.domain == MS for o in model.opset_import):
     model.opset_import.append(helper.make_opsetid(MS, 1))
-  return model

@@ -12,7 +12,7 @@ from onnx import TensorProto as TP
 from onnx import helper as oh
 
 import aot
-from aot.errors import CompileError
+from aot.errors import CompileError, InternalError
 from aot.testing import assert_kernel_count
 
 
@@ -60,6 +60,54 @@ def test_unknown_ops_are_all_named_before_the_checker_complaint():
     match=r"unsupported ONNX operators: Foo \(node 'f1'\), Bar \(domain com.example\) "
     r"\(node 'b1'\); invalid ONNX model: No Op registered for Foo",
   ):
+    aot.compile_model(m)
+
+
+def test_an_op_registered_twice_for_one_opset_is_an_error_naming_both_places(monkeypatch):
+  # which of two converters wins must not depend on the order the op modules are imported in
+  from aot.frontends import onnx as frontend
+
+  monkeypatch.setattr(frontend, "OPS", {})
+  monkeypatch.setattr(frontend, "_PLACES", {})
+  first = sys._getframe().f_lineno + 1
+  frontend.op("Twice", since=13)(lambda n, x: x)
+  frontend.op("Twice", since=1)(lambda n, x: -x)  # another opset range of the same op
+  frontend.op("Twice", since=13, domain="com.example")(lambda n, x: x)  # the same name in another domain
+  with pytest.raises(InternalError) as e:
+    second = sys._getframe().f_lineno + 1
+    frontend.op("Twice", since=13)(lambda n, x: x + 1)
+  assert str(e.value) == (
+    f"op Twice from opset 13 is registered twice: at test_onnx_frontend.py:{first} and at "
+    f"test_onnx_frontend.py:{second} (keep one)"
+  )
+  assert [since for since, _ in frontend.OPS["Twice"]] == [13, 1]
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1, None])
+def test_hardmax_before_opset_13_is_one_hot_over_the_flattened_tail(axis, tmp_path):
+  # opset 1-12: the input is viewed as 2-D at `axis` and one element of each whole row is 1 (onnx.reference applies
+  # opset 13's per-axis rule to every opset, so onnxruntime is the reference); an axis out of range is the model's error
+  x = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32)
+  x[1, 2, :] = 7.0  # a tie: the first one wins
+  kw = {} if axis is None else {"axis": axis}
+  m = make(
+    [oh.make_node("Hardmax", ["x"], ["y"], **kw)],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [3, 4, 5])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [3, 4, 5])],
+    opset=11,
+  )
+  got = aot.load(aot.compile_model(m, out_dir=tmp_path, name="hardmax"))(x)
+  np.testing.assert_array_equal(got, ort_run(m, {"x": x})[0])
+
+
+def test_hardmax_before_opset_13_rejects_an_axis_out_of_range():
+  m = make(
+    [oh.make_node("Hardmax", ["x"], ["y"], axis=3, name="hm")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [3, 4, 5])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [3, 4, 5])],
+    opset=11,
+  )
+  with pytest.raises(CompileError, match=r"Hardmax node 'hm': axis 3 is out of range for rank 3"):
     aot.compile_model(m)
 
 

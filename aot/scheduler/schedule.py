@@ -475,12 +475,33 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
   check_bufs = [Buffer("check", dtypes.int64, 2, f"check{k}", k, (2,)) for k in range(len(checks))]
   outputs, out_bufs = outputs + [c for c, _ in checks], out_bufs + check_bufs
   sink = UOp(Ops.SINK, dtypes.void, tuple(outputs))
+  ctx, lowered, deps = _lower_to_fixpoint(outputs, out_bufs, _first_stages(sink))
+  kernels = []
+  for bid in _kernel_order(out_bufs, lowered, deps):
+    store, b, x = lowered[bid]
+    ast, bufs = finalize(store)
+    kernels.append(Kernel(kernel_name(len(kernels), ast, x.shape), ast, bufs, x.shape))
 
-  # what is materialised: CONTIGUOUS, an output that other nodes read, and whatever lowering finds would be computed
-  # twice if fused (read at two different indices or from two kernels, or inside a loop it does not vary in). Those
-  # are found while lowering, so lower again with them as stages until nothing new is found.
-  # The first guess saves most of those rounds: a computed node with several readers is a stage unless every reader is
-  # elementwise on the same shape (those usually land in one kernel and read it at one index, like GELU's input).
+  used = {id(b): b for k in kernels for b in k.bufs}
+  inputs = []
+  for n, u in enumerate(input_order):
+    inputs.append(ctx.leaves.get(u) or Buffer("input", u.dtype, u.numel, u.arg.name, shape=u.shape))
+    inputs[-1].index = n
+  return Schedule(
+    kernels,
+    inputs,
+    out_bufs[: len(out_bufs) - len(check_bufs)],
+    consts=[b for b in used.values() if b.kind == "const"],
+    scratch=[b for b in used.values() if b.kind == "scratch"],
+    checks=[IndexCheckCall(b, label) for b, (_, label) in zip(check_bufs, checks)],
+    indexed=_indexed_inputs([label for _, label in checks]),
+  )
+
+
+def _first_stages(sink: UOp) -> list[UOp]:
+  """The first guess at what is materialised (_lower_to_fixpoint finds the rest): CONTIGUOUS, and a computed node
+  with several readers unless every reader is elementwise on the same shape (those usually land in one kernel and
+  read it at one index, like GELU's input). The guess saves most of the fixpoint's rounds."""
   parents: dict[UOp, set] = {}
   for u in sink.toposort():
     for s in u.src:
@@ -511,7 +532,13 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
 
   # where such a chain forks: the node none of its elementwise readers continues whole (as the fixpoint finds it)
   forked = lambda u: not any(elementwise(p, u) and p not in staged and reach[p] == reach[u] for p in parents.get(u, ()))
-  forced += [u for u in topo if u.op in GroupOp.Compute and u not in staged and shifted(u) and forked(u)]
+  return forced + [u for u in topo if u.op in GroupOp.Compute and u not in staged and shifted(u) and forked(u)]
+
+
+def _lower_to_fixpoint(outputs: list[UOp], out_bufs: list[Buffer], forced: list[UOp]):
+  """Lower with `forced` as stages, adding what lowering finds would be computed twice if fused (read at two
+  different indices or from two kernels, or inside a loop it does not vary in), until nothing new is found: the
+  last round's (context, lowered kernels by buffer id, their dependencies)."""
   ctx = None
   while True:
     ctx, lowered, deps = _lower_all(outputs, out_bufs, forced, ctx)
@@ -519,14 +546,16 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     # somewhere already, so those need another round
     found = [x for x, uses in ctx.uses.items() if len(uses) > 1 and x not in ctx.stages]
     if not found:
-      break
+      return ctx, lowered, deps
     # stage only the outermost of them: staging a reader can resolve its sources' double reads
     below: set = set()
     for y in found:
       below.update(u for u in y.toposort(stop=lambda u: u in ctx.stages and u is not y) if u is not y)
     forced += [x for x in ctx.stages if x not in forced] + [x for x in found if x not in below]
 
-  # kernel order: each kernel after the kernels whose buffers it reads (depth first from the outputs, in order)
+
+def _kernel_order(out_bufs: list[Buffer], lowered: dict, deps: dict) -> list[int]:
+  """Kernel order: each kernel after the kernels whose buffers it reads (depth first from the outputs, in order)."""
   order: list[int] = []
   visiting: set = set()
 
@@ -540,27 +569,7 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
 
   for b in out_bufs:
     visit(id(b))
-
-  kernels = []
-  for bid in order:
-    store, b, x = lowered[bid]
-    ast, bufs = finalize(store)
-    kernels.append(Kernel(kernel_name(len(kernels), ast, x.shape), ast, bufs, x.shape))
-
-  used = {id(b): b for k in kernels for b in k.bufs}
-  inputs = []
-  for n, u in enumerate(input_order):
-    inputs.append(ctx.leaves.get(u) or Buffer("input", u.dtype, u.numel, u.arg.name, shape=u.shape))
-    inputs[-1].index = n
-  return Schedule(
-    kernels,
-    inputs,
-    out_bufs[: len(out_bufs) - len(check_bufs)],
-    consts=[b for b in used.values() if b.kind == "const"],
-    scratch=[b for b in used.values() if b.kind == "scratch"],
-    checks=[IndexCheckCall(b, label) for b, (_, label) in zip(check_bufs, checks)],
-    indexed=_indexed_inputs([label for _, label in checks]),
-  )
+  return order
 
 
 def _indexed_inputs(checks: list[IndexCheck]) -> dict[str, int]:

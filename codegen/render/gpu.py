@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aot.codegen.render.c import CRenderer, abs_with, fma_with
 from aot.codegen.render.linearize import kernel_params, linearize
@@ -100,101 +100,129 @@ class GPURenderer(CRenderer):
     return f"{'' if slot == 0 else 'const '}{self.buffer_space}{dt.cname} *{self.restrict} d{slot}"
 
   def render_kernel(self, name: str, ast: UOp) -> str:
-    launch = plan_launch(ast)
-    names: dict[UOp, str] = {}
-
-    def r(u: UOp) -> str:
-      return self.literal(u.dtype, u.arg) if u.op is Ops.CONST else names[u]
-
-    instrs = linearize(ast)
     outer = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.kind != "reduce"), key=lambda r: r.number)
-    out_index = _unflatten("gid", outer)
+    body = _Body(self, plan_launch(ast), linearize(ast), _unflatten("gid", outer))
+    body.begin()
+    for i, (kind, u) in enumerate(body.instrs):
+      body.step(i, kind, u)
+    body.finish()
     head = [f"{self.kernel_prefix} {name}({', '.join(self.param_decls(ast))}) {{"]
-    lines: list[str] = []
-    depth = 1
-
-    def emit(s: str):
-      lines.append("  " * depth + s)
-
-    if launch.cooperative:
-      emit(f"const int gid = (int){self.block_id};")
-    else:
-      emit(f"AOT_PHASE_BEGIN({launch.block})")
-      depth += 1
-      emit(f"const int gid = (int)({self.block_id} * {launch.block}u + {self.thread_id});")
-      emit(f"if (gid < {launch.outputs}) {{")
-      depth += 1
-    flat: dict[UOp, str] = {}  # reduce loops folded into a cooperative strided loop -> their index expression
-    coop: list[UOp] | None = None  # the accumulators of the cooperative reduction being rendered
-    part: dict[UOp, str] = {}  # accumulator -> its shared-memory array of partial results (one per thread)
-    reduce_depth = 0
-    for i, (kind, u) in enumerate(instrs):
-      if kind == "loop" and u.kind != "reduce":
-        names[u] = f"r{u.number}"
-        emit(f"const int {names[u]} = {out_index[u]};")
-      elif kind == "end" and u.kind != "reduce":
-        pass
-      elif kind == "loop":
-        reduce_depth += 1
-        names[u] = f"r{u.number}"
-        if reduce_depth == 1 and launch.cooperative:
-          # a top-level reduction: the block's threads take strided turns over its loops, flattened into one
-          coop = [a for k, a in instrs[:i] if k == "acc_init" and a.src[1] is u]
-          part.update((a, f"part{len(part) + n}") for n, a in enumerate(coop))
-          ranges, fv = list(coop[0].src[1:]), f"f{u.number}"
-          flat.update(_unflatten(fv, ranges))
-          emit(f"AOT_PHASE_BEGIN({launch.block})")
-          depth += 1
-          for a in coop:
-            emit(f"{a.dtype.cname} {names[a]} = {self.identity(a.reduce_op, a.dtype)};")
-          trips = prod(x.size for x in ranges)
-          emit(f"for (int {fv} = (int){self.thread_id}; {fv} < {trips}; {fv} += {launch.block}) {{")
-          depth += 1
-        if u in flat:
-          emit(f"const int {names[u]} = {flat[u]};")
-        else:
-          emit(f"for (int {names[u]} = 0; {names[u]} < {u.size}; {names[u]}++) {{")
-          depth += 1
-      elif kind == "end":
-        reduce_depth -= 1
-        if u not in flat:
-          depth -= 1
-          emit("}")
-        elif coop is not None and u is coop[0].src[1]:
-          depth -= 1
-          emit("}")
-          depth -= 1
-          lines += self._combine(coop, names, part, launch.block, "  " * depth)
-          coop = None
-      elif kind == "acc_init":
-        names[u] = f"acc{len(names)}"
-        # a cooperative accumulator is declared inside its phase (at its first loop)
-        if not (launch.cooperative and reduce_depth == 0):
-          emit(f"{u.dtype.cname} {names[u]} = {self.identity(u.reduce_op, u.dtype)};")
-      elif kind == "acc_update":
-        emit(self.accumulate(u.reduce_op, u.dtype, names[u], r(u.src[0])))
-      elif kind == "store":
-        # in a cooperative kernel every thread of the block stores the same (block-uniform) value: harmless
-        emit(f"d{u.src[0].slot}[{r(u.src[1])}] = {r(u.src[2])};")
-      else:
-        names[u] = f"v{len(names)}"
-        emit(f"const {u.dtype.cname} {names[u]} = {self.render_value(u, r)};")
-    if not launch.cooperative:
-      depth -= 1
-      emit("}")
-      depth -= 1
-      emit("AOT_PHASE_END")
-    decls = [f"  {self.shared_space} {a.dtype.cname} {p}[{launch.block}];" for a, p in part.items()]
-    text = "\n".join(head + decls + lines + ["}"])
+    decls = [f"  {self.shared_space} {a.dtype.cname} {p}[{body.launch.block}];" for a, p in body.part.items()]
+    text = "\n".join(head + decls + body.lines + ["}"])
     if not self.type_names:
       return text
     return re.sub(r"\b(" + "|".join(self.type_names) + r")\b", lambda m: self.type_names[m.group(0)], text)
 
-  def _combine(self, accs: list[UOp], names: dict, part: dict, threads: int, ind: str) -> list[str]:
+  def render_source(self, functions: dict[UOp, str]) -> str:
+    return self.prelude + "\n" + "\n\n".join(self.render_kernel(fn, ast) for ast, fn in functions.items()) + "\n"
+
+
+@dataclass
+class _Body:
+  """One GPU kernel's body as it is written: the lines at their nesting depth, each value's name, and the
+  cooperative reduction in flight (module docstring)."""
+
+  rd: GPURenderer
+  launch: Launch
+  instrs: list
+  out_index: dict[UOp, str]  # output loop -> its index, from the flat output index `gid`
+  names: dict[UOp, str] = field(default_factory=dict)
+  lines: list[str] = field(default_factory=list)
+  depth: int = 1
+  flat: dict[UOp, str] = field(default_factory=dict)  # reduce loops folded into a cooperative strided loop -> index
+  coop: list[UOp] | None = None  # the accumulators of the cooperative reduction being rendered
+  part: dict[UOp, str] = field(default_factory=dict)  # accumulator -> its shared array of partial results
+  reduce_depth: int = 0
+
+  def emit(self, s: str):
+    self.lines.append("  " * self.depth + s)
+
+  def open(self, s: str):
+    self.emit(s)
+    self.depth += 1
+
+  def close(self, s: str = "}"):
+    self.depth -= 1
+    self.emit(s)
+
+  def r(self, u: UOp) -> str:
+    return self.rd.literal(u.dtype, u.arg) if u.op is Ops.CONST else self.names[u]
+
+  def begin(self):
+    """The output index: a cooperative block's is its block id; a thread's, its place in the grid, guarded."""
+    rd, launch = self.rd, self.launch
+    if launch.cooperative:
+      self.emit(f"const int gid = (int){rd.block_id};")
+      return
+    self.open(f"AOT_PHASE_BEGIN({launch.block})")
+    self.emit(f"const int gid = (int)({rd.block_id} * {launch.block}u + {rd.thread_id});")
+    self.open(f"if (gid < {launch.outputs}) {{")
+
+  def finish(self):
+    if not self.launch.cooperative:
+      self.close()
+      self.close("AOT_PHASE_END")
+
+  def step(self, i: int, kind: str, u: UOp):
+    """One instruction of linearize's."""
+    rd = self.rd
+    if kind == "loop" and u.kind != "reduce":
+      self.names[u] = f"r{u.number}"
+      self.emit(f"const int {self.names[u]} = {self.out_index[u]};")
+    elif kind == "end" and u.kind != "reduce":
+      pass  # an output loop is one index, not a loop
+    elif kind == "loop":
+      self.reduce_loop(i, u)
+    elif kind == "end":
+      self.reduce_end(u)
+    elif kind == "acc_init":
+      self.names[u] = f"acc{len(self.names)}"
+      # a cooperative accumulator is declared inside its phase (at its first loop)
+      if not (self.launch.cooperative and self.reduce_depth == 0):
+        self.emit(f"{u.dtype.cname} {self.names[u]} = {rd.identity(u.reduce_op, u.dtype)};")
+    elif kind == "acc_update":
+      self.emit(rd.accumulate(u.reduce_op, u.dtype, self.names[u], self.r(u.src[0])))
+    elif kind == "store":
+      # in a cooperative kernel every thread of the block stores the same (block-uniform) value: harmless
+      self.emit(f"d{u.src[0].slot}[{self.r(u.src[1])}] = {self.r(u.src[2])};")
+    else:
+      self.names[u] = f"v{len(self.names)}"
+      self.emit(f"const {u.dtype.cname} {self.names[u]} = {rd.render_value(u, self.r)};")
+
+  def reduce_loop(self, i: int, u: UOp):
+    self.reduce_depth += 1
+    self.names[u] = f"r{u.number}"
+    if self.reduce_depth == 1 and self.launch.cooperative:
+      # a top-level reduction: the block's threads take strided turns over its loops, flattened into one
+      coop = self.coop = [a for k, a in self.instrs[:i] if k == "acc_init" and a.src[1] is u]
+      self.part.update((a, f"part{len(self.part) + n}") for n, a in enumerate(coop))
+      ranges, fv = list(coop[0].src[1:]), f"f{u.number}"
+      self.flat.update(_unflatten(fv, ranges))
+      self.open(f"AOT_PHASE_BEGIN({self.launch.block})")
+      for a in coop:
+        self.emit(f"{a.dtype.cname} {self.names[a]} = {self.rd.identity(a.reduce_op, a.dtype)};")
+      trips = prod(x.size for x in ranges)
+      self.open(f"for (int {fv} = (int){self.rd.thread_id}; {fv} < {trips}; {fv} += {self.launch.block}) {{")
+    if u in self.flat:
+      self.emit(f"const int {self.names[u]} = {self.flat[u]};")
+    else:
+      self.open(f"for (int {self.names[u]} = 0; {self.names[u]} < {u.size}; {self.names[u]}++) {{")
+
+  def reduce_end(self, u: UOp):
+    self.reduce_depth -= 1
+    if u not in self.flat:
+      self.close()
+    elif self.coop is not None and u is self.coop[0].src[1]:
+      self.close()
+      self.depth -= 1
+      self.combine()
+
+  def combine(self):
     """End a cooperative reduction's phase: publish each thread's partial result, halve the block until one is left,
     and read it back as a block-uniform value."""
-    t = self.thread_id
-    out = [f"  {part[a]}[{t}] = {names[a]};" for a in accs]
+    rd, accs, part, threads = self.rd, self.coop, self.part, self.launch.block
+    t = rd.thread_id
+    out = [f"  {part[a]}[{t}] = {self.names[a]};" for a in accs]
     out += [
       "AOT_PHASE_END",
       "AOT_BARRIER;",
@@ -203,16 +231,14 @@ class GPURenderer(CRenderer):
     ]
     for a in accs:
       p = part[a]
-      fold = self.accumulate(a.reduce_op, a.dtype, f"{p}[{t}]", f"{p}[{t} + s]")
+      fold = rd.accumulate(a.reduce_op, a.dtype, f"{p}[{t}]", f"{p}[{t} + s]")
       out.append(f"  if ({t} < (unsigned)s) {{ {fold} }}")
     out += ["  AOT_PHASE_END", "  AOT_BARRIER;", "}"]
     for a in accs:
-      names[a] = f"{names[a]}_total"
-      out.append(f"const {a.dtype.cname} {names[a]} = {part[a]}[0];")
-    return [ind + l for l in out]
-
-  def render_source(self, functions: dict[UOp, str]) -> str:
-    return self.prelude + "\n" + "\n\n".join(self.render_kernel(fn, ast) for ast, fn in functions.items()) + "\n"
+      self.names[a] = f"{self.names[a]}_total"
+      out.append(f"const {a.dtype.cname} {self.names[a]} = {part[a]}[0];")
+    self.lines += ["  " * self.depth + l for l in out]
+    self.coop = None
 
 
 # *** the targets: tables over GPURenderer ***

@@ -297,9 +297,22 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
       "(the c and llvm targets compute such indices in 64)"
     )
   topo = ast.toposort()
-  deps = _loop_deps(topo)
+  return _emit(topo, _place(topo, _loop_deps(topo)))
 
-  # the loop tree: output loops nest in order; a reduction's loops nest inside the loop its accumulator is placed in
+
+@dataclass
+class _Placement:
+  """Where each node is computed: the block (a loop, or ROOT) it is placed in, each block's nodes in topological
+  order, and each output loop's child (the next output loop inside it)."""
+
+  block: dict[UOp, object]
+  contents: dict[object, list[UOp]]
+  parent_child: dict[object, UOp]
+
+
+def _place(topo: list[UOp], deps: dict) -> _Placement:
+  """Each node in the innermost loop it varies in. The loop tree: output loops nest in order; a reduction's loops
+  nest inside the loop its accumulator is placed in."""
   depth: dict = {ROOT: 0}
   parent_child: dict = {}
   outer = sorted((r for r in topo if r.op is Ops.RANGE and r.kind != "reduce"), key=lambda r: r.number)
@@ -330,7 +343,12 @@ def linearize(ast: UOp) -> list[tuple[str, UOp]]:
       continue
     block[u] = home[u.src[1:]] if u.op is Ops.ACCUMULATE else place(u)
     contents.setdefault(block[u], []).append(u)
+  return _Placement(block, contents, parent_child)
 
+
+def _emit(topo: list[UOp], placed: _Placement) -> list[tuple[str, UOp]]:
+  """The instruction list: each block's nodes in dependency order, then the loop nested in it."""
+  block, contents, parent_child = placed.block, placed.contents, placed.parent_child
   out: list[tuple[str, UOp]] = []
   # accumulators placed together over the same reduction ranges (the lanes of an upcast kernel) share one loop nest
   groups: dict[tuple, list[UOp]] = {}

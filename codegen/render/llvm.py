@@ -9,6 +9,7 @@ libm calls: no intrinsic exists and an approximation of our own would need its o
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -66,6 +67,35 @@ class KernelAttributes(ir.FunctionAttributes):
   _known = ir.FunctionAttributes._known | {'"no-builtin-memset"', '"no-builtin-memcpy"'}
 
 
+@dataclass
+class _Loop:
+  """A counted loop being emitted: its counter (an alloca mem2reg turns into a phi), the block testing it, the block
+  after it, and the counter's value in the body."""
+
+  counter: ir.AllocaInstr
+  it: ir.Type
+  head: ir.Block
+  exit: ir.Block
+  i: ir.Instruction
+
+  @staticmethod
+  def begin(b: ir.IRBuilder, number: int, counter, it: ir.Type, lo, hi) -> _Loop:
+    b.store(lo, counter)
+    fn = b.block.function
+    head, loop_body, exit_ = (fn.append_basic_block(f"{s}{number}") for s in ("head", "loop", "exit"))
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.load(counter)
+    b.cbranch(b.icmp_signed("<", i, hi), loop_body, exit_)
+    b.position_at_end(loop_body)
+    return _Loop(counter, it, head, exit_, i)
+
+  def end(self, b: ir.IRBuilder):
+    b.store(b.add(b.load(self.counter), ir.Constant(self.it, 1), flags=["nsw"]), self.counter)
+    b.branch(self.head)
+    b.position_at_end(self.exit)
+
+
 class LLVMRenderer:
   def __init__(self, module: ir.Module):
     self.module = module
@@ -104,9 +134,9 @@ class LLVMRenderer:
   def identity(self, op: ReduceOp, dt: DType):
     return self.const(dt, op.identity(dt))
 
-  def render_kernel(self, name: str, ast: UOp) -> ir.Function:
-    ast = widen_index(ast)
-    params = kernel_params(ast)
+  def _declare(self, name: str, params: list) -> ir.Function:
+    """The kernel's function: a pointer per buffer (none aliasing another), then the slice [start, end) of the
+    outermost output loop this call runs."""
     i32 = ir.IntType(32)
     fn = ir.Function(
       self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name
@@ -115,6 +145,13 @@ class LLVMRenderer:
     fn.attributes.add("nounwind")
     for a in fn.args[:-2]:
       a.add_attribute("noalias")
+    return fn
+
+  def render_kernel(self, name: str, ast: UOp) -> ir.Function:
+    ast = widen_index(ast)
+    params = kernel_params(ast)
+    i32 = ir.IntType(32)
+    fn = self._declare(name, params)
     ptr = {p.slot: a for p, a in zip(params, fn.args)}
     start, end = fn.args[-2:]  # the slice of the outermost output loop this call runs
     entry = fn.append_basic_block("entry")
@@ -123,7 +160,7 @@ class LLVMRenderer:
     b = ir.IRBuilder(body)
     vals: dict[UOp, object] = {}
     accs: dict[UOp, object] = {}
-    loops: list = []
+    loops: list[_Loop] = []
 
     def r(u: UOp):
       if u.op is Ops.CONST:
@@ -156,20 +193,10 @@ class LLVMRenderer:
           if outer
           else (bound(piece.lo, it), bound(piece.hi, it))
         )
-        b.store(lo, counter)
-        head, loop_body, exit_ = (fn.append_basic_block(f"{s}{u.number}") for s in ("head", "loop", "exit"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.load(counter)
-        b.cbranch(b.icmp_signed("<", i, hi), loop_body, exit_)
-        b.position_at_end(loop_body)
-        vals[u] = i
-        loops.append((counter, it, head, exit_))
+        loops.append(_Loop.begin(b, u.number, counter, it, lo, hi))
+        vals[u] = loops[-1].i
       elif kind == "end":
-        counter, it, head, exit_ = loops.pop()
-        b.store(b.add(b.load(counter), ir.Constant(it, 1), flags=["nsw"]), counter)
-        b.branch(head)
-        b.position_at_end(exit_)
+        loops.pop().end(b)
       elif kind == "acc_init":
         accs[u] = alloca_b.alloca(ltype(u.dtype), name="acc")
         b.store(self.identity(u.reduce_op, u.dtype), accs[u])
@@ -243,28 +270,7 @@ class LLVMRenderer:
   def render_value(self, b, u: UOp, r, ptr):
     op, dt, s = u.op, u.dtype, u.src
     if op is Ops.LOAD:
-      buf, idx, gate = s
-      i = r(idx)
-      gated = not (gate.op is Ops.CONST and gate.arg)
-      if not gated:
-        v = b.load(b.gep(ptr[buf.slot], [i], inbounds=True))
-        return b.trunc(v, ir.IntType(1)) if dt == dtypes.bool else v
-      # a gated load is a load under a branch, as C's `gate ? p[i] : 0` is: the loop vectoriser turns it into a masked
-      # load of consecutive elements; reading element 0 when the gate is off (a select of the index) made the
-      # addresses non-consecutive, gathered one by one (a convolution's padded im2col panel: 1.2x slower than C)
-      before, fn = b.block, b.block.function
-      load, merge = fn.append_basic_block("gated"), fn.append_basic_block("merged")
-      b.cbranch(r(gate), load, merge)
-      b.position_at_end(load)
-      v = b.load(b.gep(ptr[buf.slot], [i], inbounds=True))
-      if dt == dtypes.bool:
-        v = b.trunc(v, ir.IntType(1))
-      b.branch(merge)
-      b.position_at_end(merge)
-      phi = b.phi(v.type)
-      phi.add_incoming(v, load)
-      phi.add_incoming(self.const(dt, 0), before)
-      return phi
+      return self.load(b, u, r, ptr)
     if op is Ops.CAST:
       return self.cast(b, r(s[0]), s[0].dtype, dt)
     if op is Ops.BITCAST:
@@ -285,16 +291,47 @@ class LLVMRenderer:
       return (b.icmp_unsigned if sd.kind in "ub" else b.icmp_signed)(pred, *xs)
     if op in (Ops.MAX, Ops.MIN):
       return self.maxmin(b, dt, xs[0], xs[1], op is Ops.MAX)
-    if dt.is_float:
-      if op in FLOAT_BINARY:
-        return getattr(b, FLOAT_BINARY[op])(*xs)
-      if op is Ops.NEG:
-        return b.fneg(xs[0])
-      if op is Ops.RECIP:
-        return b.fdiv(self.const(dt, 1.0), xs[0])
-      if op is Ops.IDIV:
-        return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
-      return self._math(b, op, dt, *xs)
+    return self.float_value(b, u, xs) if dt.is_float else self.int_value(b, u, xs)
+
+  def load(self, b, u: UOp, r, ptr):
+    buf, idx, gate = u.src
+    i = r(idx)
+    dt = u.dtype
+    gated = not (gate.op is Ops.CONST and gate.arg)
+    if not gated:
+      v = b.load(b.gep(ptr[buf.slot], [i], inbounds=True))
+      return b.trunc(v, ir.IntType(1)) if dt == dtypes.bool else v
+    # a gated load is a load under a branch, as C's `gate ? p[i] : 0` is: the loop vectoriser turns it into a masked
+    # load of consecutive elements; reading element 0 when the gate is off (a select of the index) made the
+    # addresses non-consecutive, gathered one by one (a convolution's padded im2col panel: 1.2x slower than C)
+    before, fn = b.block, b.block.function
+    load, merge = fn.append_basic_block("gated"), fn.append_basic_block("merged")
+    b.cbranch(r(gate), load, merge)
+    b.position_at_end(load)
+    v = b.load(b.gep(ptr[buf.slot], [i], inbounds=True))
+    if dt == dtypes.bool:
+      v = b.trunc(v, ir.IntType(1))
+    b.branch(merge)
+    b.position_at_end(merge)
+    phi = b.phi(v.type)
+    phi.add_incoming(v, load)
+    phi.add_incoming(self.const(dt, 0), before)
+    return phi
+
+  def float_value(self, b, u: UOp, xs: list):
+    op, dt = u.op, u.dtype
+    if op in FLOAT_BINARY:
+      return getattr(b, FLOAT_BINARY[op])(*xs)
+    if op is Ops.NEG:
+      return b.fneg(xs[0])
+    if op is Ops.RECIP:
+      return b.fdiv(self.const(dt, 1.0), xs[0])
+    if op is Ops.IDIV:
+      return self._math(b, Ops.TRUNC, dt, b.fdiv(*xs))
+    return self._math(b, op, dt, *xs)
+
+  def int_value(self, b, u: UOp, xs: list):
+    op, dt, s = u.op, u.dtype, u.src
     if guards_divisor(u):
       return self.int_division(b, op, dt, *xs)
     unsigned = dt.kind in "ub"
