@@ -41,6 +41,28 @@ def test_runtime_files_are_short():
   assert runtime, "no runtime_c files found"
   long = [f"{p.name}: {n}" for p in runtime if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
   assert not long, f"runtime_c files over {MAX_FILE_LINES} lines: {long}"
+  functions = {f"{p.name}:{line}": n for p in runtime for line, n in _c_function_lengths(p.read_text())}
+  assert len(functions) > 50, "too few C functions found: has the runtime's brace style changed?"
+  long = [f"{where}: {n} lines" for where, n in functions.items() if n > MAX_FUNCTION_LINES]
+  assert not long, f"runtime_c functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def _c_function_lengths(text: str) -> list[tuple[int, int]]:
+  """(first line, lines) of each function the runtime defines: its style opens a definition on a line at column 0
+  ending in `{` and closes it with `}` at column 0."""
+  found, start = [], None
+  for i, line in enumerate(text.splitlines(), 1):
+    if start is None and line[:1].isalpha() and "(" in line and line.rstrip().endswith("{"):
+      start = i
+    elif start is not None and line.startswith("}"):
+      found.append((start, i - start + 1))
+      start = None
+  return found
+
+
+def test_the_c_function_finder_measures_a_function():
+  text = "static int f(int x) {\n  return x;\n}\nstruct s {\n  int a;\n};\nint g(void) {\n" + "  ;\n" * 3 + "}\n"
+  assert _c_function_lengths(text) == [(1, 3), (7, 5)]
 
 
 def test_import_aot_loads_no_tool():
