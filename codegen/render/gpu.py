@@ -248,7 +248,7 @@ _CUDA_PRELUDE = """#include <math.h>
 #ifndef AOT_GPU_SHIM_H
 #include <cuda_fp16.h>
 #endif
-/* phases and barriers (see codegen/gpu.py); the CPU shim (aot_gpu_shim.h) defines them first to run the grid as \
+/* phases and barriers (codegen/render/gpu.py); the CPU shim (aot_gpu_shim.h) defines them first to run the grid as \
 loops */
 #ifndef AOT_PHASE_BEGIN
 #define AOT_PHASE_BEGIN(threads) {
