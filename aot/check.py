@@ -153,7 +153,7 @@ def _onnx_reference(model: str, feed: dict, bind: dict, given: set[str]) -> tupl
     raise RuntimeError("--check on an ONNX model needs onnxruntime (pip install onnxruntime)") from None
   try:
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    ort_feed = {**feed, **{k: np.asarray(v, dtype=_ort_dtype(sess, k)) for k, v in bind.items()}}
+    ort_feed = _with_bind(model, feed, bind)
   except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types: a type or op it has no kernel for)
     return _reference_evaluator(model, feed, bind, e, given)
   try:
@@ -296,22 +296,6 @@ def _with_bind(model: str, feed: dict, bind: dict) -> dict:
 
   dtypes = {i.name: i.type.tensor_type.elem_type for i in onnx.load(model, load_external_data=False).graph.input}
   return {**feed, **{k: np.asarray(v, dtype=onnx.helper.tensor_dtype_to_np_dtype(dtypes[k])) for k, v in bind.items()}}
-
-
-_ORT_TYPES = {
-  "tensor(float)": np.float32,
-  "tensor(double)": np.float64,
-  "tensor(int64)": np.int64,
-  "tensor(int32)": np.int32,
-  "tensor(bool)": np.bool_,
-  "tensor(float16)": np.float16,
-  "tensor(int8)": np.int8,
-  "tensor(uint8)": np.uint8,
-}
-
-
-def _ort_dtype(sess, name: str):
-  return next(_ORT_TYPES.get(i.type, np.float32) for i in sess.get_inputs() if i.name == name)
 
 
 def load_npy_pins(items: list[str]) -> dict[str, str]:

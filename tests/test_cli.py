@@ -340,3 +340,28 @@ def test_check_still_fails_a_wrong_artifact_judged_in_float64(damaged_builds, ca
   assert cli_module.main([str(tmp_path / "det.onnx"), "-o", str(tmp_path / "out"), "--check"]) == 1
   line = capsys.readouterr().out.strip().splitlines()[-1]
   assert "vs float64 evaluation" in line and "-> FAIL" in line, line
+
+
+@pytest.mark.parametrize("dtype", ["INT16", "UINT16", "UINT32", "UINT64"])
+def test_check_feeds_every_integer_dtype_as_itself(tmp_path, dtype):
+  """--check's seeded inputs and --bind values take the model's own integer dtype (not float32), so onnxruntime
+  accepts them and the comparison is of the same values."""
+  from onnx import TensorProto, helper, save
+
+  it = getattr(TensorProto, dtype)
+  nodes = [
+    helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+    helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT),
+    helper.make_node("Mul", ["nf", "kf"], ["y"]),
+  ]
+  g = helper.make_graph(
+    nodes,
+    "ints",
+    [helper.make_tensor_value_info("n", it, [2, 3]), helper.make_tensor_value_info("k", it, [])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+  )
+  save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "ints.onnx"))
+  p = cli(str(tmp_path / "ints.onnx"), "-o", str(tmp_path / "out"), "--bind", "k=3", "--check")
+  assert p.returncode == 0, p.stdout + p.stderr
+  line = p.stdout.strip().splitlines()[-1]
+  assert re.match(r"check vs onnxruntime: max abs err 0\.000e\+00, .* -> PASS", line), line
