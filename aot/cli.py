@@ -11,6 +11,8 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
+from aot import __version__
+
 # a compile shorter than this shows no progress bar: a bar that flashes up and is erased at once is only noise
 PROGRESS_DELAY_S = 2.0
 PROGRESS_BAR_WIDTH = 24
@@ -78,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
   )
   _add_build_arguments(p)
   _add_action_arguments(p)
+  p.add_argument("--version", action="version", version=f"compile-model (aot) {__version__}")
   return p
 
 

@@ -365,3 +365,11 @@ def test_check_feeds_every_integer_dtype_as_itself(tmp_path, dtype):
   assert p.returncode == 0, p.stdout + p.stderr
   line = p.stdout.strip().splitlines()[-1]
   assert re.match(r"check vs onnxruntime: max abs err 0\.000e\+00, .* -> PASS", line), line
+
+
+def test_version_prints_the_package_version():
+  import aot
+
+  p = cli("--version")
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.strip() == f"compile-model (aot) {aot.__version__}"
