@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 from aot.compiler import compile_model
 from aot.core.dtype import DType, dtypes
-from aot.errors import AotError, BuildError, CompileError, InternalError
+from aot.errors import AotError, BuildError, CompileError, InternalError, RunError
 from aot.frontends.tensor import Tensor, function
 from aot.loader import load
 from aot.options import CompileOptions
@@ -20,6 +20,7 @@ __all__ = [
   "CompileError",
   "BuildError",
   "InternalError",
+  "RunError",
   "testing",
 ]
 

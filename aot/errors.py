@@ -114,7 +114,16 @@ class IndexRangeError(AotError, IndexError):
 
 
 class InputCountError(AotError, TypeError):
-  """A loaded model called with the wrong number of inputs."""
+  """A loaded model called with the wrong number of inputs, or fed by names it does not have (or missing one)."""
+
+
+class RunError(AotError, RuntimeError):
+  """A loaded model's NAME_create or NAME_run returned a status other than AOT_OK (other than an index out of range):
+  status is that code, the message the library's own (NAME_last_error)."""
+
+  def __init__(self, msg: str, status: int):
+    super().__init__(msg)
+    self.status = status
 
 
 class ArtifactError(AotError, FileNotFoundError):

@@ -7,6 +7,7 @@ import itertools
 import math
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import cffi
@@ -20,6 +21,7 @@ from aot.errors import (
   InputDtypeError,
   InputShapeError,
   ModelClosedError,
+  RunError,
 )
 
 # runtime_c/aot_core.h: a run given an index outside the axis it indexes
@@ -56,7 +58,7 @@ class LoadedModel:
       # GPU targets and a mapped weights file say why create failed through last_error(NULL)
       if "gpu" in a.manifest or a.manifest.get("weights_file"):
         hint = ": " + ffi.string(self._last_error(ffi.NULL)).decode()
-      raise RuntimeError(f"{n}_create failed with status {status}{hint}")
+      raise RunError(f"{n}_create failed with status {status}{hint}", status)
     self._model = out[0]
     self._ptr_types = args
     if threads is not None:
@@ -82,8 +84,38 @@ class LoadedModel:
         self._calls -= 1
         self._idle.notify_all()
 
-  def __call__(self, *arrays: np.ndarray):
+  def get_inputs(self) -> list[TensorInfo]:
+    """The inputs a call takes, in order (onnxruntime's InferenceSession.get_inputs: name, shape, type)."""
+    return _infos(self.artifact, "input")
+
+  def get_outputs(self) -> list[TensorInfo]:
+    """The outputs a call returns, in order."""
+    return _infos(self.artifact, "output")
+
+  def run(self, output_names: list[str] | None, input_feed: dict) -> list:
+    """onnxruntime's InferenceSession.run: the outputs named (all when None), in that order, as a list, from the
+    inputs fed by name."""
+    outs = self(input_feed)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    if output_names is None:
+      return outs
+    names = [i.name for i in self.get_outputs()]
+    if unknown := [n for n in output_names if n not in names]:
+      raise InputCountError(f"{self.artifact.name} has no output {', '.join(map(repr, unknown))}: it has {names}")
+    return [outs[names.index(n)] for n in output_names]
+
+  def __enter__(self) -> LoadedModel:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __call__(self, *arrays: np.ndarray, **feeds):
+    """The outputs (one array, or a tuple) for the inputs in order, or fed by name: keywords, or one dict."""
     a = self.artifact
+    if feeds or (len(arrays) == 1 and isinstance(arrays[0], dict)):
+      given = arrays[0] if len(arrays) == 1 and isinstance(arrays[0], dict) else {}
+      arrays = self._by_name({**given, **feeds}, mixed=bool(arrays) and not given)
     if a.containers:
       arrays = _flatten_containers(a, arrays)
     if len(arrays) != len(a.inputs):
@@ -115,11 +147,22 @@ class LoadedModel:
         why = self.ffi.string(self._last_error(model)).decode()
         if status == AOT_ERR_INDEX_RANGE:
           raise IndexRangeError(f"{a.name}_run: {why}")
-        raise RuntimeError(f"{a.name}_run failed (status {status}): {why}")
+        raise RunError(f"{a.name}_run failed (status {status}): {why}", status)
     outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(a.outputs, outs)]
     if a.containers:
       outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+  def _by_name(self, feed: dict, mixed: bool) -> tuple:
+    """The inputs of a feed by name, in the call's order; every input named once."""
+    names = [i.name for i in self.get_inputs()]
+    unknown, missing = [n for n in feed if n not in names], [n for n in names if n not in feed]
+    if mixed or unknown or missing:
+      why = "inputs in order or by name, not both" if mixed else ""
+      why += f"no input {', '.join(map(repr, unknown))}" if unknown else ""
+      why += f"{'; ' if why else ''}missing {', '.join(map(repr, missing))}" if missing else ""
+      raise InputCountError(f"{self.artifact.name} takes inputs {names}: {why}")
+    return tuple(feed[n] for n in names)
 
   def close(self):
     """Destroy the instance (once the calls under way are done; a call after this is a ModelClosedError) and unload
@@ -242,7 +285,43 @@ def _grouped(outs: list, kind: str | None, start: int, count: int):
   return outs[start]
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+  """An input or output of a loaded model, as onnxruntime's NodeArg describes one: its name, shape (a list; a
+  sequence input's is its element count) and ONNX type ("tensor(float)", "seq(tensor(float))"); dtype is numpy's."""
+
+  name: str
+  shape: list
+  type: str
+  dtype: np.dtype | None
+
+
+def _infos(a: Artifact, side: str) -> list[TensorInfo]:
+  tensors = a.inputs if side == "input" else a.outputs
+  infos = []
+  for name, kind, start, count in _runs(a, side):
+    t = tensors[start] if count else None
+    dtype = None if t is None else (t.narrow.np if t.narrow else t.dtype.np)
+    elem = f"tensor({_ONNX_TYPE_NAMES.get(np.dtype(dtype).name, np.dtype(dtype).name)})" if t is not None else "?"
+    if kind == "sequence":
+      infos.append(TensorInfo(name, [count], f"seq({elem})", dtype))
+    elif kind == "optional":
+      infos.append(TensorInfo(name, list(t.shape) if t else [], f"optional({elem})", dtype))
+    else:
+      infos.append(TensorInfo(name, list(t.shape), elem, dtype))
+  return infos
+
+
+# numpy's dtype names where ONNX's type strings say otherwise
+_ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16", "bool": "bool"}
+
+
 def load(what, threads: int | None = None) -> LoadedModel:
-  """A callable over a compiled artifact (an Artifact or its folder). threads: how many threads its kernels run on
-  (default: AOT_NUM_THREADS, else all cores)."""
-  return LoadedModel(what if isinstance(what, Artifact) else Artifact(Path(what)), threads)
+  """A callable over a compiled artifact: an Artifact, its folder, or its libNAME.so. threads: how many threads its
+  kernels run on (default: AOT_NUM_THREADS, else all cores). Use it as a context manager to close it at the end."""
+  if isinstance(what, Artifact):
+    return LoadedModel(what, threads)
+  path = Path(what)
+  if path.is_file() and path.name.startswith("lib") and path.suffix == ".so":
+    path = path.parent  # the library's own folder holds its manifest
+  return LoadedModel(Artifact(path), threads)

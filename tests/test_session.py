@@ -1,0 +1,89 @@
+"""The session-style calls of a loaded model, against onnxruntime's InferenceSession on the same ONNX model: the same
+script runs with either session object."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, save
+
+import aot
+from aot.errors import AotError, InputCountError, ModelClosedError
+
+
+@pytest.fixture(scope="module")
+def two_by_two(tmp_path_factory):
+  """An ONNX model with two inputs (declared b, then a) and two outputs (sum, then scaled), and its artifact."""
+  folder = tmp_path_factory.mktemp("session")
+  f = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3])
+  g = helper.make_graph(
+    [helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Mul", ["sum", "a"], ["scaled"])],
+    "two_by_two",
+    [f("b"), f("a")],
+    [f("sum"), f("scaled")],
+  )
+  path = folder / "two_by_two.onnx"
+  save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+  aot.compile_model(str(path), out_dir=folder / "art")
+  return path, folder / "art"
+
+
+def _script(session, feeds):
+  """What a user's onnxruntime script does with its session."""
+  names = [i.name for i in session.get_inputs()]
+  outs = session.run(None, {n: feeds[n] for n in names})
+  last = session.run([session.get_outputs()[1].name], feeds)[0]
+  return names, [o.name for o in session.get_outputs()], outs, last
+
+
+def test_a_script_written_for_onnxruntime_runs_unchanged(two_by_two):
+  path, folder = two_by_two
+  rng = np.random.default_rng(3)
+  feeds = {"a": rng.standard_normal((2, 3), dtype=np.float32), "b": rng.standard_normal((2, 3), dtype=np.float32)}
+  want = _script(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), feeds)
+  with aot.load(folder) as session:
+    got = _script(session, feeds)
+  assert got[:2] == want[:2] == (["b", "a"], ["sum", "scaled"])
+  for g, w in zip(got[2] + [got[3]], want[2] + [want[3]]):
+    np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_inputs_and_outputs_are_described_as_onnxruntime_does(two_by_two):
+  path, folder = two_by_two
+  sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+  with aot.load(folder) as m:
+    for ours, theirs in ((m.get_inputs(), sess.get_inputs()), (m.get_outputs(), sess.get_outputs())):
+      assert [(i.name, i.shape, i.type) for i in ours] == [(i.name, i.shape, i.type) for i in theirs]
+    assert m.get_inputs()[0].dtype == np.float32
+
+
+def test_inputs_by_keyword_by_dict_and_in_order_agree(two_by_two):
+  _, folder = two_by_two
+  a, b = np.full((2, 3), 2, np.float32), np.arange(6, dtype=np.float32).reshape(2, 3)
+  with aot.load(folder / "libtwo_by_two.so") as m:
+    in_order = m(b, a)
+    for got in (m(a=a, b=b), m({"b": b, "a": a})):
+      for g, w in zip(got, in_order):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(in_order[1], (a + b) * a)
+
+
+def test_a_wrong_feed_names_what_is_wrong(two_by_two):
+  _, folder = two_by_two
+  x = np.zeros((2, 3), np.float32)
+  with aot.load(folder) as m:
+    with pytest.raises(InputCountError, match=r"no input 'c'; missing 'b'"):
+      m(a=x, c=x)
+    with pytest.raises(InputCountError, match="in order or by name, not both"):
+      m(x, a=x)
+    with pytest.raises(InputCountError, match="has no output 'nope'"):
+      m.run(["nope"], {"a": x, "b": x})
+
+
+def test_leaving_the_with_block_closes_the_model(two_by_two):
+  _, folder = two_by_two
+  x = np.zeros((2, 3), np.float32)
+  with aot.load(folder) as m:
+    m(x, x)
+  with pytest.raises(ModelClosedError):
+    m(x, x)
+  assert issubclass(aot.RunError, AotError) and issubclass(aot.RunError, RuntimeError)
