@@ -318,7 +318,8 @@ _ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16
 
 def load(what, threads: int | None = None) -> LoadedModel:
   """A callable over a compiled artifact: an Artifact, its folder, or its libNAME.so. threads: how many threads its
-  kernels run on (default: AOT_NUM_THREADS, else all cores). Use it as a context manager to close it at the end."""
+  kernels run on (default: AOT_NUM_THREADS, else the cores the process may run on). Use it as a context manager to
+  close it at the end."""
   if isinstance(what, Artifact):
     return LoadedModel(what, threads)
   path = Path(what)

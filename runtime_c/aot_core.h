@@ -35,7 +35,8 @@ __attribute__((visibility("hidden"))) void aot_parallel(aot_pool *pool, aot_task
 __attribute__((visibility("hidden"))) int aot_pool_threads(const aot_pool *pool);
 /* the end of a run: the pool's threads sleep until the next aot_parallel instead of spinning for it */
 __attribute__((visibility("hidden"))) void aot_pool_rest(aot_pool *pool);
-/* AOT_NUM_THREADS if set and positive, else the number of online cores */
+/* AOT_NUM_THREADS if set and positive, else the cores the process may run on (its affinity mask; online cores
+   where there is none) */
 __attribute__((visibility("hidden"))) int aot_default_threads(void);
 #endif
 

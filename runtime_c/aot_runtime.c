@@ -1,4 +1,11 @@
+/* sched_getaffinity and CPU_COUNT (aot_default_threads) */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include "aot_core.h"
+#ifdef __linux__
+#include <sched.h>
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +248,11 @@ int aot_pool_threads(const aot_pool *p) { return p ? p->threads : 1; }
 int aot_default_threads(void) {
   const char *env = getenv("AOT_NUM_THREADS");
   if (env && atoi(env) > 0) return atoi(env);
+#ifdef __linux__
+  /* the cores this process may run on (a container or taskset limits them), not every core the machine has */
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0) return CPU_COUNT(&allowed);
+#endif
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? (int)n : 1;
 }

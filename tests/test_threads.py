@@ -23,6 +23,31 @@ def test_results_are_bitwise_identical_for_any_thread_count(compiled_model, name
   np.testing.assert_allclose(one, model.reference(*x), rtol=1e-4, atol=1e-4)
 
 
+_THREADS_AFTER_CREATE = """
+import os, sys, aot
+os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(",")})
+before = len(os.listdir("/proc/self/task"))
+m = aot.load(sys.argv[1])
+print(len(os.listdir("/proc/self/task")) - before + 1)
+"""
+
+
+def test_the_default_pool_is_the_cores_the_process_may_run_on(compiled_model):
+  """A process held to one core (a container's or taskset's limit) gets a pool of one thread, not one per core of the
+  machine: the pool's threads are counted in /proc as the instance is created."""
+  import os
+  import sys
+
+  art, _ = compiled_model("mlp")
+  env = {k: v for k, v in os.environ.items() if k != "AOT_NUM_THREADS"}
+  cores = sorted(os.sched_getaffinity(0))
+  for allowed in ([cores[0]], cores[:2]):
+    run = [sys.executable, "-c", _THREADS_AFTER_CREATE, str(art.dir), ",".join(map(str, allowed))]
+    p = subprocess.run(run, capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    assert int(p.stdout) == len(allowed), f"held to cores {allowed}, the pool has {p.stdout.strip()} threads"
+
+
 def test_thread_count_must_be_positive(compiled_model):
   art, _ = compiled_model("mlp")
   m = aot.load(art)

@@ -92,8 +92,8 @@ typedef struct {name}_model {name}_model;
 int {name}_create({name}_model **out);
 /* runs the model: one pointer per input, then one per output, dense row-major; they must not overlap */
 int {name}_run({name}_model *m, {", ".join(args)});
-/* threads this instance runs its kernels on (default: AOT_NUM_THREADS at create time, else all cores); results are
-   bitwise the same for any count */
+/* threads this instance runs its kernels on (default: AOT_NUM_THREADS at create time, else the cores the process
+   may run on); results are bitwise the same for any count */
 int {name}_set_threads({name}_model *m, int n);
 {_run_device_decl(name, args) if run_device else ""}void {name}_destroy({name}_model *m);
 /* why this thread's last call on m failed ("no error" if it did not), whatever other threads called on m since; with
