@@ -315,3 +315,34 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
       indent=1,
     )
   )
+
+
+def write_link_files(folder: Path, name: str) -> None:
+  """NAME.pc (pkg-config) and NAMEConfig.cmake (find_package(NAME) -> the imported target NAME::NAME) beside the
+  library: both name the folder they are in, so a moved artifact still links."""
+  from aot import __version__
+
+  (folder / f"{name}.pc").write_text(
+    f"""# {name}: a model compiled ahead of time by aot (compile-model); PKG_CONFIG_PATH=this folder
+prefix=${{pcfiledir}}
+
+Name: {name}
+Description: the {name} model compiled by aot
+Version: {__version__}
+Cflags: -I${{prefix}}
+Libs: -L${{prefix}} -l{name} -Wl,-rpath,${{prefix}}
+"""
+  )
+  (folder / f"{name}Config.cmake").write_text(
+    f"""# {name}: a model compiled ahead of time by aot (compile-model). find_package({name} CONFIG PATHS this folder)
+# gives the imported target {name}::{name}: its header's folder and libNAME.so, which the program finds by rpath
+set({name}_VERSION "{__version__}")
+if(NOT TARGET {name}::{name})
+  add_library({name}::{name} SHARED IMPORTED)
+  set_target_properties({name}::{name} PROPERTIES
+    IMPORTED_LOCATION "${{CMAKE_CURRENT_LIST_DIR}}/lib{name}.so"
+    IMPORTED_SONAME "lib{name}.so"
+    INTERFACE_INCLUDE_DIRECTORIES "${{CMAKE_CURRENT_LIST_DIR}}")
+endif()
+"""
+  )

@@ -187,6 +187,12 @@ def _cache_dir() -> Path:
   return Path(os.environ.get("AOT_CACHE_DIR", Path.home() / ".cache" / "aot-compiler"))
 
 
+def soname_flag(library: Path) -> str:
+  """The library's SONAME, its own file name: a program linked against it records libNAME.so, not the path it was
+  linked from, and finds it through its rpath or LD_LIBRARY_PATH."""
+  return f"-Wl,-soname,{library.name}"
+
+
 def run_build_command(cmd: list[str], cwd: Path) -> None:
   """Run one compiler or linker command; a failure is a BuildError with the command and the compiler's first error
   lines (from stderr or stdout: some compilers and wrappers write errors to stdout)."""
@@ -232,7 +238,8 @@ def build_library(
   # the compiler's identity, not its name: `clang` may be clang 14 today and clang 19 tomorrow
   ident = "\0".join(compiler_identity(compiler))
   kernel_only = kernel_flags(triple)
-  h = hashlib.sha256(" ".join([ident, *flags, *kernel_only]).encode() + headers)
+  link_flags = [soname_flag(out_path)] + ([f for f in SANITIZE_FLAGS if f.startswith("-fsanitize")] if sanitize else [])
+  h = hashlib.sha256(" ".join([ident, *flags, *kernel_only, *link_flags]).encode() + headers)
   for s in sorted(sources) + ["weights.bin"]:
     if (src_dir / s).exists():
       h.update(s.encode() + (src_dir / s).read_bytes())
@@ -278,7 +285,6 @@ def build_library(
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
       list(ex.map(compile_one, jobs))
     tmp_so = Path(tmp) / "lib.so"
-    link_flags = [f for f in SANITIZE_FLAGS if f.startswith("-fsanitize")] if sanitize else []
     run_build_command([compiler, "-shared", "-pthread", *link_flags, "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
     shutil.copyfile(tmp_so, out_path)
     if cache:
@@ -334,14 +340,14 @@ def gpu_build_steps(target: str, src: Path, out: Path, emulate: bool, offload_ar
     steps.append(_emulator_step(cpu, o))
     compile_c("model.c")
     compile_c("aot_runtime.c")
-    link = [emulator_cxx(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]
+    link = [emulator_cxx(), "-shared", "-pthread", soname_flag(out), "-o", str(out), *objs, "-lm", "-ldl"]
     return steps + [link], tmp
   device, glue_flags = _device_step(target, offload_arch)
   steps.append(device)
   for s, extra in (("model.c", ()), ("aot_runtime.c", ()), (HOST_GLUE[target], glue_flags)):
     compile_c(s, extra)
   # the GPU runtime is dlopen'ed at create time: the library links against nothing of it
-  return steps + [[cc(), "-shared", "-pthread", "-o", str(out), *objs, "-lm", "-ldl"]], tmp
+  return steps + [[cc(), "-shared", "-pthread", soname_flag(out), "-o", str(out), *objs, "-lm", "-ldl"]], tmp
 
 
 def _emulator_step(cpu: str, o: str) -> list[str]:

@@ -23,6 +23,7 @@ from aot.artifact import (
   install,
   make_stage,
   place_sources,
+  write_link_files,
   write_manifest,
 )
 from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest, included_headers
@@ -320,6 +321,8 @@ def install_stage(
   """The header beside the library, the manifest (NAME.json) written, and the staged artifact moved into out."""
   with working_on("while writing the artifact"):
     shutil.copyfile(stage / "src" / f"{name}.h", stage / f"{name}.h")
+    if opts.target != "metal":  # a Metal library is built on macOS, from src/
+      write_link_files(stage, name)
     gpu = gpu_manifest(opts.target, opts.emulate, srcs.launches, opts.offload_arch) if opts.gpu else None
     built = Built(
       name,

@@ -48,7 +48,10 @@ def render_header(
   weights_bytes (GPU targets): adds NAME_WEIGHTS_BYTES; run_device (GPU targets): adds NAME_run_device."""
   P = name.upper()
   args = api_args(sched)
+  from aot import __version__
+
   meta = [
+    f'#define {P}_AOT_VERSION "{__version__}"  /* the aot that compiled it */',
     f"#define {P}_NUM_INPUTS {len(sched.inputs)}",
     f"#define {P}_NUM_OUTPUTS {len(sched.outputs)}",
     f"#define {P}_NUM_KERNELS {num_kernels}",
