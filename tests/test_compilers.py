@@ -225,17 +225,19 @@ def test_an_object_is_keyed_by_the_headers_its_source_includes(tmp_path, monkeyp
   assert build.included_headers(src, "a.c") == ["answer.h", "base.h"] and build.included_headers(src, "b.c") == []
   objects = lambda: sorted((tmp_path / "cache" / "obj").glob("*.o"))
   answer = lambda lib: ctypes.CDLL(str(lib)).aot_answer()
-  assert build.build_library(src, ["a.c", "b.c"], tmp_path / "1.so") is False
+  # each library in its own folder under one name, as artifacts are: the name is its SONAME, part of the key
+  lib = lambda n: (tmp_path / n).mkdir() or tmp_path / n / "libanswer.so"
+  assert build.build_library(src, ["a.c", "b.c"], lib("1")) is False
   first = objects()
   assert len(first) == 2
   # a header no source includes (another model's): the library and its objects are the ones already built
   (src / "m.h").write_text("/* another model */\n")
-  assert build.build_library(src, ["a.c", "b.c"], tmp_path / "2.so") is True
-  assert objects() == first and answer(tmp_path / "2.so") == 42
+  assert build.build_library(src, ["a.c", "b.c"], lib("2")) is True
+  assert objects() == first and answer(tmp_path / "2" / "libanswer.so") == 42
   # a header a.c includes through another one: a.c compiles anew, b.c does not
   (src / "base.h").write_text("#define BASE 50\n")
-  assert build.build_library(src, ["a.c", "b.c"], tmp_path / "3.so") is False
-  assert len(objects()) == 3 and answer(tmp_path / "3.so") == 52
+  assert build.build_library(src, ["a.c", "b.c"], lib("3")) is False
+  assert len(objects()) == 3 and answer(tmp_path / "3" / "libanswer.so") == 52
 
 
 def test_editing_the_int8_runtime_rebuilds_no_float_model(tmp_path, monkeypatch):

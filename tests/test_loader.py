@@ -111,7 +111,14 @@ def test_recompiling_into_a_loaded_artifacts_folder_loads_the_new_build(tmp_path
   for m in (first, second, third):
     m.close()
   # and nothing is left beside the artifact
-  assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["libm.so", "m.h", "m.json", "src"]
+  assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [
+    "libm.so",
+    "m.h",
+    "m.json",
+    "m.pc",
+    "mConfig.cmake",
+    "src",
+  ]
 
 
 def test_a_stale_library_in_a_folder_without_links_is_refused(tmp_path, monkeypatch):
