@@ -61,6 +61,8 @@ class LoadedModel:
       raise RunError(f"{n}_create failed with status {status}{hint}", status)
     self._model = out[0]
     self._ptr_types = args
+    # what get_inputs / get_outputs say, and the order a feed by name is put in: the artifact's, made once
+    self._inputs, self._outputs = _infos(a, "input"), _infos(a, "output")
     if threads is not None:
       self.set_threads(threads)
 
@@ -86,11 +88,11 @@ class LoadedModel:
 
   def get_inputs(self) -> list[TensorInfo]:
     """The inputs a call takes, in order (onnxruntime's InferenceSession.get_inputs: name, shape, type)."""
-    return _infos(self.artifact, "input")
+    return list(self._inputs)
 
   def get_outputs(self) -> list[TensorInfo]:
     """The outputs a call returns, in order."""
-    return _infos(self.artifact, "output")
+    return list(self._outputs)
 
   def run(self, output_names: list[str] | None, input_feed: dict) -> list:
     """onnxruntime's InferenceSession.run: the outputs named (all when None), in that order, as a list, from the
@@ -99,7 +101,7 @@ class LoadedModel:
     outs = list(outs) if isinstance(outs, tuple) else [outs]
     if output_names is None:
       return outs
-    names = [i.name for i in self.get_outputs()]
+    names = [i.name for i in self._outputs]
     if unknown := [n for n in output_names if n not in names]:
       raise InputCountError(f"{self.artifact.name} has no output {', '.join(map(repr, unknown))}: it has {names}")
     return [outs[names.index(n)] for n in output_names]
@@ -113,9 +115,9 @@ class LoadedModel:
   def __call__(self, *arrays: np.ndarray, **feeds):
     """The outputs (one array, or a tuple) for the inputs in order, or fed by name: keywords, or one dict."""
     a = self.artifact
-    if feeds or (len(arrays) == 1 and isinstance(arrays[0], dict)):
-      given = arrays[0] if len(arrays) == 1 and isinstance(arrays[0], dict) else {}
-      arrays = self._by_name({**given, **feeds}, mixed=bool(arrays) and not given)
+    given = arrays[0] if len(arrays) == 1 and isinstance(arrays[0], dict) else None
+    if feeds or given is not None:
+      arrays = self._by_name({**(given or {}), **feeds}, mixed=given is None and bool(arrays))
     if a.containers:
       arrays = _flatten_containers(a, arrays)
     if len(arrays) != len(a.inputs):
@@ -155,7 +157,7 @@ class LoadedModel:
 
   def _by_name(self, feed: dict, mixed: bool) -> tuple:
     """The inputs of a feed by name, in the call's order; every input named once."""
-    names = [i.name for i in self.get_inputs()]
+    names = [i.name for i in self._inputs]
     unknown, missing = [n for n in feed if n not in names], [n for n in names if n not in feed]
     if mixed or unknown or missing:
       why = "inputs in order or by name, not both" if mixed else ""
@@ -301,8 +303,8 @@ def _infos(a: Artifact, side: str) -> list[TensorInfo]:
   infos = []
   for name, kind, start, count in _runs(a, side):
     t = tensors[start] if count else None
-    dtype = None if t is None else (t.narrow.np if t.narrow else t.dtype.np)
-    elem = f"tensor({_ONNX_TYPE_NAMES.get(np.dtype(dtype).name, np.dtype(dtype).name)})" if t is not None else "?"
+    dtype = None if t is None else np.dtype(t.narrow.np if t.narrow else t.dtype.np)
+    elem = "?" if dtype is None else f"tensor({_ONNX_TYPE_NAMES.get(dtype.name, dtype.name)})"
     if kind == "sequence":
       infos.append(TensorInfo(name, [count], f"seq({elem})", dtype))
     elif kind == "optional":
@@ -313,7 +315,7 @@ def _infos(a: Artifact, side: str) -> list[TensorInfo]:
 
 
 # numpy's dtype names where ONNX's type strings say otherwise
-_ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16", "bool": "bool"}
+_ONNX_TYPE_NAMES = {"float32": "float", "float64": "double"}
 
 
 def load(what, threads: int | None = None) -> LoadedModel:
