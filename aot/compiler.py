@@ -367,7 +367,8 @@ def _build(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
   src = stage / "src"
   runtime = importlib.resources.files("aot.runtime_c")
   generated = [f for f in srcs.files if f.endswith((".c", ".S", ".ll"))]
-  for f in runtime_files(opts.target, opts.emulate, runtime_sources_called(src, generated)):
+  called = runtime_sources_called(src, generated)
+  for f in runtime_files(opts.target, opts.emulate, called):
     (src / f).write_text(runtime.joinpath(f).read_text())
   library = stage / f"lib{name}.so"
   if opts.target == "metal":
@@ -379,10 +380,9 @@ def _build(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
     build_gpu_library(opts.target, src, library, opts.emulate, opts.offload_arch, opts.cpu, opts.cache)
     opts.say(f"built lib{name}.so")
   else:
-    sources = generated + runtime_sources_called(src, generated)
     build_library(
       src,
-      sources,
+      generated + called,
       library,
       opts.cpu,
       opts.cache,
