@@ -112,8 +112,11 @@ class LoadedModel:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  def __call__(self, *arrays: np.ndarray, **feeds):
-    """The outputs (one array, or a tuple) for the inputs in order, or fed by name: keywords, or one dict."""
+  def __call__(self, *arrays: np.ndarray, out=None, **feeds):
+    """The outputs (one array, or a tuple) for the inputs in order, or fed by name: keywords, or one dict. out: arrays
+    to write the outputs into (one, or one per output in order), returned as the outputs; each must have the
+    output's shape and dtype, and is written in place without a copy where it is C-contiguous. An input named out is
+    fed by dict."""
     a = self.artifact
     given = arrays[0] if len(arrays) == 1 and isinstance(arrays[0], dict) else None
     if feeds or given is not None:
@@ -124,24 +127,9 @@ class LoadedModel:
       raise InputCountError(
         f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), got {len(arrays)}"
       )
-    ins = []
-    for t, x in zip(a.inputs, arrays):
-      x = np.asarray(x)
-      if x.shape != t.shape:
-        raise InputShapeError(
-          f"{a.name} input '{t.name}': expected shape {t.shape}, got {x.shape}", t.name, t.shape, x.shape
-        )
-      want = t.narrow.np if t.narrow else t.dtype.np
-      if x.dtype != want:
-        raise InputDtypeError(
-          f"{a.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}", t.name, want, x.dtype
-        )
-      # a narrow type crosses the C API as its codes, the 4- and 2-bit ones packed
-      ins.append(t.narrow.to_storage(x) if t.narrow else np.ascontiguousarray(x))
-    outs = [
-      np.empty(t.narrow.nbytes(math.prod(t.shape)) if t.narrow and t.narrow.packed else t.shape, dtype=t.dtype.np)
-      for t in a.outputs
-    ]
+    ins = [self._input(t, x) for t, x in zip(a.inputs, arrays)]
+    targets = self._out_targets(out)
+    outs = [o if _writes_in_place(t, o, ins) else _empty(t) for t, o in zip(a.outputs, targets)]
     ptrs = [self.ffi.cast(pt, x.ctypes.data) for pt, x in zip(self._ptr_types, ins + outs)]
     with self._call() as model:
       # last_error is this thread's own call's message, whatever other threads ran on the instance since
@@ -151,9 +139,52 @@ class LoadedModel:
           raise IndexRangeError(f"{a.name}_run: {why}")
         raise RunError(f"{a.name}_run failed (status {status}): {why}", status)
     outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(a.outputs, outs)]
+    for i, (o, x) in enumerate(zip(targets, outs)):
+      if o is not None and o is not x:
+        o[...] = x
+        outs[i] = o
     if a.containers:
       outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+  def _input(self, t, x) -> np.ndarray:
+    """An input as the C API takes it: checked against the artifact's shape and dtype, dense."""
+    x = np.asarray(x)
+    if x.shape != t.shape:
+      raise InputShapeError(
+        f"{self.artifact.name} input '{t.name}': expected shape {t.shape}, got {x.shape}", t.name, t.shape, x.shape
+      )
+    want = t.narrow.np if t.narrow else t.dtype.np
+    if x.dtype != want:
+      raise InputDtypeError(
+        f"{self.artifact.name} input '{t.name}': expected dtype {want.name}, got {x.dtype}", t.name, want, x.dtype
+      )
+    # a narrow type crosses the C API as its codes, the 4- and 2-bit ones packed
+    return t.narrow.to_storage(x) if t.narrow else np.ascontiguousarray(x)
+
+  def _out_targets(self, out) -> list:
+    """The caller's out= array of each C API output (None where it gave none), checked against the output."""
+    a = self.artifact
+    if out is None:
+      return [None] * len(a.outputs)
+    if a.containers:
+      raise InputCountError(f"{a.name} has sequence or optional inputs or outputs: out= takes plain tensors only")
+    given = [out] if isinstance(out, np.ndarray) else list(out)
+    if len(given) != len(a.outputs):
+      raise InputCountError(f"{a.name} has {len(a.outputs)} outputs, out= gave {len(given)} arrays")
+    for t, o in zip(a.outputs, given):
+      want = t.narrow.np if t.narrow else t.dtype.np
+      if not isinstance(o, np.ndarray) or o.shape != t.shape or o.dtype != want or not o.flags.writeable:
+        got = f"{'' if o.flags.writeable else 'a read-only '}{o.dtype} {o.shape}" if isinstance(o, np.ndarray) else o
+        raise InputShapeError(
+          f"{a.name} output '{t.name}': out= needs a writable {want.name} array of shape {t.shape}, got {got}",
+          t.name,
+          (want.name, t.shape),
+          got,
+        )
+    if any(np.shares_memory(o, p) for i, o in enumerate(given) for p in given[:i]):
+      raise InputShapeError(f"{a.name}: out= arrays overlap one another", "out", "separate arrays", "overlapping")
+    return given
 
   def _by_name(self, feed: dict, mixed: bool) -> tuple:
     """The inputs of a feed by name, in the call's order; every input named once."""
@@ -234,6 +265,20 @@ def _release_in_place(key: str) -> None:
   held[1] -= 1
   if not held[1]:
     del _opened_in_place[key]
+
+
+def _writes_in_place(t, o: np.ndarray | None, ins: list) -> bool:
+  """Can the C API write output t straight into the caller's out= array o? Not where o is strided, where t is a
+  narrow type (the C API writes its codes, decoded after), nor where o shares memory with an input (the C API's
+  outputs must not overlap its inputs): those are computed beside and copied in."""
+  if o is None or t.narrow or not o.flags.c_contiguous:
+    return False
+  return not any(np.shares_memory(o, x) for x in ins)
+
+
+def _empty(t) -> np.ndarray:
+  """A new array an output is written into, as the C API writes it (a packed narrow type as its bytes)."""
+  return np.empty(t.narrow.nbytes(math.prod(t.shape)) if t.narrow and t.narrow.packed else t.shape, dtype=t.dtype.np)
 
 
 def _runs(a: Artifact, side: str) -> list[tuple[str, str | None, int, int]]:

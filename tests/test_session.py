@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, save
 
 import aot
-from aot.errors import AotError, InputCountError, ModelClosedError
+from aot.errors import AotError, InputCountError, InputShapeError, ModelClosedError
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +87,54 @@ def test_leaving_the_with_block_closes_the_model(two_by_two):
   with pytest.raises(ModelClosedError):
     m(x, x)
   assert issubclass(aot.RunError, AotError) and issubclass(aot.RunError, RuntimeError)
+
+
+def test_outputs_are_written_into_the_callers_arrays(two_by_two):
+  _, folder = two_by_two
+  rng = np.random.default_rng(5)
+  a, b = rng.standard_normal((2, 3), dtype=np.float32), rng.standard_normal((2, 3), dtype=np.float32)
+  dense, wide = np.full((2, 3), np.nan, np.float32), np.full((2, 6), np.nan, np.float32)
+  strided = wide[:, ::2]
+  with aot.load(folder) as m:
+    got = m(b, a, out=(dense, strided))
+    assert got[0] is dense and got[1] is strided
+    np.testing.assert_allclose(dense, a + b, rtol=1e-6)
+    np.testing.assert_allclose(strided, (a + b) * a, rtol=1e-6)
+    assert np.isnan(wide[:, 1::2]).all()  # a strided out= array is filled where it views, nowhere else
+    # an out= array that is one of the inputs: the inputs are read whole before the output is written
+    b_copy = b.copy()
+    m(b, a, out=(b, dense))
+    np.testing.assert_allclose(b, a + b_copy, rtol=1e-6)
+    np.testing.assert_allclose(dense, (a + b_copy) * a, rtol=1e-6)
+
+
+def test_a_contiguous_out_array_is_written_without_a_copy(two_by_two, monkeypatch):
+  _, folder = two_by_two
+  x = np.ones((2, 3), np.float32)
+  outs = (np.empty((2, 3), np.float32), np.empty((2, 3), np.float32))
+  with aot.load(folder) as m:
+    written = []
+    run = m._run
+    monkeypatch.setattr(m, "_run", lambda model, *ptrs: written.extend(ptrs[2:]) or run(model, *ptrs))
+    m(x, x, out=outs)
+  assert [int(m.ffi.cast("uintptr_t", p)) for p in written] == [o.ctypes.data for o in outs]
+  np.testing.assert_array_equal(outs[1], np.full((2, 3), 2, np.float32))
+
+
+def test_a_wrong_out_array_names_the_output(two_by_two):
+  _, folder = two_by_two
+  x = np.zeros((2, 3), np.float32)
+  with aot.load(folder) as m:
+    with pytest.raises(InputShapeError, match=r"output 'scaled': out= needs a writable float32 array of shape"):
+      m(x, x, out=(np.empty((2, 3), np.float32), np.empty((3, 2), np.float32)))
+    with pytest.raises(InputShapeError, match="output 'sum'.*got float64"):
+      m(x, x, out=(np.empty((2, 3)), np.empty((2, 3), np.float32)))
+    frozen = np.empty((2, 3), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(InputShapeError, match="got a read-only float32"):
+      m(x, x, out=(frozen, np.empty((2, 3), np.float32)))
+    with pytest.raises(InputCountError, match="2 outputs, out= gave 1"):
+      m(x, x, out=np.empty((2, 3), np.float32))
+    both = np.empty((2, 3), np.float32)
+    with pytest.raises(InputShapeError, match="overlap one another"):
+      m(x, x, out=(both, both))
