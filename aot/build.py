@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+from aot.cache import cache_dir, fetch, store
 from aot.codegen.render.gpu import DEVICE_IMAGE, HOST_GLUE, KERNEL_SOURCE
 from aot.errors import BuildError, MissingToolError
 
@@ -183,10 +184,6 @@ def _kind(compiler: str) -> str | None:
   return "gcc" if "gcc" in out.lower() or "free software foundation" in out.lower() else None
 
 
-def _cache_dir() -> Path:
-  return Path(os.environ.get("AOT_CACHE_DIR", Path.home() / ".cache" / "aot-compiler"))
-
-
 def soname_flag(library: Path) -> str:
   """The library's SONAME, its own file name: a program linked against it records libNAME.so, not the path it was
   linked from, and finds it through its rpath or LD_LIBRARY_PATH."""
@@ -244,9 +241,8 @@ def build_library(
     if (src_dir / s).exists():
       h.update(s.encode() + (src_dir / s).read_bytes())
   key = h.hexdigest()[:32]
-  cached = _cache_dir() / key / "lib.so"
-  if cache and cached.exists():
-    shutil.copyfile(cached, out_path)
+  cached = cache_dir() / key / "lib.so"
+  if cache and fetch(cached, out_path):
     return True
   with tempfile.TemporaryDirectory(prefix="aot_build_") as tmp:
     objs = [str(Path(tmp) / (Path(s).stem + ".o")) for s in sources]
@@ -265,17 +261,16 @@ def build_library(
       )
       if s == "model.c" and (src_dir / "weights.bin").exists():
         oh.update((src_dir / "weights.bin").read_bytes())
-      cached_o = _cache_dir() / "obj" / (oh.hexdigest()[:32] + ".o")
-      if cache and cached_o.exists():
-        shutil.copyfile(cached_o, o)
-      elif s.endswith(".ll"):
-        from aot.codegen.render.llvm import compile_module
+      cached_o = cache_dir() / "obj" / (oh.hexdigest()[:32] + ".o")
+      if not (cache and fetch(cached_o, Path(o))):
+        if s.endswith(".ll"):
+          from aot.codegen.render.llvm import compile_module
 
-        Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
-      else:
-        run_build_command([compiler, *cflags_, *own, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
-      if cache and not cached_o.exists():
-        _store(Path(o), cached_o)
+          Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
+        else:
+          run_build_command([compiler, *cflags_, *own, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
+        if cache:
+          store(Path(o), cached_o)
       done[0] += 1
       if progress:
         progress(done[0], len(sources))
@@ -288,7 +283,7 @@ def build_library(
     run_build_command([compiler, "-shared", "-pthread", *link_flags, "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
     shutil.copyfile(tmp_so, out_path)
     if cache:
-      _store(tmp_so, cached)
+      store(tmp_so, cached)
   return False
 
 
@@ -306,17 +301,6 @@ def included_headers(src_dir: Path, source: str) -> list[str]:
         seen.add(h)
         todo.append(h)
   return sorted(seen)
-
-
-def _store(path: Path, cached: Path):
-  """Put a file into the cache atomically (concurrent builds may store the same key)."""
-  try:
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    part = cached.with_name(f"{cached.name}.{os.getpid()}.{id(path)}.part")
-    shutil.copyfile(path, part)
-    os.replace(part, cached)
-  except OSError:
-    pass  # a read-only cache only costs time
 
 
 def gpu_build_steps(target: str, src: Path, out: Path, emulate: bool, offload_arch, cpu: str):
@@ -424,19 +408,18 @@ def build_gpu_library(target: str, src: Path, out: Path, emulate: bool, offload_
     for f in sorted(src.iterdir()):
       if f.is_file():
         h.update(f.name.encode() + f.read_bytes())
-    cached = _cache_dir() / f"gpu-{h.hexdigest()[:32]}"
+    cached = cache_dir() / f"gpu-{h.hexdigest()[:32]}"
     image = None if emulate else DEVICE_IMAGE[target]
-    if cache and (cached / "lib.so").exists() and (image is None or (cached / image).exists()):
-      shutil.copyfile(cached / "lib.so", out)
+    if cache and (image is None or (cached / image).exists()) and fetch(cached / "lib.so", out):
       if image:
-        shutil.copyfile(cached / image, src / image)
+        fetch(cached / image, src / image)
       return True
     for s in steps:
       run_build_command(s, src)
     if cache:
       if image:
-        _store(src / image, cached / image)
-      _store(out, cached / "lib.so")
+        store(src / image, cached / image)
+      store(out, cached / "lib.so")
     return False
   finally:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -81,7 +81,27 @@ def _parser() -> argparse.ArgumentParser:
   _add_build_arguments(p)
   _add_action_arguments(p)
   p.add_argument("--version", action="version", version=f"compile-model (aot) {__version__}")
+  p.add_argument(
+    "--clear-cache",
+    action=_ClearCache,
+    help="empty the build cache (AOT_CACHE_DIR, else ~/.cache/aot-compiler; capped at AOT_CACHE_MAX_MB, "
+    "default 1024) and exit",
+  )
   return p
+
+
+class _ClearCache(argparse.Action):
+  """--clear-cache: a command of its own, like --version (no model or -o needed)."""
+
+  def __init__(self, option_strings, dest, **kwargs):
+    super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    from aot import cache
+
+    removed = cache.clear()
+    print(f"removed {removed.files} files ({removed.bytes / 2**20:.1f} MiB) from {cache.cache_dir()}")
+    parser.exit(0)
 
 
 def _add_build_arguments(p: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from aot import cache
 from aot.artifact import (
   Artifact,
   Built,
@@ -377,10 +378,10 @@ def _build(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
       "checked the Metal source's syntax (clang, C++ with a metal_stdlib stand-in); build on macOS: src/build_macos.sh"
     )
   elif opts.gpu:
-    build_gpu_library(opts.target, src, library, opts.emulate, opts.offload_arch, opts.cpu, opts.cache)
+    hit = build_gpu_library(opts.target, src, library, opts.emulate, opts.offload_arch, opts.cpu, opts.cache)
     opts.say(f"built lib{name}.so")
   else:
-    build_library(
+    hit = build_library(
       src,
       generated + called,
       library,
@@ -390,6 +391,8 @@ def _build(name: str, stage: Path, srcs: Sources, opts: CompileOptions) -> None:
       triple=opts.triple,
       sanitize=opts.sanitize,
     )
+  if opts.target != "metal" and opts.cache and not hit:
+    cache.trim()
 
 
 def runtime_sources_called(src: Path, generated: list[str]) -> list[str]:

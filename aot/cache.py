@@ -1,0 +1,119 @@
+"""The build cache: compiled objects and libraries kept by the hash of what made them, so a recompile of an unchanged
+model (or of the runtime every model shares) does not run the C compiler again. It is capped: after a build that
+stored something, the least recently used files go until the cache is under its cap."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+# the cap when AOT_CACHE_MAX_MB does not say: a zoo model's library and objects are 2-10 MB, the runtime's objects
+# for one compiler and CPU ~3 MB, so this holds a few hundred models' builds and stays small beside a disk
+DEFAULT_MAX_MB = 1024
+# a trim goes below the cap by this share, so the build after it does not trim again at once
+TRIM_TO = 0.8
+
+
+def cache_dir() -> Path:
+  """AOT_CACHE_DIR, else $XDG_CACHE_HOME/aot-compiler, else ~/.cache/aot-compiler."""
+  if d := os.environ.get("AOT_CACHE_DIR"):
+    return Path(d)
+  return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aot-compiler"
+
+
+def max_bytes() -> int:
+  """The cap: AOT_CACHE_MAX_MB megabytes (0: no cache kept past the build), else DEFAULT_MAX_MB."""
+  raw = os.environ.get("AOT_CACHE_MAX_MB", "")
+  try:
+    mb = float(raw) if raw else DEFAULT_MAX_MB
+  except ValueError:
+    mb = -1
+  if mb < 0:
+    from aot.errors import InvalidValueError
+
+    raise InvalidValueError(f"AOT_CACHE_MAX_MB must be a number of megabytes >= 0, got {raw!r}")
+  return int(mb * 1024 * 1024)
+
+
+def fetch(cached: Path, dest: Path) -> bool:
+  """Copy a cached file to dest if it is there; a hit counts as a use (its time is what a trim goes by)."""
+  try:
+    shutil.copyfile(cached, dest)
+  except FileNotFoundError:
+    return False
+  try:
+    os.utime(cached)
+  except OSError:
+    pass  # a read-only cache still serves
+  return True
+
+
+def store(path: Path, cached: Path) -> None:
+  """Put a file into the cache atomically (concurrent builds may store the same key)."""
+  try:
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    part = cached.with_name(f"{cached.name}.{os.getpid()}.{id(path)}.part")
+    shutil.copyfile(path, part)
+    os.replace(part, cached)
+  except OSError:
+    pass  # a read-only cache only costs time
+
+
+@dataclass(frozen=True)
+class CacheUse:
+  files: int
+  bytes: int
+
+
+def usage() -> CacheUse:
+  files = _files()
+  return CacheUse(len(files), sum(size for _, size, _ in files))
+
+
+def trim() -> CacheUse:
+  """Remove the least recently used files until the cache is under TRIM_TO of its cap; what was removed."""
+  cap = max_bytes()
+  files = _files()
+  total = sum(size for _, size, _ in files)
+  if total <= cap:
+    return CacheUse(0, 0)
+  removed = CacheUse(0, 0)
+  for path, size, _ in sorted(files, key=lambda f: f[2]):
+    if total <= cap * TRIM_TO:
+      break
+    try:
+      path.unlink()
+    except OSError:
+      continue  # another process's trim took it first
+    total -= size
+    removed = CacheUse(removed.files + 1, removed.bytes + size)
+  for d in sorted((p for p in cache_dir().rglob("*") if p.is_dir()), reverse=True):
+    try:
+      d.rmdir()  # only the folders a trim emptied
+    except OSError:
+      pass
+  return removed
+
+
+def clear() -> CacheUse:
+  """Remove the whole cache; what it held."""
+  held = usage()
+  shutil.rmtree(cache_dir(), ignore_errors=True)
+  return held
+
+
+def _files() -> list[tuple[Path, int, float]]:
+  """Every finished file in the cache: (path, bytes, last use). Files still being written (.part) are not counted."""
+  out = []
+  for p in cache_dir().rglob("*"):
+    if p.name.endswith(".part"):
+      continue
+    try:
+      st = p.stat()
+    except OSError:
+      continue
+    if p.is_file():
+      out.append((p, st.st_size, st.st_mtime))
+  return out

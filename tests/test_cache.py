@@ -1,0 +1,83 @@
+"""The build cache: capped by AOT_CACHE_MAX_MB (least recently used files go first), emptied by
+compile-model --clear-cache, and a hit counts as a use."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import aot
+from aot import build, cache
+from aot.cli import main
+from aot.errors import InvalidValueError
+from aot.models import get
+
+MIB = 2**20
+
+
+@pytest.fixture
+def cache_at(tmp_path, monkeypatch):
+  folder = tmp_path / "cache"
+  monkeypatch.setenv("AOT_CACHE_DIR", str(folder))
+  return folder
+
+
+def _old_file(path, mib: float, age_s: float):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(b"\0" * int(mib * MIB))
+  t = time.time() - age_s
+  os.utime(path, (t, t))
+
+
+def test_a_build_over_the_cap_removes_the_least_recently_used_files(cache_at, tmp_path, monkeypatch):
+  for i, age in enumerate((300, 200, 100)):  # junk0 the oldest
+    _old_file(cache_at / "old" / f"junk{i}", 1, age)
+  monkeypatch.setenv("AOT_CACHE_MAX_MB", "2.5")
+  art = aot.compile_model("models:mnist", out_dir=tmp_path / "m")
+  left = {p.name for p in cache_at.rglob("*") if p.is_file()}
+  # 3 MiB of old files and the build's own: over 2.5 MiB, trimmed to 2 MiB from the oldest
+  assert "junk0" not in left and "junk1" not in left and "junk2" in left
+  assert "lib.so" in left and cache.usage().bytes <= 2.5 * MIB
+  # what is left still serves: a second build of the model is a hit
+  x = np.ones(get("mnist").inputs[0][1], np.float32)
+  np.testing.assert_allclose(aot.load(art)(x), get("mnist").reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_hit_counts_as_a_use(cache_at, tmp_path):
+  src = tmp_path / "src"
+  src.mkdir()
+  (src / "a.c").write_text("int aot_answer(void) { return 42; }\n")
+  out = tmp_path / "liba.so"
+  assert build.build_library(src, ["a.c"], out) is False
+  (lib,) = cache_at.glob("*/lib.so")
+  os.utime(lib, (1, 1))
+  assert build.build_library(src, ["a.c"], out) is True
+  assert lib.stat().st_mtime > time.time() - 60
+
+
+def test_a_cap_of_zero_keeps_nothing_past_the_build(cache_at, tmp_path, monkeypatch):
+  monkeypatch.setenv("AOT_CACHE_MAX_MB", "0")
+  aot.compile_model("models:mlp", out_dir=tmp_path / "m")
+  assert cache.usage().files == 0 and (tmp_path / "m" / "libmlp.so").exists()
+
+
+def test_a_bad_cap_names_the_variable(cache_at, monkeypatch):
+  monkeypatch.setenv("AOT_CACHE_MAX_MB", "lots")
+  with pytest.raises(InvalidValueError, match="AOT_CACHE_MAX_MB must be a number of megabytes >= 0, got 'lots'"):
+    cache.max_bytes()
+
+
+def test_clear_cache_empties_it_without_a_model(cache_at, capsys):
+  _old_file(cache_at / "obj" / "x.o", 0.5, 0)
+  with pytest.raises(SystemExit) as done:
+    main(["--clear-cache"])
+  assert done.value.code == 0
+  assert capsys.readouterr().out.strip() == f"removed 1 files (0.5 MiB) from {cache_at}"
+  assert not cache_at.exists()
+
+
+def test_the_cache_is_under_xdg_cache_home_unless_aot_cache_dir_says(tmp_path, monkeypatch):
+  monkeypatch.delenv("AOT_CACHE_DIR", raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  assert cache.cache_dir() == tmp_path / "aot-compiler"
