@@ -3,8 +3,11 @@ that build build/mnist come before those that link against it, as a reader would
 
 How a block runs depends on what it is:
 - `sh`: bash, with this environment's scripts (compile-model, python) first on PATH; it must exit 0.
-- `python`: a script run by this interpreter; it must exit 0 (its own asserts are the checks).
-- `c` with a `main`: saved as the file the next `sh` block compiles (`cc app.c ...`), which builds and runs it.
+- `python`: a script run by this interpreter; it must exit 0 (its own asserts are the checks). A script with a line
+  `X = Y  # was: X = Z` (a session made by aot where onnxruntime's was) also runs with that line as it was, and both
+  must print the same numbers: the swap is the only edit.
+- `c` or `cpp` with a `main`: saved as the file the next `sh` block names (`cc app.c ...`, `app.cpp` in a CMake list),
+  which builds and runs it; `cmake`: saved as CMakeLists.txt for the next `sh` block.
 - `c` without one: an excerpt of an artifact's header, compiled after that header (so a declaration that disagrees
   with it is an error), and every NAME_ macro it names must be defined there; `mnist_run_device` is the GPU targets'
   API, checked against the cuda target's header (emitted without nvcc).
@@ -68,8 +71,12 @@ def kind(block: Block) -> str:
     return "not run"
   if block.lang in ("sh", "python"):
     return block.lang
+  if block.lang in ("c", "cpp") and re.search(r"\bint\s+main\s*\(", block.text):
+    return "c program"
   if block.lang == "c":
-    return "c program" if re.search(r"\bint\s+main\s*\(", block.text) else "c excerpt"
+    return "c excerpt"
+  if block.lang == "cmake":
+    return "cmake"
   if block.lang == "" and block.text.startswith("compile-model "):
     return "synopsis"
   if block.lang == "" and block.text.startswith("$ "):
@@ -95,12 +102,23 @@ def _sh(cmd: str, cwd: Path, block: Block) -> str:
 def run_python(block: Block, cwd: Path, _) -> None:
   script = cwd / f"readme_{block.line}.py"
   script.write_text(block.text)
-  _sh(f"{sys.executable} {script.name}", cwd, block)
+  out = _sh(f"{sys.executable} {script.name}", cwd, block)
+  swapped = re.sub(r"^(\s*)(\w+) = .*#\s*was:\s*(\2 = .*)$", r"\1\3", block.text, flags=re.M)
+  if swapped != block.text:
+    script.write_text(swapped)
+    before = _sh(f"{sys.executable} {script.name}", cwd, block)
+    np.testing.assert_allclose(_numbers(out), _numbers(before), rtol=1e-4, atol=1e-5, err_msg=f"{block}: swapped")
+
+
+def _numbers(out: str) -> list[float]:
+  nums = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", out)]
+  assert nums, f"nothing printed to compare: {out!r}"
+  return nums
 
 
 def run_sh(block: Block, cwd: Path, _) -> None:
   out = _sh(block.text, cwd, block)
-  if re.search(r"^\./app$", block.text, re.M):
+  if re.search(r"^\./[\w/-]*app$", block.text, re.M):
     # the C example prints MNIST's 10 outputs for a zero input: they must be the numpy reference's
     want = get("mnist").reference(np.zeros((1, 1, 28, 28), np.float32)).reshape(-1)
     got = np.array([float(v) for v in out.split()[-want.size :]])
@@ -108,10 +126,15 @@ def run_sh(block: Block, cwd: Path, _) -> None:
 
 
 def run_c_program(block: Block, cwd: Path, later: list[Block]) -> None:
-  compiles = next((b for b in later if b.lang == "sh"), None)
-  source = re.search(r"\b(\w+\.c)\b", compiles.text) if compiles else None
-  assert source, f"{block}: a C program, but no later sh block compiles it (`cc NAME.c ...`)"
+  ext = "cpp" if block.lang == "cpp" else "c"
+  names = [re.search(rf"\b(\w+\.{ext})\b", b.text) for b in later if b.lang in ("sh", "cmake")]
+  source = next((n for n in names if n), None)
+  assert source, f"{block}: a program, but no later sh or cmake block names its file (`cc NAME.{ext} ...`)"
   (cwd / source.group(1)).write_text(block.text)
+
+
+def run_cmake(block: Block, cwd: Path, _) -> None:
+  (cwd / "CMakeLists.txt").write_text(block.text)
 
 
 def run_c_excerpt(block: Block, cwd: Path, _) -> None:
@@ -166,6 +189,7 @@ RUNNERS = {
   "python": run_python,
   "c program": run_c_program,
   "c excerpt": run_c_excerpt,
+  "cmake": run_cmake,
   "synopsis": run_synopsis,
   "transcript": run_transcript,
 }
@@ -189,8 +213,9 @@ def test_readme_blocks_run_in_order(tmp_path):
     runner(block, tmp_path, blocks[i + 1 :])
 
 
-# the README is for users: short, and with no development diary in it or in the other documents
-README_MAX_LINES = 250
+# the README is for users: short (a C++ and a Python integration path included), with no development diary in it or in
+# the other documents
+README_MAX_LINES = 300
 DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/ARCHITECTURE.md", "docs/PERFORMANCE.md")
 DIARY = re.compile(r"\b(this stop|last stop|tried and not kept|not kept)\b|`[0-9a-f]{7,40}`", re.I)
 
