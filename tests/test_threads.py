@@ -1,5 +1,6 @@
 """The thread pool: kernels split their outermost loop across threads, and the results are bitwise the same."""
 
+import os
 import subprocess
 
 import numpy as np
@@ -35,7 +36,6 @@ print(len(os.listdir("/proc/self/task")) - before + 1)
 def test_the_default_pool_is_the_cores_the_process_may_run_on(compiled_model):
   """A process held to one core (a container's or taskset's limit) gets a pool of one thread, not one per core of the
   machine: the pool's threads are counted in /proc as the instance is created."""
-  import os
   import sys
 
   art, _ = compiled_model("mlp")
@@ -61,8 +61,6 @@ def test_thread_count_must_be_positive(compiled_model):
 def test_threads_are_capped_to_the_cores_the_process_may_run_on(compiled_model, monkeypatch):
   """More threads than cores only wait for one another: set_threads and AOT_NUM_THREADS are capped to the affinity
   mask's cores, unless AOT_OVERSUBSCRIBE is set (as the tests set it, to test the split on this small machine)."""
-  import os
-
   art, model = compiled_model("mlp")
   cores = len(os.sched_getaffinity(0))
   monkeypatch.delenv("AOT_OVERSUBSCRIBE", raising=False)
@@ -427,24 +425,31 @@ int main(int argc, char **argv) {
 """
 
 
-@pytest.mark.parametrize("compiler", COMPILERS)
-@pytest.mark.parametrize("threads", [2, 3])
-def test_host_executor_shared_by_instances_and_models(tmp_path, monkeypatch, split_every_kernel, compiler, threads):
-  """mnist and mlp compiled (and the program built) with each compiler, every kernel split so that every call uses
-  the executor; 3 threads is more than this machine's cores (the tests' AOT_OVERSUBSCRIBE=1)."""
-  cc = need(compiler)
-  monkeypatch.setenv("CC", cc)
-  arts = [aot.compile_model(f"models:{n}", out_dir=tmp_path / n, target="c") for n in ("mnist", "mlp")]
-  models = [aot.models.get(n) for n in ("mnist", "mlp")]
+def run_executor_program(tmp_path, cc: str, threads: int, sanitize: bool = False):
+  """EXECUTOR_PROGRAM over mnist and mlp compiled (and itself built) with cc, every kernel split so that every call
+  uses the executor; sanitize: all of it under ASan and UBSan (tests/test_sanitize.py)."""
+  from test_sanitize import SANITIZER_ENV
+
+  from aot.build import SANITIZE_FLAGS
+
+  names = ("mnist", "mlp")
+  arts = [aot.compile_model(f"models:{n}", out_dir=tmp_path / n, target="c", sanitize=sanitize) for n in names]
+  models = [aot.models.get(n) for n in names]
   xs = [m.example_inputs(5)[0] for m in models]
   (tmp_path / "x.bin").write_bytes(b"".join(x.astype(np.float32).tobytes() for x in xs))
   (tmp_path / "prog.c").write_text(EXECUTOR_PROGRAM)
-  cmd = [cc, "-O1", "-Wall", "-Werror", "-std=c11", str(tmp_path / "prog.c"), "-o", str(tmp_path / "prog")]
+  flags = [*SANITIZE_FLAGS] if sanitize else []
+  cmd = [cc, "-O1", *flags, "-Wall", "-Werror", "-std=c11", str(tmp_path / "prog.c"), "-o", str(tmp_path / "prog")]
   for a in arts:
     cmd += [f"-I{a.dir}", f"-L{a.dir}", f"-l{a.name}", f"-Wl,-rpath,{a.dir}"]
   subprocess.run([*cmd, "-lpthread"], check=True, capture_output=True, text=True)
-  p = subprocess.run([str(tmp_path / "prog"), str(threads), str(tmp_path / "x.bin")], capture_output=True, text=True)
-  assert p.returncode == 0, f"exit {p.returncode}: {p.stderr}"
+  env = {**os.environ, **SANITIZER_ENV}
+  p = subprocess.run(
+    [str(tmp_path / "prog"), str(threads), str(tmp_path / "x.bin")], capture_output=True, text=True, env=env
+  )
+  assert p.returncode == 0 and "Sanitizer" not in p.stderr and "runtime error" not in p.stderr, (
+    f"exit {p.returncode}: {p.stderr[-3000:]}"
+  )
   lines = p.stdout.splitlines()
   for line, model, x in zip(lines, models, xs):
     ref = model.reference(x)
@@ -453,3 +458,18 @@ def test_host_executor_shared_by_instances_and_models(tmp_path, monkeypatch, spl
   calls_made, by_workers, serial = map(int, lines[2].split())
   assert calls_made > 0 and serial > 0, "the instances never called the executors"
   assert by_workers > 0, "the executor's own threads never ran a task"
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_host_executor_shared_by_instances_and_models(tmp_path, monkeypatch, split_every_kernel, compiler, threads):
+  # 3 threads: more than this machine's cores (the tests' AOT_OVERSUBSCRIBE=1)
+  cc = need(compiler)
+  monkeypatch.setenv("CC", cc)
+  run_executor_program(tmp_path, cc, threads)
+
+
+def test_host_executor_under_sanitizers(tmp_path, split_every_kernel):
+  from aot.build import cc
+
+  run_executor_program(tmp_path, cc(), 3, sanitize=True)
