@@ -47,7 +47,7 @@ class LoadedModel:
     args = [f"const {api_type(t.dtype)} *" for t in a.inputs] + [f"{api_type(t.dtype)} *" for t in a.outputs]
     ffi.cdef(f"""typedef struct {n}_model {n}_model;
       int {n}_create({n}_model **out); int {n}_run({n}_model *m, {", ".join(args)});
-      int {n}_set_threads({n}_model *m, int n);
+      int {n}_set_threads({n}_model *m, int n); int {n}_threads(const {n}_model *m);
       void {n}_destroy({n}_model *m); const char *{n}_last_error(const {n}_model *m);""")
     self.lib, self._in_place = _open_library(ffi, a)
     self._run, self._destroy = getattr(self.lib, f"{n}_run"), getattr(self.lib, f"{n}_destroy")
@@ -67,10 +67,17 @@ class LoadedModel:
       self.set_threads(threads)
 
   def set_threads(self, n: int) -> None:
-    """Run the kernels on n threads (results are bitwise the same for any n)."""
+    """Run the kernels on n threads, at most the cores the process may run on (NAME.h; results are bitwise the same
+    for any n): threads says how many it took."""
     with self._call() as model:
       if getattr(self.lib, f"{self.artifact.name}_set_threads")(model, int(n)) != 0:
         raise ValueError(self.ffi.string(self._last_error(model)).decode())
+
+  @property
+  def threads(self) -> int:
+    """The threads the kernels run on (1: the calling thread alone)."""
+    with self._call() as model:
+      return getattr(self.lib, f"{self.artifact.name}_threads")(model)
 
   @contextlib.contextmanager
   def _call(self):
@@ -365,8 +372,8 @@ _ONNX_TYPE_NAMES = {"float32": "float", "float64": "double"}
 
 def load(what, threads: int | None = None) -> LoadedModel:
   """A callable over a compiled artifact: an Artifact, its folder, or its libNAME.so. threads: how many threads its
-  kernels run on (default: AOT_NUM_THREADS, else the cores the process may run on). Use it as a context manager to
-  close it at the end."""
+  kernels run on (default: AOT_NUM_THREADS, else the cores the process may run on; at most those cores: NAME.h). Use
+  it as a context manager to close it at the end."""
   if isinstance(what, Artifact):
     return LoadedModel(what, threads)
   path = Path(what)

@@ -35,8 +35,21 @@ __attribute__((visibility("hidden"))) void aot_parallel(aot_pool *pool, aot_task
 __attribute__((visibility("hidden"))) int aot_pool_threads(const aot_pool *pool);
 /* the end of a run: the pool's threads sleep until the next aot_parallel instead of spinning for it */
 __attribute__((visibility("hidden"))) void aot_pool_rest(aot_pool *pool);
-/* AOT_NUM_THREADS if set and positive, else the cores the process may run on (its affinity mask; online cores
-   where there is none) */
+/* A host's executor (NAME_set_executor in NAME.h, which declares the same types): run(host, task, ctx, count) calls
+   task(ctx, i) once for each i in [0, count), on any threads in any order, and returns when all have returned */
+#ifndef AOT_EXECUTOR_DEFINED
+#define AOT_EXECUTOR_DEFINED
+typedef void (*aot_task_fn)(void *ctx, int index);
+typedef void (*aot_executor_fn)(void *host, aot_task_fn task, void *ctx, int count);
+#endif
+/* a pool that starts no thread: aot_parallel hands its slices (the split of a pool of that many threads) to run */
+__attribute__((visibility("hidden"))) aot_pool *aot_pool_executor(aot_executor_fn run, void *host, int threads);
+/* the cores the process may run on (its affinity mask; online cores where there is none) */
+__attribute__((visibility("hidden"))) int aot_usable_cores(void);
+/* n, or the usable cores where they are fewer: more threads than cores only wait for one another. AOT_OVERSUBSCRIBE
+   (set, not 0) leaves n as it is, for tests of the split on small machines */
+__attribute__((visibility("hidden"))) int aot_cap_threads(int n);
+/* AOT_NUM_THREADS if set and positive, else the usable cores; capped (aot_cap_threads) */
 __attribute__((visibility("hidden"))) int aot_default_threads(void);
 #endif
 

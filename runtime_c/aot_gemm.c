@@ -208,7 +208,7 @@ static const float *at(const aot_operand *o, int b, int row, int R) {
 void aot_gemm_run(void *ctx, int start, int end) {
   /* tasks are taken from a shared counter, not from [start, end): blocks at the edges are smaller, and a fixed split
      would leave one thread waiting (each task computes its block whole, so results do not depend on who takes it);
-     start says which thread's panel buffer a packing gemm uses (aot_gemm.h) */
+     start says which slice's panel buffer a packing gemm uses (aot_gemm.h) */
   (void)end;
   aot_gemm *g = ctx;
   const int tasks = aot_gemm_tasks(g);

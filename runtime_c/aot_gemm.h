@@ -13,7 +13,8 @@
    With pack set, B is written a panel of nc columns at a time: a task is one panel (batch b, columns from nb * nc),
    which pack(pack_args, buffer, b * ceil(N / nc) + nb) writes into the calling thread's buffer as [K][b.k] (B's strides
    are the panel's, its pointer unused), and every row block of C then runs over it. The thread's buffer is
-   panels + start * panel_floats: run it with aot_parallel over the thread count, so that start is the thread.
+   panels + start * panel_floats: run it with aot_parallel over the thread count, so that start is the slice, which
+   one thread runs at a time (a pool's, or a host executor's task: the buffer follows the slice, not the thread).
    With steps set, each finished tile of C goes through them in order while it is in L1 (the kernel's epilogue, fused:
    codegen/lower/contract.py fused_steps): element v = c[b][m][n] becomes op(v, x), or op(x, v) when swapped, x being value
    when p is NULL, else p[b*batch + m*m_stride + n*n_stride]; max and min keep their first argument when it is NaN,

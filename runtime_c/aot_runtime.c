@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int aot_fail(char *error, int status, const char *fmt, ...) {
   if (error) {
@@ -112,9 +113,14 @@ struct aot_pool {
   aot_task fn;
   void *ctx;
   int n;
+  aot_executor_fn run;       /* a host's executor (aot_pool_executor): no workers, the slices go to run */
+  void *host;
 };
 
 typedef struct { aot_pool *pool; int index; } aot_worker_arg;
+
+/* slice i of threads in the fixed split of [0, n) */
+static inline int slice_start(int n, int i, int threads) { return (int)((long long)n * i / threads); }
 
 /* run job's slices, this thread's own (index) first, then the others no thread has taken, until none is left */
 static void run_slices(aot_pool *p, unsigned job, int index) {
@@ -127,7 +133,7 @@ static void run_slices(aot_pool *p, unsigned job, int index) {
       continue;
     /* the job cannot end while this slice is unfinished: its function and size stay as they are */
     const int n = __atomic_load_n(&p->n, __ATOMIC_RELAXED);
-    const int lo = (int)((long long)n * i / slices), hi = (int)((long long)n * (i + 1) / slices);
+    const int lo = slice_start(n, i, slices), hi = slice_start(n, i + 1, slices);
     if (lo < hi) __atomic_load_n(&p->fn, __ATOMIC_RELAXED)(__atomic_load_n(&p->ctx, __ATOMIC_RELAXED), lo, hi);
     /* sequentially consistent with the caller's store to waiting and its load of finished: one of the two sees
        the other, so the caller either finds the job ended or is woken */
@@ -195,8 +201,19 @@ aot_pool *aot_pool_create(int threads) {
   return p;
 }
 
+aot_pool *aot_pool_executor(aot_executor_fn run, void *host, int threads) {
+  if (!run || threads < 1) return NULL;
+  aot_pool *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->threads = threads;
+  p->run = run;
+  p->host = host;
+  return p;
+}
+
 void aot_pool_destroy(aot_pool *p) {
   if (!p) return;
+  if (p->run) { free(p); return; }
   pthread_mutex_lock(&p->lock);
   __atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
   pthread_cond_broadcast(&p->start);
@@ -210,8 +227,23 @@ void aot_pool_destroy(aot_pool *p) {
   free(p);
 }
 
+/* one call's split as the host's executor's tasks see it (on the caller's stack: calls at once share nothing) */
+typedef struct { aot_task fn; void *ctx; int n, slices; } executor_call;
+
+static void executor_slice(void *c, int i) {
+  const executor_call *e = c;
+  if (i < 0 || i >= e->slices) return;
+  const int lo = slice_start(e->n, i, e->slices), hi = slice_start(e->n, i + 1, e->slices);
+  if (lo < hi) e->fn(e->ctx, lo, hi);
+}
+
 void aot_parallel(aot_pool *p, aot_task fn, void *ctx, int n) {
   if (!p || p->threads == 1 || n < 2) { fn(ctx, 0, n); return; }
+  if (p->run) {
+    executor_call e = {fn, ctx, n, p->threads};
+    p->run(p->host, executor_slice, &e, p->threads);
+    return;
+  }
   __atomic_store_n(&p->resting, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&p->fn, fn, __ATOMIC_RELAXED);
   __atomic_store_n(&p->ctx, ctx, __ATOMIC_RELAXED);
@@ -245,9 +277,7 @@ void aot_pool_rest(aot_pool *p) {
 
 int aot_pool_threads(const aot_pool *p) { return p ? p->threads : 1; }
 
-int aot_default_threads(void) {
-  const char *env = getenv("AOT_NUM_THREADS");
-  if (env && atoi(env) > 0) return atoi(env);
+int aot_usable_cores(void) {
 #ifdef __linux__
   /* the cores this process may run on (a container or taskset limits them), not every core the machine has */
   cpu_set_t allowed;
@@ -255,4 +285,16 @@ int aot_default_threads(void) {
 #endif
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? (int)n : 1;
+}
+
+int aot_cap_threads(int n) {
+  const char *over = getenv("AOT_OVERSUBSCRIBE");
+  if (over && over[0] && strcmp(over, "0") != 0) return n;
+  const int cores = aot_usable_cores();
+  return n < cores ? n : cores;
+}
+
+int aot_default_threads(void) {
+  const char *env = getenv("AOT_NUM_THREADS");
+  return aot_cap_threads(env && atoi(env) > 0 ? atoi(env) : aot_usable_cores());
 }

@@ -243,7 +243,15 @@ def test_only_the_api_is_exported(compiled_model, target):
     ["nm", "-D", "--defined-only", str(art.library_path)], capture_output=True, text=True, check=True
   ).stdout
   exported = sorted(line.split()[-1] for line in syms.splitlines() if " T " in line)
-  assert exported == ["mnist_create", "mnist_destroy", "mnist_last_error", "mnist_run", "mnist_set_threads"]
+  assert exported == [
+    "mnist_create",
+    "mnist_destroy",
+    "mnist_last_error",
+    "mnist_run",
+    "mnist_set_executor",
+    "mnist_set_threads",
+    "mnist_threads",
+  ]
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -96,8 +96,22 @@ int {name}_create({name}_model **out);
 /* runs the model: one pointer per input, then one per output, dense row-major; they must not overlap */
 int {name}_run({name}_model *m, {", ".join(args)});
 /* threads this instance runs its kernels on (default: AOT_NUM_THREADS at create time, else the cores the process
-   may run on); results are bitwise the same for any count */
+   may run on), at most the cores the process may run on (more only wait for one another; AOT_OVERSUBSCRIBE=1 lifts
+   the cap, for tests of the split); results are bitwise the same for any count. 1: the kernels run on the calling
+   thread alone, and the instance starts no thread */
 int {name}_set_threads({name}_model *m, int n);
+/* the thread count in use: the cap applied, or an executor's count; 0 if m is NULL */
+int {name}_threads(const {name}_model *m);
+{_EXECUTOR_TYPES}/* runs the kernels through the host's executor instead of the instance's own threads (stopped):
+   each parallel region calls run(host, task, ctx, threads), which must call task(ctx, i) once for each i in
+   [0, threads), on any threads in any order (tasks never wait for one another: all on the calling thread is
+   correct), and return once all have returned. Results are bitwise those of {name}_set_threads(m, threads):
+   threads is the split, not capped. With threads 1, or a region too small to split, the calling thread runs it
+   without calling run. One executor may serve any number of instances of any models: instances running at once
+   call run at once, each from its caller's thread, so run must take concurrent calls (tasks never call run). run
+   and host must stay valid until m's next {name}_set_executor, {name}_set_threads or {name}_destroy. run NULL:
+   own threads again, as {name}_set_threads(m, threads) */
+int {name}_set_executor({name}_model *m, aot_executor_fn run, void *host, int threads);
 {_run_device_decl(name, args) if run_device else ""}void {name}_destroy({name}_model *m);
 /* why this thread's last call on m failed ("no error" if it did not), whatever other threads called on m since; with
    m NULL, why this thread's last {name}_create failed where it can say */
@@ -108,6 +122,15 @@ const char *{name}_last_error(const {name}_model *m);
 #ifdef __cplusplus
 }}
 #endif
+#endif
+"""
+
+
+# the types of NAME_set_executor, shared by every model's header and the runtime (runtime_c/aot_core.h)
+_EXECUTOR_TYPES = """#ifndef AOT_EXECUTOR_DEFINED
+#define AOT_EXECUTOR_DEFINED
+typedef void (*aot_task_fn)(void *ctx, int index);
+typedef void (*aot_executor_fn)(void *host, aot_task_fn task, void *ctx, int count);
 #endif
 """
 
@@ -276,7 +299,8 @@ def _model_struct(name: str, n: int, profile: bool, external_weights) -> str:
   unsigned char *arena;
   const unsigned char *weights;
   aot_pool *pool;
-  float *panels;               /* PANEL_FLOATS per thread of the pool */
+  float *panels;               /* PANEL_FLOATS per slice of the pool's split (a thread's, or an executor's task's) */
+  int threads;                 /* the pool's, read by NAME_threads without the lock */
   char error[AOT_ERROR_CAPACITY];
   pthread_mutex_t lock;        /* held by every call that reads or writes the above: threads sharing it take turns */
   unsigned long long id;       /* its number among the instances this process made (instance_lock_c) */
@@ -309,6 +333,7 @@ API int {name}_create({name}_model **out) {{
     aot_arena_free(m->arena); aot_arena_free(m->panels); aot_pool_destroy(m->pool); free(m);
     return AOT_ERR_OUT_OF_MEMORY;
   }}
+  m->threads = aot_pool_threads(m->pool);
   {_LOAD_WEIGHTS if external_weights else f"m->weights = {name}_weights;"}
   pthread_mutex_init(&m->lock, NULL);
   m->id = new_instance_id();
@@ -380,26 +405,41 @@ def _c_string(text: str) -> str:
 
 
 def _model_set_threads(name: str) -> str:
-  return f"""static int set_threads_locked({name}_model *m, int n) {{
-  if (n < 1) return aot_fail(m->error, AOT_ERR_INVALID_ARGUMENT, "the thread count must be at least 1, got %d", n);
-  aot_pool *p = aot_pool_create(n);
-  if (!p) return aot_fail(m->error, AOT_ERR_OUT_OF_MEMORY, "cannot start %d threads", n);
-  float *panels = panels_alloc(aot_pool_threads(p));
-  if (PANEL_FLOATS && !panels) {{
+  return f"""/* the kernels run on p from now on (an own pool or an executor's), a packing buffer per slice of its
+   split */
+static int use_pool({name}_model *m, aot_pool *p, int n) {{
+  float *panels = p ? panels_alloc(aot_pool_threads(p)) : NULL;
+  if (!p || (PANEL_FLOATS && !panels)) {{
     aot_pool_destroy(p);
-    return aot_fail(m->error, AOT_ERR_OUT_OF_MEMORY, "cannot allocate the packing buffers of %d threads", n);
+    return aot_fail(m->error, AOT_ERR_OUT_OF_MEMORY, "cannot start %d threads or their packing buffers", n);
   }}
   aot_pool_destroy(m->pool);
   aot_arena_free(m->panels);
   m->pool = p;
   m->panels = panels;
+  __atomic_store_n(&m->threads, aot_pool_threads(p), __ATOMIC_RELAXED);
   return AOT_OK;
+}}
+
+static int set_executor_locked({name}_model *m, aot_executor_fn run, void *host, int n) {{
+  if (n < 1) return aot_fail(m->error, AOT_ERR_INVALID_ARGUMENT, "the thread count must be at least 1, got %d", n);
+  return use_pool(m, run ? aot_pool_executor(run, host, n) : aot_pool_create(aot_cap_threads(n)), n);
 }}
 
 API int {name}_set_threads({name}_model *m, int n) {{
   if (!m) return AOT_ERR_NULL_ARGUMENT;
   pthread_mutex_lock(&m->lock);
-  return unlock_with(m, set_threads_locked(m, n));
+  return unlock_with(m, set_executor_locked(m, NULL, NULL, n));
+}}
+
+API int {name}_set_executor({name}_model *m, aot_executor_fn run, void *host, int threads) {{
+  if (!m) return AOT_ERR_NULL_ARGUMENT;
+  pthread_mutex_lock(&m->lock);
+  return unlock_with(m, set_executor_locked(m, run, host, threads));
+}}
+
+API int {name}_threads(const {name}_model *m) {{
+  return m ? __atomic_load_n(&m->threads, __ATOMIC_RELAXED) : 0;
 }}
 
 """

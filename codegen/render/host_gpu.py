@@ -240,7 +240,16 @@ API int {name}_set_threads({name}_model *m, int n) {{
   pthread_mutex_lock(&m->lock);
   int st = n < 1 ? aot_fail(m->error, AOT_ERR_INVALID_ARGUMENT, "the thread count must be at least 1, got %d", n) : 0;
   return unlock_with(m, st);
-}}"""
+}}
+
+/* nor does an executor: run is never called */
+API int {name}_set_executor({name}_model *m, aot_executor_fn run, void *host, int threads) {{
+  (void)run; (void)host;
+  return {name}_set_threads(m, threads);
+}}
+
+/* the kernels' host thread: the caller's */
+API int {name}_threads(const {name}_model *m) {{ return m ? 1 : 0; }}"""
 
 
 def _gpu_last_error(name: str) -> str:
