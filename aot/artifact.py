@@ -37,6 +37,10 @@ def param_names(sched: Schedule) -> tuple[list[str], list[str]]:
   return [unique(b.name) for b in sched.inputs], [unique(b.name) for b in sched.outputs]
 
 
+# the C API's number (NAME_ABI_VERSION in NAME.h, "abi_version" in NAME.json): bumped when an entry point changes its
+# signature or meaning, so that a program built against one artifact's header can tell whether another's fits
+ABI_VERSION = 1
+
 # weights above this size go to NAME.weights beside the library and are mmapped at create time, rather than linked in:
 # a library of hundreds of MB is slow to link, copy and cache
 WEIGHTS_INLINE_MAX = 64 << 20
@@ -151,6 +155,11 @@ class Artifact:
     return self.dir / f"lib{self.name}.so"
 
   @property
+  def static_library_path(self) -> Path:
+    """libNAME.a (CPU targets): the library's objects, linked into a program with no libNAME.so to find at run time."""
+    return self.dir / f"lib{self.name}.a"
+
+  @property
   def header_path(self) -> Path:
     return self.dir / f"{self.name}.h"
 
@@ -248,8 +257,9 @@ def install(stage: Path, out: Path):
   import shutil
 
   out.mkdir(parents=True, exist_ok=True)
-  for old in list(out.glob("*.json")) + list(out.glob("lib*.so")) + list(out.glob("*.h")) + list(out.glob("*.weights")):
-    old.unlink()
+  for pattern in ("*.json", "lib*.so", "lib*.a", "*.h", "*.hpp", "*.weights"):
+    for old in out.glob(pattern):
+      old.unlink()
   if (out / "src").exists():
     shutil.rmtree(out / "src")
   for p in stage.iterdir():
@@ -294,6 +304,7 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
         "cpu": built.cpu,
         "triple": built.triple,
         "compiler": f"aot-compiler {__version__}",
+        "abi_version": ABI_VERSION,
         "inputs": [t(b) for b in sched.inputs],
         "outputs": [t(b) for b in sched.outputs],
         "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in built.kernels],
@@ -317,21 +328,25 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
   )
 
 
-def write_link_files(folder: Path, name: str) -> None:
+def write_link_files(folder: Path, name: str, static: bool) -> None:
   """NAME.pc (pkg-config) and NAMEConfig.cmake (find_package(NAME) -> the imported target NAME::NAME) beside the
-  library: both name the folder they are in, so a moved artifact still links."""
+  library: both name the folder they are in, so a moved artifact still links. static (CPU targets, which have
+  libNAME.a): also what a static link needs, Libs.private and the imported target NAME::NAME_static."""
   from aot import __version__
 
+  # what the runtime calls: libm, dlopen/dladdr (external weights), pthreads; a static link must name them itself
+  private = "Libs.private: -lm -ldl -pthread\n" if static else ""
   (folder / f"{name}.pc").write_text(
     f"""# {name}: a model compiled ahead of time by aot (compile-model); PKG_CONFIG_PATH=this folder
+# a static program: cc app.c $(pkg-config --static --cflags --libs {name}) -static
 prefix=${{pcfiledir}}
-
+{"staticlib=${prefix}/lib" + name + ".a" + chr(10) if static else ""}
 Name: {name}
 Description: the {name} model compiled by aot
 Version: {__version__}
 Cflags: -I${{prefix}}
 Libs: -L${{prefix}} -l{name} -Wl,-rpath,${{prefix}}
-"""
+{private}"""
   )
   (folder / f"{name}Config.cmake").write_text(
     f"""# {name}: a model compiled ahead of time by aot (compile-model). find_package({name} CONFIG PATHS this folder)
@@ -344,5 +359,21 @@ if(NOT TARGET {name}::{name})
     IMPORTED_SONAME "lib{name}.so"
     INTERFACE_INCLUDE_DIRECTORIES "${{CMAKE_CURRENT_LIST_DIR}}")
 endif()
-"""
+{_cmake_static_target(name) if static else ""}"""
   )
+
+
+def _cmake_static_target(name: str) -> str:
+  return f"""# {name}::{name}_static: lib{name}.a, linked into the program (nothing to find at run time but
+# NAME.weights, if the model has one), with the system libraries the runtime calls
+if(NOT TARGET {name}::{name}_static)
+  include(CMakeFindDependencyMacro)
+  find_dependency(Threads)
+  add_library({name}::{name}_static STATIC IMPORTED)
+  set_target_properties({name}::{name}_static PROPERTIES
+    IMPORTED_LOCATION "${{CMAKE_CURRENT_LIST_DIR}}/lib{name}.a"
+    IMPORTED_LINK_INTERFACE_LANGUAGES "C"
+    INTERFACE_INCLUDE_DIRECTORIES "${{CMAKE_CURRENT_LIST_DIR}}"
+    INTERFACE_LINK_LIBRARIES "m;${{CMAKE_DL_LIBS}};Threads::Threads")
+endif()
+"""

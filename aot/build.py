@@ -221,8 +221,9 @@ def build_library(
   triple: str | None = None,
   sanitize: bool = False,
 ) -> bool:
-  """Compile the C, assembly and LLVM IR sources (names relative to src_dir) and link them into out_path; sanitize
-  builds the C with AddressSanitizer and UBSan (SANITIZE_FLAGS). Returns True when the library came from the cache."""
+  """Compile the C, assembly and LLVM IR sources (names relative to src_dir) and link them into out_path, and archive
+  the same objects into the static library beside it (static_library_path); sanitize builds the C with
+  AddressSanitizer and UBSan (SANITIZE_FLAGS). Returns True when the libraries came from the cache."""
   compiler, flags = cc(triple), cflags(cpu, triple, sanitize)
   # "native" means this machine's CPU, which a hash of the sources does not see
   from aot.codegen.render.llvm import host_target
@@ -241,8 +242,9 @@ def build_library(
     if (src_dir / s).exists():
       h.update(s.encode() + (src_dir / s).read_bytes())
   key = h.hexdigest()[:32]
-  cached = cache_dir() / key / "lib.so"
-  if cache and fetch(cached, out_path):
+  cached, cached_a = cache_dir() / key / "lib.so", cache_dir() / key / static_library_path(out_path).name
+  # both, or a build: a trim may have taken one (the objects it then links are likely still cached)
+  if cache and fetch(cached_a, static_library_path(out_path)) and fetch(cached, out_path):
     return True
   with tempfile.TemporaryDirectory(prefix="aot_build_") as tmp:
     objs = [str(Path(tmp) / (Path(s).stem + ".o")) for s in sources]
@@ -281,10 +283,40 @@ def build_library(
       list(ex.map(compile_one, jobs))
     tmp_so = Path(tmp) / "lib.so"
     run_build_command([compiler, "-shared", "-pthread", *link_flags, "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
+    tmp_a = Path(tmp) / static_library_path(out_path).name
+    build_static_archive(compiler, objs, tmp_a, triple, src_dir)
     shutil.copyfile(tmp_so, out_path)
+    shutil.copyfile(tmp_a, static_library_path(out_path))
     if cache:
+      store(tmp_a, cached_a)
       store(tmp_so, cached)
   return False
+
+
+def static_library_path(library: Path) -> Path:
+  """libNAME.a beside libNAME.so."""
+  return library.with_suffix(".a")
+
+
+def build_static_archive(compiler: str, objs: list[str], out: Path, triple: str | None, cwd: Path) -> None:
+  """libNAME.a from the objects of libNAME.so: linked into one relocatable object (the compiler driver's -r, which
+  knows the target's linker), whose hidden symbols (the runtime's aot_* functions, the kernels, the weights: what the
+  .so keeps to itself) are then made local, then archived. Hidden visibility alone does not keep a static link from
+  clashing: two models' archives in one program would each define aot_arena_alloc. Left global: the C API, as the .so
+  exports it."""
+  combined = out.with_name(f"{out.stem}.o")
+  run_build_command([compiler, "-r", "-nostdlib", "-o", str(combined), *objs], cwd)
+  run_build_command([binutil("objcopy", triple), "--localize-hidden", str(combined)], cwd)
+  out.unlink(missing_ok=True)
+  run_build_command([binutil("ar", triple), "rcs", str(out), str(combined)], cwd)
+
+
+def binutil(tool: str, triple: str | None) -> str:
+  """objcopy or ar for the target: a cross build's own (aarch64-linux-gnu-objcopy), else LLVM's, which know every
+  target; natively binutils' own, else LLVM's."""
+  llvm = (f"llvm-{tool}-19", f"llvm-{tool}")
+  names = (f"{triple}-{tool}", *llvm, tool) if triple else (tool, *llvm)
+  return _which(names, f"{tool} (Debian: apt-get install binutils)")
 
 
 _INCLUDE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)

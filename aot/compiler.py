@@ -236,7 +236,9 @@ def _render_cpu(
   files["model.c"] = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c
   if not external:
     files["model.c"] += render_weights_asm(name)
-  files[f"{name}.h"] = render_header(name, sched, arena, len(sched.kernels), target, len(calls) if profile else 0)
+  files[f"{name}.h"] = render_header(
+    name, sched, arena, len(sched.kernels), target, len(calls) if profile else 0, weights_file=external is not None
+  )
   if profile:
     files[CALLS_FILE] = calls_json(low.call_infos())
   if list(files) == ["kernels0.c", "model.c", f"{name}.h"]:
@@ -323,7 +325,7 @@ def install_stage(
   with working_on("while writing the artifact"):
     shutil.copyfile(stage / "src" / f"{name}.h", stage / f"{name}.h")
     if opts.target != "metal":  # a Metal library is built on macOS, from src/
-      write_link_files(stage, name)
+      write_link_files(stage, name, static=not opts.gpu)
     gpu = gpu_manifest(opts.target, opts.emulate, srcs.launches, opts.offload_arch) if opts.gpu else None
     built = Built(
       name,

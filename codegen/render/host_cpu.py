@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import math
 
-from aot.artifact import WEIGHTS_CHECK_BLOCK_BYTES, WEIGHTS_CHECK_BLOCKS, ExternalWeights, api_type, param_names
+from aot.artifact import (
+  ABI_VERSION,
+  WEIGHTS_CHECK_BLOCK_BYTES,
+  WEIGHTS_CHECK_BLOCKS,
+  ExternalWeights,
+  api_type,
+  param_names,
+)
 from aot.codegen.lower.calls import Call, ctype
 from aot.core.dtype import Narrow, narrow_of
 from aot.core.ir import IndexCheck
@@ -43,15 +50,18 @@ def render_header(
   profile_calls: int = 0,
   weights_bytes: int | None = None,
   run_device: bool = False,
+  weights_file: bool = False,
 ) -> str:
   """profile_calls: the number of timed calls of a profile build (aot/tools/profile.py), which adds NAME_profile.
-  weights_bytes (GPU targets): adds NAME_WEIGHTS_BYTES; run_device (GPU targets): adds NAME_run_device."""
+  weights_bytes (GPU targets): adds NAME_WEIGHTS_BYTES; run_device (GPU targets): adds NAME_run_device. weights_file
+  (CPU targets with NAME.weights): adds NAME_create_with_weights."""
   P = name.upper()
   args = api_args(sched)
   from aot import __version__
 
   meta = [
-    f'#define {P}_AOT_VERSION "{__version__}"  /* the aot that compiled it */',
+    f'#define {P}_AOT_VERSION "{__version__}"  /* the aot that compiled it ({name}_version() says it at run time) */',
+    f"#define {P}_ABI_VERSION {ABI_VERSION}  /* the C API's number: bumped when an entry point changes */",
     f"#define {P}_NUM_INPUTS {len(sched.inputs)}",
     f"#define {P}_NUM_OUTPUTS {len(sched.outputs)}",
     f"#define {P}_NUM_KERNELS {num_kernels}",
@@ -93,6 +103,7 @@ typedef struct {name}_model {name}_model;
    turns (a lock in the instance), so each returns what it would alone; for calls at the same time, give each
    thread its own instance. {name}_destroy must not overlap a call on the same instance. */
 int {name}_create({name}_model **out);
+{_create_with_weights_decl(name) if weights_file else ""}\
 /* runs the model: one pointer per input, then one per output, dense row-major; they must not overlap */
 int {name}_run({name}_model *m, {", ".join(args)});
 /* threads this instance runs its kernels on (default: AOT_NUM_THREADS at create time, else the cores the process
@@ -116,6 +127,8 @@ int {name}_set_executor({name}_model *m, aot_executor_fn run, void *host, int th
 /* why this thread's last call on m failed ("no error" if it did not), whatever other threads called on m since; with
    m NULL, why this thread's last {name}_create failed where it can say */
 const char *{name}_last_error(const {name}_model *m);
+/* the aot version that compiled the library (its {P}_AOT_VERSION), to compare with the header's */
+const char *{name}_version(void);
 {_profile_decl(name, profile_calls) if profile_calls else ""}
 {chr(10).join(meta)}
 
@@ -123,6 +136,19 @@ const char *{name}_last_error(const {name}_model *m);
 }}
 #endif
 #endif
+"""
+
+
+def _create_with_weights_decl(name: str) -> str:
+  return f"""/* {name}_create, with the weights read from path ({name}.weights, moved or renamed) rather than found
+   beside the library, or, statically linked (lib{name}.a), beside the program; path NULL: found there */
+int {name}_create_with_weights({name}_model **out, const char *path);
+"""
+
+
+def version_c(name: str) -> str:
+  """NAME_version, in every target's model.c."""
+  return f"""API const char *{name}_version(void) {{ return {name.upper()}_AOT_VERSION; }}
 """
 
 
@@ -165,6 +191,7 @@ def external_weights_c(name: str, w: ExternalWeights) -> str:
   n, block = WEIGHTS_CHECK_BLOCKS, WEIGHTS_CHECK_BLOCK_BYTES
   return f"""#include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -183,21 +210,46 @@ static uint64_t weights_checksum(const unsigned char *p, size_t size) {{
   }}
   return h;
 }}
-/* the weights file lies beside this library: find the library's own path, map the file read-only (the pages are the
-   page cache's, shared by every instance and process), check its size and checksum */
-static int load_weights(char *error, const unsigned char **out) {{
+/* where NAME.weights is: the path NAME_create_with_weights was given, else beside the file holding this code. That is
+   libNAME.so, found through dladdr; linked statically (libNAME.a), the code is the program's own, and dladdr names the
+   program by its argv[0] (a bare name when run through PATH), so the program's real path, /proc/self/exe, is used:
+   the weights ship beside the program, or NAME_create_with_weights names them */
+static int weights_path(char *error, const char *given, char *path, size_t capacity) {{
+  if (given) {{
+    if (strlen(given) >= capacity) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "weights path too long");
+    strcpy(path, given);
+    return AOT_OK;
+  }}
   Dl_info info;
-  if (!dladdr((void *){name}_create, &info) || !info.dli_fname)
+  struct link_map *map = NULL;
+  if (!dladdr1((void *){name}_create, &info, (void **)&map, RTLD_DL_LINKMAP) || !info.dli_fname)
     return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot locate lib{name}.so to find {name}.weights");
-  char path[4096];
-  const char *slash = strrchr(info.dli_fname, '/');
-  size_t dir = slash ? (size_t)(slash - info.dli_fname + 1) : 0;
-  if (dir + sizeof("{name}.weights") > sizeof path) \
+  char self[4096];
+  const char *code = info.dli_fname;
+  if (map && map->l_name && !map->l_name[0]) {{
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot read /proc/self/exe to find {name}.weights "
+                                "beside the program: {name}_create_with_weights takes its path");
+    self[n] = 0;
+    code = self;
+  }}
+  const char *slash = strrchr(code, '/');
+  size_t dir = slash ? (size_t)(slash - code + 1) : 0;
+  if (dir + sizeof("{name}.weights") > capacity) \
 return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "library path too long");
-  memcpy(path, info.dli_fname, dir);
+  memcpy(path, code, dir);
   strcpy(path + dir, "{name}.weights");
+  return AOT_OK;
+}}
+/* the path NAME_create_with_weights gives this thread's NAME_create (NULL: none) */
+static _Thread_local const char *create_weights_path;
+static int load_weights(char *error, const char *given, const unsigned char **out) {{
+  char path[4096];
+  int found = weights_path(error, given, path, sizeof path);
+  if (found != AOT_OK) return found;
   int fd = open(path, O_RDONLY);
-  if (fd < 0) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot open %s, the weights of lib{name}.so", path);
+  if (fd < 0) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot open %s, the weights of lib{name}.so%s", path,
+                              given ? "" : " (looked for beside it; {name}_create_with_weights takes another path)");
   struct stat st;
   if (fstat(fd, &st) != 0 || (unsigned long long)st.st_size != {w.nbytes}ULL) {{
     close(fd);
@@ -273,6 +325,8 @@ def render_model_c(
     + _model_set_threads(name)
     + _model_destroy(name, external_weights)
     + _model_last_error(name, external_weights)
+    + version_c(name)
+    + (_create_with_weights_c(name) if external_weights else "")
   )
 
 
@@ -495,10 +549,23 @@ static const char *last_error_of(const {name}_model *m) {{
 """
 
 
+def _create_with_weights_c(name: str) -> str:
+  # the path reaches load_weights through a thread-local rather than a parameter of NAME_create's body: NAME_create
+  # stays one function, and a create on another thread meanwhile sees its own (NULL)
+  return f"""
+API int {name}_create_with_weights({name}_model **out, const char *path) {{
+  create_weights_path = path;
+  int st = {name}_create(out);
+  create_weights_path = NULL;
+  return st;
+}}
+"""
+
+
 # why the last NAME_create on this thread failed, for NAME_last_error(NULL): there is no model to ask
 _CREATE_ERROR = "static _Thread_local char create_error[AOT_ERROR_CAPACITY];\n"
 _LOAD_WEIGHTS = (
-  "int st = load_weights(create_error, &m->weights);\n"
+  "int st = load_weights(create_error, create_weights_path, &m->weights);\n"
   "  if (st != AOT_OK) {\n"
   "    aot_arena_free(m->arena); aot_arena_free(m->panels); aot_pool_destroy(m->pool); free(m);\n"
   "    return st;\n  }\n"

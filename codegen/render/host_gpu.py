@@ -18,6 +18,7 @@ from aot.codegen.render.host_cpu import (
   render_header,
   render_model_c,
   render_weights_asm,
+  version_c,
 )
 from aot.scheduler.kernel import Buffer, Schedule
 
@@ -47,6 +48,7 @@ def render_gpu_model_c(
         _gpu_run(name, sched),
         _gpu_set_threads(name),
         _gpu_last_error(name),
+        version_c(name),
       ]
     )
     + "\n"
@@ -143,7 +145,7 @@ def _gpu_weights_upload(name: str, external_weights: ExternalWeights | None) -> 
     )
   return (
     f"  const unsigned char *host_weights = NULL;\n"
-    f"  if (st == AOT_OK) st = load_weights(create_error, &host_weights);\n"
+    f"  if (st == AOT_OK) st = load_weights(create_error, NULL, &host_weights);\n"
     f"  if (st == AOT_OK) st = aot_gpu_upload(m->gpu, m->weights, host_weights, {P}_WEIGHTS_BYTES, "
     "create_error);\n"
     f"  /* on the device now: the host copy is not needed any more */\n"
@@ -333,7 +335,9 @@ def render_emulated_host(
   return {
     "emulate.cpp": emulate_cpp,
     "model.c": "#define _GNU_SOURCE\n" + model + ("" if external else render_weights_asm(name)),
-    f"{name}.h": render_header(name, sched, arena, len(sched.kernels), f"{target}, emulated on the CPU"),
+    f"{name}.h": render_header(
+      name, sched, arena, len(sched.kernels), f"{target}, emulated on the CPU", weights_file=external is not None
+    ),
   }
 
 
