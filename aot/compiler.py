@@ -32,6 +32,7 @@ from aot.codegen.lower.calls import CALLS_FILE, calls_json
 from aot.codegen.lower.contract import gemm_tile
 from aot.codegen.lower.stage import RUNTIME_SOURCES, LoweredSchedule, function_name, function_places, lower_schedule
 from aot.codegen.render.c import KERNEL_PRELUDE, CRenderer
+from aot.codegen.render.cpp_header import render_cpp_header
 from aot.codegen.render.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch, plan_launch
 from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
 from aot.codegen.render.host_cpu import render_header, render_model_c, render_weights_asm
@@ -244,6 +245,7 @@ def _render_cpu(
   if list(files) == ["kernels0.c", "model.c", f"{name}.h"]:
     # a small model is one C file: a compiler run per artifact is most of the build time
     files["model.c"] = files.pop("kernels0.c") + "\n" + files["model.c"]
+  files[f"{name}.hpp"] = render_cpp_header(name, sched, weights_file=external is not None)
   # dladdr (external weights) needs _GNU_SOURCE before the first system header
   files["model.c"] = "#define _GNU_SOURCE\n" + files["model.c"]
   return Sources(files, infos, arena, sum(align_up(b.nbytes) for b in low.scratch), weights)
@@ -323,7 +325,8 @@ def install_stage(
 ) -> None:
   """The header beside the library, the manifest (NAME.json) written, and the staged artifact moved into out."""
   with working_on("while writing the artifact"):
-    shutil.copyfile(stage / "src" / f"{name}.h", stage / f"{name}.h")
+    for header in (f"{name}.h", f"{name}.hpp"):
+      shutil.copyfile(stage / "src" / header, stage / header)
     if opts.target != "metal":  # a Metal library is built on macOS, from src/
       write_link_files(stage, name, static=not opts.gpu)
     gpu = gpu_manifest(opts.target, opts.emulate, srcs.launches, opts.offload_arch) if opts.gpu else None

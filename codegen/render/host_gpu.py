@@ -8,6 +8,7 @@ from __future__ import annotations
 from aot.artifact import ExternalWeights, param_names
 from aot.codegen.lower.calls import LoopCall
 from aot.codegen.render.c import CRenderer
+from aot.codegen.render.cpp_header import render_cpp_header
 from aot.codegen.render.gpu import DEVICE_IMAGE, KERNEL_SOURCE, Launch
 from aot.codegen.render.host_cpu import (
   api_args,
@@ -274,7 +275,8 @@ def render_gpu_host(
   """model.c, the files linking the weights and device code in, and NAME.h of a GPU build (not emulated)."""
   model = render_gpu_model_c(name, sched, launches, functions, target, external)
   header = render_header(name, sched, arena, len(sched.kernels), target, weights_bytes=weights_bytes, run_device=True)
-  return {**LINK_DEVICE_CODE[target](name, target, model, external), f"{name}.h": header}
+  cpp = render_cpp_header(name, sched)
+  return {**LINK_DEVICE_CODE[target](name, target, model, external), f"{name}.h": header, f"{name}.hpp": cpp}
 
 
 def _link_elf(name: str, target: str, model: str, external: ExternalWeights | None) -> dict[str, str]:
@@ -338,6 +340,7 @@ def render_emulated_host(
     f"{name}.h": render_header(
       name, sched, arena, len(sched.kernels), f"{target}, emulated on the CPU", weights_file=external is not None
     ),
+    f"{name}.hpp": render_cpp_header(name, sched, weights_file=external is not None),
   }
 
 
