@@ -243,7 +243,7 @@ def test_only_the_api_is_exported(compiled_model, target):
     ["nm", "-D", "--defined-only", str(art.library_path)], capture_output=True, text=True, check=True
   ).stdout
   exported = sorted(line.split()[-1] for line in syms.splitlines() if " T " in line)
-  assert exported == [
+  api = [
     "mnist_create",
     "mnist_destroy",
     "mnist_last_error",
@@ -251,7 +251,14 @@ def test_only_the_api_is_exported(compiled_model, target):
     "mnist_set_executor",
     "mnist_set_threads",
     "mnist_threads",
+    "mnist_version",
   ]
+  assert exported == api
+  # the static archive's global symbols are the same: the runtime's are local to it, or two models' would clash
+  archive = subprocess.run(
+    ["nm", "--defined-only", "--extern-only", str(art.static_library_path)], capture_output=True, text=True, check=True
+  ).stdout
+  assert sorted(line.split()[-1] for line in archive.splitlines() if line.count(" ") == 2) == api
 
 
 @pytest.mark.parametrize("target", TARGETS)

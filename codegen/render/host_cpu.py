@@ -249,7 +249,8 @@ static int load_weights(char *error, const char *given, const unsigned char **ou
   if (found != AOT_OK) return found;
   int fd = open(path, O_RDONLY);
   if (fd < 0) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot open %s, the weights of lib{name}.so%s", path,
-                              given ? "" : " (looked for beside it; {name}_create_with_weights takes another path)");
+                              given ? "" : " (looked for beside the library, or the program it is linked into; "
+                              "{name}_create_with_weights takes another path)");
   struct stat st;
   if (fstat(fd, &st) != 0 || (unsigned long long)st.st_size != {w.nbytes}ULL) {{
     close(fd);
