@@ -24,12 +24,25 @@ def api_type(dt: DType) -> str:
   return "uint16_t" if dt == dtypes.float16 else dt.cname
 
 
+# names C allows that C++ reserves: NAME.h is C and C++, so a parameter called so gets a trailing _ (and NAME.hpp's
+# namespace, a model called so)
+CPP_KEYWORDS = frozenset(
+  "alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class compl "
+  "concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype default "
+  "delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline int long "
+  "mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register "
+  "reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template this "
+  "thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor "
+  "xor_eq std restrict".split()
+)
+
+
 def param_names(sched: Schedule) -> tuple[list[str], list[str]]:
   used: set = set()
 
   def unique(n: str) -> str:
     n = c_name(n)
-    while n in used or n in ("m", "A", "W"):
+    while n in used or n in ("m", "A", "W") or n in CPP_KEYWORDS:
       n += "_"
     used.add(n)
     return n

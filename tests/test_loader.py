@@ -112,8 +112,10 @@ def test_recompiling_into_a_loaded_artifacts_folder_loads_the_new_build(tmp_path
     m.close()
   # and nothing is left beside the artifact
   assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [
+    "libm.a",
     "libm.so",
     "m.h",
+    "m.hpp",
     "m.json",
     "m.pc",
     "mConfig.cmake",

@@ -299,3 +299,39 @@ def test_the_version_and_abi_are_in_the_header_and_manifest(mnist):
   assert f"#define MNIST_ABI_VERSION {aot.artifact.ABI_VERSION} " in header
   assert "const char *mnist_version(void);" in header
   assert art.manifest["abi_version"] == aot.artifact.ABI_VERSION == 1
+
+
+APP_MIXED = r"""
+#include <cstdio>
+#include "mixed.hpp"
+int main() {
+  mixed::Model m;
+  const uint16_t a[6] = {0x3c00, 0, 0xbc00, 0x3c00, 0x8000, 0x4000};  // 1, 0, -1, 1, -0, 2 as half bits
+  const int64_t b[4] = {1, 2, 3, -4};
+  const float n[2] = {1.5f, -2};
+  bool o0[6];
+  int64_t o1[4];
+  float o2[2];
+  m.run(a, 6, b, 4, n, 2, o0, 6, o1, 4, o2, 2);
+  for (bool v : o0) std::printf("%d ", v);
+  for (int64_t v : o1) std::printf("%lld ", (long long)v);
+  for (float v : o2) std::printf("%g ", v);
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("cxx", ["g++", "clang++-14", "clang++-19"])
+def test_the_headers_are_cpp_with_any_tensor_types_and_names(tmp_path, cxx):
+  # an input called `new`: a C name, a C++ keyword, which NAME.h and NAME.hpp rename; half, int64 and bool tensors
+  def mixed(a, b, new):
+    return a > 0, b + 1, new * 2
+
+  ins = [np.array([1, 0, -1, 1, -0.0, 2], np.float16), np.array([1, 2, 3, -4]), np.array([1.5, -2], np.float32)]
+  art = aot.compile_model(mixed, ins, out_dir=tmp_path / "mixed", name="mixed")
+  assert "const float *new_" in art.header_path.read_text()
+  (tmp_path / "app.cpp").write_text(APP_MIXED)
+  flags = ["-std=c++17", "-Wall", "-Wextra", "-Wshadow", "-Werror", f"-I{art.dir}"]
+  _run([cxx, *flags, "app.cpp", str(art.static_library_path), "-lm", "-ldl", "-pthread", "-o", "app"], tmp_path)
+  want = [*(ins[0] > 0).astype(int), *(ins[1] + 1), *(ins[2] * 2)]
+  assert [float(v) for v in _run([str(tmp_path / "app")], tmp_path).split()] == [float(v) for v in want]

@@ -3,20 +3,12 @@ instance made and destroyed with its object, failures as exceptions, run checked
 
 from __future__ import annotations
 
-from aot.artifact import api_type, param_names
+from dataclasses import dataclass
+
+from aot.artifact import CPP_KEYWORDS, api_type, param_names
 from aot.codegen.render.host_cpu import _c_string
 from aot.scheduler.kernel import Buffer, Schedule
 
-# names a C parameter or namespace may have that C++ reserves: such a name gets a trailing _ in NAME.hpp
-CPP_KEYWORDS = frozenset(
-  "alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class compl "
-  "concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype default "
-  "delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline int long "
-  "mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register "
-  "reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template this "
-  "thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor "
-  "xor_eq std".split()
-)
 # what Model::run's body names besides its parameters: a tensor called so gets a trailing _ too
 MODEL_MEMBERS = frozenset(("m_", "run", "check", "require"))
 
@@ -37,28 +29,36 @@ def _count_names(names: list[str]) -> list[str]:
   return out
 
 
-def render_cpp_header(name: str, sched: Schedule, weights_file: bool = False) -> str:
-  """weights_file: the model has NAME.weights (NAME_create_with_weights), which a constructor then takes."""
+@dataclass(frozen=True)
+class CppTensor:
+  """One parameter of Model::run: the tensor's C++ name, its element type, its count's parameter and its size."""
+
+  name: str
+  onnx_name: str
+  ctype: str
+  is_input: bool
+  count: str  # the name of its element count in the counted overload
+  size: str  # what that count must be: NAME_INPUTi_SIZE, or a narrow format's storage count
+
+  def pointer(self) -> str:
+    return f"{'const ' if self.is_input else ''}{self.ctype} *{self.name}"
+
+
+def cpp_tensors(name: str, sched: Schedule) -> list[CppTensor]:
   P = name.upper()
   ins, outs = param_names(sched)
-  tensors = [(b, cpp_name(n), True, i) for i, (b, n) in enumerate(zip(sched.inputs, ins))]
-  tensors += [(b, cpp_name(n), False, i) for i, (b, n) in enumerate(zip(sched.outputs, outs))]
-  ptrs = [f"{'const ' if inp else ''}{api_type(b.dtype)} *{n}" for b, n, inp, _ in tensors]
-  names = ", ".join(n for _, n, _, _ in tensors)
-  counts = _count_names([n for _, n, _, _ in tensors])
-  counted = ", ".join(f"{p}, std::size_t {c}" for p, c in zip(ptrs, counts))
-  checks = "\n".join(
-    f"    require({_c_string(b.name)}, {c}, {_size(P, sched, b, inp, i)});"
-    for (b, _, inp, i), c in zip(tensors, counts)
-  )
-  span_args = ", ".join(f"std::span<{'const ' if inp else ''}{api_type(b.dtype)}> {n}" for b, n, inp, _ in tensors)
-  span_call = ", ".join(f"{n}.data(), {n}.size()" for _, n, _, _ in tensors)
-  # std::vector<bool> holds no array to pass: a model with a bool tensor has the pointer and span forms only
-  has_bool = any(api_type(b.dtype) == "bool" for b, _, _, _ in tensors)
-  vec_args = ", ".join(f"{'const ' if inp else ''}std::vector<{api_type(b.dtype)}> &{n}" for b, n, inp, _ in tensors)
-  vec_resize = "".join(f"    {n}.resize({_size(P, sched, b, False, i)});\n" for b, n, inp, i in tensors if not inp)
-  vec_call = ", ".join(f"{n}.data(), {n}.size()" for _, n, _, _ in tensors)
-  ns = cpp_name(name)
+  bufs = [(b, cpp_name(n), True, i) for i, (b, n) in enumerate(zip(sched.inputs, ins))]
+  bufs += [(b, cpp_name(n), False, i) for i, (b, n) in enumerate(zip(sched.outputs, outs))]
+  counts = _count_names([n for _, n, _, _ in bufs])
+  return [
+    CppTensor(n, b.name, api_type(b.dtype), inp, c, _size(P, sched, b, inp, i))
+    for (b, n, inp, i), c in zip(bufs, counts)
+  ]
+
+
+def render_cpp_header(name: str, sched: Schedule, weights_file: bool = False) -> str:
+  """weights_file: the model has NAME.weights (NAME_create_with_weights), which a constructor then takes."""
+  P, ns = name.upper(), cpp_name(name)
   with_weights = (
     f"""  /* {name}_create_with_weights: {name}.weights read from path, not looked for beside the library or program */
   explicit Model(const char *weights_path) {{
@@ -68,6 +68,51 @@ def render_cpp_header(name: str, sched: Schedule, weights_file: bool = False) ->
     if weights_file
     else ""
   )
+  return f"""{_prelude(name, ns)}
+class Model {{
+ public:
+  Model() {{ check("{name}_create", {name}_create(&m_)); }}
+{with_weights}  ~Model() {{ {name}_destroy(m_); }}
+  Model(const Model &) = delete;
+  Model &operator=(const Model &) = delete;
+  Model(Model &&other) noexcept : m_(std::exchange(other.m_, nullptr)) {{}}
+  Model &operator=(Model &&other) noexcept {{
+    if (this != &other) {{
+      {name}_destroy(m_);
+      m_ = std::exchange(other.m_, nullptr);
+    }}
+    return *this;
+  }}
+
+{_run_overloads(name, cpp_tensors(name, sched))}
+  /* the threads this instance runs its kernels on (at least 1) */
+  void set_threads(int n) {{ check("{name}_set_threads", {name}_set_threads(m_, n)); }}
+  /* the aot version that compiled the library ({P}_AOT_VERSION is the header's) */
+  static const char *version() noexcept {{ return {name}_version(); }}
+  /* the C instance, for the calls of {name}.h */
+  {name}_model *get() const noexcept {{ return m_; }}
+
+ private:
+  void check(const char *call, int status) const {{
+    if (status != AOT_OK) throw Error(call, status, {name}_last_error(m_));
+  }}
+  static void require(const char *tensor, std::size_t got, std::size_t want) {{
+    if (got != want)
+      throw Error("{name}_run", AOT_ERR_INVALID_ARGUMENT, std::string("tensor '") + tensor + "' has " +
+                  std::to_string(got) + " elements, the model takes " + std::to_string(want));
+  }}
+
+  {name}_model *m_ = nullptr;
+}};
+
+}}  // namespace {ns}
+#endif
+"""
+
+
+def _prelude(name: str, ns: str) -> str:
+  """NAME.hpp up to the class Model: the includes, and the exception every failed call throws."""
+  P = name.upper()
   return f"""/* {name}.hpp: generated by aot-compiler, C++17. The C API of {name}.h as a class: {ns}::Model makes an
    instance when constructed and destroys it with the object (movable, not copyable); a failed call throws
    {ns}::Error, with the call's status (AOT_*) and {name}_last_error's message. Links as {name}.h does. */
@@ -102,62 +147,36 @@ class Error : public std::runtime_error {{
  private:
   int status_;
 }};
+"""
 
-class Model {{
- public:
-  Model() {{ check("{name}_create", {name}_create(&m_)); }}
-{with_weights}  ~Model() {{ {name}_destroy(m_); }}
-  Model(const Model &) = delete;
-  Model &operator=(const Model &) = delete;
-  Model(Model &&other) noexcept : m_(std::exchange(other.m_, nullptr)) {{}}
-  Model &operator=(Model &&other) noexcept {{
-    if (this != &other) {{
-      {name}_destroy(m_);
-      m_ = std::exchange(other.m_, nullptr);
-    }}
-    return *this;
-  }}
 
-  /* one pointer per input, then one per output, dense row-major, as {name}_run */
-  void run({", ".join(ptrs)}) {{ check("{name}_run", {name}_run(m_, {names})); }}
+def _run_overloads(name: str, tensors: list[CppTensor]) -> str:
+  """Model::run over pointers (as NAME_run), pointers with counts, vectors, and spans where the library has them."""
+  names = ", ".join(t.name for t in tensors)
+  counted = ", ".join(f"{t.pointer()}, std::size_t {t.count}" for t in tensors)
+  checks = "\n".join(f"    require({_c_string(t.onnx_name)}, {t.count}, {t.size});" for t in tensors)
+  spans = ", ".join(f"std::span<{'const ' if t.is_input else ''}{t.ctype}> {t.name}" for t in tensors)
+  data_and_size = ", ".join(f"{t.name}.data(), {t.name}.size()" for t in tensors)
+  # std::vector<bool> holds no array to pass: a model with a bool tensor has the pointer and span forms only
+  vectors = "" if any(t.ctype == "bool" for t in tensors) else _vector_run(tensors, data_and_size)
+  return f"""  /* one pointer per input, then one per output, dense row-major, as {name}_run */
+  void run({", ".join(t.pointer() for t in tensors)}) {{ check("{name}_run", {name}_run(m_, {names})); }}
   /* the same, each with its element count, checked against the tensor's size first */
   void run({counted}) {{
 {checks}
     run({names});
   }}
-{_vector_run(vec_args, vec_resize, vec_call) if not has_bool else ""}\
-#ifdef __cpp_lib_span
-  void run({span_args}) {{ run({span_call}); }}
-#endif
-  /* the threads this instance runs its kernels on (at least 1) */
-  void set_threads(int n) {{ check("{name}_set_threads", {name}_set_threads(m_, n)); }}
-  /* the aot version that compiled the library ({P}_AOT_VERSION is the header's) */
-  static const char *version() noexcept {{ return {name}_version(); }}
-  /* the C instance, for the calls of {name}.h */
-  {name}_model *get() const noexcept {{ return m_; }}
-
- private:
-  void check(const char *call, int status) const {{
-    if (status != AOT_OK) throw Error(call, status, {name}_last_error(m_));
-  }}
-  static void require(const char *tensor, std::size_t got, std::size_t want) {{
-    if (got != want)
-      throw Error("{name}_run", AOT_ERR_INVALID_ARGUMENT, std::string("tensor '") + tensor + "' has " +
-                  std::to_string(got) + " elements, the model takes " + std::to_string(want));
-  }}
-
-  {name}_model *m_ = nullptr;
-}};
-
-}}  // namespace {ns}
-#endif
-"""
+{vectors}#ifdef __cpp_lib_span
+  void run({spans}) {{ run({data_and_size}); }}
+#endif"""
 
 
-def _vector_run(args: str, resize: str, call: str) -> str:
+def _vector_run(tensors: list[CppTensor], data_and_size: str) -> str:
+  args = ", ".join(f"{'const ' if t.is_input else ''}std::vector<{t.ctype}> &{t.name}" for t in tensors)
+  resize = "".join(f"    {t.name}.resize({t.size});\n" for t in tensors if not t.is_input)
   return f"""  /* inputs checked against their sizes; outputs resized to theirs */
   void run({args}) {{
-{resize}    run({call});
+{resize}    run({data_and_size});
   }}
 """
 
