@@ -282,13 +282,23 @@ def build_library(
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
       list(ex.map(compile_one, jobs))
     tmp_so = Path(tmp) / "lib.so"
-    run_build_command([compiler, "-shared", "-pthread", *link_flags, "-o", str(tmp_so), *objs, "-lm", "-ldl"], src_dir)
     tmp_a = Path(tmp) / static_library_path(out_path).name
-    build_static_archive(compiler, objs, tmp_a, triple, src_dir)
+
+    def archive():
+      build_static_archive(compiler, objs, tmp_a, triple, src_dir)
+      shutil.copyfile(tmp_a, static_library_path(out_path))
+      if cache:
+        store(tmp_a, cached_a)
+
+    # the archive beside the link: both only read the objects, and with big weights linked in, each rewrites them
+    # (ResNet-18's 47 MB: the archive's three steps 1 s, the link 0.4 s)
+    with ThreadPoolExecutor(max_workers=1) as ex:
+      archived = ex.submit(archive)
+      link = [compiler, "-shared", "-pthread", *link_flags, "-o", str(tmp_so), *objs, "-lm", "-ldl"]
+      run_build_command(link, src_dir)
+      archived.result()
     shutil.copyfile(tmp_so, out_path)
-    shutil.copyfile(tmp_a, static_library_path(out_path))
     if cache:
-      store(tmp_a, cached_a)
       store(tmp_so, cached)
   return False
 
