@@ -87,6 +87,8 @@ class Model {{
 {_run_overloads(name, cpp_tensors(name, sched))}
   /* the threads this instance runs its kernels on (at least 1) */
   void set_threads(int n) {{ check("{name}_set_threads", {name}_set_threads(m_, n)); }}
+  /* the thread count in use ({name}_threads) */
+  int threads() const noexcept {{ return {name}_threads(m_); }}
   /* the aot version that compiled the library ({P}_AOT_VERSION is the header's) */
   static const char *version() noexcept {{ return {name}_version(); }}
   /* the C instance, for the calls of {name}.h */
