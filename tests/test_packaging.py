@@ -257,8 +257,8 @@ APP_WEIGHTS_C = (
 
 @pytest.fixture(scope="module")
 def external(tmp_path_factory):
-  """mnist with its weights in mnistw.weights (WEIGHTS_INLINE_MAX lowered: mnist's are 350 KB), and a program linked
-  with its static archive."""
+  """mnist with its weights in mnistw.weights (WEIGHTS_INLINE_MAX lowered: mnist's are 350 KB), and two programs
+  linked with its static archive: app (the C library shared), app_static (-static: no dynamic loader at all)."""
   d = tmp_path_factory.mktemp("ext")
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(aot.artifact, "WEIGHTS_INLINE_MAX", 1024)
@@ -267,11 +267,14 @@ def external(tmp_path_factory):
   (d / "app.c").write_text(APP_WEIGHTS_C)
   cmd = ["cc", "app.c", f"-I{art.dir}", str(art.static_library_path), "-lm", "-ldl", "-pthread", "-o", "app"]
   _run(cmd, d)
+  _run([*cmd[:-1], "app_static", "-static"], d)
   return art, d / "app"
 
 
-def test_a_static_program_finds_the_weights_beside_itself(mnist, external, tmp_path):
-  art, program = external
+@pytest.mark.parametrize("name", ["app", "app_static"])
+def test_a_static_program_finds_the_weights_beside_itself(mnist, external, tmp_path, name):
+  art, app = external
+  program = app.with_name(name)
   _, want = mnist
   (tmp_path / "bin").mkdir()
   shutil.copy(program, tmp_path / "bin" / "app")

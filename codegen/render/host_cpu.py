@@ -222,11 +222,14 @@ static int weights_path(char *error, const char *given, char *path, size_t capac
   }}
   Dl_info info;
   struct link_map *map = NULL;
-  if (!dladdr1((void *){name}_create, &info, (void **)&map, RTLD_DL_LINKMAP) || !info.dli_fname)
-    return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot locate lib{name}.so to find {name}.weights");
   char self[4096];
-  const char *code = info.dli_fname;
-  if (map && map->l_name && !map->l_name[0]) {{
+  const char *code = NULL;
+  /* in libNAME.so: its path; in the program itself (the main link map has no name), or in a -static one (no link
+     maps, so dladdr fails): the program's */
+  if (dladdr1((void *){name}_create, &info, (void **)&map, RTLD_DL_LINKMAP) && info.dli_fname &&
+      !(map && map->l_name && !map->l_name[0]))
+    code = info.dli_fname;
+  else {{
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return aot_fail(error, AOT_ERR_INVALID_ARGUMENT, "cannot read /proc/self/exe to find {name}.weights "
                                 "beside the program: {name}_create_with_weights takes its path");
