@@ -44,9 +44,9 @@ def real_model_path(name: str, models_dir: Path | None = None) -> Path:
   return path
 
 
-def export(name: str, path: Path) -> None:
+def export(name: str, path: Path, **sizes) -> None:
   """Real model NAME exported to PATH with seeded weights (eval mode: BatchNorm folded into the convs by the
-  exporter)."""
+  exporter); sizes (its builder's keywords: size, layers, ...) shrink it for a quick test, never for the bench."""
   try:
     import torch
   except ImportError:
@@ -57,7 +57,7 @@ def export(name: str, path: Path) -> None:
   import warnings
 
   torch.manual_seed(SEED)
-  module, example, input_names, output_names = _BUILDERS[name]()
+  module, example, input_names, output_names = _BUILDERS[name](**sizes)
   module.eval()
   # (not under torch.no_grad: there TransformerEncoderLayer takes its fused fast path, an op with no ONNX form)
   with warnings.catch_warnings():
