@@ -1,10 +1,13 @@
-"""Benchmark: our artifacts (c and llvm targets) against onnxruntime, in one process, interleaved, on the same seeded
-input, after warm-up. Ratios are what to compare: absolute times move with the machine's load.
+"""Benchmark: our artifacts (c and llvm targets) against onnxruntime, and OpenVINO where it is installed, in one
+process, interleaved, on the same seeded input, after warm-up. Ratios are what to compare: absolute times move with
+the machine's load. OpenVINO and torch (for --real) are the bench extra: pip install '.[bench]'.
 
   python -m aot.tools.bench                         # the bundled reference models
   python -m aot.tools.bench model.onnx ... --json out.json --threads 1
   python -m aot.tools.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
   python -m aot.tools.bench --zoo --threads 1,2      # the reference models and all nine light models (long)
+  python -m aot.tools.bench --real --models ''       # the real-model set: YOLOv8n, DBNet, CRNN, MobileNetV2/V3,
+      # a BERT-like encoder (aot/tools/real_models.py), exported from torch once into ~/.cache/aot-bench
   python -m aot.tools.bench --models resnet18:qdq light:resnet50:qdq   # quantized by onnxruntime's quantizer (qdq,
       # qoperator, dynamic: models/quantized.py), timed beside onnxruntime's own int8 run
   python -m aot.tools.bench --profile light:squeezenet models:resnet18 --targets c   # where each model's run goes
@@ -485,7 +488,8 @@ def main(argv=None) -> int:
     args.onnx += [f"light:{n}" for n in LIGHT_MODELS if f"light:{n}" not in args.onnx]
   if args.real:
     args.onnx += [f"real:{n}" for n in REAL_MODELS if f"real:{n}" not in args.onnx]
-  _export_real(args.onnx, args.models_dir)
+  if not args.rows:
+    _export_real(args.onnx, args.models_dir)
   if args.profile:
     return _profile(args.onnx, targets, [int(t) for t in args.threads.split(",")], args)
   if args.rows:
@@ -551,7 +555,7 @@ def _command(args, ap) -> str:
     if not (args.zoo and o.removeprefix("light:") in LIGHT_MODELS)
     and not (args.real and o.removeprefix("real:") in REAL_MODELS)
   ]
-  sets = " --zoo" * args.zoo + " --real" * args.real
+  sets = " --zoo" * args.zoo + " --real" * args.real + " --no-openvino" * args.no_openvino
   return f"python -m aot.tools.bench{''.join(options)} --threads {args.threads}{sets}" + "".join(f" {o}" for o in extra)
 
 
