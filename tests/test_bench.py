@@ -133,3 +133,30 @@ def test_real_model_builders_export_models_the_onnx_checker_takes(name, sizes, t
     assert [p.name for p in cached.parent.iterdir()] == [path.name]
     mtime = cached.stat().st_mtime_ns
     assert real_model_path(name, tmp_path / "cache") == cached and cached.stat().st_mtime_ns == mtime
+
+
+def test_the_recorded_command_reruns_as_given():
+  import shlex
+
+  from aot.tools.bench import _command, _parser
+
+  ap = _parser()
+  argv = ["--models", "", "--repeats", "7", "--real", "--no-openvino", "real:crnn", "x.onnx"]
+  command = _command(ap.parse_args(argv), ap)
+  assert command == "python -m aot.tools.bench --models '' --repeats 7 --threads 1 --real --no-openvino x.onnx"
+  assert ap.parse_args(shlex.split(command)[3:]) == ap.parse_args([*argv[:-2], "x.onnx"])
+
+
+def test_a_model_openvino_cannot_take_is_a_line_and_a_row_without_its_column(monkeypatch, capsys):
+  import aot.tools.anchors
+  from aot.tools.bench import bench_model
+
+  def refuse(model, threads):
+    raise RuntimeError("Check 'unknown_operators.empty()' failed\nmore detail")
+
+  monkeypatch.setattr(aot.tools.anchors, "openvino_version", lambda: "2099.0")
+  monkeypatch.setattr(aot.tools.anchors, "_ov_session", refuse)
+  model, x = _small_model(), np.ones((4, 16), np.float32)
+  (row,) = bench_model("small", model, model, lambda art: [x], [1], ["c"], 3, 0.01, openvino=True)
+  assert "small: no OpenVINO column: Check 'unknown_operators.empty()' failed\n" in capsys.readouterr().out
+  assert row["c_vs_ort"] > 0 and not [k for k in row if "ov" in k.split("_")]

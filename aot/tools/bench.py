@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -545,7 +546,8 @@ def _run_bench(args, targets) -> list[dict]:
 
 def _command(args, ap) -> str:
   """The command as run: every option not at its default, and the models and files beyond the defaults."""
-  options = [f" --{o} {getattr(args, o)}" for o in ("models", "targets", "repeats", "budget")]
+  # (quoted: --models '' had read as "--models --repeats 7", the next option taken for its value)
+  options = [f" --{o} {shlex.quote(str(getattr(args, o)))}" for o in ("models", "targets", "repeats", "budget")]
   options = [
     t for o, t in zip(("models", "targets", "repeats", "budget"), options) if getattr(args, o) != ap.get_default(o)
   ]
