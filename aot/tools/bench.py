@@ -1,10 +1,13 @@
-"""Benchmark: our artifacts (c and llvm targets) against onnxruntime, in one process, interleaved, on the same seeded
-input, after warm-up. Ratios are what to compare: absolute times move with the machine's load.
+"""Benchmark: our artifacts (c and llvm targets) against onnxruntime, and OpenVINO where it is installed, in one
+process, interleaved, on the same seeded input, after warm-up. Ratios are what to compare: absolute times move with
+the machine's load. OpenVINO and torch (for --real) are the bench extra: pip install '.[bench]'.
 
   python -m aot.tools.bench                         # the bundled reference models
   python -m aot.tools.bench model.onnx ... --json out.json --threads 1
   python -m aot.tools.bench light:resnet50           # an architecture that ships with onnx, seeded random weights
   python -m aot.tools.bench --zoo --threads 1,2      # the reference models and all nine light models (long)
+  python -m aot.tools.bench --real --models ''       # the real-model set: YOLOv8n, DBNet, CRNN, MobileNetV2/V3,
+      # a BERT-like encoder (aot/tools/real_models.py), exported from torch once into ~/.cache/aot-bench
   python -m aot.tools.bench --models resnet18:qdq light:resnet50:qdq   # quantized by onnxruntime's quantizer (qdq,
       # qoperator, dynamic: models/quantized.py), timed beside onnxruntime's own int8 run
   python -m aot.tools.bench --profile light:squeezenet models:resnet18 --targets c   # where each model's run goes
@@ -24,14 +27,19 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from aot.tools.anchors import anchor_runners, first_output, openvino_version
+from aot.tools.real_models import REAL_MODELS, RealModelError, real_model_path
 
 # the reference models quantized with onnxruntime's quantizer (models/quantized.py), timed by default beside its int8
 INT8_MODELS = ("resnet18:qdq", "resnet18:qoperator", "transformer:dynamic")
@@ -47,18 +55,6 @@ LIGHT_MODELS = (
   "zfnet512",
   "vgg19",
 )
-
-
-def _ort_session(model, threads: int):
-  import onnxruntime as ort
-
-  ort.set_default_logger_severity(3)
-  so = ort.SessionOptions()
-  so.intra_op_num_threads = so.inter_op_num_threads = threads
-  # onnxruntime's idle threads spin by default, which would take the cores from our run that comes next
-  so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-  data = model.SerializeToString() if not isinstance(model, (str, Path)) else str(model)
-  return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
 # a sample times this long at least (whole calls of one fn in a row): a 0.15 ms model timed one call at a time, 20
@@ -90,26 +86,26 @@ def _time(fns: dict, repeats: int, budget_s: float) -> dict[str, float]:
 
 
 def bench_model(
-  label: str, what, onnx_model, inputs_for, thread_counts: list[int], targets, repeats: int, budget_s: float
+  label: str,
+  what,
+  onnx_model,
+  inputs_for,
+  thread_counts: list[int],
+  targets,
+  repeats: int,
+  budget_s: float,
+  openvino: bool = False,
 ) -> list[dict]:
   """One row per thread count; the model is compiled once for each target. Every thread count of every target, and
-  onnxruntime's, is timed in one interleaved round-robin (_time): an instance (aot.load: its own arena and pool) and
-  an onnxruntime session per thread count. Timed one thread count after the other, the 2t/1t ratio of int8 ResNet-50
-  on this noisy 2-core machine came out 1.57, 1.50 and 2.12 in three runs (onnxruntime's own 1.1 to 1.6): the rows
-  were measured at different moments, under different loads. {t}_x_1t and ort_x_1t are each row's speed-up over the
-  1-thread row of the same run (when the thread counts include 1)."""
+  onnxruntime's (and with openvino OpenVINO's, where it is installed), is timed in one interleaved round-robin
+  (_time): an instance (aot.load: its own arena and pool) and an onnxruntime session per thread count. Timed one
+  thread count after the other, the 2t/1t ratio of int8 ResNet-50 on this noisy 2-core machine came out 1.57, 1.50
+  and 2.12 in three runs (onnxruntime's own 1.1 to 1.6): the rows were measured at different moments, under
+  different loads. {t}_x_1t and ort_x_1t are each row's speed-up over the 1-thread row of the same run (when the
+  thread counts include 1)."""
   import aot
-  from aot.codegen.render.linearize import flop_count
-  from aot.compiler import resolve
-  from aot.scheduler.schedule import schedule
 
-  traced = resolve(what)
-  sched = schedule(traced.outputs, traced.inputs, traced.output_names)
-  gflop = sum(flop_count(k.ast, live_only=True) for k in sched.kernels) / 1e9
-  # the arena against the largest tensor a kernel writes or the model takes or gives, the weights blob against the
-  # model's own weights
-  largest = max(b.nbytes for k in sched.kernels for b in k.bufs[:1] + sched.inputs + sched.outputs)
-  own_weights = _onnx_weight_bytes(onnx_model) if onnx_model is not None else 0
+  stats = _model_stats(what, onnx_model)
   arts, compile_s = {}, {}
   for t in targets:
     t0 = time.perf_counter()
@@ -117,42 +113,32 @@ def bench_model(
     compile_s[t] = time.perf_counter() - t0
   art = arts[targets[0]]
   xs = inputs_for(art)
-  # keyed (target, threads), onnxruntime's target "ort"
+  # keyed (target, threads), onnxruntime's target "ort", OpenVINO's "ov"
   models = {(t, n): aot.load(arts[t], threads=n) for t in targets for n in thread_counts}
-  runners = {k: (lambda m=m: m(*xs)) for k, m in models.items()}
-  sessions = {n: _ort_session(onnx_model, n) for n in thread_counts} if onnx_model is not None else {}
-  feeds = {n: {i.name: x for i, x in zip(s.get_inputs(), xs)} for n, s in sessions.items()}
-  for n, s in sessions.items():
-    runners["ort", n] = lambda s=s, feed=feeds[n]: s.run(None, feed)
+  runners = {k: (lambda m=m: first_output(m(*xs))) for k, m in models.items()}
+  anchors = anchor_runners(label, onnx_model, xs, thread_counts, openvino) if onnx_model is not None else {}
+  runners.update(anchors)
   # the budget was each thread count's when they were timed apart: the same samples per row
   med = _time(runners, repeats, budget_s * len(thread_counts))
+  names = [a for a in ("ort", "ov") if (a, thread_counts[0]) in anchors]
   rows = []
   for threads in thread_counts:
-    ref = sessions[threads].run(None, feeds[threads])[0] if sessions else None
-    row = {
-      "model": label,
-      "gflop": round(gflop, 4),
-      "threads": threads,
-      "kernels": art.num_kernels,
-      "weights_mb": round(art.weights_bytes / 1e6, 2),
-      "arena_mb": round(art.arena_bytes / 1e6, 2),
-      "arena_x": round(art.arena_bytes / largest, 1),
-    }
-    if own_weights:
-      row["weights_x"] = round(art.weights_bytes / own_weights, 2)
+    ref = anchors["ort", threads]() if names else None
+    row = {"model": label, "gflop": round(stats.gflop, 4), "threads": threads, **_memory(art, stats)}
     for t in targets:
-      out = runners[t, threads]()
-      out = out[0] if isinstance(out, tuple) else out
       row[f"{t}_ms"] = round(med[t, threads] * 1e3, 3)
-      row[f"{t}_gflops"] = round(gflop / med[t, threads], 2) if med[t, threads] else None
+      row[f"{t}_gflops"] = round(stats.gflop / med[t, threads], 2) if med[t, threads] else None
       row[f"{t}_compile_s"] = round(compile_s[t], 2)
-      if ref is not None:
-        row[f"{t}_rel_err"] = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-30))
-        row[f"{t}_vs_ort"] = round(med[t, threads] / med["ort", threads], 2)
-    if sessions:
-      row["ort_ms"] = round(med["ort", threads] * 1e3, 3)
+      for a in names:
+        row[f"{t}_vs_{a}"] = round(med[t, threads] / med[a, threads], 2)
+    for a in names:
+      row[f"{a}_ms"] = round(med[a, threads] * 1e3, 3)
+    # ours and OpenVINO's output against onnxruntime's
+    for t in [t for t in targets + names if t != "ort" and ref is not None]:
+      out = runners[t, threads]()
+      row[f"{t}_rel_err"] = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-30))
     if 1 in thread_counts:
-      for t in targets + (["ort"] if sessions else []):
+      for t in targets + names:
         row[f"{t}_x_1t"] = round(med[t, 1] / med[t, threads], 2)
     if "c" in targets and "llvm" in targets:
       row["llvm_over_c"] = round(med["llvm", threads] / med["c", threads], 2)
@@ -162,12 +148,49 @@ def bench_model(
   # weights again: freed before the next model
   for m in models.values():
     m.close()
-  sessions.clear()
+  anchors.clear()
   runners.clear()
   # each build is 0.1-0.5 GB (ResNet-50's weights, its objects): a zoo run left gigabytes in the temp folder
   for a in arts.values():
     shutil.rmtree(a.dir, ignore_errors=True)
   return rows
+
+
+@dataclass
+class _ModelStats:
+  """What a row says of the model itself: its GFLOP per run, the largest tensor a kernel writes or the model takes
+  or gives, and the weights the ONNX file ships (0 for a Tensor program)."""
+
+  gflop: float
+  largest_bytes: int
+  own_weight_bytes: int
+
+
+def _model_stats(what, onnx_model) -> _ModelStats:
+  from aot.codegen.render.linearize import flop_count
+  from aot.compiler import resolve
+  from aot.scheduler.schedule import schedule
+
+  traced = resolve(what)
+  sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+  return _ModelStats(
+    gflop=sum(flop_count(k.ast, live_only=True) for k in sched.kernels) / 1e9,
+    largest_bytes=max(b.nbytes for k in sched.kernels for b in k.bufs[:1] + sched.inputs + sched.outputs),
+    own_weight_bytes=_onnx_weight_bytes(onnx_model) if onnx_model is not None else 0,
+  )
+
+
+def _memory(art, stats: _ModelStats) -> dict:
+  """A row's memory columns: the arena against the largest tensor, the weights blob against the model's own."""
+  row = {
+    "kernels": art.num_kernels,
+    "weights_mb": round(art.weights_bytes / 1e6, 2),
+    "arena_mb": round(art.arena_bytes / 1e6, 2),
+    "arena_x": round(art.arena_bytes / stats.largest_bytes, 1),
+  }
+  if stats.own_weight_bytes:
+    row["weights_x"] = round(art.weights_bytes / stats.own_weight_bytes, 2)
+  return row
 
 
 def _onnx_weight_bytes(model) -> int:
@@ -190,11 +213,15 @@ def _onnx_weight_bytes(model) -> int:
   )
 
 
-def _onnx_arg(path: str):
-  """(label, ModelProto) of a command-line model: a file, or light:NAME, one of the architectures that ship with onnx
-  (backend/test/data/light) with seeded random weights in place of their constant ones."""
+def _onnx_arg(path: str, models_dir: Path | None = None):
+  """(label, ModelProto) of a command-line model: a file, light:NAME, one of the architectures that ship with onnx
+  (backend/test/data/light) with seeded random weights in place of their constant ones, or real:NAME, one of the
+  real-model set (exported once into models_dir)."""
   import onnx
 
+  if path.startswith("real:"):
+    name = path.removeprefix("real:")
+    return name, onnx.load(real_model_path(name, models_dir))
   if path.startswith("light:"):
     from aot.testing import randomize_constant_weights
 
@@ -284,14 +311,15 @@ def table(rows: list[dict], targets, cols: list[str] | None = None) -> str:
     cols = (
       ["model", "gflop", "threads", "kernels", "weights_mb", "weights_x", "arena_mb", "arena_x"]
       + [f"{t}_ms" for t in targets]
-      + ["ort_ms"]
-      + [f"{t}_vs_ort" for t in targets]
+      + ["ort_ms", "ov_ms"]
+      + [f"{t}_vs_{a}" for a in ("ort", "ov") for t in targets]
       + [f"{t}_x_1t" for t in targets]
-      + ["ort_x_1t"]
+      + ["ort_x_1t", "ov_x_1t"]
       + [f"{t}_gflops" for t in targets]
       + ["llvm_over_c"]
       + [f"{t}_compile_s" for t in targets]
       + [f"{t}_rel_err" for t in targets]
+      + ["ov_rel_err"]
     )
   cols = [c for c in cols if any(c in r for r in rows)]
   fmt = lambda v: f"{v:.1e}" if isinstance(v, float) and abs(v) < 1e-2 and v != 0 else str(v)
@@ -310,19 +338,27 @@ def performance_tables(run: dict) -> str:
   onnxruntime, the speed-up on more threads, and memory and compile time, each model once."""
   rows, targets = run["rows"], run["targets"]
   per = lambda *names: [f"{t}_{n}" for n in names for t in targets]
-  speed = ["model", "threads", *per("ms"), "ort_ms", *per("vs_ort")]
+  # (OpenVINO's columns are in the rows of a run that had it installed)
+  speed = ["model", "threads", *per("ms"), "ort_ms", "ov_ms", *per("vs_ort", "vs_ov")]
   first = min(r["threads"] for r in rows)
   sections = [
     (
       "Float models",
       [r for r in rows if not _is_int8(r)],
-      ["model", "gflop", "threads", *per("ms"), "ort_ms", *per("vs_ort", "gflops"), "llvm_over_c", *per("rel_err")],
+      [
+        *["model", "gflop", "threads", *per("ms"), "ort_ms", "ov_ms", *per("vs_ort", "vs_ov", "gflops")],
+        *["llvm_over_c", *per("rel_err"), "ov_rel_err"],
+      ],
     ),
-    ("Int8 models, beside onnxruntime's own int8 run", [r for r in rows if _is_int8(r)], [*speed, *per("rel_err")]),
+    (
+      "Int8 models, beside onnxruntime's own int8 run",
+      [r for r in rows if _is_int8(r)],
+      [*speed, *per("rel_err"), "ov_rel_err"],
+    ),
     (
       "Threads: each row's speed-up over 1 thread",
       [r for r in rows if r["threads"] > 1],
-      ["model", "threads", *per("x_1t"), "ort_x_1t"],
+      ["model", "threads", *per("x_1t"), "ort_x_1t", "ov_x_1t"],
     ),
     (
       "Memory and compile time",
@@ -339,13 +375,16 @@ def performance_tables(run: dict) -> str:
 
 
 def summary_table(rows: list[dict], targets) -> str:
-  """The README's short table: each model's time over onnxruntime's, per target and thread count."""
+  """The README's short table: each model's time over onnxruntime's, per target and thread count; over OpenVINO's
+  too where the rows have it."""
   threads = sorted({r["threads"] for r in rows})
-  cols = [f"{t}, {n} thread{'s' * (n > 1)}" for n in threads for t in targets]
+  anchors = [("ort", "")] + [("ov", "/OpenVINO")] * any(f"{t}_vs_ov" in r for r in rows for t in targets)
+  col = lambda t, a, n: f"{t}{a}, {n} thread{'s' * (n > 1)}"
+  cols = [col(t, name, n) for n in threads for _, name in anchors for t in targets]
   by_model: dict[str, dict] = {}
   for r in rows:
     by_model.setdefault(r["model"], {}).update(
-      {f"{t}, {r['threads']} thread{'s' * (r['threads'] > 1)}": r.get(f"{t}_vs_ort", "") for t in targets}
+      {col(t, name, r["threads"]): r.get(f"{t}_vs_{a}", "") for a, name in anchors for t in targets}
     )
   lines = ["| model | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
   lines += [f"| {m} | " + " | ".join(str(v.get(c, "")) for c in cols) + " |" for m, v in by_model.items()]
@@ -357,13 +396,21 @@ SLOWER_NOTE_RATIO = 1.05
 
 
 def slower_note(rows: list[dict], targets) -> str:
-  """One line naming the rows where we are slower than onnxruntime, slowest first."""
-  slow = [(max(r.get(f"{t}_vs_ort", 0) for t in targets), r) for r in rows]
-  slow = sorted(((x, r) for x, r in slow if x > SLOWER_NOTE_RATIO), key=lambda xr: -xr[0])
-  if not slow:
-    return "Nowhere slower than onnxruntime (by more than 5%)."
-  ratios = lambda r: ", ".join(f"{t} {r[f'{t}_vs_ort']}x" for t in targets if f"{t}_vs_ort" in r)
-  return "Slower than onnxruntime: " + ", ".join(f"{r['model']} ({r['threads']}t: {ratios(r)})" for _, r in slow) + "."
+  """One line naming the rows where we are slower than onnxruntime, slowest first; another for OpenVINO where the
+  rows have its column."""
+  notes = []
+  for a, name in (("ort", "onnxruntime"), ("ov", "OpenVINO")):
+    if a == "ov" and not any(f"{t}_vs_ov" in r for r in rows for t in targets):
+      continue
+    slow = [(max(r.get(f"{t}_vs_{a}", 0) for t in targets), r) for r in rows]
+    slow = sorted(((x, r) for x, r in slow if x > SLOWER_NOTE_RATIO), key=lambda xr: -xr[0])
+    if not slow:
+      notes.append(f"Nowhere slower than {name} (by more than 5%).")
+      continue
+    ratios = lambda r: ", ".join(f"{t} {r[f'{t}_vs_{a}']}x" for t in targets if f"{t}_vs_{a}" in r)
+    notes.append(f"Slower than {name}: " + ", ".join(f"{r['model']} ({r['threads']}t: {ratios(r)})" for _, r in slow))
+    notes[-1] += "."
+  return "\n".join(notes)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -373,8 +420,8 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument(
     "onnx",
     nargs="*",
-    help="ONNX models to time besides the bundled reference models (a file, or "
-    "light:NAME for onnx's light models with seeded random weights, light:NAME:FORM quantized)",
+    help="ONNX models to time besides the bundled reference models (a file, "
+    "light:NAME for onnx's light models with seeded random weights, light:NAME:FORM quantized, or real:NAME)",
   )
   ap.add_argument(
     "--models",
@@ -382,6 +429,13 @@ def _parser() -> argparse.ArgumentParser:
     help="bundled models to time ('' for none); NAME:FORM quantized (qdq, qoperator, dynamic)",
   )
   ap.add_argument("--zoo", action="store_true", help="also time all nine of onnx's light models (light:NAME)")
+  ap.add_argument(
+    "--real",
+    action="store_true",
+    help="also time the real-model set (real:NAME: aot/tools/real_models.py), exported from torch once and cached",
+  )
+  ap.add_argument("--models-dir", type=Path, help="where the real models' ONNX files are cached (~/.cache/aot-bench)")
+  ap.add_argument("--no-openvino", action="store_true", help="leave OpenVINO's column out even where it is installed")
   ap.add_argument("--targets", default="c,llvm")
   ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
   ap.add_argument("--repeats", type=int, default=20)
@@ -433,6 +487,10 @@ def main(argv=None) -> int:
     return _run_micro(args, targets)
   if args.zoo:
     args.onnx += [f"light:{n}" for n in LIGHT_MODELS if f"light:{n}" not in args.onnx]
+  if args.real:
+    args.onnx += [f"real:{n}" for n in REAL_MODELS if f"real:{n}" not in args.onnx]
+  if not args.rows:
+    _export_real(args.onnx, args.models_dir)
   if args.profile:
     return _profile(args.onnx, targets, [int(t) for t in args.threads.split(",")], args)
   if args.rows:
@@ -469,29 +527,38 @@ def _run_bench(args, targets) -> list[dict]:
   from aot.models import get
 
   thread_counts = [int(t) for t in args.threads.split(",")]
+  openvino = not args.no_openvino and openvino_version() is not None
+  if not args.no_openvino and not openvino:
+    print("OpenVINO is not installed: no OpenVINO column (pip install openvino, or 'aot-compiler[bench]')")
   rows = []
   for name in [m for m in args.models.split(",") if m]:
     ref = get(name.partition(":")[0])
     # the ONNX form, compiled and given to onnxruntime alike (its kernels are the Tensor form's)
     form = _reference_form(name)
     inputs = lambda art, r=ref: r.example_inputs(0)
-    rows += bench_model(name, form, form, inputs, thread_counts, targets, args.repeats, args.budget)
+    rows += bench_model(name, form, form, inputs, thread_counts, targets, args.repeats, args.budget, openvino)
   for path in args.onnx:
-    label, model = _onnx_arg(path)
+    label, model = _onnx_arg(path, args.models_dir)
     inputs = lambda art: random_inputs(art.inputs, indexed=art.indexed_inputs)
-    rows += bench_model(label, model, model, inputs, thread_counts, targets, args.repeats, args.budget)
+    rows += bench_model(label, model, model, inputs, thread_counts, targets, args.repeats, args.budget, openvino)
   return sorted(rows, key=lambda r: r["threads"])
 
 
 def _command(args, ap) -> str:
   """The command as run: every option not at its default, and the models and files beyond the defaults."""
-  options = [f" --{o} {getattr(args, o)}" for o in ("models", "targets", "repeats", "budget")]
+  # (quoted: --models '' had read as "--models --repeats 7", the next option taken for its value)
+  options = [f" --{o} {shlex.quote(str(getattr(args, o)))}" for o in ("models", "targets", "repeats", "budget")]
   options = [
     t for o, t in zip(("models", "targets", "repeats", "budget"), options) if getattr(args, o) != ap.get_default(o)
   ]
-  extra = [o for o in args.onnx if not (args.zoo and o.removeprefix("light:") in LIGHT_MODELS)]
-  zoo = " --zoo" if args.zoo else ""
-  return f"python -m aot.tools.bench{''.join(options)} --threads {args.threads}{zoo}" + "".join(f" {o}" for o in extra)
+  extra = [
+    o
+    for o in args.onnx
+    if not (args.zoo and o.removeprefix("light:") in LIGHT_MODELS)
+    and not (args.real and o.removeprefix("real:") in REAL_MODELS)
+  ]
+  sets = " --zoo" * args.zoo + " --real" * args.real + " --no-openvino" * args.no_openvino
+  return f"python -m aot.tools.bench{''.join(options)} --threads {args.threads}{sets}" + "".join(f" {o}" for o in extra)
 
 
 def machine() -> str:
@@ -572,6 +639,9 @@ def _unknown_model(models: str, onnx_args: list[str]) -> str | None:
       base, _, form = path.removeprefix("light:").partition(":")
       if base not in LIGHT_MODELS or (form and form not in FORMS):
         return f"unknown model {path!r}: onnx's light models are {', '.join(LIGHT_MODELS)} ({_forms()})"
+    elif path.startswith("real:"):
+      if path.removeprefix("real:") not in REAL_MODELS:
+        return f"unknown model {path!r}: the real models are {', '.join(REAL_MODELS)}"
     elif not Path(path).is_file():
       return f"{path}: no such ONNX file"
   return None
@@ -589,10 +659,10 @@ def _reference_form(name: str):
   return quantized(onnx_model(base), form)
 
 
-def _profile_arg(what: str):
+def _profile_arg(what: str, models_dir: Path | None):
   """A model to profile: models:NAME (the Tensor form), models:NAME:FORM (its ONNX form quantized), or _onnx_arg's."""
   if not what.startswith("models:"):
-    return _onnx_arg(what)[1]
+    return _onnx_arg(what, models_dir)[1]
   name = what[len("models:") :]
   return _reference_form(name) if ":" in name else what
 
@@ -609,7 +679,7 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
     )
   profiles = []
   for what in models:
-    model = _profile_arg(what)
+    model = _profile_arg(what, args.models_dir)
     for t in targets:
       out = Path(tempfile.mkdtemp(prefix=f"profile_{t}_"))
       art = aot.compile_model(model, target=t, out_dir=out, profile=True)
@@ -628,6 +698,16 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
   if args.json:
     Path(args.json).write_text(json.dumps(profiles, indent=1))
   return 0
+
+
+def _export_real(args: list[str], models_dir: Path | None):
+  """Every real:NAME asked for exported (or found cached) before anything is timed: a missing torch is one line, not
+  a traceback minutes into a run."""
+  for what in [a for a in args if a.startswith("real:")]:
+    try:
+      real_model_path(what.removeprefix("real:"), models_dir)
+    except RealModelError as e:
+      raise SystemExit(f"python -m aot.tools.bench: {e}") from None
 
 
 def _replace_between(path: Path, marker: str, text: str):
