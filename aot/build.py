@@ -377,6 +377,9 @@ def gpu_build_steps(target: str, src: Path, out: Path, emulate: bool, offload_ar
     steps.append(_emulator_step(cpu, o))
     compile_c("model.c")
     compile_c("aot_runtime.c")
+    # an emulated build's host is model.c of the CPU targets: its create checks the CPU as theirs does
+    (src / CHECK_HEADER).write_text(cpu_target(cpu).header())
+    compile_c(CHECK_SOURCE, arch_flags(baseline_cpu(None), None))
     link = [emulator_cxx(), "-shared", "-pthread", soname_flag(out), "-o", str(out), *objs, "-lm", "-ldl"]
     return steps + [link], tmp
   device, glue_flags = _device_step(target, offload_arch)

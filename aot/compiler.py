@@ -420,5 +420,5 @@ def runtime_files(target: str, emulate: bool = False, called: list[str] | None =
   return (
     ["aot_runtime.c", "aot_runtime.h", "aot_core.h"]
     + (["aot_hip_math.h"] if target == "hip" else [])
-    + (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
+    + (["aot_gpu_shim.h", "aot_cpu.c"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
   )
