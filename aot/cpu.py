@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from aot.errors import InvalidValueError
+from aot.errors import InvalidValueError, MissingToolError
 
 # x86-64's portable levels (psABI): v2 adds SSE4.2 and POPCNT, v3 AVX2, FMA, BMI2, F16C, v4 AVX-512 F/BW/CD/DQ/VL
 X86_LEVELS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
@@ -211,11 +211,12 @@ def probe(cpu: str, triple: str | None = None) -> CpuTarget:
   """The C compiler's answer for --cpu (cached in memory and in the build cache: a probe runs the compiler twice)."""
   from aot.build import cc, compiler_identity
 
-  return _probe(cpu, triple, compiler_identity(cc(triple)))
+  compiler = cc(triple)
+  return _probe(cpu, triple, compiler, compiler_identity(compiler))
 
 
 @functools.lru_cache(maxsize=None)
-def _probe(cpu: str, triple: str | None, identity: tuple[str, str]) -> CpuTarget:
+def _probe(cpu: str, triple: str | None, compiler: str, identity: tuple[str, str]) -> CpuTarget:
   from aot.build import _cache_dir
 
   flags = arch_flags(cpu, triple)
@@ -226,7 +227,7 @@ def _probe(cpu: str, triple: str | None, identity: tuple[str, str]) -> CpuTarget
     return CpuTarget(cpu, found["resolved"], tuple(found["features"]), triple)
   except (OSError, ValueError, KeyError):
     pass
-  macros = _run(identity[0], [*flags, "-dM", "-E", "-x", "c", os.devnull], cpu, triple)
+  macros = _run(identity[0], [*flags, "-dM", "-E", "-x", "c", os.devnull], cpu, triple, compiler)
   defined = set(re.findall(r"^#define (\w+)", macros, re.MULTILINE))
   target = CpuTarget(cpu, _resolved(identity, flags, cpu, triple), _features(defined, triple), triple)
   try:
@@ -247,14 +248,16 @@ def _features(defined: set[str], triple: str | None) -> tuple[str, ...]:
   return tuple(names)
 
 
-def _run(compiler: str, args: list[str], cpu: str, triple: str | None) -> str:
+def _run(compiler: str, args: list[str], cpu: str, triple: str | None, name: str = "") -> str:
   try:
     p = subprocess.run([compiler, *args], capture_output=True, text=True)
   except OSError as e:
-    raise InvalidValueError(f"cannot probe --cpu {cpu}: cannot run {compiler}: {e.strerror}") from None
+    what = f"the C compiler for {triple}" if triple else "the C compiler"
+    raise MissingToolError(f"{compiler}, {what}, cannot run: {e.strerror}") from None
   if p.returncode != 0:
     first = next((ln.strip() for ln in p.stderr.splitlines() if "error" in ln), p.stderr.strip()[:200])
-    raise InvalidValueError(f"--cpu {cpu!r} is not a CPU {Path(compiler).name} knows ({first}); {accepted(triple)}")
+    who = name or Path(compiler).name
+    raise InvalidValueError(f"--cpu {cpu!r} is not a CPU {who} knows ({first}); {accepted(triple)}")
   return p.stdout + p.stderr
 
 
