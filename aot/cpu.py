@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,11 +218,11 @@ def probe(cpu: str, triple: str | None = None) -> CpuTarget:
 
 @functools.lru_cache(maxsize=None)
 def _probe(cpu: str, triple: str | None, compiler: str, identity: tuple[str, str]) -> CpuTarget:
-  from aot.build import _cache_dir
+  from aot.cache import cache_dir, store
 
   flags = arch_flags(cpu, triple)
   key = hashlib.sha256(json.dumps([identity, flags, triple, [f.macro for f in _table(triple)]]).encode())
-  cached = _cache_dir() / "cpu" / f"{key.hexdigest()[:32]}.json"
+  cached = cache_dir() / "cpu" / f"{key.hexdigest()[:32]}.json"
   try:
     found = json.loads(cached.read_text())
     return CpuTarget(cpu, found["resolved"], tuple(found["features"]), triple)
@@ -230,13 +231,10 @@ def _probe(cpu: str, triple: str | None, compiler: str, identity: tuple[str, str
   macros = _run(identity[0], [*flags, "-dM", "-E", "-x", "c", os.devnull], cpu, triple, compiler)
   defined = set(re.findall(r"^#define (\w+)", macros, re.MULTILINE))
   target = CpuTarget(cpu, _resolved(identity, flags, cpu, triple), _features(defined, triple), triple)
-  try:
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    part = cached.with_name(f"{cached.name}.{os.getpid()}.part")
-    part.write_text(json.dumps({"resolved": target.resolved, "features": list(target.features)}))
-    os.replace(part, cached)
-  except OSError:
-    pass  # a read-only cache only costs the probe's time
+  with tempfile.TemporaryDirectory(prefix="aot_probe_") as d:
+    answer = Path(d) / "probe.json"
+    answer.write_text(json.dumps({"resolved": target.resolved, "features": list(target.features)}))
+    store(answer, cached)
   return target
 
 
