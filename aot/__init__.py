@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 from aot.compiler import compile_model
 from aot.core.dtype import DType, dtypes
-from aot.errors import AotError, BuildError, CompileError, InternalError, RunError
+from aot.errors import AotError, BuildError, CompileError, InternalError, RunError, UnsupportedCpuError
 from aot.frontends.tensor import Tensor, function
 from aot.loader import load
 from aot.options import CompileOptions
@@ -21,6 +21,7 @@ __all__ = [
   "BuildError",
   "InternalError",
   "RunError",
+  "UnsupportedCpuError",
   "testing",
 ]
 

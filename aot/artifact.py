@@ -283,7 +283,7 @@ def install(stage: Path, out: Path):
 class Built:
   """What the driver made, for NAME.json: the target it built for, the kernel list, the arena (its size, and the bytes
   of every buffer placed in it), the weights (size, and checksum when external) and the compile's time; gpu: a GPU
-  target's own fields (aot/build.py gpu_manifest)."""
+  target's own fields (aot/build.py gpu_manifest); cpu_target: a CPU target's (what --cpu resolved to)."""
 
   name: str
   target: str
@@ -296,6 +296,8 @@ class Built:
   weights_checksum: int | None
   seconds: float
   gpu: dict | None = None
+  # a CPU build's aot/cpu.py CpuTarget: the CPU the compiler made of --cpu, the extensions NAME_create checks for
+  cpu_target: object = None
 
 
 def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
@@ -315,6 +317,11 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
         "name": built.name,
         "target": built.target,
         "cpu": built.cpu,
+        **(
+          {"cpu_resolved": built.cpu_target.resolved, "cpu_features": list(built.cpu_target.features)}
+          if built.cpu_target is not None
+          else {}
+        ),
         "triple": built.triple,
         "compiler": f"aot-compiler {__version__}",
         "abi_version": ABI_VERSION,

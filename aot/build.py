@@ -20,6 +20,7 @@ from typing import Callable
 
 from aot.cache import cache_dir, fetch, store
 from aot.codegen.render.gpu import DEVICE_IMAGE, HOST_GLUE, KERNEL_SOURCE
+from aot.cpu import CHECK_HEADER, CHECK_SOURCE, arch_flags, baseline_cpu, cpu_target
 from aot.errors import BuildError, MissingToolError
 
 
@@ -102,7 +103,7 @@ def _find_cc(path: str) -> str:
 
 
 def cflags(cpu: str, triple: str | None = None, sanitize: bool = False) -> list[str]:
-  arch = ([] if cpu in ("native", "generic") else [f"-mcpu={cpu}"]) if triple else [f"-march={cpu}"]
+  arch = arch_flags(cpu, triple)
   # -fno-math-errno lets libm calls vectorise; no -ffast-math: results must stay within the tests' tolerances
   flags = ["-O2", *arch, "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11"]
   compiler = cc(triple)
@@ -229,6 +230,13 @@ def build_library(
   from aot.codegen.render.llvm import host_target
 
   flags = flags + [f"--target={triple or host_target()[0]}", f"--cpu={cpu if cpu != 'native' else host_target()[1]}"]
+  # what NAME_create checks the CPU has: written before the hashes below, which it is part of; the llvm target's
+  # machine is made of those features (aot/cpu.py llvm_machine), so they are part of every key
+  target = cpu_target(cpu, triple, llvm=any(s.endswith(".ll") for s in sources))
+  (src_dir / CHECK_HEADER).write_text(target.header())
+  flags.append(f"--cpu-features={','.join(target.features)}")
+  # the check runs before anything built for the target does: it is built for the architecture's baseline
+  check_flags = cflags(baseline_cpu(triple), triple, sanitize)
   # headers are part of what a source means (NAME.h holds the arena size model.c allocates): those the sources
   # include, not every header in src_dir, so that editing a runtime part the model does not call keeps its library
   source_headers = sorted({h for s in sources for h in included_headers(src_dir, s)})
@@ -249,17 +257,20 @@ def build_library(
   with tempfile.TemporaryDirectory(prefix="aot_build_") as tmp:
     objs = [str(Path(tmp) / (Path(s).stem + ".o")) for s in sources]
     done = [0]
-    cflags_ = [f for f in flags if not f.startswith("--")]
+    target_flags = [f for f in flags if not f.startswith("--")]
 
     def compile_one(args):
       s, o = args
       own = kernel_only if s.endswith(".c") and not is_runtime_source(s) else []
+      cflags_ = check_flags if s == CHECK_SOURCE else target_flags
       # objects are cached too: the runtime, and kernels shared by many models, compile once. An object's key holds
       # the headers its source includes, not every header: NAME.h differs per model, and with it in every key the
       # runtime's files (14 s of a small model's 15 s of compiling) compiled anew for each model
       included = b"".join(h.encode() + (src_dir / h).read_bytes() for h in included_headers(src_dir, s))
       oh = hashlib.sha256(
-        " ".join([ident, *flags, *own, Path(s).suffix]).encode() + included + (src_dir / s).read_bytes()
+        " ".join([ident, *(flags if s != CHECK_SOURCE else cflags_), *own, Path(s).suffix]).encode()
+        + included
+        + (src_dir / s).read_bytes()
       )
       if s == "model.c" and (src_dir / "weights.bin").exists():
         oh.update((src_dir / "weights.bin").read_bytes())
@@ -366,6 +377,9 @@ def gpu_build_steps(target: str, src: Path, out: Path, emulate: bool, offload_ar
     steps.append(_emulator_step(cpu, o))
     compile_c("model.c")
     compile_c("aot_runtime.c")
+    # an emulated build's host is model.c of the CPU targets: its create checks the CPU as theirs does
+    (src / CHECK_HEADER).write_text(cpu_target(cpu).header())
+    compile_c(CHECK_SOURCE, arch_flags(baseline_cpu(None), None))
     link = [emulator_cxx(), "-shared", "-pthread", soname_flag(out), "-o", str(out), *objs, "-lm", "-ldl"]
     return steps + [link], tmp
   device, glue_flags = _device_step(target, offload_arch)

@@ -39,6 +39,7 @@ from aot.codegen.render.host_cpu import render_header, render_model_c, render_we
 from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
 from aot.core.dtype import to_dtype
 from aot.core.ir import UOp
+from aot.cpu import cpu_target
 from aot.errors import BUG_REPORT, AotError, InternalError, InvalidTypeError, places_of, working_on
 from aot.frontends.tensor import Tensor
 from aot.options import TARGETS, CompileOptions
@@ -342,6 +343,7 @@ def install_stage(
       srcs.weights.checksum,
       seconds,
       gpu,
+      None if opts.gpu else cpu_target(opts.cpu, opts.triple, llvm=opts.target == "llvm"),
     )
     write_manifest(stage / f"{name}.json", sched, built)
     install(stage, out)
@@ -418,5 +420,5 @@ def runtime_files(target: str, emulate: bool = False, called: list[str] | None =
   return (
     ["aot_runtime.c", "aot_runtime.h", "aot_core.h"]
     + (["aot_hip_math.h"] if target == "hip" else [])
-    + (["aot_gpu_shim.h"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
+    + (["aot_gpu_shim.h", "aot_cpu.c"] if emulate else ["aot_gpu.h", HOST_GLUE[target]])
   )

@@ -126,6 +126,11 @@ class RunError(AotError, RuntimeError):
     self.status = status
 
 
+class UnsupportedCpuError(RunError):
+  """NAME_create on a CPU that lacks an instruction set extension the library was compiled for (--cpu native on a
+  newer machine, say): the message names the missing extensions and the --cpu the library was built for."""
+
+
 class ArtifactError(AotError, FileNotFoundError):
   """A folder that is not a whole artifact: a file missing, or a manifest that does not parse."""
 

@@ -22,10 +22,13 @@ from aot.errors import (
   InputShapeError,
   ModelClosedError,
   RunError,
+  UnsupportedCpuError,
 )
 
 # runtime_c/aot_core.h: a run given an index outside the axis it indexes
 AOT_ERR_INDEX_RANGE = 5
+# runtime_c/aot_core.h: create on a CPU lacking an extension the library was built for (--cpu)
+AOT_ERR_UNSUPPORTED_CPU = 6
 
 _ffi_lock = threading.Lock()
 # numbers the hard links libraries are opened through (_open_library)
@@ -55,10 +58,11 @@ class LoadedModel:
     out = ffi.new(f"{n}_model **")
     if (status := getattr(self.lib, f"{n}_create")(out)) != 0:
       hint = ""
-      # GPU targets and a mapped weights file say why create failed through last_error(NULL)
-      if "gpu" in a.manifest or a.manifest.get("weights_file"):
+      # GPU targets, a mapped weights file and the CPU check say why create failed through last_error(NULL)
+      if "gpu" in a.manifest or a.manifest.get("weights_file") or status == AOT_ERR_UNSUPPORTED_CPU:
         hint = ": " + ffi.string(self._last_error(ffi.NULL)).decode()
-      raise RunError(f"{n}_create failed with status {status}{hint}", status)
+      error = UnsupportedCpuError if status == AOT_ERR_UNSUPPORTED_CPU else RunError
+      raise error(f"{n}_create failed with status {status}{hint}", status)
     self._model = out[0]
     self._ptr_types = args
     # what get_inputs / get_outputs say, and the order a feed by name is put in: the artifact's, made once

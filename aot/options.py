@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from aot.codegen.render.gpu import GPU_TARGETS
+from aot.cpu import CPU_SYNTAX, accepted
 from aot.errors import InvalidValueError
 
 # the CPU targets, then the GPU ones (rendered by codegen/render/gpu.py, their host code by codegen/render/host_gpu.py)
@@ -60,6 +61,11 @@ def _emulation(o: CompileOptions) -> str:
 _RULES: tuple[tuple[Callable[[CompileOptions], bool], Callable[[CompileOptions], str]], ...] = (
   # a typo in the target would otherwise surface as a missing renderer deep in the driver
   (lambda o: o.target not in TARGETS, lambda o: f"unknown target {o.target!r}; available: {', '.join(TARGETS)}"),
+  # the rest of a bad --cpu is the compiler's to say (aot/cpu.py probes it); this keeps a flag or a blank out of -march
+  (
+    lambda o: not isinstance(o.cpu, str) or not CPU_SYNTAX.fullmatch(o.cpu),
+    lambda o: f"--cpu {o.cpu!r} is not a CPU name: {accepted(o.triple)}",
+  ),
   # the profiler times model.c's calls: a GPU host has no such list
   (
     lambda o: o.profile and o.gpu,

@@ -12,7 +12,8 @@ enum {
   AOT_ERR_OUT_OF_MEMORY = 2,   /* the arena could not be allocated */
   AOT_ERR_INVALID_ARGUMENT = 3, /* an argument had a value the model cannot take */
   AOT_ERR_DEVICE = 4,           /* GPU targets: the GPU runtime, driver or device is missing or failed */
-  AOT_ERR_INDEX_RANGE = 5       /* an index input (a Gather's indices) held a value outside the axis it indexes */
+  AOT_ERR_INDEX_RANGE = 5,      /* an index input (a Gather's indices) held a value outside the axis it indexes */
+  AOT_ERR_UNSUPPORTED_CPU = 6   /* create: this CPU lacks an instruction set extension the library was built for */
 };
 #endif
 
@@ -21,6 +22,9 @@ enum {
 __attribute__((visibility("hidden"))) int aot_fail(char *error, int status, const char *fmt, ...);
 __attribute__((visibility("hidden"))) const char *aot_status_message(int status);
 __attribute__((visibility("hidden"))) void *aot_arena_alloc(size_t bytes);
+/* AOT_OK if this CPU has every extension the library was built to use (aot_cpu.c), else AOT_ERR_UNSUPPORTED_CPU
+   with their names in error (AOT_ERROR_CAPACITY bytes) */
+__attribute__((visibility("hidden"))) int aot_cpu_check(char *error);
 __attribute__((visibility("hidden"))) void aot_arena_free(void *arena);
 
 /* A small thread pool: aot_parallel(pool, fn, ctx, n) runs fn(ctx, start, end) over a fixed split of [0, n), one

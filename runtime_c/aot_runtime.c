@@ -29,6 +29,7 @@ const char *aot_status_message(int status) {
     case AOT_ERR_INVALID_ARGUMENT: return "invalid argument";
     case AOT_ERR_DEVICE: return "the GPU runtime, driver or device is missing or failed";
     case AOT_ERR_INDEX_RANGE: return "an index was outside the axis it indexes";
+    case AOT_ERR_UNSUPPORTED_CPU: return "this CPU lacks an instruction set extension the library was built for";
     default: return "unknown status";
   }
 }

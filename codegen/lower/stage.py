@@ -149,6 +149,8 @@ LOWERINGS = (
 # it, since a model with no contraction need not wait for the int8 microkernel to compile (6.5 s of gcc -O2)
 RUNTIME_SOURCES: dict[str, tuple[str, ...]] = {
   "aot_runtime.c": (),
+  # NAME_create's CPU check (aot/cpu.py), always: built for the architecture's baseline, not the target
+  "aot_cpu.c": (),
   **{
     f: entries
     for path in (GemmLowered, DirectLowered, QGemmLowered, PoolLowered)

@@ -94,14 +94,16 @@ extern "C" {{
 #define AOT_STATUS_DEFINED
 /* every entry point returns one of these (0 = ok); {name}_last_error says more */
 enum {{ AOT_OK = 0, AOT_ERR_NULL_ARGUMENT = 1, AOT_ERR_OUT_OF_MEMORY = 2, AOT_ERR_INVALID_ARGUMENT = 3, \
-AOT_ERR_DEVICE = 4, AOT_ERR_INDEX_RANGE = 5 }};
+AOT_ERR_DEVICE = 4, AOT_ERR_INDEX_RANGE = 5, AOT_ERR_UNSUPPORTED_CPU = 6 }};
 #endif
 
 typedef struct {name}_model {name}_model;
 /* allocates one instance (its own {P}_ARENA_BYTES arena). Threads: separate instances share nothing that changes
    and run at once without waiting for each other. One instance may be called from several threads: its calls take
    turns (a lock in the instance), so each returns what it would alone; for calls at the same time, give each
-   thread its own instance. {name}_destroy must not overlap a call on the same instance. */
+   thread its own instance. {name}_destroy must not overlap a call on the same instance. On a CPU lacking an
+   instruction set extension the library was compiled for (--cpu), it returns AOT_ERR_UNSUPPORTED_CPU before running
+   any of that code, and {name}_last_error(NULL) names the missing extensions. */
 int {name}_create({name}_model **out);
 {_create_with_weights_decl(name) if weights_file else ""}\
 /* runs the model: one pointer per input, then one per output, dense row-major; they must not overlap */
@@ -328,7 +330,7 @@ def render_model_c(
     + _model_run(name, sched, body, profile)
     + _model_set_threads(name)
     + _model_destroy(name, external_weights)
-    + _model_last_error(name, external_weights)
+    + _model_last_error(name)
     + version_c(name)
     + (_create_with_weights_c(name) if external_weights else "")
   )
@@ -365,7 +367,7 @@ def _model_struct(name: str, n: int, profile: bool, external_weights) -> str:
 {f"  double profile[{3 * n + 1}];{chr(10)}  int cpu, call, split;{chr(10)}" if profile else ""}}};
 {instance_lock_c(name)}
 {_profile_c(name, n) if profile else ""}{external_weights_c(name, external_weights) if external_weights else ""}\
-{_CREATE_ERROR if external_weights else ""}
+{_CREATE_ERROR}
 """
 
 
@@ -380,8 +382,11 @@ static float *panels_alloc(int threads) {{
 }}
 
 API int {name}_create({name}_model **out) {{
+  /* first: everything after it may use the extensions the library was built for (runtime_c/aot_cpu.c) */
+  int cpu_status = aot_cpu_check(create_error);
+  if (out) *out = NULL;
+  if (cpu_status != AOT_OK) return cpu_status;
   if (!out) return AOT_ERR_NULL_ARGUMENT;
-  *out = NULL;
   {name}_model *m = calloc(1, sizeof *m);
   if (!m) return AOT_ERR_OUT_OF_MEMORY;
   m->arena = aot_arena_alloc({name.upper()}_ARENA_BYTES);
@@ -520,9 +525,9 @@ def _model_destroy(name: str, external_weights) -> str:
 """
 
 
-def _model_last_error(name: str, external_weights) -> str:
+def _model_last_error(name: str) -> str:
   return f"""API const char *{name}_last_error(const {name}_model *m) {{
-  if (!m) return {"create_error[0] ? create_error : " if external_weights else ""}"the model pointer is NULL";
+  if (!m) return create_error[0] ? create_error : "the model pointer is NULL";
   return last_error_of(m);
 }}
 """

@@ -25,6 +25,7 @@ from aot.codegen.render.linearize import (
 )
 from aot.core.dtype import DType, dtypes
 from aot.core.ir import LIBM, GroupOp, Ops, ReduceOp, UOp
+from aot.cpu import llvm_machine
 from aot.errors import InvalidValueError
 
 
@@ -380,14 +381,13 @@ def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native")
   """Optimise LLVM IR text and emit an object file for triple (default: this machine) and cpu."""
   llvm.initialize_all_targets()
   llvm.initialize_all_asmprinters()
-  host_triple, host_cpu, host_features = host_target()
+  host_triple = host_target()[0]
   triple = triple or host_triple
-  if cpu == "native":
-    if triple != host_triple:
-      raise InvalidValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
-    cpu, features = host_cpu, host_features
-  else:
-    features = ""
+  if cpu == "native" and triple != host_triple:
+    raise InvalidValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
+  # the CPU and features NAME_create checks (aot/cpu.py): an x86-64-v3 or armv8.2-a+dotprod becomes a feature list
+  machine = llvm_machine(cpu, None if triple == host_triple else triple)
+  cpu, features = machine.cpu, machine.features
   # strided reads (a weight read across output columns) vectorised as gathers are slower than scalar loads here
   if triple.startswith("x86_64"):
     features = ",".join(f for f in (features, "+prefer-no-gather", "+prefer-no-scatter") if f)
