@@ -466,9 +466,7 @@ def build_gpu_library(target: str, src: Path, out: Path, emulate: bool, offload_
         h.update(f.name.encode() + f.read_bytes())
     cached = cache_dir() / f"gpu-{h.hexdigest()[:32]}"
     image = None if emulate else DEVICE_IMAGE[target]
-    if cache and (image is None or (cached / image).exists()) and fetch(cached / "lib.so", out):
-      if image:
-        fetch(cached / image, src / image)
+    if cache and (image is None or fetch(cached / image, src / image)) and fetch(cached / "lib.so", out):
       return True
     for s in steps:
       run_build_command(s, src)

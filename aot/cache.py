@@ -89,9 +89,9 @@ def trim() -> CacheUse:
       continue  # another process's trim took it first
     total -= size
     removed = CacheUse(removed.files + 1, removed.bytes + size)
-  for d in sorted((p for p in cache_dir().rglob("*") if p.is_dir()), reverse=True):
+  for d, _, _ in sorted(os.walk(cache_dir()), reverse=True):
     try:
-      d.rmdir()  # only the folders a trim emptied
+      Path(d).rmdir()  # only the folders a trim emptied
     except OSError:
       pass
   return removed
@@ -105,15 +105,17 @@ def clear() -> CacheUse:
 
 
 def _files() -> list[tuple[Path, int, float]]:
-  """Every finished file in the cache: (path, bytes, last use). Files still being written (.part) are not counted."""
+  """Every finished file in the cache: (path, bytes, last use). Files still being written (.part) are not counted;
+  os.walk passes over a folder or file that another build's trim removes while this one walks."""
   out = []
-  for p in cache_dir().rglob("*"):
-    if p.name.endswith(".part"):
-      continue
-    try:
-      st = p.stat()
-    except OSError:
-      continue
-    if p.is_file():
+  for d, _, names in os.walk(cache_dir()):
+    for name in names:
+      if name.endswith(".part"):
+        continue
+      p = Path(d) / name
+      try:
+        st = p.stat()
+      except OSError:
+        continue
       out.append((p, st.st_size, st.st_mtime))
   return out
