@@ -138,3 +138,22 @@ def test_a_wrong_out_array_names_the_output(two_by_two):
     both = np.empty((2, 3), np.float32)
     with pytest.raises(InputShapeError, match="overlap one another"):
       m(x, x, out=(both, both))
+
+
+@pytest.mark.parametrize("name", ["mlp", "mnist", "resnet18", "transformer"])
+def test_the_reference_models_answer_a_session_script_as_onnxruntime_does(name, tmp_path):
+  import onnx
+
+  from aot.models.onnx_forms import onnx_model
+
+  path = tmp_path / f"{name}.onnx"
+  onnx.save(onnx_model(name), str(path))
+  aot.compile_model(str(path), out_dir=tmp_path / "art")
+  sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+  rng = np.random.default_rng(7)
+  feeds = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in sess.get_inputs()}
+  with aot.load(tmp_path / "art") as m:
+    assert [(i.name, i.shape, i.type) for i in m.get_inputs()] == [(i.name, i.shape, i.type) for i in sess.get_inputs()]
+    assert [o.name for o in m.get_outputs()] == [o.name for o in sess.get_outputs()]
+    for got, want in zip(m.run(None, feeds), sess.run(None, feeds)):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
