@@ -126,6 +126,10 @@ class RunError(AotError, RuntimeError):
     self.status = status
 
 
+class InvalidArgumentError(RunError, ValueError):
+  """A loaded model's call refused a value (AOT_ERR_INVALID_ARGUMENT): a thread count below 1."""
+
+
 class UnsupportedCpuError(RunError):
   """NAME_create on a CPU that lacks an instruction set extension the library was compiled for (--cpu native on a
   newer machine, say): the message names the missing extensions and the --cpu the library was built for."""

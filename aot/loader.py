@@ -20,11 +20,14 @@ from aot.errors import (
   InputCountError,
   InputDtypeError,
   InputShapeError,
+  InvalidArgumentError,
   ModelClosedError,
   RunError,
   UnsupportedCpuError,
 )
 
+# runtime_c/aot_core.h: a value a call cannot take
+AOT_ERR_INVALID_ARGUMENT = 3
 # runtime_c/aot_core.h: a run given an index outside the axis it indexes
 AOT_ERR_INDEX_RANGE = 5
 # runtime_c/aot_core.h: create on a CPU lacking an extension the library was built for (--cpu)
@@ -74,8 +77,9 @@ class LoadedModel:
     """Run the kernels on n threads, at most the cores the process may run on (NAME.h; results are bitwise the same
     for any n): threads says how many it took."""
     with self._call() as model:
-      if getattr(self.lib, f"{self.artifact.name}_set_threads")(model, int(n)) != 0:
-        raise ValueError(self.ffi.string(self._last_error(model)).decode())
+      if (status := getattr(self.lib, f"{self.artifact.name}_set_threads")(model, int(n))) != 0:
+        why = self.ffi.string(self._last_error(model)).decode()
+        raise (InvalidArgumentError if status == AOT_ERR_INVALID_ARGUMENT else RunError)(why, status)
 
   @property
   def threads(self) -> int:

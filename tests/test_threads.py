@@ -51,8 +51,9 @@ def test_the_default_pool_is_the_cores_the_process_may_run_on(compiled_model):
 def test_thread_count_must_be_positive(compiled_model):
   art, _ = compiled_model("mlp")
   m = aot.load(art)
-  with pytest.raises(ValueError, match="at least 1, got 0"):
+  with pytest.raises(aot.errors.InvalidArgumentError, match="at least 1, got 0") as refused:
     m.set_threads(0)
+  assert refused.value.status == 3 and isinstance(refused.value, ValueError) and isinstance(refused.value, aot.AotError)
   m.set_threads(2)
   x = aot.models.get("mlp").example_inputs(0)
   np.testing.assert_allclose(m(*x), aot.models.get("mlp").reference(*x), rtol=1e-4, atol=1e-5)
