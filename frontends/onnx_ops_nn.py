@@ -241,6 +241,10 @@ def _conv_transpose_phases(x, w, b, strides, dilations, pads, output_padding, gr
   wc = wd.permute(order).reshape((group * coutg * phases, cin // group) + tuple(taps))
   conv_dil = tuple(d if s == 1 else 1 for s, d in zip(strides, dilations))
   y = _conv(x, wc, None, (1,) * nd, [((t - 1) * d,) * 2 for t, d in zip(taps, conv_dil)], conv_dil, group)
+  if int(np.prod(wc.shape[1:])) > 1:
+    # the product is stored before the shuffle: fused into the shuffle's and the crop's loops it is no GEMM (a 4x4
+    # stride-2 pad-1 kernel then ran 10x slower); a product without a reduction is a scaling, left to fuse
+    y = y.contiguous()
   frames = y.shape[2:]
   y = y.reshape((N, group * coutg) + tuple(strides) + frames)
   y = y.permute((0, 1) + tuple(v for i in range(nd) for v in (2 + nd + i, 2 + i)))
