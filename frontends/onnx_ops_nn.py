@@ -161,13 +161,12 @@ def conv_integer(
   )
 
 
-def _dilate(x: Tensor, strides) -> Tensor:
-  """Insert stride-1 zeros between the elements of each spatial axis."""
-  nd = len(strides)
-  for i, s in enumerate(strides):
+def _dilate(x: Tensor, strides, axes=None) -> Tensor:
+  """Insert stride-1 zeros between the elements of each of `axes` (by default the last len(strides) axes)."""
+  axes = range(x.ndim - len(strides), x.ndim) if axes is None else axes
+  for ax, s in zip(axes, strides):
     if s == 1:
       continue
-    ax = x.ndim - nd + i
     L = x.shape[ax]
     x = x.unsqueeze(ax + 1).pad([(0, s - 1) if j == ax + 1 else (0, 0) for j in range(x.ndim + 1)])
     x = x.reshape(x.shape[:ax] + (L * s,) + x.shape[ax + 2 :])
@@ -194,16 +193,19 @@ def conv_transpose(
   strides, dilations = _defaults(nd, strides, dilations)
   op_ = tuple(output_padding or (0,) * nd)
   full = [s * (L - 1) + o + (K - 1) * d + 1 for L, s, o, K, d in zip(x.shape[2:], strides, op_, kernel, dilations)]
-  if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+  if auto_pad in ("SAME_UPPER", "SAME_LOWER") or output_shape is not None:
+    # pads follow from the output size (the spec ignores explicit pads then); the head takes the smaller half only
+    # under SAME_UPPER (onnxruntime agrees); a size above the full one makes negative pads: zeros at that end
     outs = list(output_shape)[-nd:] if output_shape is not None else [L * s for L, s in zip(x.shape[2:], strides)]
     tot = [f - o for f, o in zip(full, outs)]
     p = [(t // 2, t - t // 2) if auto_pad == "SAME_UPPER" else (t - t // 2, t // 2) for t in tot]
   else:
     p = _pads("NOTSET" if auto_pad == "VALID" else auto_pad, pads, x.shape[2:], kernel, strides, dilations)
-    if output_shape is not None:
-      # an explicit output shape with explicit pads: the result is cut or zero-extended at the end
-      op_ = tuple(o + w - (f - lo - hi) for o, w, f, (lo, hi) in zip(op_, list(output_shape)[-nd:], full, p))
-  # a transposed conv is a conv over the zero-dilated input with the kernel flipped and its channel axes swapped
+  taps = [_phase_taps(K, s, d) for K, s, d in zip(kernel, strides, dilations)]
+  if any(s > 1 for s in strides) and all(t <= K for t, K in zip(taps, kernel)):
+    return _conv_transpose_phases(x, w, b, strides, dilations, p, op_, group)
+  # all strides 1 (a plain conv, nothing is inserted), or a dilation above the stride (whose shared phase frame would
+  # hold more taps than the kernel): a conv over the zero-dilated input with the kernel flipped, channel axes swapped
   cin, coutg = w.shape[0], w.shape[1]
   wt = w.reshape((group, cin // group, coutg) + kernel).transpose(1, 2).reshape((group * coutg, cin // group) + kernel)
   wt = wt.flip(tuple(range(2, 2 + nd)))
@@ -211,6 +213,48 @@ def conv_transpose(
   cp = [((K - 1) * d - lo, (K - 1) * d - hi + o) for (lo, hi), K, d, o in zip(p, kernel, dilations, op_)]
   xp = xp.pad([(0, 0), (0, 0)] + cp)
   return _conv(xp, wt, b, (1,) * nd, 0, dilations, group)
+
+
+def _phase_taps(kernel: int, stride: int, dilation: int) -> int:
+  """Taps of one sub-pixel phase's kernel along an axis: the dilated kernel cut into stride-long pieces (a stride-1
+  axis keeps its kernel and dilation)."""
+  return kernel if stride == 1 else -(-((kernel - 1) * dilation + 1) // stride)
+
+
+def _conv_transpose_phases(x, w, b, strides, dilations, pads, output_padding, group):
+  """ConvTranspose as the sub-pixel decomposition: full output position o = i*s + k*d, and writing the dilated tap
+  k*d = j*s + a puts it in phase a at o // s = i + j. Each phase is an ordinary stride-1 conv of the input (not a
+  zero-inserted copy) with the taps j of w[..., a::s] flipped; all phases share one frame, so they are one conv with
+  s**nd times the output channels (a 2x2 stride-2 kernel: one GEMM [Cout*4, Cin] x [Cin, H*W]), and a pixel shuffle
+  interleaves them. The pads then cut the frame, output_padding (or a larger output_shape) extends it with zeros."""
+  nd, (N, cin), coutg = len(strides), x.shape[:2], w.shape[1]
+  kernel = w.shape[2:]
+  taps = [_phase_taps(K, s, d) for K, s, d in zip(kernel, strides, dilations)]
+  # the kernel axes in the frame: dilated (where strided), zero-extended to taps*stride, split into (taps, stride)
+  wd = _dilate(w, [d if s > 1 else 1 for s, d in zip(strides, dilations)], range(2, 2 + nd))
+  wd = wd.pad([(0, 0)] * 2 + [(0, t * s - K) for t, s, K in zip(taps, strides, wd.shape[2:])])
+  wd = wd.reshape((group, cin // group, coutg) + tuple(v for t, s in zip(taps, strides) for v in (t, s)))
+  wd = wd.flip(tuple(3 + 2 * i for i in range(nd)))
+  # output channels ordered (group, channel, phase...) so that each group's channels stay contiguous for the conv
+  order = (0, 2) + tuple(4 + 2 * i for i in range(nd)) + (1,) + tuple(3 + 2 * i for i in range(nd))
+  phases = int(np.prod(strides))
+  wc = wd.permute(order).reshape((group * coutg * phases, cin // group) + tuple(taps))
+  conv_dil = tuple(d if s == 1 else 1 for s, d in zip(strides, dilations))
+  y = _conv(x, wc, None, (1,) * nd, [((t - 1) * d,) * 2 for t, d in zip(taps, conv_dil)], conv_dil, group)
+  if int(np.prod(wc.shape[1:])) > 1:
+    # the product is stored before the shuffle: fused into the shuffle's and the crop's loops it is no GEMM (a 4x4
+    # stride-2 pad-1 kernel then ran 10x slower); a product without a reduction is a scaling, left to fuse
+    y = y.contiguous()
+  frames = y.shape[2:]
+  y = y.reshape((N, group * coutg) + tuple(strides) + frames)
+  y = y.permute((0, 1) + tuple(v for i in range(nd) for v in (2 + nd + i, 2 + i)))
+  y = y.reshape((N, group * coutg) + tuple(q * s for q, s in zip(frames, strides)))
+  size = [
+    s * (L - 1) + o + (K - 1) * d + 1 - lo - hi
+    for L, s, o, K, d, (lo, hi) in zip(x.shape[2:], strides, output_padding, kernel, dilations, pads)
+  ]
+  y = y.pad([(0, 0)] * 2 + [(-lo, O + lo - F) for (lo, _), O, F in zip(pads, size, y.shape[2:])])
+  return y + b.reshape((1, -1) + (1,) * nd) if b is not None else y
 
 
 # *** pooling ***
