@@ -276,6 +276,12 @@ KERNEL_PRELUDE = """#include <math.h>
 #define AOT_TAIL_MASKED
 #define AOT_NO_IDIOMS
 #endif
+#if defined(__clang__) && __clang_major__ < 15 && defined(__x86_64__) && !defined(__AVX512FP16__)
+/* clang before 15 knows _Float16 on x86 only with AVX512-FP16 (not on a Zen 4, say); its __fp16 is the same IEEE half
+   as a storage type whose arithmetic is float's, and the kernels only load, store and convert half (they compute in
+   float) */
+#define _Float16 __fp16
+#endif
 #if defined(__x86_64__) && !defined(__FMA__)
 /* an x86 CPU without FMA instructions (-march=x86-64): libm's fmaf would be a call per element, which no loop
    vectorises (a 64x56x56 QLinearAdd 0.89 ms, its float64 form 0.33). Here the product is exact in double, the sum
