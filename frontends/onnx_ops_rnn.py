@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,8 +39,20 @@ _ACT_DEFAULTS = {
 }
 
 
+@dataclass(frozen=True)
+class Activation:
+  """One of a recurrent layer's activations: its (lower-case) name and alpha, beta."""
+
+  name: str
+  alpha: float
+  beta: float
+
+  def __call__(self, x):
+    return _ACT[self.name](x, self.alpha, self.beta)
+
+
 def _activations(names, alphas, betas, defaults, ndir):
-  """One list of callables per direction; alpha/beta are consumed in order by the activations that take them."""
+  """One list of Activations per direction; alpha/beta are consumed in order by the activations that take them."""
   names = list(names) if names else defaults * ndir
   alphas, betas = list(alphas or []), list(betas or [])
   fns = []
@@ -53,9 +66,28 @@ def _activations(names, alphas, betas, defaults, ndir):
         a = alphas.pop(0)
       if betas and k in ("hardsigmoid", "scaledtanh", "affine"):
         b = betas.pop(0)
-    fns.append(lambda x, _f=_ACT[k], _a=a, _b=b: _f(x, _a, _b))
+    fns.append(Activation(k, a, b))
   per = len(names) // ndir
   return [fns[d * per : (d + 1) * per] for d in range(ndir)]
+
+
+def _sigmoid_tanh(x, tanh_from: int):
+  """sigmoid of x's columns before tanh_from and tanh of the rest, as one expression over the whole tensor
+  (tanh(x) = 2 sigmoid(2x) - 1): each gate slice read alone would make the product's result a stage the activations
+  are computed from in the next kernel; activated as one tensor they are the product's epilogue."""
+  s = np.ones(x.shape[-1], dtype=x.dtype.np)
+  s[tanh_from:] = 2
+  return (x * Tensor(s)).sigmoid() * Tensor(s) - Tensor(s - 1)
+
+
+def _project(x, w, bias, ndir):
+  """Every step's input product at once, both directions in one matmul over T*B rows, with the input-side bias:
+  X (T, B, I) times W^T -> (T, ndir, B, G*H), step t reading its direction's (B, G*H); the recurrence multiplies by
+  R only. Unrolled per step, W was packed once per step (the weights 13x the model's) and each product had one row."""
+  T, B, I = x.shape
+  gh = w.shape[1]
+  xw = x.reshape(T * B, I).matmul(w.reshape(ndir * gh, I).T) + bias.reshape(ndir * gh)
+  return xw.reshape(T, B, ndir, gh).permute(0, 2, 1, 3)
 
 
 def _rnn_setup(n, x, w, r, b, seq_lens, h0, layout, direction, gates, extra=None):
@@ -124,13 +156,14 @@ def rnn(
 ):
   x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 1)
   acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], ndir)
+  proj = _project(x, w, b[:, :H] + b[:, H:], ndir)
 
   def step(d, xt, st):
-    h = acts[d][0](_clip(xt.matmul(w[d].T) + st[0].matmul(r[d].T) + b[d][:H] + b[d][H:], clip))
+    h = acts[d][0](_clip(xt[d] + st[0].matmul(r[d].T), clip))
     return h, (h,)
 
   init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
-  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+  return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
 
 
 @op("GRU", since=7)
@@ -153,25 +186,27 @@ def gru(
 ):
   x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 3)
   acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], ndir)
+  rb = b[:, 3 * H :]
+  # the hidden gate's recurrent bias is inside the reset gate's product with linear_before_reset, else beside it
+  in_bias = rb if not linear_before_reset else Tensor.cat([rb[:, : 2 * H], rb[:, 2 * H :] * 0], 1)
+  proj = _project(x, w, b[:, : 3 * H] + in_bias, ndir)
 
   def step(d, xt, st):
     f, g = acts[d]
-    hp = st[0]
-    xw = xt.matmul(w[d].T) + b[d][: 3 * H]
-    rb = b[d][3 * H :]
-    hr = hp.matmul(r[d][: 2 * H].T) + rb[: 2 * H]
-    z = f(_clip(xw[:, :H] + hr[:, :H], clip))
-    rr = f(_clip(xw[:, H : 2 * H] + hr[:, H:], clip))
+    hp, xw = st[0], xt[d]
     if linear_before_reset:
-      hh = rr * (hp.matmul(r[d][2 * H :].T) + rb[2 * H :])
+      hr = hp.matmul(r[d].T)
+      zr = f(_clip(xw[:, : 2 * H] + hr[:, : 2 * H], clip))
+      hh = zr[:, H:] * (hr[:, 2 * H :] + rb[d][2 * H :])
     else:
-      hh = (rr * hp).matmul(r[d][2 * H :].T) + rb[2 * H :]
-    ht = g(_clip(xw[:, 2 * H :] + hh, clip))
-    h = (1 - z) * ht + z * hp
+      zr = f(_clip(xw[:, : 2 * H] + hp.matmul(r[d][: 2 * H].T), clip))
+      hh = (zr[:, H:] * hp).matmul(r[d][2 * H :].T)
+    # (1 - z) ht + z hp with ht read once, so it is computed where h is (the last product's epilogue)
+    h = hp + (1 - zr[:, :H]) * (g(_clip(xw[:, 2 * H :] + hh, clip)) - hp)
     return h, (h,)
 
   init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
-  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+  return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
 
 
 @op("LSTM", since=7)
@@ -198,24 +233,37 @@ def lstm(
   if initial_c is not None and layout:
     initial_c = initial_c.transpose(0, 1)
   acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
+  proj = _project(x, w, b[:, : 4 * H] + b[:, 4 * H :], ndir)
 
   def step(d, xt, st):
-    gts = xt.matmul(w[d].T) + st[0].matmul(r[d].T) + b[d][: 4 * H] + b[d][4 * H :]
+    gts = xt[d] + st[0].matmul(r[d].T)
     return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
 
   zeros = Tensor(np.zeros((B, H), dtype=x.dtype.np))
   init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
-  return _rnn_outputs(*_run_dirs(x, T, ndir, direction, lens, step, init), layout, x.dtype)
+  return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
 
 
 def lstm_cell(acts, gts, cp, p, H, clip, input_forget):
-  """One LSTM step from its gate pre-activations gts (B, 4H, gates i o f c): -> (h, (h, c))."""
+  """One LSTM step from its gate pre-activations gts (B, 4H, gates i o f c): -> (h, (h, c)). With the default
+  activations and no peepholes the gates are activated as one tensor (_sigmoid_tanh), in the product's epilogue."""
   f, g, hf = acts
-  pi, po, pf = (p[:H], p[H : 2 * H], p[2 * H :]) if p is not None else (0.0, 0.0, 0.0)
-  i = f(_clip(gts[:, :H] + pi * cp, clip))
-  fg = 1 - i if input_forget else f(_clip(gts[:, 2 * H : 3 * H] + pf * cp, clip))
+  if p is None and (f.name, g.name) == ("sigmoid", "tanh"):
+    a = _sigmoid_tanh(_clip(gts, clip), 3 * H)
+    i, o, fg, gg = a[:, :H], a[:, H : 2 * H], a[:, 2 * H : 3 * H], a[:, 3 * H :]
+    c = (1 - i if input_forget else fg) * cp + i * gg
+    h = o * hf(c)
+    return h, (h, c)
+
+  def gate(k, c):
+    # without peepholes nothing is added: 0 * c is a product a kernel would compute (NaN for an infinite c)
+    pre = gts[:, k * H : (k + 1) * H]
+    return pre + p[k * H : (k + 1) * H] * c if p is not None else pre
+
+  i = f(_clip(gate(0, cp), clip))
+  fg = 1 - i if input_forget else f(_clip(gate(2, cp), clip))
   c = fg * cp + i * g(_clip(gts[:, 3 * H :], clip))
-  o = f(_clip(gts[:, H : 2 * H] + po * c, clip))
+  o = f(_clip(gate(1, c), clip))
   h = o * hf(c)
   return h, (h, c)
 
