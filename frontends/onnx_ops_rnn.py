@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aot.core.dtype import dtypes
+from aot.core.ir import Ops
 from aot.frontends.onnx import Unsupported, op
 from aot.frontends.onnx_ops_attention import _heads
 from aot.frontends.onnx_ops_nn import _conv, _f32, _reduce
@@ -86,7 +87,7 @@ def _project(x, w, bias, ndir):
   R only. Unrolled per step, W was packed once per step (the weights 13x the model's) and each product had one row."""
   T, B, I = x.shape
   gh = w.shape[1]
-  xw = x.reshape(T * B, I).matmul(w.reshape(ndir * gh, I).T) + bias.reshape(ndir * gh)
+  xw = (x.reshape(T * B, I).matmul(w.reshape(ndir * gh, I).T) + bias.reshape(ndir * gh)).contiguous()
   return xw.reshape(T, B, ndir, gh).permute(0, 2, 1, 3)
 
 
@@ -119,10 +120,19 @@ def _run_dirs(x, T, ndir, direction, lens, step, init):
         live = Tensor((t < lens).reshape(-1, 1))
         new = tuple(live.where(nv, ov) for nv, ov in zip(new, state))
         h = live.where(h, 0.0)
-      state, out[t] = new, h
+      # each step's state is read by the next step's kernels and the output's: stored as it is made, not found one
+      # step per round by the scheduler's fixpoint (a 40-step CRNN took 80 rounds, most of its 56 s compile)
+      state = tuple(_stored(s) for s in new)
+      out[t] = state[0] if lens is None else h
     ys.append(Tensor.stack(out, axis=0))
     finals.append(state)
   return ys, finals
+
+
+def _stored(x: Tensor) -> Tensor:
+  """x as a stage of its own (stored once, read by the next step and the outputs); a value the step also reads itself
+  (LSTM's c) is stored before those reads, else its stage would be copied into this one."""
+  return x if x.uop.op is Ops.CONTIGUOUS else x.contiguous()
 
 
 def _rnn_outputs(ys, finals, layout, x_dtype):
@@ -251,7 +261,7 @@ def lstm_cell(acts, gts, cp, p, H, clip, input_forget):
   if p is None and (f.name, g.name) == ("sigmoid", "tanh"):
     a = _sigmoid_tanh(_clip(gts, clip), 3 * H)
     i, o, fg, gg = a[:, :H], a[:, H : 2 * H], a[:, 2 * H : 3 * H], a[:, 3 * H :]
-    c = (1 - i if input_forget else fg) * cp + i * gg
+    c = _stored((1 - i if input_forget else fg) * cp + i * gg)
     h = o * hf(c)
     return h, (h, c)
 
@@ -262,7 +272,7 @@ def lstm_cell(acts, gts, cp, p, H, clip, input_forget):
 
   i = f(_clip(gate(0, cp), clip))
   fg = 1 - i if input_forget else f(_clip(gate(2, cp), clip))
-  c = fg * cp + i * g(_clip(gts[:, 3 * H :], clip))
+  c = _stored(fg * cp + i * g(_clip(gts[:, 3 * H :], clip)))
   o = f(_clip(gate(1, c), clip))
   h = o * hf(c)
   return h, (h, c)
