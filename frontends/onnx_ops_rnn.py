@@ -108,8 +108,8 @@ def _rnn_setup(n, x, w, r, b, seq_lens, h0, layout, direction, gates, extra=None
 
 
 def _run_dirs(x, T, ndir, direction, lens, step, init):
-  """Run step(d, x_t, state) -> (h, state) over time in each direction; steps past a sequence's length keep the state
-  and output zeros."""
+  """Run step(d, x_t, state) -> (h, state) over time in each direction: (each direction's outputs by step, each
+  direction's final state). Steps past a sequence's length keep the state and output zeros."""
   ys, finals = [], []
   for d in range(ndir):
     rev = direction == "reverse" or d == 1
@@ -124,7 +124,7 @@ def _run_dirs(x, T, ndir, direction, lens, step, init):
       # step per round by the scheduler's fixpoint (a 40-step CRNN took 80 rounds, most of its 56 s compile)
       state = tuple(_stored(s) for s in new)
       out[t] = state[0] if lens is None else h
-    ys.append(Tensor.stack(out, axis=0))
+    ys.append(out)
     finals.append(state)
   return ys, finals
 
@@ -136,7 +136,8 @@ def _stored(x: Tensor) -> Tensor:
 
 
 def _rnn_outputs(ys, finals, layout, x_dtype):
-  y = Tensor.stack(ys, axis=1)  # (T, dirs, B, H)
+  # one concat of every step's output (T, dirs, B, H): stacked by direction first, each direction's stack was a kernel
+  y = Tensor.stack([y[t] for t in range(len(ys[0])) for y in ys]).reshape(len(ys[0]), len(ys), *ys[0][0].shape)
   hs = [Tensor.stack([f[i] for f in finals], axis=0) for i in range(len(finals[0]))]
   if layout:
     y, hs = y.permute(2, 0, 1, 3), [h.transpose(0, 1) for h in hs]
@@ -205,14 +206,15 @@ def gru(
     f, g = acts[d]
     hp, xw = st[0], xt[d]
     if linear_before_reset:
+      # the gates activated apart, each read once: all of them computed in the kernel of h
       hr = hp.matmul(r[d].T)
-      zr = f(_clip(xw[:, : 2 * H] + hr[:, : 2 * H], clip))
-      hh = zr[:, H:] * (hr[:, 2 * H :] + rb[d][2 * H :])
+      z = f(_clip(xw[:, :H] + hr[:, :H], clip))
+      hh = f(_clip(xw[:, H : 2 * H] + hr[:, H : 2 * H], clip)) * (hr[:, 2 * H :] + rb[d][2 * H :])
     else:
       zr = f(_clip(xw[:, : 2 * H] + hp.matmul(r[d][: 2 * H].T), clip))
-      hh = (zr[:, H:] * hp).matmul(r[d][2 * H :].T)
+      z, hh = zr[:, :H], (zr[:, H:] * hp).matmul(r[d][2 * H :].T)
     # (1 - z) ht + z hp with ht read once, so it is computed where h is (the last product's epilogue)
-    h = hp + (1 - zr[:, :H]) * (g(_clip(xw[:, 2 * H :] + hh, clip)) - hp)
+    h = hp + (1 - z) * (g(_clip(xw[:, 2 * H :] + hh, clip)) - hp)
     return h, (h,)
 
   init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
