@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -57,6 +58,8 @@ ABI_VERSION = 1
 # weights above this size go to NAME.weights beside the library and are mmapped at create time, rather than linked in:
 # a library of hundreds of MB is slow to link, copy and cache
 WEIGHTS_INLINE_MAX = 64 << 20
+# constants up to this size are stored once however many copies of them a compile makes (WeightsWriter)
+SHARE_MAX = 16 << 20
 # NAME_create checks a mapped weights file's size and a checksum of this many blocks of this many bytes spread evenly
 # over it (all of it when smaller): 256 KB read whatever the size, so a 1 GB model still creates in milliseconds; it
 # catches a truncated file, one from another build, one rewritten, not a flipped bit between the blocks
@@ -210,6 +213,10 @@ class WeightsWriter:
 
   def __init__(self, path: Path | None):
     self.path, self.size = path, 0
+    # offsets of the constants written so far, by contents (up to SHARE_MAX bytes): an unrolled recurrent layer packs
+    # its R once per step, and its gate constants are made per step; each is stored once (a CRNN's blob was 13x its
+    # model's weights). Bigger constants are not hashed: nothing repeats them, and a 1 GB model would pay for it.
+    self.by_contents: dict[tuple, int] = {}
     self.checksum: int | None = None  # of the finished file, when it is NAME.weights (weights_checksum)
     self.file = open(path, "wb") if path is not None else None
 
@@ -219,11 +226,20 @@ class WeightsWriter:
 
     from aot.scheduler.memory import align_up
 
+    data = np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1).view(np.uint8) if b.data is not None else None
+    key = None
+    if data is not None and 0 < b.nbytes <= SHARE_MAX:
+      key = (b.nbytes, hashlib.blake2b(data.data, digest_size=16).digest())
+      if key in self.by_contents:
+        b.offset = self.by_contents[key]
+        return
     b.offset = self.size
     self.size = align_up(b.offset + b.nbytes)
+    if key is not None:
+      self.by_contents[key] = b.offset
     if self.file is not None and b.nbytes:
       self.file.seek(b.offset)
-      self.file.write(np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1).view(np.uint8).data)
+      self.file.write(data.data)
 
   def add_consts(self, bufs) -> None:
     """Write the constants bufs in order, each mapped weight's pages released once written."""

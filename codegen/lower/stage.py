@@ -6,10 +6,7 @@ constants the generated functions read, names and optimises the functions and li
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from aot.artifact import WeightsWriter, release_mapped_pages
 from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered
@@ -61,9 +58,6 @@ class LowerEnv:
   qresults: dict = field(default_factory=dict)
   scratch_made: list[Buffer] = field(default_factory=list)
   packed: set[int] = field(default_factory=set)
-  # packed constants by their contents: kernels packing the same weight the same way (a recurrent layer's R, read by
-  # every unrolled step) share one copy in the weights, not one each (a CRNN's blob was 13x its model)
-  by_contents: dict[tuple, Buffer] = field(default_factory=dict)
 
   def keep(self, b: Buffer) -> Buffer:
     """A buffer a lowering made: a scratch one for the arena; a packed constant to the weights file now, then
@@ -80,10 +74,7 @@ class LowerEnv:
     """A float32 scratch buffer of x elements, or a constant holding the array x (contract.py's make_buffer)."""
     if kind == "scratch":
       return self.keep(Buffer("scratch", dtypes.float32, x, "contraction"))
-    key = (x.shape, x.dtype.str, hashlib.blake2b(np.ascontiguousarray(x).data, digest_size=16).digest())
-    if key not in self.by_contents:
-      self.by_contents[key] = self.keep(Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x))
-    return self.by_contents[key]
+    return self.keep(Buffer("const", dtypes.float32, x.size, "packed", shape=x.shape, data=x))
 
 
 def lower_int8_gemm(k: Kernel, env: LowerEnv) -> Lowered | None:
