@@ -132,7 +132,10 @@ def _run_dirs(x, T, ndir, direction, lens, step, init):
 def _stored(x: Tensor) -> Tensor:
   """x as a stage of its own (stored once, read by the next step and the outputs); a value the step also reads itself
   (LSTM's c) is stored before those reads, else its stage would be copied into this one."""
-  return x if x.uop.op is Ops.CONTIGUOUS else x.contiguous()
+  u = x.uop
+  while u.op in (Ops.SHRINK, Ops.RESHAPE):
+    u = u.src[0]
+  return x if u.op is Ops.CONTIGUOUS else x.contiguous()
 
 
 def _rnn_outputs(ys, finals, layout, x_dtype):
@@ -263,9 +266,13 @@ def lstm_cell(acts, gts, cp, p, H, clip, input_forget):
   if p is None and (f.name, g.name) == ("sigmoid", "tanh"):
     a = _sigmoid_tanh(_clip(gts, clip), 3 * H)
     i, o, fg, gg = a[:, :H], a[:, H : 2 * H], a[:, 2 * H : 3 * H], a[:, 3 * H :]
-    c = _stored((1 - i if input_forget else fg) * cp + i * gg)
-    h = o * hf(c)
-    return h, (h, c)
+    # h and c stored side by side, by one kernel: c is computed for each half (a few operations), as one c read at
+    # two places would be a stage, a kernel of its own; the two are written apart (operands swapped) so that they are
+    # not one node
+    c = (1 - i if input_forget else fg) * cp + i * gg
+    c_again = gg * i + cp * (-i + 1 if input_forget else fg)
+    hc = Tensor.cat([o * hf(c_again), c], 1).contiguous()
+    return hc[:, :H], (hc[:, :H], hc[:, H:])
 
   def gate(k, c):
     # without peepholes nothing is added: 0 * c is a product a kernel would compute (NaN for an infinite c)
