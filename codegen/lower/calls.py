@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from aot.codegen.render.linearize import flop_count, kernel_params, parallel_extent
 from aot.core.ir import Ops, UOp
+from aot.core.rewrite import substitute
 from aot.core.symbolic import linear
 from aot.scheduler.kernel import Buffer, Kernel
 
@@ -89,15 +90,18 @@ class LoopCall(Call):
   args: list[tuple[int, Buffer]]
   extent: int
   ast: object = field(default=None, repr=False)
+  # elements the pointer of a slot is advanced by (rebase_reads): the function reads from there on
+  offsets: dict[int, int] = field(default_factory=dict)
 
   @property
   def tasks(self) -> int:
     return self.extent
 
   def render(self, arg, tramps: dict[str, str]) -> str:
+    at = lambda b, s: f"({arg(b, s)} + {self.offsets[s]})" if s in self.offsets else arg(b, s)
     if not self.parallel:
-      return f"  {self.fn}({', '.join(arg(b, s) for s, b in self.args)}, 0, {self.extent});"
-    ptrs = ", ".join(f"(void *){arg(b, s)}" for s, b in self.args)
+      return f"  {self.fn}({', '.join(at(b, s) for s, b in self.args)}, 0, {self.extent});"
+    ptrs = ", ".join(f"(void *){at(b, s)}" for s, b in self.args)
     run = trampoline(tramps, self.fn, self.args)
     return f"  {{ void *a[] = {{{ptrs}}}; aot_parallel(m->pool, {run}, a, {self.extent}); }}"
 
@@ -120,20 +124,53 @@ class CallContext:
   threads: bool
   min_work: int
   target: str
+  # the functions loop calls run, by their rebased AST (rebase_reads), and the name each function's calls took
+  shared: dict[UOp, str] = field(default_factory=dict)
+  renamed: dict[str, str] = field(default_factory=dict)
 
   def parallel(self, tasks: int, work: int) -> bool:
     """Does a call of this many tasks doing this much work run on the pool?"""
     return self.threads and tasks > 1 and work >= self.min_work
 
-  def loop(self, ast: UOp, bufs: list[Buffer], out: Buffer, role: str) -> LoopCall:
+  def loop(self, ast: UOp, bufs: list[Buffer], out: Buffer, role: str, rebase: bool = False) -> LoopCall:
     """The call of generated function ast over the kernel's buffers, its slot 0 being out (a dense operand's kernel
-    writes its slot 0 into the operand's buffer)."""
-    ast = self.optimized[ast]
+    writes its slot 0 into the operand's buffer). rebase: a call rendered by LoopCall.render alone, which may read
+    through advanced pointers (rebase_reads)."""
+    ast, fn, offsets = self.optimized[ast], self.functions[self.optimized[ast]], {}
+    if rebase:
+      ast, offsets = rebase_reads(ast, bufs)
+      self.renamed[fn] = fn = self.shared.setdefault(ast, fn)
     extent = parallel_extent(ast)
     args = [(u.arg, out if u.arg == 0 else bufs[u.arg]) for u in kernel_params(ast)]
-    work = flop_count(ast, integer=True) + out.size
-    parallel = self.parallel(extent, work)
-    return LoopCall(fn=self.functions[ast], args=args, extent=extent, ast=ast, role=role, parallel=parallel)
+    parallel = self.threads and extent > 1 and self.parallel(extent, flop_count(ast, integer=True) + out.size)
+    return LoopCall(fn=fn, args=args, extent=extent, ast=ast, role=role, parallel=parallel, offsets=offsets)
+
+  def rendered(self, functions: dict[UOp, str]) -> dict[UOp, str]:
+    """The functions to render: those calls run rebased in place of theirs, the others as they are."""
+    return {ast: fn for ast, fn in functions.items() if fn not in self.renamed} | self.shared
+
+
+def rebase_reads(ast: UOp, bufs: list[Buffer]) -> tuple[UOp, dict[int, int]]:
+  """ast with the smallest constant offset of each read slot's loads moved into the call's pointer: kernels that
+  differ only by where in a buffer they read (an unrolled recurrent layer's steps, each reading its row of the input
+  product) become one function, not one each to render and compile. -> (ast, {slot: elements})."""
+  loads: dict[UOp, list[UOp]] = {}
+  for u in ast.toposort():
+    for s in u.src:
+      if s.op is Ops.DEFINE_GLOBAL and s.arg != 0:
+        loads.setdefault(s, []).append(u)
+  offsets, mapping = {}, {}
+  for g, users in loads.items():
+    if not all(u.op is Ops.LOAD and u.src[0] is g for u in users):
+      continue
+    c = min(linear(u.src[1])[1] for u in users)
+    if not 0 < c < bufs[g.arg].size:
+      continue
+    offsets[g.arg] = c
+    for u in users:
+      idx = u.src[1]
+      mapping[u] = u.replace(src=(g, idx + UOp.const(idx.dtype, -c), *u.src[2:]))
+  return (substitute(ast, mapping), offsets) if mapping else (ast, {})
 
 
 def globals_read(asts) -> set[int]:
@@ -177,7 +214,7 @@ class Lowered:
     return 0
 
   def calls(self, ctx: CallContext) -> list[Call]:
-    return [ctx.loop(p, self.kernel.bufs, self.kernel.bufs[0], "kernel") for p in self.pieces]
+    return [ctx.loop(p, self.kernel.bufs, self.kernel.bufs[0], "kernel", rebase=True) for p in self.pieces]
 
 
 def copies_in_place(ast: UOp) -> bool:

@@ -152,5 +152,5 @@ class GemmLowered(Lowered):
     # microkernel applied to its tiles (Gemm.steps), is not run
     for last in self.pieces:
       if not (copies_in_place(last) or any(g.epilogue is last for g in self.gemms)):
-        calls.append(ctx.loop(last, bufs, bufs[0], "epilogue"))
+        calls.append(ctx.loop(last, bufs, bufs[0], "epilogue", rebase=True))
     return calls

@@ -238,4 +238,5 @@ def lower_schedule(
     with working_on(kernel_place(low.kernel)):
       kernel_calls.append(low.calls(ctx))
   scratch = [b for b in sched.scratch if id(b) not in replaced] + env.scratch_made
-  return LoweredSchedule(lowered, scratch, functions, places, entries, kernel_calls)
+  entries = [ctx.renamed.get(fn, fn) for fn in entries]
+  return LoweredSchedule(lowered, scratch, ctx.rendered(functions), places, entries, kernel_calls)
