@@ -127,6 +127,13 @@ class CallContext:
   # the functions loop calls run, by their rebased AST (rebase_reads), and the name each function's calls took
   shared: dict[UOp, str] = field(default_factory=dict)
   renamed: dict[str, str] = field(default_factory=dict)
+  work: dict[UOp, int] = field(default_factory=dict)
+
+  def flops(self, ast: UOp) -> int:
+    """flop_count (integer work too) of a function, once per function (an unrolled layer's steps share theirs)."""
+    if ast not in self.work:
+      self.work[ast] = flop_count(ast, integer=True)
+    return self.work[ast]
 
   def parallel(self, tasks: int, work: int) -> bool:
     """Does a call of this many tasks doing this much work run on the pool?"""
@@ -142,7 +149,7 @@ class CallContext:
       self.renamed[fn] = fn = self.shared.setdefault(ast, fn)
     extent = parallel_extent(ast)
     args = [(u.arg, out if u.arg == 0 else bufs[u.arg]) for u in kernel_params(ast)]
-    parallel = self.threads and extent > 1 and self.parallel(extent, flop_count(ast, integer=True) + out.size)
+    parallel = self.threads and extent > 1 and self.parallel(extent, self.flops(ast) + out.size)
     return LoopCall(fn=fn, args=args, extent=extent, ast=ast, role=role, parallel=parallel, offsets=offsets)
 
   def rendered(self, functions: dict[UOp, str]) -> dict[UOp, str]:

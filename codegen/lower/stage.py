@@ -7,6 +7,7 @@ constants the generated functions read, names and optimises the functions and li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from aot.artifact import WeightsWriter, release_mapped_pages
 from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered
@@ -230,8 +231,9 @@ def lower_schedule(
       optimized[ast] = optimize(ast)
   functions = {optimized[ast]: fn for ast, fn in names.items()}
   entries = [names[low.main()] if low.main() is not None else low.runtime_entry for low in lowered]
-  # integer sums count as work too: a quantized model's are nearly all of it
-  threads = sum(flop_count(k.ast, integer=True) for k in sched.kernels) >= MODEL_PARALLEL_MIN_WORK
+  # integer sums count as work too: a quantized model's are nearly all of it; counted only until there is enough
+  sums = accumulate(flop_count(k.ast, integer=True) for k in sched.kernels)
+  threads = any(w >= MODEL_PARALLEL_MIN_WORK for w in sums)
   ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target)
   kernel_calls = []
   for low in lowered:
