@@ -204,6 +204,7 @@ def gru(
   # the hidden gate's recurrent bias is inside the reset gate's product with linear_before_reset, else beside it
   in_bias = rb if not linear_before_reset else Tensor.cat([rb[:, : 2 * H], rb[:, 2 * H :] * 0], 1)
   proj = _project(x, w, b[:, : 3 * H] + in_bias, ndir)
+  ones = Tensor(np.ones((B, H), dtype=x.dtype.np))
 
   def step(d, xt, st):
     f, g = acts[d]
@@ -214,8 +215,10 @@ def gru(
       z = f(_clip(xw[:, :H] + hr[:, :H], clip))
       hh = f(_clip(xw[:, H : 2 * H] + hr[:, H : 2 * H], clip)) * (hr[:, 2 * H :] + rb[d][2 * H :])
     else:
-      zr = f(_clip(xw[:, : 2 * H] + hp.matmul(r[d][: 2 * H].T), clip))
-      z, hh = zr[:, :H], (zr[:, H:] * hp).matmul(r[d][2 * H :].T)
+      # z beside r * h (the second product's operand) as one tensor, the first product's epilogue: each column's
+      # activation read once, where z and r apart were a stage and r * h another
+      zrh = f(_clip(xw[:, : 2 * H] + hp.matmul(r[d][: 2 * H].T), clip)) * Tensor.cat([ones, hp], 1)
+      z, hh = zrh[:, :H], zrh[:, H:].matmul(r[d][2 * H :].T)
     # (1 - z) ht + z hp with ht read once, so it is computed where h is (the last product's epilogue)
     h = hp + (1 - z) * (g(_clip(xw[:, 2 * H :] + hh, clip)) - hp)
     return h, (h,)

@@ -121,14 +121,14 @@ def test_recurrent_variants_match_onnxruntime(op, attrs, tmp_path):
 
 # Kernels per unrolled step and direction, each for a reason. LSTM 2: the recurrent product h R^T plus the step's
 # projected input, its four gates activated in the epilogue; h and c side by side (one tensor: the next step reads
-# both, Y reads h). GRU 3: the product for z and r, activated in its epilogue; r * h, the operand of the second
-# product; that product with the new h in its epilogue. GRU with linear_before_reset 2: h R^T for all three gates,
+# both, Y reads h). GRU 2: the product for z and r, its epilogue writing z beside r * h (the operand of the second
+# product); that product with the new h in its epilogue. GRU with linear_before_reset 2: h R^T for all three gates,
 # read in three slices; the new h, its gates computed there (the first step 1: h = 0, no product). RNN 1: the
 # product with its activation in the epilogue. Besides the steps: the input product for every step and both
 # directions (1), Y (1), and Y_h, Y_c (1 each: the directions' last states stacked).
 PER_STEP = [
   ("LSTM", {}, lambda T: 2 * 2 * T + 1 + 1 + 2),
-  ("GRU", {}, lambda T: 2 * 3 * T + 1 + 1 + 1),
+  ("GRU", {}, lambda T: 2 * 2 * T + 1 + 1 + 1),
   ("GRU", {"linear_before_reset": 1}, lambda T: 2 * (2 * T - 1) + 1 + 1 + 1),
   ("RNN", {}, lambda T: 2 * T + 1 + 1 + 1),
 ]
