@@ -535,7 +535,7 @@ def dynamic_quantize_lstm(
 
   def step(d, xt, st):
     gts = xt[d] + _dq_product(st[0], r[d], per_dir(r_scale, d), per_dir(r_zp, d)) + b[d][: 4 * H] + b[d][4 * H :]
-    return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
+    return lstm_cell([acts[d]], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
 
   zeros = Tensor(np.zeros((B, H), dtype=np.float32))
   init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)

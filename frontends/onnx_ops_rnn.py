@@ -81,14 +81,47 @@ def _sigmoid_tanh(x, tanh_from: int):
   return (x * Tensor(s)).sigmoid() * Tensor(s) - Tensor(s - 1)
 
 
-def _project(x, w, bias, ndir):
-  """Every step's input product at once, both directions in one matmul over T*B rows, with the input-side bias:
-  X (T, B, I) times W^T -> (T, ndir, B, G*H), step t reading its direction's (B, G*H); the recurrence multiplies by
-  R only. Unrolled per step, W was packed once per step (the weights 13x the model's) and each product had one row."""
+def _project(x, w, bias, ndir, direction):
+  """Every step's input product at once, both directions in one batched matmul over T*B rows, with the input-side
+  bias: X (T, B, I) times W^T, in the order the steps run (the backward direction's reversed), as (T, ndir, B, G*H):
+  step s reads [s] at one place, so every step's kernels are the same functions (calls.py rebase_reads); the
+  recurrence multiplies by R only. Unrolled per step, W was packed once per step and each product had one row."""
   T, B, I = x.shape
   gh = w.shape[1]
-  xw = (x.reshape(T * B, I).matmul(w.reshape(ndir * gh, I).T) + bias.reshape(ndir * gh)).contiguous()
-  return xw.reshape(T, B, ndir, gh).permute(0, 2, 1, 3)
+  xs = Tensor.stack([x.flip(0) if _reversed(direction, d) else x for d in range(ndir)]).reshape(ndir, T * B, I)
+  xw = xs.matmul(w.transpose(1, 2)) + bias.reshape(ndir, 1, gh)
+  return xw.reshape(ndir, T, B, gh).permute(1, 0, 2, 3).contiguous()
+
+
+def _reversed(direction, d) -> bool:
+  return direction == "reverse" or d == 1
+
+
+def _act(fns, x):
+  """x (ndir, ...) through each direction's activation fns[d]: one expression where they are the same."""
+  if all(f == fns[0] for f in fns):
+    return fns[0](x)
+  return Tensor.cat([f(x[d : d + 1]) for d, f in enumerate(fns)], 0)
+
+
+def _run_steps(proj, T, ndir, direction, lens, step, init):
+  """Run step(x_s, state) -> (h, state) over the steps, the directions batched ((ndir, B, ...) tensors: step s is
+  the forward direction's time s and the backward's T-1-s, the products one batched call): (each direction's outputs
+  by time, each direction's final state). Steps past a sequence's length keep the state and output zeros."""
+  times = [[T - 1 - s if _reversed(direction, d) else s for d in range(ndir)] for s in range(T)]
+  state, outs = init, []
+  for s in range(T):
+    h, new = step(proj[s], state)
+    if lens is not None:
+      live = Tensor(np.stack([t < lens for t in times[s]]).reshape(ndir, -1, 1))
+      new = tuple(live.where(nv, ov) for nv, ov in zip(new, state))
+      h = live.where(h, 0.0)
+    # each step's state is read by the next step's kernels and the output's: stored as it is made, not found one
+    # step per round by the scheduler's fixpoint (a 40-step CRNN took 80 rounds, most of its 56 s compile)
+    state = tuple(_stored(x) for x in new)
+    outs.append(state[0] if lens is None else h)
+  ys = [[outs[times[s][d]][d] for s in range(T)] for d in range(ndir)]
+  return ys, [tuple(x[d] for x in state) for d in range(ndir)]
 
 
 def _rnn_setup(n, x, w, r, b, seq_lens, h0, layout, direction, gates, extra=None):
@@ -108,8 +141,8 @@ def _rnn_setup(n, x, w, r, b, seq_lens, h0, layout, direction, gates, extra=None
 
 
 def _run_dirs(x, T, ndir, direction, lens, step, init):
-  """Run step(d, x_t, state) -> (h, state) over time in each direction: (each direction's outputs by step, each
-  direction's final state). Steps past a sequence's length keep the state and output zeros."""
+  """Run step(d, x_t, state) -> (h, state) over time in each direction apart (the quantized LSTM, whose products
+  quantize each direction's h with its own range): _run_steps' result."""
   ys, finals = [], []
   for d in range(ndir):
     rev = direction == "reverse" or d == 1
@@ -170,14 +203,15 @@ def rnn(
 ):
   x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 1)
   acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], ndir)
-  proj = _project(x, w, b[:, :H] + b[:, H:], ndir)
+  proj = _project(x, w, b[:, :H] + b[:, H:], ndir, direction)
+  rt = r.transpose(1, 2)
 
-  def step(d, xt, st):
-    h = acts[d][0](_clip(xt[d] + st[0].matmul(r[d].T), clip))
+  def step(xs, st):
+    h = _act([a[0] for a in acts], _clip(xs + st[0].matmul(rt), clip))
     return h, (h,)
 
-  init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
-  return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
+  init = (h0 if h0 is not None else Tensor(np.zeros((ndir, B, H), dtype=x.dtype.np)),)
+  return _rnn_outputs(*_run_steps(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
 
 
 @op("GRU", since=7)
@@ -203,28 +237,29 @@ def gru(
   rb = b[:, 3 * H :]
   # the hidden gate's recurrent bias is inside the reset gate's product with linear_before_reset, else beside it
   in_bias = rb if not linear_before_reset else Tensor.cat([rb[:, : 2 * H], rb[:, 2 * H :] * 0], 1)
-  proj = _project(x, w, b[:, : 3 * H] + in_bias, ndir)
-  ones = Tensor(np.ones((B, H), dtype=x.dtype.np))
+  proj = _project(x, w, b[:, : 3 * H] + in_bias, ndir, direction)
+  ones = Tensor(np.ones((ndir, B, H), dtype=x.dtype.np))
+  f, g = (lambda x: _act([a[0] for a in acts], x)), (lambda x: _act([a[1] for a in acts], x))
 
-  def step(d, xt, st):
-    f, g = acts[d]
-    hp, xw = st[0], xt[d]
+  def step(xw, st):
+    hp = st[0]
     if linear_before_reset:
       # the gates activated apart, each read once: all of them computed in the kernel of h
-      hr = hp.matmul(r[d].T)
-      z = f(_clip(xw[:, :H] + hr[:, :H], clip))
-      hh = f(_clip(xw[:, H : 2 * H] + hr[:, H : 2 * H], clip)) * (hr[:, 2 * H :] + rb[d][2 * H :])
+      hr = hp.matmul(r.transpose(1, 2))
+      z = f(_clip(xw[..., :H] + hr[..., :H], clip))
+      rbh = rb[:, 2 * H :].reshape(ndir, 1, H)
+      hh = f(_clip(xw[..., H : 2 * H] + hr[..., H : 2 * H], clip)) * (hr[..., 2 * H :] + rbh)
     else:
       # z beside r * h (the second product's operand) as one tensor, the first product's epilogue: each column's
       # activation read once, where z and r apart were a stage and r * h another
-      zrh = f(_clip(xw[:, : 2 * H] + hp.matmul(r[d][: 2 * H].T), clip)) * Tensor.cat([ones, hp], 1)
-      z, hh = zrh[:, :H], zrh[:, H:].matmul(r[d][2 * H :].T)
+      zrh = f(_clip(xw[..., : 2 * H] + hp.matmul(r[:, : 2 * H].transpose(1, 2)), clip)) * Tensor.cat([ones, hp], 2)
+      z, hh = zrh[..., :H], zrh[..., H:].matmul(r[:, 2 * H :].transpose(1, 2))
     # (1 - z) ht + z hp with ht read once, so it is computed where h is (the last product's epilogue)
-    h = hp + (1 - z) * (g(_clip(xw[:, 2 * H :] + hh, clip)) - hp)
+    h = hp + (1 - z) * (g(_clip(xw[..., 2 * H :] + hh, clip)) - hp)
     return h, (h,)
 
-  init = lambda d: (h0[d] if h0 is not None else Tensor(np.zeros((B, H), dtype=x.dtype.np)),)
-  return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
+  init = (h0 if h0 is not None else Tensor(np.zeros((ndir, B, H), dtype=x.dtype.np)),)
+  return _rnn_outputs(*_run_steps(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
 
 
 @op("LSTM", since=7)
@@ -251,40 +286,41 @@ def lstm(
   if initial_c is not None and layout:
     initial_c = initial_c.transpose(0, 1)
   acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
-  proj = _project(x, w, b[:, : 4 * H] + b[:, 4 * H :], ndir)
+  proj = _project(x, w, b[:, : 4 * H] + b[:, 4 * H :], ndir, direction)
+  rt, peep = r.transpose(1, 2), p.reshape(ndir, 1, 3 * H) if p is not None else None
 
-  def step(d, xt, st):
-    gts = xt[d] + st[0].matmul(r[d].T)
-    return lstm_cell(acts[d], gts, st[1], p[d] if p is not None else None, H, clip, input_forget)
+  def step(xs, st):
+    return lstm_cell(acts, xs + st[0].matmul(rt), st[1], peep, H, clip, input_forget)
 
-  zeros = Tensor(np.zeros((B, H), dtype=x.dtype.np))
-  init = lambda d: (h0[d] if h0 is not None else zeros, initial_c[d] if initial_c is not None else zeros)
-  return _rnn_outputs(*_run_dirs(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
+  zeros = Tensor(np.zeros((ndir, B, H), dtype=x.dtype.np))
+  init = (h0 if h0 is not None else zeros, initial_c if initial_c is not None else zeros)
+  return _rnn_outputs(*_run_steps(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
 
 
 def lstm_cell(acts, gts, cp, p, H, clip, input_forget):
-  """One LSTM step from its gate pre-activations gts (B, 4H, gates i o f c): -> (h, (h, c)). With the default
-  activations and no peepholes the gates are activated as one tensor (_sigmoid_tanh), in the product's epilogue."""
-  f, g, hf = acts
-  if p is None and (f.name, g.name) == ("sigmoid", "tanh"):
+  """One LSTM step from its gate pre-activations gts (..., 4H, gates i o f c), its directions on the first axis with
+  their activations acts[d] (one direction: 2-D gts): -> (h, (h, c)). With the default activations and no peepholes
+  the gates are activated as one tensor (_sigmoid_tanh), in the product's epilogue."""
+  f, g, hf = [lambda x, k=k: _act([a[k] for a in acts], x) for k in range(3)]
+  if p is None and all((a[0].name, a[1].name) == ("sigmoid", "tanh") for a in acts):
     a = _sigmoid_tanh(_clip(gts, clip), 3 * H)
-    i, o, fg, gg = a[:, :H], a[:, H : 2 * H], a[:, 2 * H : 3 * H], a[:, 3 * H :]
+    i, o, fg, gg = a[..., :H], a[..., H : 2 * H], a[..., 2 * H : 3 * H], a[..., 3 * H :]
     # h and c stored side by side, by one kernel: c is computed for each half (a few operations), as one c read at
     # two places would be a stage, a kernel of its own; the two are written apart (operands swapped) so that they are
     # not one node
     c = (1 - i if input_forget else fg) * cp + i * gg
     c_again = gg * i + cp * (-i + 1 if input_forget else fg)
-    hc = Tensor.cat([o * hf(c_again), c], 1).contiguous()
-    return hc[:, :H], (hc[:, :H], hc[:, H:])
+    hc = Tensor.cat([o * hf(c_again), c], -1).contiguous()
+    return hc[..., :H], (hc[..., :H], hc[..., H:])
 
   def gate(k, c):
     # without peepholes nothing is added: 0 * c is a product a kernel would compute (NaN for an infinite c)
-    pre = gts[:, k * H : (k + 1) * H]
-    return pre + p[k * H : (k + 1) * H] * c if p is not None else pre
+    pre = gts[..., k * H : (k + 1) * H]
+    return pre + p[..., k * H : (k + 1) * H] * c if p is not None else pre
 
   i = f(_clip(gate(0, cp), clip))
   fg = 1 - i if input_forget else f(_clip(gate(2, cp), clip))
-  c = _stored(fg * cp + i * g(_clip(gts[:, 3 * H :], clip)))
+  c = _stored(fg * cp + i * g(_clip(gts[..., 3 * H :], clip)))
   o = f(_clip(gate(1, c), clip))
   h = o * hf(c)
   return h, (h, c)

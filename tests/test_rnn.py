@@ -119,18 +119,20 @@ def test_recurrent_variants_match_onnxruntime(op, attrs, tmp_path):
   _check(*_model(op, 4, 2, 5, 6, direction=direction, init=True, **attrs), tmp_path)
 
 
-# Kernels per unrolled step and direction, each for a reason. LSTM 2: the recurrent product h R^T plus the step's
-# projected input, its four gates activated in the epilogue; h and c side by side (one tensor: the next step reads
-# both, Y reads h). GRU 2: the product for z and r, its epilogue writing z beside r * h (the operand of the second
-# product); that product with the new h in its epilogue. GRU with linear_before_reset 2: h R^T for all three gates,
-# read in three slices; the new h, its gates computed there (the first step 1: h = 0, no product). RNN 1: the
-# product with its activation in the epilogue. Besides the steps: the input product for every step and both
-# directions (1), Y (1), and Y_h, Y_c (1 each: the directions' last states stacked).
+# Kernels per unrolled step, the directions batched (step s runs the forward direction's time s and the backward's
+# T-1-s: one batched product), each for a reason. LSTM 2: the recurrent product h R^T plus the step's projected input,
+# its four gates activated in the epilogue; h and c side by side (one tensor: the next step reads both, Y reads h).
+# GRU 2: the product for z and r, its epilogue writing z beside r * h (the operand of the second product); that
+# product with the new h in its epilogue. GRU with linear_before_reset 2: h R^T for all three gates, read in three
+# slices; the new h, its gates computed there (the first step 1: h = 0, no product). RNN 1: the product with its
+# activation in the epilogue. Besides the steps: X beside X reversed in time (the backward direction's steps in the
+# order they run), the input product for every step and both directions (1), Y (1), and Y_h, Y_c (1 each: the last
+# states).
 PER_STEP = [
-  ("LSTM", {}, lambda T: 2 * 2 * T + 1 + 1 + 2),
-  ("GRU", {}, lambda T: 2 * 2 * T + 1 + 1 + 1),
-  ("GRU", {"linear_before_reset": 1}, lambda T: 2 * (2 * T - 1) + 1 + 1 + 1),
-  ("RNN", {}, lambda T: 2 * T + 1 + 1 + 1),
+  ("LSTM", {}, lambda T: 2 * T + 1 + 1 + 1 + 2),
+  ("GRU", {}, lambda T: 2 * T + 1 + 1 + 1 + 1),
+  ("GRU", {"linear_before_reset": 1}, lambda T: 2 * T - 1 + 1 + 1 + 1 + 1),
+  ("RNN", {}, lambda T: T + 1 + 1 + 1 + 1),
 ]
 
 
@@ -150,11 +152,12 @@ def test_weights_are_stored_once_not_per_step(tmp_path):
 
 
 def test_the_input_product_is_one_kernel_for_all_steps_and_directions():
-  # X (T, B, I) by both directions' W at once: one (T*B, 2*4H) product, not one per step and direction
+  # X (T, B, I) by both directions' W at once: one batched (2, T*B, 4H) product, in step order (T, 2, B, 4H), not
+  # one per step and direction
   model, _ = _model("LSTM", 8, 2, 16, 32, direction="bidirectional")
   from aot.compiler import resolve
   from aot.scheduler.schedule import schedule
 
   traced = resolve(model, None, None)
   kernels = schedule(traced.outputs, traced.inputs).kernels
-  assert [k.shape for k in kernels if k.shape[0] == 8 * 2] == [(8 * 2, 2 * 4 * 32)]
+  assert [k.shape for k in kernels if k.shape[-1] == 4 * 32 and k.shape[0] == 8] == [(8, 2, 2, 4 * 32)]
