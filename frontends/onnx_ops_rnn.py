@@ -1,5 +1,10 @@
 """ONNX recurrent operators, unrolled over the (static) sequence length: RNN, GRU, LSTM and their shared helpers
-(activations, per-direction loop, outputs), and the stateful CausalConvWithState and LinearAttention."""
+(activations, the step loop, outputs), and the stateful CausalConvWithState and LinearAttention.
+
+RNN, GRU and LSTM: the input product for every step and direction is one batched matmul ahead of the recurrence
+(_project); each step then runs both directions as one batch: a product h R^T with the gates in its epilogue, and for
+LSTM one kernel writing h beside c (GRU: two products). Each step's state is a stage from the start, and the steps'
+kernels read the input product at one offset each, so they share their generated functions (calls.py rebase_reads)."""
 
 from __future__ import annotations
 
