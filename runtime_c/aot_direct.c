@@ -13,6 +13,9 @@
    (kh, then kw, ascending) whoever computes it, so results are bitwise the same for any thread count. */
 #include <string.h>
 #include "aot_direct.h"
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX512F__)
 typedef float vf __attribute__((vector_size(64), aligned(4)));
@@ -94,22 +97,40 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x,
   }
 }
 
+/* the first n lanes of v stored at p (n in 1..VW): a masked store where the ISA has one, so the row's last, partial
+   vector is written straight into the output (it used to go through a buffer and a memcpy call per row, which cost
+   small planes more than their multiply-adds: 7x7 and 14x14 rows are one partial vector) */
+static inline __attribute__((always_inline)) void store_first(float *p, const vf *v, int n) {
+#if defined(__AVX512F__)
+  _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)*v);
+#elif defined(__AVX2__)
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes), (__m256)*v);
+#else
+  for (int i = 0; i < n; i++) p[i] = (*v)[i];
+#endif
+}
+
 /* R rows x NV vectors of outputs, in registers across the taps (at offsets off[t] from src, weights w[t]); the rows'
-   band rows are src_row apart, their outputs y_row */
+   band rows are src_row apart, their outputs y_row; of the last vector only its first last lanes are stored (VW:
+   all of them) */
 static inline __attribute__((always_inline)) void segment(int taps, const long *off, const float *w,
                                                           const float *src, long src_row, float *y, long y_row,
-                                                          const int R, const int NV) {
+                                                          const int R, const int NV, int last) {
   vf acc[ROW_BLOCK][SEG_VECTORS] = {{{0}}};
   for (int t = 0; t < taps; t++) {
     const float wv = w[t], *p = src + off[t];
     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
       _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] += *(const vf *)(p + r * src_row + v * VW) * wv;
   }
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
+    if (last == VW) *(vf *)(y + r * y_row + (NV - 1) * VW) = acc[r][NV - 1];
+    else store_first(y + r * y_row + (NV - 1) * VW, &acc[r][NV - 1], last);
+  }
 }
 
-#define SEGMENT(R, NV) segment(taps, off, w, src, src_row, out, out_row, R, NV)
+#define SEGMENT(R, NV) segment(taps, off, w, src, src_row, y, OW, R, NV, last)
 /* R (1 or ROW_BLOCK) output rows from the band rows starting at src, the taps at offsets off */
 static void conv_rows(const aot_depthwise *d, const float *src, long src_row, const long *off, const float *w, float *y,
                       const int R) {
@@ -118,16 +139,14 @@ static void conv_rows(const aot_depthwise *d, const float *src, long src_row, co
   for (; ow + SEG_VECTORS * VW <= OW; ow += SEG_VECTORS * VW) {
     const float *s = src + ow;
     float *o = y + ow;
-    if (R == ROW_BLOCK) segment(taps, off, w, s, src_row, o, OW, ROW_BLOCK, SEG_VECTORS);
-    else segment(taps, off, w, s, src_row, o, OW, 1, SEG_VECTORS);
+    if (R == ROW_BLOCK) segment(taps, off, w, s, src_row, o, OW, ROW_BLOCK, SEG_VECTORS, VW);
+    else segment(taps, off, w, s, src_row, o, OW, 1, SEG_VECTORS, VW);
   }
   if (ow == OW) return;
-  /* the last vectors through a buffer: the rest of the row is not a whole vector */
-  float last[ROW_BLOCK][SEG_VECTORS * VW] __attribute__((aligned(64)));
-  const int rest = OW - ow, nv = (rest + VW - 1) / VW;
+  /* the rest of the row: its last vector partial, stored masked */
+  const int rest = OW - ow, nv = (rest + VW - 1) / VW, last = rest - (nv - 1) * VW;
   src += ow;
-  float *out = last[0];
-  const long out_row = SEG_VECTORS * VW;
+  y += ow;
   if (R == ROW_BLOCK) {
     switch (nv) {
       case 1: SEGMENT(ROW_BLOCK, 1); break;
@@ -143,7 +162,6 @@ static void conv_rows(const aot_depthwise *d, const float *src, long src_row, co
       default: SEGMENT(1, 4); break;
     }
   }
-  for (int r = 0; r < R; r++) memcpy(y + (long)r * OW + ow, last[r], (size_t)rest * sizeof(float));
 }
 
 int aot_depthwise_band_rows(const aot_depthwise *d) {
@@ -153,32 +171,50 @@ int aot_depthwise_band_rows(const aot_depthwise *d) {
   return in_rows < d->KH ? 0 : (int)((in_rows - d->KH) / d->SH + 1);
 }
 
+/* the planes of task t, one band of output rows at a time */
+static void run_task(const aot_depthwise *d, int t, float *buf, const long *off) {
+  const int per_task = d->planes / d->tasks, band = aot_depthwise_band_rows(d);
+  const long src_row = d->SH * (long)d->SW * phase_width(d);
+  for (int p = t * per_task; p < (t + 1) * per_task; p++) {
+    const int f = p / d->images;
+    const float *x = d->x + d->x_planes[p], *w = d->w + (long)f * d->KH * d->KW;
+    float *y = d->y + (long)p * d->OH * d->OW;
+    for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
+      const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
+      const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
+      fill_band(d, x, ih0, rows, buf);
+      int oh = oh0;
+      for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
+        conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK);
+      for (; oh < oh1; oh++) conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, 1);
+    }
+  }
+}
+
 void aot_depthwise_run(void *ctx, int start, int end) {
-  const aot_depthwise *d = ctx;
+  /* tasks are taken from the call's shared counter, not from [start, end): a thread kept off its core (a loaded
+     machine) then holds up at most the tasks it took last, where a fixed split left the other threads waiting for
+     its whole slice (each task computes its planes whole, so results do not depend on who takes it) */
+  (void)start;
+  (void)end;
+  aot_depthwise *d = ctx;
   float buf[AOT_DEPTHWISE_BUFFER] __attribute__((aligned(64)));
   memset(buf, 0, sizeof buf);
-  const int per_task = d->planes / d->tasks, band = aot_depthwise_band_rows(d), Wq = phase_width(d);
-  const long rowlen = (long)d->SW * Wq;
+  const long rowlen = (long)d->SW * phase_width(d);
   /* where tap (kh, kw) of output column 0 lies in the band: row kh, phase kw % SW, column kw / SW */
   long off[AOT_DEPTHWISE_MAX_TAPS];
   for (int kh = 0; kh < d->KH; kh++)
-    for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = kh * rowlen + (kw % d->SW) * Wq + kw / d->SW;
-  for (int t = start; t < end; t++) {
-    for (int p = t * per_task; p < (t + 1) * per_task; p++) {
-      const int f = p / d->images;
-      const float *x = d->x + d->x_planes[p], *w = d->w + (long)f * d->KH * d->KW;
-      float *y = d->y + (long)p * d->OH * d->OW;
-      for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
-        const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
-        const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
-        fill_band(d, x, ih0, rows, buf);
-        const long src_row = d->SH * rowlen;
-        int oh = oh0;
-        for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
-          conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK);
-        for (; oh < oh1; oh++) conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, 1);
-      }
-    }
-    if (d->epilogue) d->epilogue(d->epilogue_ctx, t, t + 1);
+    for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = kh * rowlen + (kw % d->SW) * phase_width(d) + kw / d->SW;
+  /* tasks taken at once: enough work to make the counter's cache line cheap beside it, few enough that the tasks
+     still share out evenly and a task's planes are still in cache for its epilogue */
+  const long task_work = (long)(d->planes / d->tasks) * d->OH * d->OW * d->KH * d->KW;
+  int grain = (int)(AOT_DEPTHWISE_CLAIM_WORK / (task_work ? task_work : 1));
+  const int most = d->tasks / AOT_DEPTHWISE_MIN_CLAIMS;
+  grain = grain > most ? most : grain;
+  grain = grain < 1 ? 1 : grain;
+  for (int t0; (t0 = __atomic_fetch_add(&d->next, grain, __ATOMIC_RELAXED)) < d->tasks;) {
+    const int t1 = t0 + grain < d->tasks ? t0 + grain : d->tasks;
+    for (int t = t0; t < t1; t++) run_task(d, t, buf, off);
+    if (d->epilogue) d->epilogue(d->epilogue_ctx, t0, t1);
   }
 }

@@ -11,7 +11,8 @@ index linear in (oh, ow, kh, kw) with unit column stride plus any function of th
 a channel shuffle, a channel multiplier), and its gate must be exactly "inside an H x W plane" (checked by
 evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/lower/contract.py.
 The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel, which the runtime
-calls on each task's planes right after computing them (they are still in cache)."""
+calls on each run of tasks a thread takes right after computing their planes (they are still in cache); threads take
+the tasks from a shared counter, so a thread kept off its core holds up only the few it took last."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ class Depthwise:
   w_slot: int  # the filters, [planes][KH][KW]
   planes_slot: int  # x_planes, the table of where each plane starts (int32 bits in a constant)
   result: int  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
-  tasks: int  # planes are split into this many tasks, one epilogue call each
+  tasks: int  # planes are split into this many tasks, an epilogue call after each run of them a thread takes
   fused: bool  # the epilogue runs after each task (its outermost loop is the tasks')
 
   # planes per filter side's batch entry: the images, times the filters per input channel (a channel multiplier's m)
