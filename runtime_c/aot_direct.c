@@ -111,17 +111,83 @@ static inline __attribute__((always_inline)) void store_first(float *p, const vf
 #endif
 }
 
+/* the fused epilogue's operands on one plane (aot_depthwise.steps): each step's at the plane's first output (its
+   value for a constant), and whether it moves with the output (a residual) or is one per plane (a bias, a scale) */
+typedef struct {
+  const aot_gemm_step *s;
+  int n;
+  const float *y, *x[AOT_DEPTHWISE_MAX_STEPS];
+  int col[AOT_DEPTHWISE_MAX_STEPS];
+} plane_steps;
+
+static void plane_steps_of(const aot_depthwise *d, int p, const float *y, plane_steps *ps) {
+  const int images = d->images, filters = d->filters;
+  const long b = p / (images * filters), m = p / images % filters, n = (long)(p % images) * d->OH * d->OW;
+  ps->s = d->steps;
+  ps->n = d->nsteps;
+  ps->y = y;
+  for (int k = 0; k < d->nsteps; k++) {
+    const aot_gemm_step *s = &d->steps[k];
+    ps->x[k] = s->p ? s->p + b * s->batch + m * s->m + n * s->n : &s->value;
+    ps->col[k] = s->p && s->n;
+  }
+}
+
+/* step k's operand for the outputs at y, of which the first lanes are the row's (the rest read as 0) */
+static inline __attribute__((always_inline)) vf step_operand(const plane_steps *ps, int k, const float *y, int lanes) {
+  const float *x = ps->x[k];
+  if (!ps->col[k]) return *x - (vf){0};
+  x += y - ps->y;
+  if (lanes == VW) return *(const vf *)x;
+  vf v = {0};
+  for (int i = 0; i < lanes; i++) v[i] = x[i];
+  return v;
+}
+
+/* EXPR of each accumulator v and its operand x (step k's) into the accumulator */
+#define ON_BLOCK(EXPR)                                                                                     \
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)                                                      \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {                                                 \
+      const float *at = y + r * y_row + j * VW;                                                            \
+      const vf v = acc[r][j], x = step_operand(ps, k, at, j == NV - 1 ? last : VW);                        \
+      acc[r][j] = EXPR;                                                                                    \
+    }
+
 /* R rows x NV vectors of outputs, in registers across the taps (at offsets off[t] from src, weights w[t]); the rows'
    band rows are src_row apart, their outputs y_row; of the last vector only its first last lanes are stored (VW:
-   all of them) */
+   all of them). With ps, the plane's steps on them first: the same ops in the same order as the epilogue kernel (an
+   add or a multiply rounds the same either way round; a multiply an add takes is two statements, as the kernel has
+   them), one step at a time over the whole block (a switch per output vector cost the 56-wide planes 1.2x) */
 static inline __attribute__((always_inline)) void segment(int taps, const long *off, const float *w,
                                                           const float *src, long src_row, float *y, long y_row,
-                                                          const int R, const int NV, int last) {
+                                                          const int R, const int NV, int last, const plane_steps *ps) {
   vf acc[ROW_BLOCK][SEG_VECTORS] = {{{0}}};
   for (int t = 0; t < taps; t++) {
     const float wv = w[t], *p = src + off[t];
     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
       _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] += *(const vf *)(p + r * src_row + v * VW) * wv;
+  }
+  for (int k = 0; ps && k < ps->n; k++) {
+    const aot_gemm_step *s = &ps->s[k];
+    if (s->op == AOT_STEP_MUL_ADD) {
+      k++;
+      _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {
+          const float *at = y + r * y_row + j * VW;
+          const int lanes = j == NV - 1 ? last : VW;
+          const vf x = step_operand(ps, k - 1, at, lanes), z = step_operand(ps, k, at, lanes), p = acc[r][j] * x;
+          acc[r][j] = p + z;
+        }
+      continue;
+    }
+    switch (s->op * 2 + (s->op >= AOT_STEP_MAX ? s->swapped : 0)) {
+      case AOT_STEP_ADD * 2: ON_BLOCK(v + x); break;
+      case AOT_STEP_MUL * 2: ON_BLOCK(v * x); break;
+      case AOT_STEP_MAX * 2: ON_BLOCK(VMAX_MIN(v, x, >)); break;
+      case AOT_STEP_MAX * 2 + 1: ON_BLOCK(VMAX_MIN(x, v, >)); break;
+      case AOT_STEP_MIN * 2: ON_BLOCK(VMAX_MIN(v, x, <)); break;
+      default: ON_BLOCK(VMAX_MIN(x, v, <)); break;
+    }
   }
   _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
     _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
@@ -130,17 +196,17 @@ static inline __attribute__((always_inline)) void segment(int taps, const long *
   }
 }
 
-#define SEGMENT(R, NV) segment(taps, off, w, src, src_row, y, OW, R, NV, last)
+#define SEGMENT(R, NV) segment(taps, off, w, src, src_row, y, OW, R, NV, last, ps)
 /* R (1 or ROW_BLOCK) output rows from the band rows starting at src, the taps at offsets off */
 static void conv_rows(const aot_depthwise *d, const float *src, long src_row, const long *off, const float *w, float *y,
-                      const int R) {
+                      const int R, const plane_steps *ps) {
   const int taps = d->KH * d->KW, OW = d->OW;
   int ow = 0;
   for (; ow + SEG_VECTORS * VW <= OW; ow += SEG_VECTORS * VW) {
     const float *s = src + ow;
     float *o = y + ow;
-    if (R == ROW_BLOCK) segment(taps, off, w, s, src_row, o, OW, ROW_BLOCK, SEG_VECTORS, VW);
-    else segment(taps, off, w, s, src_row, o, OW, 1, SEG_VECTORS, VW);
+    if (R == ROW_BLOCK) segment(taps, off, w, s, src_row, o, OW, ROW_BLOCK, SEG_VECTORS, VW, ps);
+    else segment(taps, off, w, s, src_row, o, OW, 1, SEG_VECTORS, VW, ps);
   }
   if (ow == OW) return;
   /* the rest of the row: its last vector partial, stored masked */
@@ -179,14 +245,16 @@ static void run_task(const aot_depthwise *d, int t, float *buf, const long *off)
     const int f = p / d->images;
     const float *x = d->x + d->x_planes[p], *w = d->w + (long)f * d->KH * d->KW;
     float *y = d->y + (long)p * d->OH * d->OW;
+    plane_steps steps, *ps = NULL;
+    if (d->nsteps) plane_steps_of(d, p, y, ps = &steps);
     for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
       const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
       const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
       fill_band(d, x, ih0, rows, buf);
       int oh = oh0;
       for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
-        conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK);
-      for (; oh < oh1; oh++) conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, 1);
+        conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK, ps);
+      for (; oh < oh1; oh++) conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, 1, ps);
     }
   }
 }

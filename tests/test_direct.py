@@ -193,7 +193,10 @@ def test_depthwise_takes_the_direct_kernel(artifacts, target):
   # epilogue (it has none); it ran on the microkernel as 16 groups of M = 2 over an im2col copy before the direct
   # kernel took channel multipliers
   assert src.count("aot_depthwise d =") == len(BRANCHES) + 3
-  assert src.count(", a}; aot_depthwise_run(&d, 0, d.tasks)") == len(BRANCHES) + 1
+  # a batch norm, a bias and a clip are steps the kernel applies to each output before storing it (the three of
+  # BRANCHES and the shuffled one); hardswish and silu are epilogue calls on each run of tasks' planes
+  assert src.count(".steps = s, ") == 4
+  assert src.count(", a}; aot_depthwise_run(&d, 0, d.tasks)") + 4 == len(BRANCHES) + 1
   assert "aot_gemm g =" not in src and "_dense0b(" not in src
 
 
@@ -240,6 +243,8 @@ def shapes_model() -> onnx.ModelProto:
   g = Graph()
   for i, (c, _, _, k, s, pads, act) in enumerate(SHAPES):
     g.output(g.act(g.bn(g.depthwise(f"x{i}", c, k, s, pads), c), act))
+  # a residual add: a step whose operand moves with the output (7-wide rows: its last vector's lanes read masked)
+  g.output(g.node("Add", g.bn(g.depthwise("x0", SHAPES[0][0], 3, 1, (1, 1, 1, 1)), SHAPES[0][0]), "x0"))
   return g.model({f"x{i}": (1, c, h, w) for i, (c, h, w, *_) in enumerate(SHAPES)})
 
 
@@ -251,8 +256,10 @@ def test_depthwise_shapes_bitwise_same_on_1_2_and_3_threads(tmp_path):
   model = shapes_model()
   art = aot.compile_model(model, out_dir=tmp_path)
   src = model_c(art)
-  assert src.count("aot_depthwise d =") == len(SHAPES)
-  assert src.count("aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)") == len(SHAPES)
+  assert src.count("aot_depthwise d =") == len(SHAPES) + 1
+  assert src.count("aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)") == len(SHAPES) + 1
+  # batch norm, relu6, clip and the residual are steps the kernel applies; hardswish is an epilogue call
+  assert src.count(".steps = s, ") == len(SHAPES)
   r = np.random.default_rng(7)
   xs = [r.standard_normal((1, c, h, w), dtype=np.float32) for c, h, w, *_ in SHAPES]
   runs = []
