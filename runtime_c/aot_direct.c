@@ -44,59 +44,6 @@ enum { VW = (int)(sizeof(vf) / sizeof(float)) };
 #define AOT_LOOP_VECTORIZE
 #endif
 
-/* padded columns per phase: whole vectors of outputs plus the window's reach past them */
-static int phase_width(const aot_depthwise *d) { return (d->OW + VW - 1) / VW * VW + (d->KW - 1) / d->SW; }
-
-/* Copy input rows [ih0, ih0 + rows) (rows outside the plane are zeros) into buf as [rows][SW][Wq]. Columns outside
-   the plane are never written: buf starts zeroed, and they are the same columns in every row. */
-AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x, int ih0, int rows, float *buf) {
-  const int SW = d->SW, Wq = phase_width(d);
-  /* padded column q * SW + p is input column q * SW + p - PW: valid for q in [lo[p], hi[p]) (the same for every row:
-     worked out once, integer divisions cost more than a row's copy) */
-  int lo[AOT_DEPTHWISE_MAX_STRIDE], hi[AOT_DEPTHWISE_MAX_STRIDE];
-  for (int p = 0; p < SW; p++) {
-    const int first = p - d->PW;
-    int q0 = first >= 0 ? 0 : (-first + SW - 1) / SW, q1 = d->W - first > 0 ? (d->W - first + SW - 1) / SW : 0;
-    q0 = q0 < Wq ? q0 : Wq;
-    q1 = q1 < Wq ? q1 : Wq;
-    lo[p] = q0;
-    hi[p] = q1 > q0 ? q1 : q0;
-  }
-  for (int r = 0; r < rows; r++) {
-    const int ih = ih0 + r;
-    for (int p = 0; p < SW; p++) {
-      float *out = buf + ((long)r * SW + p) * Wq;
-      if (ih < 0 || ih >= d->H) {
-        memset(out, 0, (size_t)Wq * sizeof(float));
-        continue;
-      }
-      const float *row = x + (long)ih * d->x_row + p - d->PW;
-      const int q0 = lo[p], q1 = hi[p];
-      int q = q0;
-      if (SW == 1) {
-        memcpy(out + q0, row + q0, (size_t)(q1 - q0) * sizeof(float));
-        q = q1;
-      }
-#ifdef HAVE_EVEN
-      else if (SW == 2) {
-        for (; 2L * (q + VW) + p - d->PW <= d->W; q += VW)
-          *(vf *)(out + q) = EVEN(*(const vf *)(row + 2L * q), *(const vf *)(row + 2L * q + VW));
-        /* the row's last columns through a zero-padded copy (what lies past them is padding; a select, not a call
-           to memcpy) */
-        if (q < q1 && q + VW <= Wq) {
-          float tail[2 * VW] __attribute__((aligned(64)));
-          const int m = d->W - (2 * q + p - d->PW);
-          for (int i = 0; i < 2 * VW; i++) tail[i] = i < m ? row[2L * q + i] : 0;
-          *(vf *)(out + q) = EVEN(*(const vf *)tail, *(const vf *)(tail + VW));
-          q = q1;
-        }
-      }
-#endif
-      for (; q < q1; q++) out[q] = row[(long)q * SW];
-    }
-  }
-}
-
 /* the first n lanes of v stored at p (n in 1..VW): a masked store where the ISA has one, so the row's last, partial
    vector is written straight into the output (it used to go through a buffer and a memcpy call per row, which cost
    small planes more than their multiply-adds: 7x7 and 14x14 rows are one partial vector) */
@@ -109,6 +56,88 @@ static inline __attribute__((always_inline)) void store_first(float *p, const vf
 #else
   for (int i = 0; i < n; i++) p[i] = (*v)[i];
 #endif
+}
+
+/* the first n floats at p (n in 1..VW) into *v, the rest 0, reading nothing past them (vectors go by pointer: a
+   32-byte one by value changes the ABI of an SSE-only build, and gcc says so) */
+static inline __attribute__((always_inline)) void load_first(vf *v, const float *p, int n) {
+#if defined(__AVX512F__)
+  *v = (vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+#elif defined(__AVX2__)
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  *v = (vf)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
+#else
+  *v = (vf){0};
+  for (int i = 0; i < n; i++) (*v)[i] = p[i];
+#endif
+}
+
+/* padded columns per phase: whole vectors of outputs plus the window's reach past them */
+static int phase_width(const aot_depthwise *d) { return (d->OW + VW - 1) / VW * VW + (d->KW - 1) / d->SW; }
+
+/* the band's columns: padded column q * SW + p is input column q * SW + p - PW, valid for q in [lo[p], hi[p]) (the
+   same for every row and plane: worked out once a call, its integer divisions cost more than a small plane's copy) */
+typedef struct { int lo[AOT_DEPTHWISE_MAX_STRIDE], hi[AOT_DEPTHWISE_MAX_STRIDE]; } band_cols;
+
+static band_cols band_cols_of(const aot_depthwise *d) {
+  const int SW = d->SW, Wq = phase_width(d);
+  band_cols c;
+  for (int p = 0; p < SW; p++) {
+    const int first = p - d->PW;
+    int q0 = first >= 0 ? 0 : (-first + SW - 1) / SW, q1 = d->W - first > 0 ? (d->W - first + SW - 1) / SW : 0;
+    q0 = q0 < Wq ? q0 : Wq;
+    q1 = q1 < Wq ? q1 : Wq;
+    c.lo[p] = q0;
+    c.hi[p] = q1 > q0 ? q1 : q0;
+  }
+  return c;
+}
+
+/* Copy input rows [ih0, ih0 + rows) (rows outside the plane are zeros) into buf as [rows][SW][Wq]. Columns outside
+   the plane are never written: buf starts zeroed, and they are the same columns in every row. */
+AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const band_cols *cols, const float *x, int ih0,
+                                         int rows, float *buf) {
+  const int SW = d->SW, Wq = phase_width(d);
+  const int *lo = cols->lo, *hi = cols->hi;
+  for (int r = 0; r < rows; r++) {
+    const int ih = ih0 + r;
+    for (int p = 0; p < SW; p++) {
+      float *out = buf + ((long)r * SW + p) * Wq;
+      if (ih < 0 || ih >= d->H) {
+        memset(out, 0, (size_t)Wq * sizeof(float));
+        continue;
+      }
+      const float *row = x + (long)ih * d->x_row + p - d->PW;
+      const int q0 = lo[p], q1 = hi[p];
+      int q = q0;
+      if (SW == 1) {
+        /* vectors, then the rest masked (a memcpy call per row cost 7- and 14-wide planes more than their copy) */
+        for (; q + VW <= q1; q += VW) *(vf *)(out + q) = *(const vf *)(row + q);
+        if (q < q1) {
+          vf rest;
+          load_first(&rest, row + q, q1 - q);
+          store_first(out + q, &rest, q1 - q);
+          q = q1;
+        }
+      }
+#ifdef HAVE_EVEN
+      else if (SW == 2) {
+        for (; 2L * (q + VW) + p - d->PW <= d->W; q += VW)
+          *(vf *)(out + q) = EVEN(*(const vf *)(row + 2L * q), *(const vf *)(row + 2L * q + VW));
+        /* the row's last columns (fewer than 2 * VW) read masked, zeros past them (what lies there is padding) */
+        if (q < q1 && q + VW <= Wq) {
+          const int m = d->W - (2 * q + p - d->PW);
+          vf a, b = {0};
+          load_first(&a, row + 2L * q, m < VW ? m : VW);
+          if (m > VW) load_first(&b, row + 2L * q + VW, m - VW);
+          *(vf *)(out + q) = EVEN(a, b);
+          q = q1;
+        }
+      }
+#endif
+      for (; q < q1; q++) out[q] = row[(long)q * SW];
+    }
+  }
 }
 
 /* the fused epilogue's operands on one plane (aot_depthwise.steps): each step's at the plane's first output (its
@@ -133,15 +162,13 @@ static void plane_steps_of(const aot_depthwise *d, int p, const float *y, plane_
   }
 }
 
-/* step k's operand for the outputs at y, of which the first lanes are the row's (the rest read as 0) */
-static inline __attribute__((always_inline)) vf step_operand(const plane_steps *ps, int k, const float *y, int lanes) {
-  const float *x = ps->x[k];
-  if (!ps->col[k]) return *x - (vf){0};
-  x += y - ps->y;
-  if (lanes == VW) return *(const vf *)x;
-  vf v = {0};
-  for (int i = 0; i < lanes; i++) v[i] = x[i];
-  return v;
+/* step k's operand for the outputs at y into *x, of which the first lanes are the row's (the rest read as 0) */
+static inline __attribute__((always_inline)) void step_operand(vf *x, const plane_steps *ps, int k, const float *y,
+                                                               int lanes) {
+  const float *at = ps->x[k];
+  if (!ps->col[k]) *x = *at - (vf){0};
+  else if (lanes == VW) *x = *(const vf *)(at + (y - ps->y));
+  else load_first(x, at + (y - ps->y), lanes);
 }
 
 /* EXPR of each accumulator v and its operand x (step k's) into the accumulator */
@@ -149,7 +176,9 @@ static inline __attribute__((always_inline)) vf step_operand(const plane_steps *
   _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)                                                      \
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {                                                 \
       const float *at = y + r * y_row + j * VW;                                                            \
-      const vf v = acc[r][j], x = step_operand(ps, k, at, j == NV - 1 ? last : VW);                        \
+      const vf v = acc[r][j];                                                                              \
+      vf x;                                                                                                \
+      step_operand(&x, ps, k, at, j == NV - 1 ? last : VW);                                                \
       acc[r][j] = EXPR;                                                                                    \
     }
 
@@ -175,7 +204,10 @@ static inline __attribute__((always_inline)) void segment(int taps, const long *
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {
           const float *at = y + r * y_row + j * VW;
           const int lanes = j == NV - 1 ? last : VW;
-          const vf x = step_operand(ps, k - 1, at, lanes), z = step_operand(ps, k, at, lanes), p = acc[r][j] * x;
+          vf x, z;
+          step_operand(&x, ps, k - 1, at, lanes);
+          step_operand(&z, ps, k, at, lanes);
+          const vf p = acc[r][j] * x;
           acc[r][j] = p + z;
         }
       continue;
@@ -238,7 +270,7 @@ int aot_depthwise_band_rows(const aot_depthwise *d) {
 }
 
 /* the planes of task t, one band of output rows at a time */
-static void run_task(const aot_depthwise *d, int t, float *buf, const long *off) {
+static void run_task(const aot_depthwise *d, const band_cols *cols, int t, float *buf, const long *off) {
   const int per_task = d->planes / d->tasks, band = aot_depthwise_band_rows(d);
   const long src_row = d->SH * (long)d->SW * phase_width(d);
   for (int p = t * per_task; p < (t + 1) * per_task; p++) {
@@ -250,7 +282,7 @@ static void run_task(const aot_depthwise *d, int t, float *buf, const long *off)
     for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
       const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
       const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
-      fill_band(d, x, ih0, rows, buf);
+      fill_band(d, cols, x, ih0, rows, buf);
       int oh = oh0;
       for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
         conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK, ps);
@@ -269,6 +301,7 @@ void aot_depthwise_run(void *ctx, int start, int end) {
   float buf[AOT_DEPTHWISE_BUFFER] __attribute__((aligned(64)));
   memset(buf, 0, sizeof buf);
   const long rowlen = (long)d->SW * phase_width(d);
+  const band_cols cols = band_cols_of(d);
   /* where tap (kh, kw) of output column 0 lies in the band: row kh, phase kw % SW, column kw / SW */
   long off[AOT_DEPTHWISE_MAX_TAPS];
   for (int kh = 0; kh < d->KH; kh++)
@@ -282,7 +315,7 @@ void aot_depthwise_run(void *ctx, int start, int end) {
   grain = grain < 1 ? 1 : grain;
   for (int t0; (t0 = __atomic_fetch_add(&d->next, grain, __ATOMIC_RELAXED)) < d->tasks;) {
     const int t1 = t0 + grain < d->tasks ? t0 + grain : d->tasks;
-    for (int t = t0; t < t1; t++) run_task(d, t, buf, off);
+    for (int t = t0; t < t1; t++) run_task(d, &cols, t, buf, off);
     if (d->epilogue) d->epilogue(d->epilogue_ctx, t0, t1);
   }
 }
