@@ -10,9 +10,11 @@ The shape is recognised from the contraction, not from the ONNX op: the runtime 
 index linear in (oh, ow, kh, kw) with unit column stride plus any function of the plane (a table of plane starts:
 a channel shuffle, a channel multiplier), and its gate must be exactly "inside an H x W plane" (checked by
 evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/lower/contract.py.
-The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel, which the runtime
-calls on each run of tasks a thread takes right after computing their planes (they are still in cache); threads take
-the tasks from a shared counter, so a thread kept off its core holds up only the few it took last."""
+The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel: applied by the
+kernel to each output in registers before the store where it is a chain of adds, multiplies, max and min
+(contract.fused_steps, as the microkernel applies its own), else called on each run of tasks a thread takes right
+after computing their planes (they are still in cache). Threads take the tasks from a shared counter, so a thread
+kept off its core holds up only the few it took last."""
 
 from __future__ import annotations
 
@@ -314,15 +316,15 @@ class DirectLowered(Lowered):
     epilogue = None if copies_in_place(last) else ctx.loop(last, bufs, bufs[0], "epilogue")
     for d in self.convs:
       # an epilogue the kernel applies as steps is not run
-      epilogue = None if d.steps else epilogue
-      fused = epilogue is not None and d.fused and epilogue.extent == d.tasks
+      after = None if d.steps else epilogue
+      fused = after is not None and d.fused and after.extent == d.tasks
       parallel = ctx.parallel(d.tasks, d.work)
       contract = ctx.target == "c"
       calls.append(
         DepthwiseCall(
-          d=d, bufs=bufs, epilogue=epilogue if fused else None, role="depthwise", parallel=parallel, contract=contract
+          d=d, bufs=bufs, epilogue=after if fused else None, role="depthwise", parallel=parallel, contract=contract
         )
       )
-      if not fused and epilogue is not None:
-        calls.append(epilogue)
+      if not fused and after is not None:
+        calls.append(after)
     return calls
