@@ -13,6 +13,9 @@
    (kh, then kw, ascending) whoever computes it, so results are bitwise the same for any thread count. */
 #include <string.h>
 #include "aot_direct.h"
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX512F__)
 typedef float vf __attribute__((vector_size(64), aligned(4)));
@@ -41,24 +44,61 @@ enum { VW = (int)(sizeof(vf) / sizeof(float)) };
 #define AOT_LOOP_VECTORIZE
 #endif
 
+/* the first n lanes of v stored at p (n in 1..VW): a masked store where the ISA has one, so the row's last, partial
+   vector is written straight into the output (it used to go through a buffer and a memcpy call per row, which cost
+   small planes more than their multiply-adds: 7x7 and 14x14 rows are one partial vector) */
+static inline __attribute__((always_inline)) void store_first(float *p, const vf *v, int n) {
+#if defined(__AVX512F__)
+  _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)*v);
+#elif defined(__AVX2__)
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes), (__m256)*v);
+#else
+  for (int i = 0; i < n; i++) p[i] = (*v)[i];
+#endif
+}
+
+/* the first n floats at p (n in 1..VW) into *v, the rest 0, reading nothing past them (vectors go by pointer: a
+   32-byte one by value changes the ABI of an SSE-only build, and gcc says so) */
+static inline __attribute__((always_inline)) void load_first(vf *v, const float *p, int n) {
+#if defined(__AVX512F__)
+  *v = (vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+#elif defined(__AVX2__)
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  *v = (vf)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
+#else
+  *v = (vf){0};
+  for (int i = 0; i < n; i++) (*v)[i] = p[i];
+#endif
+}
+
 /* padded columns per phase: whole vectors of outputs plus the window's reach past them */
 static int phase_width(const aot_depthwise *d) { return (d->OW + VW - 1) / VW * VW + (d->KW - 1) / d->SW; }
 
-/* Copy input rows [ih0, ih0 + rows) (rows outside the plane are zeros) into buf as [rows][SW][Wq]. Columns outside
-   the plane are never written: buf starts zeroed, and they are the same columns in every row. */
-AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x, int ih0, int rows, float *buf) {
+/* the band's columns: padded column q * SW + p is input column q * SW + p - PW, valid for q in [lo[p], hi[p]) (the
+   same for every row and plane: worked out once a call, its integer divisions cost more than a small plane's copy) */
+typedef struct { int lo[AOT_DEPTHWISE_MAX_STRIDE], hi[AOT_DEPTHWISE_MAX_STRIDE]; } band_cols;
+
+static band_cols band_cols_of(const aot_depthwise *d) {
   const int SW = d->SW, Wq = phase_width(d);
-  /* padded column q * SW + p is input column q * SW + p - PW: valid for q in [lo[p], hi[p]) (the same for every row:
-     worked out once, integer divisions cost more than a row's copy) */
-  int lo[AOT_DEPTHWISE_MAX_STRIDE], hi[AOT_DEPTHWISE_MAX_STRIDE];
+  band_cols c;
   for (int p = 0; p < SW; p++) {
     const int first = p - d->PW;
     int q0 = first >= 0 ? 0 : (-first + SW - 1) / SW, q1 = d->W - first > 0 ? (d->W - first + SW - 1) / SW : 0;
     q0 = q0 < Wq ? q0 : Wq;
     q1 = q1 < Wq ? q1 : Wq;
-    lo[p] = q0;
-    hi[p] = q1 > q0 ? q1 : q0;
+    c.lo[p] = q0;
+    c.hi[p] = q1 > q0 ? q1 : q0;
   }
+  return c;
+}
+
+/* Copy input rows [ih0, ih0 + rows) (rows outside the plane are zeros) into buf as [rows][SW][Wq]. Columns outside
+   the plane are never written: buf starts zeroed, and they are the same columns in every row. */
+AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const band_cols *cols, const float *x, int ih0,
+                                         int rows, float *buf) {
+  const int SW = d->SW, Wq = phase_width(d);
+  const int *lo = cols->lo, *hi = cols->hi;
   for (int r = 0; r < rows; r++) {
     const int ih = ih0 + r;
     for (int p = 0; p < SW; p++) {
@@ -71,20 +111,26 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x,
       const int q0 = lo[p], q1 = hi[p];
       int q = q0;
       if (SW == 1) {
-        memcpy(out + q0, row + q0, (size_t)(q1 - q0) * sizeof(float));
-        q = q1;
+        /* vectors, then the rest masked (a memcpy call per row cost 7- and 14-wide planes more than their copy) */
+        for (; q + VW <= q1; q += VW) *(vf *)(out + q) = *(const vf *)(row + q);
+        if (q < q1) {
+          vf rest;
+          load_first(&rest, row + q, q1 - q);
+          store_first(out + q, &rest, q1 - q);
+          q = q1;
+        }
       }
 #ifdef HAVE_EVEN
       else if (SW == 2) {
         for (; 2L * (q + VW) + p - d->PW <= d->W; q += VW)
           *(vf *)(out + q) = EVEN(*(const vf *)(row + 2L * q), *(const vf *)(row + 2L * q + VW));
-        /* the row's last columns through a zero-padded copy (what lies past them is padding; a select, not a call
-           to memcpy) */
+        /* the row's last columns (fewer than 2 * VW) read masked, zeros past them (what lies there is padding) */
         if (q < q1 && q + VW <= Wq) {
-          float tail[2 * VW] __attribute__((aligned(64)));
           const int m = d->W - (2 * q + p - d->PW);
-          for (int i = 0; i < 2 * VW; i++) tail[i] = i < m ? row[2L * q + i] : 0;
-          *(vf *)(out + q) = EVEN(*(const vf *)tail, *(const vf *)(tail + VW));
+          vf a, b = {0};
+          load_first(&a, row + 2L * q, m < VW ? m : VW);
+          if (m > VW) load_first(&b, row + 2L * q + VW, m - VW);
+          *(vf *)(out + q) = EVEN(a, b);
           q = q1;
         }
       }
@@ -94,40 +140,111 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const float *x,
   }
 }
 
+/* the fused epilogue's operands on one plane (aot_depthwise.steps): each step's at the plane's first output (its
+   value for a constant), and whether it moves with the output (a residual) or is one per plane (a bias, a scale) */
+typedef struct {
+  const aot_gemm_step *s;
+  int n;
+  const float *y, *x[AOT_DEPTHWISE_MAX_STEPS];
+  int col[AOT_DEPTHWISE_MAX_STEPS];
+} plane_steps;
+
+static void plane_steps_of(const aot_depthwise *d, int p, const float *y, plane_steps *ps) {
+  const int images = d->images, filters = d->filters;
+  const long b = p / (images * filters), m = p / images % filters, n = (long)(p % images) * d->OH * d->OW;
+  ps->s = d->steps;
+  ps->n = d->nsteps;
+  ps->y = y;
+  for (int k = 0; k < d->nsteps; k++) {
+    const aot_gemm_step *s = &d->steps[k];
+    ps->x[k] = s->p ? s->p + b * s->batch + m * s->m + n * s->n : &s->value;
+    ps->col[k] = s->p && s->n;
+  }
+}
+
+/* step k's operand for the outputs at y into *x, of which the first lanes are the row's (the rest read as 0) */
+static inline __attribute__((always_inline)) void step_operand(vf *x, const plane_steps *ps, int k, const float *y,
+                                                               int lanes) {
+  const float *at = ps->x[k];
+  if (!ps->col[k]) *x = *at - (vf){0};
+  else if (lanes == VW) *x = *(const vf *)(at + (y - ps->y));
+  else load_first(x, at + (y - ps->y), lanes);
+}
+
+/* EXPR of each accumulator v and its operand x (step k's) into the accumulator */
+#define ON_BLOCK(EXPR)                                                                                     \
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)                                                      \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {                                                 \
+      const float *at = y + r * y_row + j * VW;                                                            \
+      const vf v = acc[r][j];                                                                              \
+      vf x;                                                                                                \
+      step_operand(&x, ps, k, at, j == NV - 1 ? last : VW);                                                \
+      acc[r][j] = EXPR;                                                                                    \
+    }
+
 /* R rows x NV vectors of outputs, in registers across the taps (at offsets off[t] from src, weights w[t]); the rows'
-   band rows are src_row apart, their outputs y_row */
+   band rows are src_row apart, their outputs y_row; of the last vector only its first last lanes are stored (VW:
+   all of them). With ps, the plane's steps on them first: the same ops in the same order as the epilogue kernel (an
+   add or a multiply rounds the same either way round; a multiply an add takes is two statements, as the kernel has
+   them), one step at a time over the whole block (a switch per output vector cost the 56-wide planes 1.2x) */
 static inline __attribute__((always_inline)) void segment(int taps, const long *off, const float *w,
                                                           const float *src, long src_row, float *y, long y_row,
-                                                          const int R, const int NV) {
+                                                          const int R, const int NV, int last, const plane_steps *ps) {
   vf acc[ROW_BLOCK][SEG_VECTORS] = {{{0}}};
   for (int t = 0; t < taps; t++) {
     const float wv = w[t], *p = src + off[t];
     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
       _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] += *(const vf *)(p + r * src_row + v * VW) * wv;
   }
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
+  for (int k = 0; ps && k < ps->n; k++) {
+    const aot_gemm_step *s = &ps->s[k];
+    if (s->op == AOT_STEP_MUL_ADD) {
+      k++;
+      _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {
+          const float *at = y + r * y_row + j * VW;
+          const int lanes = j == NV - 1 ? last : VW;
+          vf x, z;
+          step_operand(&x, ps, k - 1, at, lanes);
+          step_operand(&z, ps, k, at, lanes);
+          const vf p = acc[r][j] * x;
+          acc[r][j] = p + z;
+        }
+      continue;
+    }
+    switch (s->op * 2 + (s->op >= AOT_STEP_MAX ? s->swapped : 0)) {
+      case AOT_STEP_ADD * 2: ON_BLOCK(v + x); break;
+      case AOT_STEP_MUL * 2: ON_BLOCK(v * x); break;
+      case AOT_STEP_MAX * 2: ON_BLOCK(VMAX_MIN(v, x, >)); break;
+      case AOT_STEP_MAX * 2 + 1: ON_BLOCK(VMAX_MIN(x, v, >)); break;
+      case AOT_STEP_MIN * 2: ON_BLOCK(VMAX_MIN(v, x, <)); break;
+      default: ON_BLOCK(VMAX_MIN(x, v, <)); break;
+    }
+  }
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
+    if (last == VW) *(vf *)(y + r * y_row + (NV - 1) * VW) = acc[r][NV - 1];
+    else store_first(y + r * y_row + (NV - 1) * VW, &acc[r][NV - 1], last);
+  }
 }
 
-#define SEGMENT(R, NV) segment(taps, off, w, src, src_row, out, out_row, R, NV)
+#define SEGMENT(R, NV) segment(taps, off, w, src, src_row, y, OW, R, NV, last, ps)
 /* R (1 or ROW_BLOCK) output rows from the band rows starting at src, the taps at offsets off */
 static void conv_rows(const aot_depthwise *d, const float *src, long src_row, const long *off, const float *w, float *y,
-                      const int R) {
+                      const int R, const plane_steps *ps) {
   const int taps = d->KH * d->KW, OW = d->OW;
   int ow = 0;
   for (; ow + SEG_VECTORS * VW <= OW; ow += SEG_VECTORS * VW) {
     const float *s = src + ow;
     float *o = y + ow;
-    if (R == ROW_BLOCK) segment(taps, off, w, s, src_row, o, OW, ROW_BLOCK, SEG_VECTORS);
-    else segment(taps, off, w, s, src_row, o, OW, 1, SEG_VECTORS);
+    if (R == ROW_BLOCK) segment(taps, off, w, s, src_row, o, OW, ROW_BLOCK, SEG_VECTORS, VW, ps);
+    else segment(taps, off, w, s, src_row, o, OW, 1, SEG_VECTORS, VW, ps);
   }
   if (ow == OW) return;
-  /* the last vectors through a buffer: the rest of the row is not a whole vector */
-  float last[ROW_BLOCK][SEG_VECTORS * VW] __attribute__((aligned(64)));
-  const int rest = OW - ow, nv = (rest + VW - 1) / VW;
+  /* the rest of the row: its last vector partial, stored masked */
+  const int rest = OW - ow, nv = (rest + VW - 1) / VW, last = rest - (nv - 1) * VW;
   src += ow;
-  float *out = last[0];
-  const long out_row = SEG_VECTORS * VW;
+  y += ow;
   if (R == ROW_BLOCK) {
     switch (nv) {
       case 1: SEGMENT(ROW_BLOCK, 1); break;
@@ -143,7 +260,6 @@ static void conv_rows(const aot_depthwise *d, const float *src, long src_row, co
       default: SEGMENT(1, 4); break;
     }
   }
-  for (int r = 0; r < R; r++) memcpy(y + (long)r * OW + ow, last[r], (size_t)rest * sizeof(float));
 }
 
 int aot_depthwise_band_rows(const aot_depthwise *d) {
@@ -153,32 +269,53 @@ int aot_depthwise_band_rows(const aot_depthwise *d) {
   return in_rows < d->KH ? 0 : (int)((in_rows - d->KH) / d->SH + 1);
 }
 
+/* the planes of task t, one band of output rows at a time */
+static void run_task(const aot_depthwise *d, const band_cols *cols, int t, float *buf, const long *off) {
+  const int per_task = d->planes / d->tasks, band = aot_depthwise_band_rows(d);
+  const long src_row = d->SH * (long)d->SW * phase_width(d);
+  for (int p = t * per_task; p < (t + 1) * per_task; p++) {
+    const int f = p / d->images;
+    const float *x = d->x + d->x_planes[p], *w = d->w + (long)f * d->KH * d->KW;
+    float *y = d->y + (long)p * d->OH * d->OW;
+    plane_steps steps, *ps = NULL;
+    if (d->nsteps) plane_steps_of(d, p, y, ps = &steps);
+    for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
+      const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
+      const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
+      fill_band(d, cols, x, ih0, rows, buf);
+      int oh = oh0;
+      for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
+        conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK, ps);
+      for (; oh < oh1; oh++) conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, 1, ps);
+    }
+  }
+}
+
 void aot_depthwise_run(void *ctx, int start, int end) {
-  const aot_depthwise *d = ctx;
+  /* tasks are taken from the call's shared counter, not from [start, end): a thread kept off its core (a loaded
+     machine) then holds up at most the tasks it took last, where a fixed split left the other threads waiting for
+     its whole slice (each task computes its planes whole, so results do not depend on who takes it) */
+  (void)start;
+  (void)end;
+  aot_depthwise *d = ctx;
   float buf[AOT_DEPTHWISE_BUFFER] __attribute__((aligned(64)));
   memset(buf, 0, sizeof buf);
-  const int per_task = d->planes / d->tasks, band = aot_depthwise_band_rows(d), Wq = phase_width(d);
-  const long rowlen = (long)d->SW * Wq;
+  const long rowlen = (long)d->SW * phase_width(d);
+  const band_cols cols = band_cols_of(d);
   /* where tap (kh, kw) of output column 0 lies in the band: row kh, phase kw % SW, column kw / SW */
   long off[AOT_DEPTHWISE_MAX_TAPS];
   for (int kh = 0; kh < d->KH; kh++)
-    for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = kh * rowlen + (kw % d->SW) * Wq + kw / d->SW;
-  for (int t = start; t < end; t++) {
-    for (int p = t * per_task; p < (t + 1) * per_task; p++) {
-      const int f = p / d->images;
-      const float *x = d->x + d->x_planes[p], *w = d->w + (long)f * d->KH * d->KW;
-      float *y = d->y + (long)p * d->OH * d->OW;
-      for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
-        const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
-        const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
-        fill_band(d, x, ih0, rows, buf);
-        const long src_row = d->SH * rowlen;
-        int oh = oh0;
-        for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
-          conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, ROW_BLOCK);
-        for (; oh < oh1; oh++) conv_rows(d, buf + (oh - oh0) * src_row, src_row, off, w, y + (long)oh * d->OW, 1);
-      }
-    }
-    if (d->epilogue) d->epilogue(d->epilogue_ctx, t, t + 1);
+    for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = kh * rowlen + (kw % d->SW) * phase_width(d) + kw / d->SW;
+  /* tasks taken at once: enough work to make the counter's cache line cheap beside it, few enough that the tasks
+     still share out evenly and a task's planes are still in cache for its epilogue */
+  const long task_work = (long)(d->planes / d->tasks) * d->OH * d->OW * d->KH * d->KW;
+  int grain = (int)(AOT_DEPTHWISE_CLAIM_WORK / (task_work ? task_work : 1));
+  const int most = d->tasks / AOT_DEPTHWISE_MIN_CLAIMS;
+  grain = grain > most ? most : grain;
+  grain = grain < 1 ? 1 : grain;
+  for (int t0; (t0 = __atomic_fetch_add(&d->next, grain, __ATOMIC_RELAXED)) < d->tasks;) {
+    const int t1 = t0 + grain < d->tasks ? t0 + grain : d->tasks;
+    for (int t = t0; t < t1; t++) run_task(d, &cols, t, buf, off);
+    if (d->epilogue) d->epilogue(d->epilogue_ctx, t0, t1);
   }
 }

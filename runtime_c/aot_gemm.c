@@ -28,9 +28,6 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 /* (inside a microkernel: vec_t its vector type, TILE_MR its rows, VW and NV its lanes and vectors per row) */
 #define ROW(x, xm) ((x)[i * (xm)] - (vec_t){0})
 #define COL(x, xm) (*(const vec_t *)((x) + i * (xm) + j * VW))
-#define VMAX_MIN(a, b, CMP)                                                                                \
-  ({ const __typeof__((a) > (b)) k_ = ((a) CMP (b)) | ((a) != (a));                                       \
-     (__typeof__(a))((k_ & (__typeof__(k_))(a)) | (~k_ & (__typeof__(k_))(b))); })
 #define ON_TILE(Y, EXPR)                                                                                   \
   _Pragma("GCC unroll 16") for (int i = 0; i < TILE_MR; i++)                                                    \
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) { const vec_t v = acc[i][j], y = Y; acc[i][j] = EXPR; }

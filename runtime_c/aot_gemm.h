@@ -25,6 +25,11 @@ typedef struct { const float *p; long batch, tile, row, k; int padded; } aot_ope
 typedef void (*aot_pack)(void *args, float *panel, int index);
 enum { AOT_STEP_ADD = 0, AOT_STEP_MUL = 1, AOT_STEP_MAX = 2, AOT_STEP_MIN = 3, AOT_STEP_MUL_ADD = 4 };
 typedef struct { int op, swapped; float value; const float *p; long batch, m, n; } aot_gemm_step;
+/* a step's max or min of two vectors (GNU vector types) as the generated kernels compute it: a when a CMP b or a is NaN,
+   else b (aot_gemm.c's and aot_direct.c's fused epilogues) */
+#define VMAX_MIN(a, b, CMP)                                                                                \
+  ({ const __typeof__((a) > (b)) k_ = ((a) CMP (b)) | ((a) != (a));                                       \
+     (__typeof__(a))((k_ & (__typeof__(k_))(a)) | (~k_ & (__typeof__(k_))(b))); })
 typedef struct {
   int batch, M, N, K, mr, nr, mc, nc;
   aot_operand a, b;

@@ -193,7 +193,10 @@ def test_depthwise_takes_the_direct_kernel(artifacts, target):
   # epilogue (it has none); it ran on the microkernel as 16 groups of M = 2 over an im2col copy before the direct
   # kernel took channel multipliers
   assert src.count("aot_depthwise d =") == len(BRANCHES) + 3
-  assert src.count(", a}; aot_depthwise_run(&d, 0, d.tasks)") == len(BRANCHES) + 1
+  # a batch norm, a bias and a clip are steps the kernel applies to each output before storing it (the three of
+  # BRANCHES and the shuffled one); hardswish and silu are epilogue calls on each run of tasks' planes
+  assert src.count(".steps = s, ") == 4
+  assert src.count(", a}; aot_depthwise_run(&d, 0, d.tasks)") + 4 == len(BRANCHES) + 1
   assert "aot_gemm g =" not in src and "_dense0b(" not in src
 
 
@@ -218,6 +221,59 @@ def test_depthwise_bitwise_same_on_1_and_2_threads(artifacts, target):
   outs = [run_on(art, x, threads) for threads in (1, 2)]
   np.testing.assert_array_equal(outs[0], outs[1])
   close(outs[0], reference(model, {"x": x})[0])
+
+
+# (channels, height, width, window, stride, pads [top, left, bottom, right], epilogue): output rows of 2, 7, 10, 16,
+# 24 and 33 columns (one partial vector, whole vectors, whole ones and a lane: the masked store of a row's last
+# vector), strides 1 to 4, channel counts that leave a partial run of tasks (600 7x7 planes: runs of several tasks, an
+# epilogue call per run), each at least find_contractions' MIN_WORK
+SHAPES = [
+  (96, 7, 7, 3, 1, (1, 1, 1, 1), "relu6"),
+  (83, 13, 13, 3, 2, (1, 1, 1, 1), "relu6"),
+  (13, 17, 33, 3, 1, (0, 1, 0, 1), "hardswish"),
+  (7, 40, 31, 5, 2, (2, 2, 2, 2), "none"),
+  (5, 30, 70, 7, 3, (3, 3, 3, 3), "clip"),
+  (64, 40, 40, 5, 4, (2, 2, 2, 2), "relu6"),
+  (600, 9, 4, 3, 1, (0, 0, 0, 0), "relu6"),
+]
+
+
+def shapes_model() -> onnx.ModelProto:
+  """One depthwise convolution (BN, activation) per entry of SHAPES, each on its own input."""
+  g = Graph()
+  for i, (c, _, _, k, s, pads, act) in enumerate(SHAPES):
+    g.output(g.act(g.bn(g.depthwise(f"x{i}", c, k, s, pads), c), act))
+  # a residual add: a step whose operand moves with the output (7-wide rows: its last vector's lanes read masked)
+  g.output(g.node("Add", g.bn(g.depthwise("x0", SHAPES[0][0], 3, 1, (1, 1, 1, 1)), SHAPES[0][0]), "x0"))
+  return g.model({f"x{i}": (1, c, h, w) for i, (c, h, w, *_) in enumerate(SHAPES)})
+
+
+@pytest.mark.usefixtures("split_every_kernel")
+def test_depthwise_shapes_bitwise_same_on_1_2_and_3_threads(tmp_path):
+  """Partial vectors, strides, pads and task counts: onnxruntime's results, and the same bits on any thread count
+  (threads take the tasks from a shared counter: who computes a plane must not change it). The c target alone: the
+  runtime kernel is the same on llvm's."""
+  model = shapes_model()
+  art = aot.compile_model(model, out_dir=tmp_path)
+  src = model_c(art)
+  assert src.count("aot_depthwise d =") == len(SHAPES) + 1
+  assert src.count("aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)") == len(SHAPES) + 1
+  # batch norm, relu6, clip and the residual are steps the kernel applies; hardswish is an epilogue call
+  assert src.count(".steps = s, ") == len(SHAPES)
+  r = np.random.default_rng(7)
+  xs = [r.standard_normal((1, c, h, w), dtype=np.float32) for c, h, w, *_ in SHAPES]
+  runs = []
+  for threads in (1, 2, 3):
+    loaded = aot.load(art, threads=threads)
+    try:
+      runs.append(loaded(*xs))
+    finally:
+      loaded.close()
+  refs = reference(model, {f"x{i}": x for i, x in enumerate(xs)})
+  for i, ref in enumerate(refs):
+    close(runs[0][i], ref)
+    for other in runs[1:]:
+      np.testing.assert_array_equal(other[i], runs[0][i])
 
 
 # (multiplier, window, stride, pads [top, left, bottom, right], conv bias, epilogue) on odd sizes: partial vectors,

@@ -141,7 +141,7 @@ def thread_bound(p: dict, threads: int) -> dict:
 
 
 # the paths whose tasks threads take from a shared counter as they finish (the rest split into one slice per thread)
-SHARED_TASKS = ("microkernel", "int8 microkernel")
+SHARED_TASKS = ("microkernel", "int8 microkernel", "direct")
 
 
 def cpu_speedup(one: dict, many: dict) -> float:
@@ -162,9 +162,9 @@ def cpu_speedup(one: dict, many: dict) -> float:
 
 
 def busiest_share(call: dict, threads: int) -> float:
-  """The share of a split call's work its busiest thread does: a generated loop's or the depthwise kernel's iterations
-  are cut into one slice per thread (ceil(tasks / threads) of them in the biggest); a contraction's tasks go to
-  whichever thread is free first, so its edge blocks count at their size."""
+  """The share of a split call's work its busiest thread does: a generated loop's iterations are cut into one slice per
+  thread (ceil(tasks / threads) of them in the biggest); a contraction's tasks go to whichever thread is free first,
+  so its edge blocks count at their size (the depthwise kernel's tasks, all of one size, share out as a slice's)."""
   work = call.get("task_work")
   if not work:
     return -(-call["tasks"] // threads) / call["tasks"]

@@ -10,12 +10,15 @@ The shape is recognised from the contraction, not from the ONNX op: the runtime 
 index linear in (oh, ow, kh, kw) with unit column stride plus any function of the plane (a table of plane starts:
 a channel shuffle, a channel multiplier), and its gate must be exactly "inside an H x W plane" (checked by
 evaluating it over its grid), which is what padding leaves. Anything else stays on codegen/lower/contract.py.
-The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel, which the runtime
-calls on each task's planes right after computing them (they are still in cache)."""
+The kernel's remaining work (bias, batch norm, activation, residual add) is its epilogue kernel: applied by the
+kernel to each output in registers before the store where it is a chain of adds, multiplies, max and min
+(contract.fused_steps, as the microkernel applies its own), else called on each run of tasks a thread takes right
+after computing their planes (they are still in cache). Threads take the tasks from a shared counter, so a thread
+kept off its core holds up only the few it took last."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -29,7 +32,16 @@ from aot.codegen.lower.calls import (
   distinct_bytes,
   trampoline,
 )
-from aot.codegen.lower.contract import Contraction, epilogue_kernel, evaluate_operand, find_contractions, result_index
+from aot.codegen.lower.contract import (
+  Contraction,
+  Step,
+  epilogue_kernel,
+  evaluate_operand,
+  find_contractions,
+  fused_steps,
+  result_index,
+)
+from aot.codegen.lower.microkernel import render_steps
 from aot.codegen.lower.window import Window, padded_window
 from aot.codegen.render.linearize import flop_count
 from aot.core.dtype import dtypes
@@ -46,6 +58,8 @@ MAX_STRIDE = 4
 BAND_BUFFER = 8192
 # the vector width the band's rows are padded to (16 floats with AVX-512; a multiple of AVX2's 8)
 BAND_VECTOR = 16
+# the most steps of a fused epilogue (AOT_DEPTHWISE_MAX_STEPS)
+MAX_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -60,8 +74,15 @@ class Depthwise:
   w_slot: int  # the filters, [planes][KH][KW]
   planes_slot: int  # x_planes, the table of where each plane starts (int32 bits in a constant)
   result: int  # slot of [planes][OH][OW]: the output itself, or a scratch buffer
-  tasks: int  # planes are split into this many tasks, one epilogue call each
+  tasks: int  # planes are split into this many tasks, an epilogue call after each run of them a thread takes
   fused: bool  # the epilogue runs after each task (its outermost loop is the tasks')
+  # the epilogue as steps the kernel applies to each output before storing it (then no epilogue call), as the
+  # microkernel does (contract.fused_steps): a generated epilogue over 7x7 or 14x14 planes took as long as the
+  # convolution (its rows are too short to vectorise)
+  steps: tuple[Step, ...] = ()
+  # C's row stride and offset as contract.fused_steps reads them of a Gemm: the result is [planes][OH][OW] from 0
+  ldc = 0
+  result_offset = 0
 
   # planes per filter side's batch entry: the images, times the filters per input channel (a channel multiplier's m)
   @property
@@ -227,6 +248,10 @@ def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[
   tasks = first.size if fused else c.B * c.a.size * prod(r.size for r in extra)
   last = epilogue_kernel(ast, {c.acc: (c, result, 0)})
   d = Depthwise(c, w_slot=w_slot, planes_slot=planes_slot, result=result, tasks=tasks, fused=fused, **g)
+  # steps over a multiplier's split channel would index the kernel's channel, not the contraction's ranges
+  steps = None if c.back else fused_steps(last, d)
+  if steps and len(steps) <= MAX_STEPS and all(s.slot is None or s.strides[2] in (0, 1) for s in steps):
+    d = replace(d, steps=steps)
   return last, bufs, [d]
 
 
@@ -238,6 +263,7 @@ class DepthwiseCall(Call):
   d: Depthwise
   bufs: list
   epilogue: LoopCall | None
+  contract: bool = False  # the c target: as GemmCall.contract
 
   @property
   def tasks(self) -> int:
@@ -257,15 +283,19 @@ class DepthwiseCall(Call):
       f"{arg(b[d.w_slot], d.w_slot)}, {w.KH}, {w.KW}, {w.SH}, {w.SW}, {w.PH}, {w.PW}, "
       f"(float *){arg(b[d.result], d.result)}, {w.OH}, {w.OW}, {d.planes}, {d.tasks}, {epilogue}"
     )
+    steps = render_steps(d.steps, self.contract, lambda slot: arg(b[slot], slot))
+    if d.steps:
+      desc += f", .steps = s, .nsteps = {len(d.steps)}, .filters = {d.c.a.size}"
     run = (
       "aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)" if self.parallel else "aot_depthwise_run(&d, 0, d.tasks)"
     )
-    return f"  {{ {pointers}aot_depthwise d = {{{desc}}}; {run}; }}"
+    return f"  {{ {pointers}{steps}aot_depthwise d = {{{desc}}}; {run}; }}"
 
   def describe(self, kernel: str) -> CallInfo:
     d, e = self.d, self.epilogue
     used = [self.bufs[s] for s in (d.x_slot, d.w_slot, d.planes_slot, d.result)] + [b for _, b in (e.args if e else [])]
-    flops = 2 * d.work + (flop_count(e.ast) if e else 0)
+    used += [self.bufs[s.slot] for s in d.steps if s.slot is not None]
+    flops = 2 * d.work + (flop_count(e.ast) if e else 0) + len(d.steps) * d.planes * d.win.OH * d.win.OW
     return CallInfo(
       kernel, "aot_depthwise_run", self.role, "direct", flops, distinct_bytes(used), None, self.parallel, d.tasks
     )
@@ -285,11 +315,16 @@ class DirectLowered(Lowered):
     (last,) = self.pieces
     epilogue = None if copies_in_place(last) else ctx.loop(last, bufs, bufs[0], "epilogue")
     for d in self.convs:
-      fused = epilogue is not None and d.fused and epilogue.extent == d.tasks
+      # an epilogue the kernel applies as steps is not run
+      after = None if d.steps else epilogue
+      fused = after is not None and d.fused and after.extent == d.tasks
       parallel = ctx.parallel(d.tasks, d.work)
+      contract = ctx.target == "c"
       calls.append(
-        DepthwiseCall(d=d, bufs=bufs, epilogue=epilogue if fused else None, role="depthwise", parallel=parallel)
+        DepthwiseCall(
+          d=d, bufs=bufs, epilogue=after if fused else None, role="depthwise", parallel=parallel, contract=contract
+        )
       )
-      if not fused and epilogue is not None:
-        calls.append(epilogue)
+      if not fused and after is not None:
+        calls.append(after)
     return calls

@@ -22,6 +22,25 @@ def gemm_task_work(g: Gemm) -> list[int]:
   return [m * n * c.K for _ in range(c.B) for n in cols for m in rows]
 
 
+def render_steps(steps, contract: bool, arg) -> str:
+  """The fused epilogue's steps (contract.Step) as an array s on the stack that a runtime call's struct points to (its
+  steps and nsteps: aot_gemm's, aot_depthwise's), "" for none; arg(slot) is a buffer's pointer. On the c target
+  (contract) a multiply feeding an add is MUL_ADD: one expression, contracted where the kernel's would be."""
+  if not steps:
+    return ""
+  ops = [STEP_OPS[s.op] for s in steps]
+  if contract:
+    for i, (s, t) in enumerate(zip(steps, steps[1:])):
+      if s.op is Ops.MUL and t.op is Ops.ADD:
+        ops[i] = STEP_MUL_ADD
+
+  def step(s, op: int) -> str:
+    where = "NULL" if s.slot is None else f"{arg(s.slot)} + {s.offset}"
+    return f"{{{op}, {int(s.swapped)}, {float(s.value).hex()}f, {where}, {', '.join(map(str, s.strides))}}}"
+
+  return f"aot_gemm_step s[] = {{{', '.join(step(s, op) for s, op in zip(steps, ops))}}}; "
+
+
 @dataclass(kw_only=True)
 class GemmCall(Call):
   """A contraction run by the runtime's microkernel (codegen/lower/contract.py) over the kernel's buffers."""
@@ -66,21 +85,7 @@ class GemmCall(Call):
       f"{c.B}, {c.a.size}, {c.b.size}, {c.K}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
       f"{operand(g.a)}, {operand(g.b)}, (float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0"
     )
-    # the fused epilogue's steps (contract.Step), an array on the stack that the struct's last fields point to
-    steps = ""
-    if g.steps:
-      # on the c target a multiply feeding an add is MUL_ADD: one expression, contracted where the kernel's would be
-      ops = [STEP_OPS[s.op] for s in g.steps]
-      if self.contract:
-        for i, (s, t) in enumerate(zip(g.steps, g.steps[1:])):
-          if s.op is Ops.MUL and t.op is Ops.ADD:
-            ops[i] = STEP_MUL_ADD
-
-      def step(s, op: int) -> str:
-        where = "NULL" if s.slot is None else f"{arg(self.bufs[s.slot], s.slot)} + {s.offset}"
-        return f"{{{op}, {int(s.swapped)}, {float(s.value).hex()}f, {where}, {', '.join(map(str, s.strides))}}}"
-
-      steps = f"aot_gemm_step s[] = {{{', '.join(step(s, op) for s, op in zip(g.steps, ops))}}}; "
+    steps = render_steps(g.steps, self.contract, lambda slot: arg(self.bufs[slot], slot))
     tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
     # C's rows as far apart as the output's (a last-axis concat's branch written in place)
     tail += f", .ldc = {g.ldc}" if g.ldc else ""
