@@ -214,8 +214,12 @@ def upcast(ast: UOp) -> UOp:
   whose sums are short has its plane's loops merged (_merge_inner) and, where they share loads, lanes over an outer
   range (_shared_lanes)."""
   outs, accs = _loops_and_sums(ast)
-  if not outs or not accs:
+  if not outs:
     return ast
+  # an elementwise kernel (a contraction's epilogue: SiLU's exp over a conv's 40x40 plane) in one loop over the plane
+  # has no remainder per row, which it ran scalar (a 40-wide row: 2 vectors of 16 and 8 scalar exps)
+  if not accs:
+    return _merge_inner(ast, outs)[0]
   if max(prod(r.size for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE:
     merged, outs = _merge_inner(ast, outs)
     return _shared_lanes(merged, outs) or merged
