@@ -87,3 +87,36 @@ def test_convolution_reads_a_chain_of_pools_once_stored(kind, tmp_path):
   _check(model, "c", tmp_path, (1, 8, 12, 12), atol=1e-4)
   # each pool a kernel, then the convolution over the stored second pool (its window read at 9 offsets per output)
   assert _window_loops(model) == [1, 1, 1]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_nearest_upsample_into_a_concat_is_one_copy(target, tmp_path):
+  # YOLOv8's neck: Resize(nearest, x2) then Concat with a backbone feature. The resize's gathers by index tables
+  # (0, 0, 1, 1, ...) are a broadcast (aot/scheduler/schedule.py _repeat_gather): one kernel, where the second axis'
+  # gather read the first at indices it could not bound and stored it (2 kernels)
+  scales = np.array([1, 1, 2, 2], np.float32)
+  g = helper.make_graph(
+    [
+      helper.make_node("Resize", ["x", "", "s"], ["u"], mode="nearest"),
+      helper.make_node("Concat", ["u", "b"], ["y"], axis=1),
+    ],
+    "g",
+    [
+      helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 5, 7]),
+      helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 3, 10, 14]),
+    ],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    [helper.make_tensor("s", TensorProto.FLOAT, [4], scales)],
+  )
+  model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+  assert_kernel_count(model, 1)
+  feeds = {
+    "x": rng.standard_normal((1, 6, 5, 7), dtype=np.float32),
+    "b": rng.standard_normal((1, 3, 10, 14), dtype=np.float32),
+  }
+  want = ort_session(model).run(None, feeds)[0]
+  m = aot.load(aot.compile_model(model, out_dir=tmp_path / target, target=target, name="m"))
+  try:
+    np.testing.assert_array_equal(m(*feeds.values()), want)
+  finally:
+    m.close()

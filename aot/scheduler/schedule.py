@@ -88,8 +88,34 @@ def _collapse_movement(x: UOp) -> UOp | None:
   return None
 
 
+# indices a gather's repeat pattern is looked for in, at most (evaluated at compile time)
+REPEAT_GATHER_MAX_INDICES = 1 << 22
+
+
+def _repeat_gather(x: UOp) -> UOp | None:
+  """A gather by constant indices that repeat each position k times in order (0, 0, 1, 1, ...: a nearest upsample by
+  k, Resize's) as movement ops: the kernels compute r // k rather than load an index table, clamp and wrap it, and the
+  second axis' gather no longer reads the first at indices it cannot bound, which stored the first (YOLOv8's neck)."""
+  if len(x.src) != 2 or _const_base(x.src[1]) is None or x.numel > REPEAT_GATHER_MAX_INDICES:
+    return None
+  data, axis = x.src[0], x.arg
+  n, length = data.shape[axis], x.shape[axis]
+  if n == 0 or length % n:
+    return None
+  along = [1] * len(x.shape)
+  along[axis] = length
+  if not np.array_equal(
+    evaluate(x.src[1]), np.broadcast_to((np.arange(length) // (length // n)).reshape(along), x.shape)
+  ):
+    return None
+  pre, post = data.shape[:axis], data.shape[axis + 1 :]
+  return data.reshape(pre + (n, 1) + post).expand(pre + (n, length // n) + post).reshape(x.shape)
+
+
 pm_prepare = PatternMatcher(
   [
+    # a gather that repeats positions in order is a broadcast
+    (UPat(Ops.GATHER, name="x"), _repeat_gather),
     # a call is its body with the parameters replaced by the arguments
     (UPat(Ops.CALL, name="c"), inline_call),
     # anything computed only from constants is computed now
