@@ -13,7 +13,7 @@ import numpy as np
 
 from aot.core.dtype import DType, dtypes
 from aot.core.interpret import evaluate
-from aot.core.ir import BufferArg, ConstData, GroupOp, IndexCheck, Ops, UOp, file_mapping, prod
+from aot.core.ir import BufferArg, ConstData, GroupOp, IndexCheck, Ops, ReduceOp, UOp, file_mapping, prod
 from aot.core.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from aot.core.symbolic import pm_simplify, simplify
 from aot.errors import CompileError, InvalidTypeError, InvalidValueError, working_on
@@ -88,8 +88,34 @@ def _collapse_movement(x: UOp) -> UOp | None:
   return None
 
 
+# indices a gather's repeat pattern is looked for in, at most (evaluated at compile time)
+REPEAT_GATHER_MAX_INDICES = 1 << 22
+
+
+def _repeat_gather(x: UOp) -> UOp | None:
+  """A gather by constant indices that repeat each position k times in order (0, 0, 1, 1, ...: a nearest upsample by
+  k, Resize's) as movement ops: the kernels compute r // k rather than load an index table, clamp and wrap it, and the
+  second axis' gather no longer reads the first at indices it cannot bound, which stored the first (YOLOv8's neck)."""
+  if len(x.src) != 2 or _const_base(x.src[1]) is None or x.numel > REPEAT_GATHER_MAX_INDICES:
+    return None
+  data, axis = x.src[0], x.arg
+  n, length = data.shape[axis], x.shape[axis]
+  if n == 0 or length % n:
+    return None
+  along = [1] * len(x.shape)
+  along[axis] = length
+  if not np.array_equal(
+    evaluate(x.src[1]), np.broadcast_to((np.arange(length) // (length // n)).reshape(along), x.shape)
+  ):
+    return None
+  pre, post = data.shape[:axis], data.shape[axis + 1 :]
+  return data.reshape(pre + (n, 1) + post).expand(pre + (n, length // n) + post).reshape(x.shape)
+
+
 pm_prepare = PatternMatcher(
   [
+    # a gather that repeats positions in order is a broadcast
+    (UPat(Ops.GATHER, name="x"), _repeat_gather),
     # a call is its body with the parameters replaced by the arguments
     (UPat(Ops.CALL, name="c"), inline_call),
     # anything computed only from constants is computed now
@@ -220,7 +246,34 @@ def reshape_index(idxs, out_shape, in_shape) -> list:
   return res
 
 
-def _index_movement(i: UOp, x: UOp):
+# a reduce read through a PAD runs its loop at every position of the padded range, inside the source or not (outside,
+# its loads are only gated off): it is stored first when the positions outside outnumber those inside this many
+# times (SPPF's concat of x and three pools ran the last pool's loop over all four slices: 1.55 ms, each pool 0.27)
+PAD_REDUCE_WASTE = 1.0
+
+
+def _loop_reduce_under(ctx: Lowering, u: UOp) -> bool:
+  """A REDUCE other than a sum of products would be computed in the reader's kernel: u's graph down to stages holds
+  one. (A sum of products becomes a contraction, which the microkernel computes for its slice of a pad only:
+  codegen/lower/contract.py gate_slices.)"""
+  product = lambda v: v.op is Ops.REDUCE and v.arg[0] is ReduceOp.SUM and v.src[0].op is Ops.MUL
+  # what a contraction's operands compute is written out by the operand's own copy kernel, not in the reader
+  stop = lambda v: v is not u and (v in ctx.stages or product(v))
+  return any(v.op is Ops.REDUCE and not stop(v) and not product(v) for v in u.toposort(stop=stop))
+
+
+def _stage_padded_reduce(ctx: Lowering, x: UOp) -> None:
+  """Stage what PAD x pads when it computes a loop reduce and the pad is mostly outside it (PAD_REDUCE_WASTE)."""
+  src = x.src[0]
+  if (x.numel - src.numel) <= PAD_REDUCE_WASTE * src.numel:
+    return
+  while src.op in GroupOp.Movement:
+    src = src.src[0]
+  if src.op in GroupOp.Compute and src not in ctx.stages and _loop_reduce_under(ctx, src):
+    ctx.stage(src)
+
+
+def _index_movement(ctx: Lowering, i: UOp, x: UOp):
   gate, idxs, src = i.src[1], list(i.src[2:]), x.src[0]
   if x.op is Ops.RESHAPE:
     return make_index(src, gate, reshape_index(idxs, x.shape, src.shape))
@@ -236,6 +289,7 @@ def _index_movement(i: UOp, x: UOp):
   if x.op is Ops.FLIP:
     return make_index(src, gate, [(s - 1) - ix if k in x.arg else ix for k, (ix, s) in enumerate(zip(idxs, src.shape))])
   if x.op is Ops.PAD:
+    _stage_padded_reduce(ctx, x)
     pads, value = x.arg
     valid = UOp.const(dtypes.bool, True)
     for ix, (a, _), s in zip(idxs, pads, src.shape):
@@ -249,11 +303,11 @@ def _index_movement(i: UOp, x: UOp):
 def _index_compute(ctx: Lowering, i: UOp, x: UOp):
   """Push the index into a computed node, or load it from a buffer when computing it here would repeat work."""
   gate, idxs = i.src[1], i.src[2:]
-  if i.arg != "root":
-    ctx.reads.append((x, i))
   # the loops around this point run trip_of(idxs) times; if the index can take fewer distinct values, work repeats
   if i.arg != "root" and ctx.trip_of(idxs) > prod(ix.vmax - ix.vmin + 1 for ix in idxs):
     return _index_stage(ctx, i, ctx.stage(x))
+  if i.arg != "root":
+    ctx.reads.append((x, i))
   if x.op is Ops.REDUCE:
     rop, axes = x.arg
     outer = ctx.trip_of(idxs)
@@ -542,10 +596,12 @@ def _lower_to_fixpoint(outputs: list[UOp], out_bufs: list[Buffer], forced: list[
   ctx = None
   while True:
     ctx, lowered, deps = _lower_all(outputs, out_bufs, forced, ctx)
-    # stages found for work repeated inside a loop are consistent as they are; a node read at two indices was fused
-    # somewhere already, so those need another round
+    # a node read at two indices was fused somewhere already, so those need another round
     found = [x for x, uses in ctx.uses.items() if len(uses) > 1 and x not in ctx.stages]
-    if not found:
+    # a kernel lowered before a later one of the same round staged a node it fused still computes that node itself
+    # (SPPF's concat recomputed both chained max-pools its pools' kernels stored): it is lowered again, loading it
+    stale = any(r in ctx.stages for bid in lowered for r, _ in ctx.lowered[bid][2])
+    if not found and not stale:
       return ctx, lowered, deps
     # stage only the outermost of them: staging a reader can resolve its sources' double reads
     below: set = set()

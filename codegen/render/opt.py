@@ -191,6 +191,12 @@ def _merge_inner(ast: UOp, outs: list[UOp]) -> tuple[UOp, list[UOp]]:
   return ast, outs
 
 
+def _gated_by(ast: UOp, rngs: set) -> bool:
+  """Does a load's gate vary with one of these ranges?"""
+  gates = [u.src[2] for u in ast.toposort() if u.op is Ops.LOAD and u.src[2].op is not Ops.CONST]
+  return any(r in rngs for g in gates for r in g.toposort() if r.op is Ops.RANGE)
+
+
 def _loops_and_sums(ast: UOp) -> tuple[list[UOp], list[UOp]]:
   """A STORE kernel's output loops (outer first) and its sums."""
   if ast.op is not Ops.STORE:
@@ -214,8 +220,13 @@ def upcast(ast: UOp) -> UOp:
   whose sums are short has its plane's loops merged (_merge_inner) and, where they share loads, lanes over an outer
   range (_shared_lanes)."""
   outs, accs = _loops_and_sums(ast)
-  if not outs or not accs:
+  if not outs:
     return ast
+  # an elementwise kernel (a contraction's epilogue: SiLU's exp over a conv's 40x40 plane) in one loop over the plane
+  # has no remainder per row, which it ran scalar (a 40-wide row: 2 vectors of 16 and 8 scalar exps); not one whose
+  # loads the plane's loops gate (an im2col's padding: its rows are cut into pieces at the gates, in_pieces)
+  if not accs:
+    return ast if _gated_by(ast, set(outs[-2:])) else _merge_inner(ast, outs)[0]
   if max(prod(r.size for r in a.src[1:]) for a in accs) < UPCAST_MIN_REDUCE:
     merged, outs = _merge_inner(ast, outs)
     return _shared_lanes(merged, outs) or merged
