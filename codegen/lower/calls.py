@@ -13,7 +13,6 @@ from typing import ClassVar
 
 from aot.codegen.render.linearize import flop_count, kernel_params, parallel_extent
 from aot.core.ir import Ops, UOp
-from aot.core.rewrite import substitute
 from aot.core.symbolic import linear
 from aot.scheduler.kernel import Buffer, Kernel
 
@@ -166,18 +165,25 @@ def rebase_reads(ast: UOp, bufs: list[Buffer]) -> tuple[UOp, dict[int, int]]:
     for s in u.src:
       if s.op is Ops.DEFINE_GLOBAL and s.arg != 0:
         loads.setdefault(s, []).append(u)
-  offsets, mapping = {}, {}
+  offsets: dict[int, int] = {}
+  slots = [g.arg for g in loads]
   for g, users in loads.items():
-    if not all(u.op is Ops.LOAD and u.src[0] is g for u in users):
+    # a slot seen as two globals (two dtypes) or also written keeps its pointer
+    if slots.count(g.arg) > 1 or not all(u.op is Ops.LOAD and u.src[0] is g for u in users):
       continue
     c = min(linear(u.src[1])[1] for u in users)
-    if not 0 < c < bufs[g.arg].size:
-      continue
-    offsets[g.arg] = c
-    for u in users:
-      idx = u.src[1]
-      mapping[u] = u.replace(src=(g, idx + UOp.const(idx.dtype, -c), *u.src[2:]))
-  return (substitute(ast, mapping), offsets) if mapping else (ast, {})
+    if 0 < c < bufs[g.arg].size:
+      offsets[g.arg] = c
+  if not offsets:
+    return ast, {}
+  # bottom up: a load's index may hold another rebased load (a gather by a loaded index), which must be rebased there
+  done: dict[UOp, UOp] = {}
+  for u in ast.toposort():
+    src = tuple(done[s] for s in u.src)
+    if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and (c := offsets.get(u.src[0].arg)):
+      src = (src[0], src[1] + UOp.const(src[1].dtype, -c), *src[2:])
+    done[u] = u if src == u.src else u.replace(src=src)
+  return done[ast], offsets
 
 
 def globals_read(asts) -> set[int]:
