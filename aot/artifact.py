@@ -165,6 +165,8 @@ class Artifact:
     self.containers: list[dict] = m.get("containers", [])
     # model inputs that are indices (aot/core/ir.py IndexCheck), by name: the size of the smallest axis each indexes
     self.indexed_inputs: dict[str, int] = m.get("indexed_inputs", {})
+    # dims with a range ({name, min, max}): named in the shapes of the inputs and outputs that have them
+    self.dims: list[dict] = m.get("dims", [])
 
   @property
   def library_path(self) -> Path:
@@ -320,13 +322,23 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
   """NAME.json: the schedule's inputs and outputs, and what was built from it."""
   from aot import __version__
 
-  def t(b: Buffer) -> dict:
+  def t(b: Buffer, axis: int = -1) -> dict:
+    if axis >= 0:
+      # a ranged dim is named in the shape, as ONNX and onnxruntime write a symbolic one
+      return {
+        "name": b.name,
+        "shape": [sched.batch.dim.name if i == axis else s for i, s in enumerate(b.shape)],
+        "dtype": b.dtype.name,
+      }
     if b.name not in sched.formats:
       return {"name": b.name, "shape": list(b.shape), "dtype": b.dtype.name}
     fmt, shape = sched.formats[b.name]
     return {"name": b.name, "shape": list(shape), "dtype": fmt, "storage": b.dtype.name, "storage_shape": list(b.shape)}
 
   external = built.weights > WEIGHTS_INLINE_MAX
+  ins, outs = (
+    (sched.batch.inputs, sched.batch.outputs) if sched.batch else ([-1] * len(sched.inputs), [-1] * len(sched.outputs))
+  )
   path.write_text(
     json.dumps(
       {
@@ -341,8 +353,9 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
         "triple": built.triple,
         "compiler": f"aot-compiler {__version__}",
         "abi_version": ABI_VERSION,
-        "inputs": [t(b) for b in sched.inputs],
-        "outputs": [t(b) for b in sched.outputs],
+        "inputs": [t(b, a) for b, a in zip(sched.inputs, ins)],
+        "outputs": [t(b, a) for b, a in zip(sched.outputs, outs)],
+        **({"dims": [_dim_entry(sched.batch)]} if sched.batch else {}),
         "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in built.kernels],
         "arena_bytes": built.arena,
         "arena_holds_bytes": built.arena_holds,
@@ -362,6 +375,11 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
       indent=1,
     )
   )
+
+
+def _dim_entry(batch) -> dict:
+  """A ranged dim in the manifest: its name and bounds, and how it runs (frontends/batch_dims.py)."""
+  return {"name": batch.dim.name, "min": batch.dim.lo, "max": batch.dim.hi, "runs": "items"}
 
 
 def write_link_files(folder: Path, name: str, static: bool) -> None:

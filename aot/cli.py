@@ -131,7 +131,8 @@ def _add_build_arguments(p: argparse.ArgumentParser) -> None:
     action="append",
     default=[],
     metavar="NAME=DIMS",
-    help="pin an input's shape (input=1x3x224x224) or a symbolic dim (batch=1); a sequence input's "
+    help="pin an input's shape (input=1x3x224x224) or a symbolic dim (batch=1), or give a batch dim a range the "
+    "artifact takes at run time (batch=1..64, input=1..8x3x224x224); a sequence input's "
     "length and element shapes (seq=[3x4,2x4]); an optional input's as absent (opt=none); repeatable",
   )
   p.add_argument(
@@ -302,10 +303,20 @@ def _dims(v: str, where: str):
     items = [e.strip() for e in v[1:-1].split(",") if e.strip()]
     return [(d,) if isinstance(d := _dims(e, where), int) else d for e in items]
   try:
-    dims = tuple(int(d) for d in v.lower().split("x"))
+    dims = tuple(_dim(d) for d in v.lower().split("x"))
   except ValueError:
-    raise ValueError(f"{where}: dims must be integers separated by x, like 1x3x224x224") from None
+    raise ValueError(
+      f"{where}: dims must be integers or ranges LOW..HIGH separated by x, like 1x3x224x224 or 1..8x3x224x224"
+    ) from None
   return dims[0] if len(dims) == 1 else dims
+
+
+def _dim(d: str):
+  """One dim of --shape: a size, or a range LOW..HIGH (aot.options.DimRange)."""
+  from aot.options import DimRange
+
+  lo, dots, hi = d.partition("..")
+  return DimRange(int(lo), int(hi)) if dots else int(d)
 
 
 def _number(v: str, where: str):

@@ -40,7 +40,7 @@ from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
 from aot.core.dtype import to_dtype
 from aot.core.ir import UOp
 from aot.cpu import cpu_target
-from aot.errors import BUG_REPORT, AotError, InternalError, InvalidTypeError, places_of, working_on
+from aot.errors import BUG_REPORT, AotError, CompileError, InternalError, InvalidTypeError, places_of, working_on
 from aot.frontends.tensor import Tensor
 from aot.options import TARGETS, CompileOptions
 from aot.scheduler.kernel import Buffer, Schedule, Traced
@@ -95,9 +95,10 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
   """Anything compile_model accepts, traced: a Tensor program with example inputs, "models:NAME", an ONNX file or
   an onnx.ModelProto."""
   if _is_onnx(what):
+    from aot.frontends.batch_dims import trace_batched
     from aot.frontends.onnx import trace_onnx
 
-    return trace_onnx(what, shapes, bind, name)
+    return trace_batched(what, shapes, bind, name, trace_onnx)
   if isinstance(what, str) and what.startswith("models:"):
     from aot.models import get
 
@@ -289,7 +290,11 @@ def compile_model(what, example_inputs=None, *, options: CompileOptions | None =
 
 def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   with working_on("while tracing the model"):
-    return resolve(what, example_inputs, opts.name, opts.shapes, opts.bind)
+    traced = resolve(what, example_inputs, opts.name, opts.shapes, opts.bind)
+  # the loop over a ranged dim's items is model.c's (codegen/render/run_dims.py): a GPU host has none yet
+  if traced.batch is not None and opts.gpu:
+    raise CompileError(f"a dim with a range ('{traced.batch.dim.name}') is for the CPU targets (c, llvm) yet")
+  return traced
 
 
 def schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
@@ -297,6 +302,7 @@ def schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
     sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   sched.formats = traced.formats or {}
   sched.containers = traced.containers or []
+  sched.batch = traced.batch
   opts.say(f"scheduled {len(sched.kernels)} kernels")
   return sched
 

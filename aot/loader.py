@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -51,12 +52,16 @@ class LoadedModel:
     self.ffi = ffi = cffi.FFI()
     n = a.name
     args = [f"const {api_type(t.dtype)} *" for t in a.inputs] + [f"{api_type(t.dtype)} *" for t in a.outputs]
+    # an artifact with a ranged dim takes each tensor's shape after its data (NAME_run_dims)
+    shaped = [f"{p}, {'const ' if i < len(a.inputs) else ''}int64_t *" for i, p in enumerate(args)]
+    run = f"{n}_run_dims({n}_model *m, {', '.join(shaped)})" if a.dims else f"{n}_run({n}_model *m, {', '.join(args)})"
     ffi.cdef(f"""typedef struct {n}_model {n}_model;
-      int {n}_create({n}_model **out); int {n}_run({n}_model *m, {", ".join(args)});
+      int {n}_create({n}_model **out); int {run};
       int {n}_set_threads({n}_model *m, int n); int {n}_threads(const {n}_model *m);
       void {n}_destroy({n}_model *m); const char *{n}_last_error(const {n}_model *m);""")
     self.lib, self._in_place = _open_library(ffi, a)
-    self._run, self._destroy = getattr(self.lib, f"{n}_run"), getattr(self.lib, f"{n}_destroy")
+    self._run = getattr(self.lib, f"{n}_run_dims" if a.dims else f"{n}_run")
+    self._destroy = getattr(self.lib, f"{n}_destroy")
     self._last_error = getattr(self.lib, f"{n}_last_error")
     out = ffi.new(f"{n}_model **")
     if (status := getattr(self.lib, f"{n}_create")(out)) != 0:
@@ -142,10 +147,14 @@ class LoadedModel:
       raise InputCountError(
         f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), got {len(arrays)}"
       )
-    ins = [self._input(t, x) for t, x in zip(a.inputs, arrays)]
-    targets = self._out_targets(out)
-    outs = [o if _writes_in_place(t, o, ins) else _empty(t) for t, o in zip(a.outputs, targets)]
+    tins, touts = self._at_sizes(arrays) if a.dims else (a.inputs, a.outputs)
+    ins = [self._input(t, x) for t, x in zip(tins, arrays)]
+    targets = self._out_targets(out, touts)
+    outs = [o if _writes_in_place(t, o, ins) else _empty(t) for t, o in zip(touts, targets)]
     ptrs = [self.ffi.cast(pt, x.ctypes.data) for pt, x in zip(self._ptr_types, ins + outs)]
+    if a.dims:
+      shapes = [self.ffi.new("int64_t[]", list(t.shape) or [0]) for t in tins + touts]
+      ptrs = [p for pair in zip(ptrs, shapes) for p in pair]
     with self._call() as model:
       # last_error is this thread's own call's message, whatever other threads ran on the instance since
       if (status := self._run(model, *ptrs)) != 0:
@@ -153,7 +162,7 @@ class LoadedModel:
         if status == AOT_ERR_INDEX_RANGE:
           raise IndexRangeError(f"{a.name}_run: {why}")
         raise RunError(f"{a.name}_run failed (status {status}): {why}", status)
-    outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(a.outputs, outs)]
+    outs = [t.narrow.from_storage(x, t.shape) if t.narrow else x for t, x in zip(touts, outs)]
     for i, (o, x) in enumerate(zip(targets, outs)):
       if o is not None and o is not x:
         o[...] = x
@@ -161,6 +170,29 @@ class LoadedModel:
     if a.containers:
       outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+  def _at_sizes(self, arrays) -> tuple[list, list]:
+    """The inputs and outputs with the ranged dim at the size the inputs have: in its range, the same in each."""
+    a, dim = self.artifact, self.artifact.dims[0]
+    name, n, first = dim["name"], None, None
+    for t, x in zip(a.inputs, arrays):
+      if name not in t.shape:
+        continue
+      shape, axis = np.shape(x), t.shape.index(name)
+      if len(shape) != len(t.shape):
+        raise InputShapeError(
+          f"{a.name} input '{t.name}': expected shape {t.shape}, got {shape}", t.name, t.shape, shape
+        )
+      size = shape[axis]
+      why = f"outside {dim['min']}..{dim['max']}" if not dim["min"] <= size <= dim["max"] else ""
+      why = why or (f"but input '{first}' has {n}" if n is not None and size != n else "")
+      if why:
+        raise InputShapeError(
+          f"{a.name} input '{t.name}' dim {axis} ('{name}') is {size}, {why}", t.name, t.shape, shape
+        )
+      n, first = size, first or t.name
+    at = lambda t: dataclasses.replace(t, shape=tuple(n if d == name else d for d in t.shape))
+    return [at(t) for t in a.inputs], [at(t) for t in a.outputs]
 
   def _input(self, t, x) -> np.ndarray:
     """An input as the C API takes it: checked against the artifact's shape and dtype, dense."""
@@ -177,8 +209,9 @@ class LoadedModel:
     # a narrow type crosses the C API as its codes, the 4- and 2-bit ones packed
     return t.narrow.to_storage(x) if t.narrow else np.ascontiguousarray(x)
 
-  def _out_targets(self, out) -> list:
-    """The caller's out= array of each C API output (None where it gave none), checked against the output."""
+  def _out_targets(self, out, outputs: list) -> list:
+    """The caller's out= array of each C API output (None where it gave none), checked against the output (outputs:
+    the artifact's, at this call's sizes)."""
     a = self.artifact
     if out is None:
       return [None] * len(a.outputs)
@@ -187,7 +220,7 @@ class LoadedModel:
     given = [out] if isinstance(out, np.ndarray) else list(out)
     if len(given) != len(a.outputs):
       raise InputCountError(f"{a.name} has {len(a.outputs)} outputs, out= gave {len(given)} arrays")
-    for t, o in zip(a.outputs, given):
+    for t, o in zip(outputs, given):
       want = t.narrow.np if t.narrow else t.dtype.np
       if not isinstance(o, np.ndarray) or o.shape != t.shape or o.dtype != want or not o.flags.writeable:
         got = f"{'' if o.flags.writeable else 'a read-only '}{o.dtype} {o.shape}" if isinstance(o, np.ndarray) else o

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from aot.codegen.render.gpu import GPU_TARGETS
 from aot.cpu import CPU_SYNTAX, accepted
@@ -12,6 +12,16 @@ from aot.errors import InvalidValueError
 
 # the CPU targets, then the GPU ones (rendered by codegen/render/gpu.py, their host code by codegen/render/host_gpu.py)
 TARGETS = ("c", "llvm", *GPU_TARGETS)
+
+
+class DimRange(NamedTuple):
+  """The sizes a dim takes at run time, low to high inclusive (--shape batch=1..64; shapes={"batch": (1, 64)})."""
+
+  lo: int
+  hi: int
+
+  def __str__(self) -> str:
+    return f"{self.lo}..{self.hi}"
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,9 @@ class Tracer:
   errors: list = field(default_factory=list)
   needs_inputs: set = field(default_factory=set)
   functions: dict = field(default_factory=dict)
+  # each node of the main graph as traced: (its label, its output Tensors), for a message naming the node that made a
+  # node of the traced graph (frontends/batch_dims.py); None: not kept
+  produced: list | None = None
 
   def run_graph(self, g: onnx.GraphProto, env: dict, opset: int) -> list:
     for init in g.initializer:
@@ -198,6 +201,9 @@ class Tracer:
       for name, t in zip(node.output, outs):
         if name:
           env[name] = t
+      if self.produced is not None and g is self.model.graph:
+        label = f"{node.op_type} node '{node.name or node.output[0]}'"
+        self.produced.append((label, [t.uop for t in outs if isinstance(t, Tensor)]))
     return [env.get(o.name, _missing(o.name)) for o in g.output]
 
   def run_node(self, node: onnx.NodeProto, ins: list, env: dict, opset: int) -> list:
@@ -617,8 +623,11 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
       )
 
 
-def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None):
-  """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler."""
+def trace_onnx(
+  src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None, produced: list | None = None
+):
+  """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler. produced: a list to
+  append each node's (label, output UOps) to (Tracer.produced)."""
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
   from aot.artifact import c_name
   from aot.frontends.onnx_qdq import fuse_qdq
@@ -637,7 +646,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     if vi.name not in inits:
       ins.add(vi)
   ins.raise_problems()
-  tracer = Tracer(model, Path(src).parent if isinstance(src, (str, Path)) else None)
+  tracer = Tracer(model, Path(src).parent if isinstance(src, (str, Path)) else None, produced=produced)
   outs = tracer.run_graph(g, ins.env, tracer.opset_of("", 1))
   if tracer.errors:
     raise CompileError(

@@ -197,3 +197,13 @@ def onnx_model(name: str) -> onnx.ModelProto:
   if name not in _BUILDERS:
     raise ValueError(f"unknown reference model {name!r}; the bundled models are: {', '.join(_BUILDERS)}")
   return _BUILDERS[name]()
+
+
+def with_batch_dim(model: onnx.ModelProto, dim_param: str = "batch") -> onnx.ModelProto:
+  """The model with the first dim of every input and output symbolic (dim_param), as exporters write a batch: the
+  graphs above compute every size from their inputs, so they run at any batch."""
+  for vi in list(model.graph.input) + list(model.graph.output):
+    d = vi.type.tensor_type.shape.dim[0]
+    d.Clear()
+    d.dim_param = dim_param
+  return model

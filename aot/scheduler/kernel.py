@@ -21,6 +21,7 @@ class Traced:
   output_names: list[str] | None = None
   formats: dict | None = None  # narrow inputs and outputs (frontends/onnx.py): name -> (type name, logical shape)
   containers: list | None = None  # sequence/optional inputs and outputs as runs of C API tensors (frontends/onnx.py)
+  batch: object = None  # a dim with a range, run as a loop over one-item runs (frontends/batch_dims.py BatchDim)
 
 
 @dataclass(eq=False)
@@ -66,6 +67,8 @@ class Schedule:
   formats: dict = field(default_factory=dict)
   # sequence and optional inputs and outputs (frontends/onnx_ops_sequence.py): {name, kind, side, start, count} each
   containers: list = field(default_factory=list)
+  # a dim with a range, run as a loop over one-item runs (frontends/batch_dims.py BatchDim); None: a static artifact
+  batch: object = None
   # the index checks the run makes after its kernels (aot/core/ir.py: IndexCheck)
   checks: list[IndexCheckCall] = field(default_factory=list)
   # model inputs that are indices (checked or not: GPU targets drop the checks), by name: the smallest axis' size

@@ -472,6 +472,12 @@ def _parser() -> argparse.ArgumentParser:
     "in a subprocess; its compile time and peak RSS, the artifact's size and create time, its error vs "
     "onnxruntime (--json writes the row)",
   )
+  ap.add_argument(
+    "--dynamic",
+    action="store_true",
+    help="instead: the reference models compiled once for a batch range (--shape batch=LO..HI), timed at sizes "
+    "across it against a static compile at each size and onnxruntime, 1 thread (aot/tools/dynamic_bench.py)",
+  )
   return ap
 
 
@@ -485,6 +491,8 @@ def main(argv=None) -> int:
     return _run_scale(args)
   if args.micro:
     return _run_micro(args, targets)
+  if args.dynamic:
+    return _run_dynamic(args)
   if args.zoo:
     args.onnx += [f"light:{n}" for n in LIGHT_MODELS if f"light:{n}" not in args.onnx]
   if args.real:
@@ -581,6 +589,20 @@ def _run_scale(args) -> int:
   print(_plain_table([row]))
   if args.json:
     Path(args.json).write_text(json.dumps(row, indent=1))
+  return 0
+
+
+def _run_dynamic(args) -> int:
+  from aot.tools.dynamic_bench import DYNAMIC_MODELS, dynamic_rows
+
+  names = [m for m in args.models.split(",") if m in DYNAMIC_MODELS] or list(DYNAMIC_MODELS)
+  rows = dynamic_rows(names, args.repeats, args.budget)
+  print(_plain_table(rows))
+  if args.json:
+    Path(args.json).write_text(json.dumps(rows, indent=1))
+  if args.doc:
+    command = "python -m aot.tools.bench --dynamic"
+    _replace_between(Path(args.doc), "dynamic", f"`{command}` on {machine()}, 1 thread:\n\n{_plain_table(rows)}")
   return 0
 
 

@@ -84,7 +84,7 @@ class Model {{
     return *this;
   }}
 
-{_run_overloads(name, cpp_tensors(name, sched))}
+{_run_dims(name, sched) if sched.batch else _run_overloads(name, cpp_tensors(name, sched))}
   /* the threads this instance runs its kernels on (at least 1) */
   void set_threads(int n) {{ check("{name}_set_threads", {name}_set_threads(m_, n)); }}
   /* the thread count in use ({name}_threads) */
@@ -171,6 +171,18 @@ def _run_overloads(name: str, tensors: list[CppTensor]) -> str:
 {vectors}#ifdef __cpp_lib_span
   void run({spans}) {{ run({data_and_size}); }}
 #endif"""
+
+
+def _run_dims(name: str, sched: Schedule) -> str:
+  """Model::run of an artifact with a ranged dim: each tensor's data and shape, as NAME_run_dims."""
+  from aot.codegen.render.run_dims import run_dims_args
+
+  args = run_dims_args(sched)
+  names = [a.rsplit("*", 1)[1] for a in args]
+  return f"""  /* each tensor's data then its shape, inputs then outputs, as {name}_run_dims (writes outputs' shapes) */
+  void run({", ".join(args)}) {{
+    check("{name}_run_dims", {name}_run_dims(m_, {", ".join(names)}));
+  }}"""
 
 
 def _vector_run(tensors: list[CppTensor], data_and_size: str) -> str:

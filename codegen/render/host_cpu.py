@@ -14,6 +14,7 @@ from aot.artifact import (
   param_names,
 )
 from aot.codegen.lower.calls import Call, ctype
+from aot.codegen.render.run_dims import largest, run_dims_c, run_dims_decl, run_dims_meta
 from aot.core.dtype import Narrow, narrow_of
 from aot.core.ir import IndexCheck
 from aot.scheduler.kernel import Buffer, Schedule
@@ -69,9 +70,14 @@ def render_header(
   ]
   if weights_bytes is not None:
     meta.append(f"#define {P}_WEIGHTS_BYTES {weights_bytes}")
+  if sched.batch:
+    meta += run_dims_meta(P, sched)
   for kind, bufs in (("INPUT", sched.inputs), ("OUTPUT", sched.outputs)):
     for i, b in enumerate(bufs):
       fmt, shape = sched.formats.get(b.name, (None, b.shape))
+      if sched.batch:
+        # a ranged dim's tensors are described at its largest size: what a caller allocates
+        shape = largest(b, (sched.batch.inputs if kind == "INPUT" else sched.batch.outputs)[i], sched.batch.dim.hi)
       if fmt:
         meta.append(f"/* {kind.lower()} {i} is {_narrow_comment(narrow_of(fmt), b)} */")
       meta += [
@@ -106,8 +112,7 @@ typedef struct {name}_model {name}_model;
    any of that code, and {name}_last_error(NULL) names the missing extensions. */
 int {name}_create({name}_model **out);
 {_create_with_weights_decl(name) if weights_file else ""}\
-/* runs the model: one pointer per input, then one per output, dense row-major; they must not overlap */
-int {name}_run({name}_model *m, {", ".join(args)});
+{run_dims_decl(name, sched) if sched.batch else _run_decl(name, args)}\
 /* threads this instance runs its kernels on (default: AOT_NUM_THREADS at create time, else the cores the process
    may run on), at most the cores the process may run on (more only wait for one another; AOT_OVERSUBSCRIBE=1 lifts
    the cap, for tests of the split); results are bitwise the same for any count. 1: the kernels run on the calling
@@ -138,6 +143,12 @@ const char *{name}_version(void);
 }}
 #endif
 #endif
+"""
+
+
+def _run_decl(name: str, args: list[str]) -> str:
+  return f"""/* runs the model: one pointer per input, then one per output, dense row-major; they must not overlap */
+int {name}_run({name}_model *m, {", ".join(args)});
 """
 
 
@@ -409,7 +420,6 @@ API int {name}_create({name}_model **out) {{
 
 def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> str:
   n = len(body)
-  ins, outs = param_names(sched)
   return f"""static int run_locked({name}_model *m, {", ".join(api_args(sched))}) {{
 {chr(10).join(null_checks(sched))}
   m->error[0] = 0;
@@ -423,7 +433,12 @@ def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> st
 {_index_checks_c(sched)}
 }}
 
-API int {name}_run({name}_model *m, {", ".join(api_args(sched))}) {{
+{run_dims_c(name, sched) if sched.batch else _public_run(name, sched)}"""
+
+
+def _public_run(name: str, sched: Schedule) -> str:
+  ins, outs = param_names(sched)
+  return f"""API int {name}_run({name}_model *m, {", ".join(api_args(sched))}) {{
   if (!m) return AOT_ERR_NULL_ARGUMENT;
   pthread_mutex_lock(&m->lock);
   return unlock_with(m, run_locked(m, {", ".join(ins + outs)}));

@@ -1,0 +1,76 @@
+"""`python -m aot.tools.bench --dynamic`: an artifact compiled once for a range of a batch dim (--shape batch=LO..HI),
+timed at sizes across the range against a static compile at each size and against onnxruntime, in one process,
+interleaved, one thread. The bundled reference models' ONNX forms with a symbolic batch (models/onnx_forms.py)."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+# per model: the range compiled, and the sizes timed (the bounds, an odd prime between)
+DYNAMIC_MODELS = {
+  "mlp": ((1, 64), (1, 7, 64)),
+  "mnist": ((1, 64), (1, 7, 64)),
+  "resnet18": ((1, 16), (1, 5, 16)),
+  "transformer": ((1, 8), (1, 3, 8)),
+}
+
+
+def dynamic_rows(names: list[str], repeats: int, budget_s: float) -> list[dict]:
+  """One row per model and size: the dynamic artifact's time over the static one's and over onnxruntime's, the
+  kernel counts, and both compile times."""
+  import onnxruntime as ort
+
+  import aot
+  from aot.models.onnx_forms import onnx_model, with_batch_dim
+  from aot.tools.bench import _time
+
+  rows = []
+  with tempfile.TemporaryDirectory(prefix="aot_dynamic_bench_") as tmp:
+    for name in names:
+      (lo, hi), sizes = DYNAMIC_MODELS[name]
+      model = with_batch_dim(onnx_model(name))
+      path = Path(tmp) / f"{name}.onnx"
+      path.write_bytes(model.SerializeToString())
+      t0 = time.perf_counter()
+      dyn_art = aot.compile_model(path, shapes={"batch": (lo, hi)}, out_dir=Path(tmp) / f"{name}_dyn")
+      dyn_s = time.perf_counter() - t0
+      so = ort.SessionOptions()
+      so.intra_op_num_threads = so.inter_op_num_threads = 1
+      sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+      with aot.load(dyn_art, threads=1) as dyn:
+        for n in sizes:
+          t0 = time.perf_counter()
+          st_art = aot.compile_model(path, shapes={"batch": n}, out_dir=Path(tmp) / f"{name}_{n}")
+          st_s = time.perf_counter() - t0
+          feed = {
+            i.name: np.random.default_rng(n).standard_normal([n, *i.shape[1:]]).astype(np.float32)
+            for i in sess.get_inputs()
+          }
+          with aot.load(st_art, threads=1) as st:
+            got, want = dyn(feed), sess.run(None, feed)[0]
+            fns = {
+              "dynamic": lambda: dyn(feed),
+              "static": lambda: st(feed),
+              "onnxruntime": lambda: sess.run(None, feed),
+            }
+            t = _time(fns, repeats, budget_s)
+          rows.append(
+            {
+              "model": name,
+              "range": f"{lo}..{hi}",
+              "batch": n,
+              "dynamic ms": round(t["dynamic"] * 1e3, 3),
+              "static ms": round(t["static"] * 1e3, 3),
+              "dyn/static": round(t["dynamic"] / t["static"], 3),
+              "dyn/ort": round(t["dynamic"] / t["onnxruntime"], 3),
+              "kernels dyn/static": f"{dyn_art.num_kernels}/{st_art.num_kernels}",
+              "compile s dyn/static": f"{dyn_s:.1f}/{st_s:.1f}",
+              "max rel err vs ort": float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)),
+            }
+          )
+          print(rows[-1], flush=True)
+  return rows

@@ -1,0 +1,311 @@
+"""A dim with a range (--shape batch=1..64): the artifact takes any size in it, as that many runs of the program traced
+at size 1, each on its own item of every input and output that has the dim (codegen/render/host_cpu.py's
+NAME_run_dims). That is only right for a batch dim: one that no op mixes, so that each item's outputs depend on that
+item alone, by the same computation. It is proved here, before anything is built, on the graph traced at two sizes
+(two primes no other dim has): a node's batch axis is the one whose size is the batch size in both, and every node
+keeps items apart by its op's rule (_RULES); a constant may depend on the size only as a broadcast along its batch
+axis. A dim that some op mixes (a sequence under attention, an image's height under a convolution) is a CompileError
+naming the first node that mixes it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+
+from aot.core.ir import GroupOp, Ops, UOp
+from aot.errors import CompileError
+from aot.options import DimRange
+from aot.scheduler.kernel import Traced
+
+# sizes the graph is traced at to find each node's batch axis: primes, so that no product of other dims is one by
+# chance; the two smallest that no dim of the one-item graph has are taken
+PROBE_SIZES = (7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)
+# constants up to this many elements are compared between the two traces (a value computed from the batch size,
+# like a Range over it, is one of these); bigger ones are the model's weights, which no size changes
+COMPARED_CONST_MAX = 1 << 16
+
+
+@dataclass(frozen=True)
+class RunDim:
+  """A dim given a range: its name (the dim_param, else input[axis]) and its bounds."""
+
+  name: str
+  lo: int
+  hi: int
+
+
+@dataclass(frozen=True)
+class BatchDim:
+  """How an artifact runs its ranged dim: per C API input and output, the axis the dim is (-1: one without it). Items
+  are contiguous: every dim before that axis is 1."""
+
+  dim: RunDim
+  inputs: tuple[int, ...]
+  outputs: tuple[int, ...]
+
+
+def ranged_dim(shapes: dict | None, graph: onnx.GraphProto) -> tuple[RunDim | None, Callable[[int], dict]]:
+  """The one dim shapes gives a range to (None if none) and shapes with it pinned to a size. A range is a dim_param's
+  (batch=(1, 64), --shape batch=1..64) or one input dim's (x=((1, 8), 3, 224, 224), --shape x=1..8x3x224x224)."""
+  shapes = dict(shapes or {})
+  inputs = {vi.name: vi for vi in graph.input}
+  found: dict[str, tuple[int, int]] = {}
+  where: dict[str, list] = {}  # dim name -> (key, axis or None) of each place that gave it a range
+  for key, value in shapes.items():
+    tensor = key in inputs and inputs[key].type.HasField("tensor_type")
+    if key in inputs and not tensor:
+      continue
+    if tensor and isinstance(value, (tuple, list)) and not isinstance(value, DimRange):
+      dims = inputs[key].type.tensor_type.shape.dim
+      for axis, d in enumerate(value):
+        if _is_range(d):
+          param = dims[axis].dim_param if axis < len(dims) else ""
+          name = param or f"{key}[{axis}]"
+          found.setdefault(name, _bounds(d, f"input '{key}' dim {axis}"))
+          where.setdefault(name, []).append((key, axis))
+    elif tensor and isinstance(value, DimRange):
+      found.setdefault(key + "[0]", _bounds(value, f"input '{key}'"))
+      where.setdefault(key + "[0]", []).append((key, 0))
+    elif key not in inputs and _is_range(value):
+      found.setdefault(key, _bounds(value, f"dim '{key}'"))
+      where.setdefault(key, []).append((key, None))
+  # a range of one size is that size: the artifact is static
+  fixed = {n for n, (lo, hi) in found.items() if lo == hi}
+  if len(found) - len(fixed) > 1:
+    raise CompileError(
+      f"dims {', '.join(repr(n) for n in found if n not in fixed)} are given ranges: an artifact takes one dim with "
+      "a range (a batch dim) in this version; pin the others to a size (--shape NAME=N)"
+    )
+  ranged = next((RunDim(n, lo, hi) for n, (lo, hi) in found.items() if n not in fixed), None)
+
+  def pinned(size: int) -> dict:
+    out = dict(shapes)
+    for name, places in where.items():
+      n = found[name][0] if name in fixed else size
+      for key, axis in places:
+        if axis is None:
+          out[key] = n
+        elif isinstance(shapes[key], DimRange):
+          out[key] = (n,)
+        else:
+          out[key] = tuple(n if i == axis else d for i, d in enumerate(shapes[key]))
+        # the dim_param a per-input range names holds the same size in every input that has it
+        if axis is not None and not name.endswith("]"):
+          out.setdefault(name, n)
+    return out
+
+  return ranged, pinned
+
+
+def _is_range(d) -> bool:
+  return isinstance(d, DimRange) or (
+    isinstance(d, (tuple, list)) and len(d) == 2 and all(isinstance(x, (int, np.integer)) for x in d)
+  )
+
+
+def _bounds(d, what: str) -> tuple[int, int]:
+  lo, hi = int(d[0]), int(d[1])
+  if lo < 1 or hi < lo:
+    raise CompileError(f"{what}: the range {lo}..{hi} is not one: it needs 1 <= low <= high")
+  return lo, hi
+
+
+def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None, trace) -> Traced:
+  """The model traced at size 1 of its ranged dim, with how the artifact runs it (Traced.batch), once proved a batch
+  dim; without a range, the model traced as it is. trace: frontends/onnx.py's trace_onnx."""
+  from aot.frontends.onnx import load_model
+
+  if not any(_is_range(v) or isinstance(v, tuple) and any(map(_is_range, v)) for v in (shapes or {}).values()):
+    return trace(src, shapes, bind, name)
+  dim, pinned = ranged_dim(shapes, load_model(src).graph)
+  if dim is None:
+    return trace(src, pinned(1), bind, name)
+  item = trace(src, pinned(1), bind, name)
+  sizes = {s for u in _walk(item) for s in u.shape}
+  b1, b2 = [p for p in PROBE_SIZES if p not in sizes][:2]
+  labels: list = []
+  t1 = trace(src, pinned(b1), bind, name, produced=labels)
+  t2 = trace(src, pinned(b2), bind, name)
+  item.batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
+  names = [u.arg.name for u, a in zip(item.inputs, item.batch.inputs) if a >= 0]
+  names += [n for n, a in zip(item.output_names or [], item.batch.outputs) if a >= 0]
+  # a sequence's tensors and a narrow type's packed codes are not laid out item after item
+  if item.containers or any(n in (item.formats or {}) for n in names):
+    what = "sequence or optional inputs or outputs" if item.containers else "inputs or outputs of a narrow type"
+    raise CompileError(f"dim '{dim.name}' cannot have a range: the model has {what}, which take no range yet")
+  return item
+
+
+def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, labels: list) -> BatchDim:
+  """The inputs' and outputs' batch axes, once every node of the graph traced at b1 (t1) and at b2 (t2) is shown to
+  keep the items of dim apart; else a CompileError naming the node (labels: the ONNX nodes' outputs in t1, in order)."""
+  n1, n2 = _walk(t1), _walk(t2)
+  if len(n1) != len(n2) or any(u.op is not v.op for u, v in zip(n1, n2)):
+    raise CompileError(f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it")
+  axis: dict[UOp, int | None] = {}
+  for u, v in zip(n1, n2):
+    axis[u] = a = _batch_axis(u.shape, v.shape, b1, b2)
+    if a == "merged":
+      why = "merges it with another dim"
+    else:
+      why = _RULES.get(u.op, _same_arg)(u, v, a, [axis[s] for s in _sources(u)])
+    if why:
+      raise CompileError(
+        f"dim '{dim.name}' cannot have a range: {_node_of(u, labels)} {why}, so items of it do not run apart; "
+        f"only a batch dim (one no op mixes) can vary at run time in this version: pin it (--shape {dim.name}=N)"
+      )
+  inputs = _io_axes(dim, t1, axis, "input")
+  if all(a < 0 for a in inputs):
+    raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
+  return BatchDim(dim, inputs, _io_axes(dim, t1, axis, "output"))
+
+
+def _walk(t: Traced) -> list[UOp]:
+  """t's nodes, sources first, without the index checks' sources: a check reduces over all of its indices, items
+  too, and each item's run checks its own."""
+  seen, order, stack = set(), [], [(u, False) for u in reversed(list(t.outputs) + list(t.inputs))]
+  while stack:
+    u, done = stack.pop()
+    if done:
+      order.append(u)
+    elif u not in seen:
+      seen.add(u)
+      stack.append((u, True))
+      stack.extend((s, False) for s in reversed(_sources(u)) if s not in seen)
+  return order
+
+
+def _sources(u: UOp) -> tuple:
+  return u.src[:2] if u.op is Ops.GATHER else u.src
+
+
+def _batch_axis(s1: tuple, s2: tuple, b1: int, b2: int):
+  """The axis whose size is the batch size at both sizes; None if none is; "merged" if the shapes differ otherwise."""
+  if len(s1) != len(s2):
+    return "merged"
+  diff = [i for i, (x, y) in enumerate(zip(s1, s2)) if x != y]
+  if not diff:
+    return None
+  if len(diff) > 1 or (s1[diff[0]], s2[diff[0]]) != (b1, b2):
+    return "merged"
+  return diff[0]
+
+
+def _same_arg(u: UOp, v: UOp, a, srcs: list) -> str | None:
+  return None if _arg(u) == _arg(v) else "computes a value from its size"
+
+
+def _arg(u: UOp):
+  if u.op is Ops.CONST:
+    return repr(u.arg)
+  return u.arg
+
+
+def _reshape(u: UOp, v: UOp, a, srcs: list) -> str | None:
+  (s,) = srcs
+  if s is None:
+    return None
+  shape = u.src[0].shape
+  # row-major order is kept: the items stay apart when as many elements come before the batch axis on both sides
+  if a is None or math.prod(shape[:s]) != math.prod(u.shape[:a]):
+    return "reshapes it into other dims"
+  return None
+
+
+def _window(u: UOp, v: UOp, a, srcs: list) -> str | None:
+  """PAD, SHRINK: the batch axis kept whole."""
+  (s,) = srcs
+  if s is None:
+    return _same_arg(u, v, a, srcs)
+  bounds = u.arg[0] if u.op is Ops.PAD else u.arg
+  keep = (0, 0) if u.op is Ops.PAD else (0, u.src[0].shape[s])
+  if a != s or tuple(bounds[s]) != keep:
+    return "pads it" if u.op is Ops.PAD else "slices it"
+  return None
+
+
+def _axes_apart(u: UOp, v: UOp, a, srcs: list) -> str | None:
+  """REDUCE, FLIP: the batch axis not among the op's axes."""
+  (s,) = srcs
+  axes = u.axes if u.op is Ops.REDUCE else u.arg
+  if s is not None and s in axes:
+    return "reduces over it" if u.op is Ops.REDUCE else "reverses it"
+  return _same_arg(u, v, a, srcs)
+
+
+def _gather(u: UOp, v: UOp, a, srcs: list) -> str | None:
+  along = u.arg if len(u.src) == 2 else u.arg[0]
+  if srcs[0] is not None and srcs[0] == along:
+    return "gathers along it"
+  return None if along == (v.arg if len(v.src) == 2 else v.arg[0]) else "computes a value from its size"
+
+
+def _const_buffer(u: UOp, v: UOp, a, srcs: list) -> str | None:
+  """A constant may depend on the size only as a broadcast along its batch axis (ConstantOfShape of the input's
+  shape): the same slice at every item, and at both sizes."""
+  if u.arg.kind != "const" or u.arg is v.arg:
+    return None
+  x, y = np.asarray(u.arg.data.array), np.asarray(v.arg.data.array)
+  if a is None:
+    if x.size > COMPARED_CONST_MAX or np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
+      return None
+    return "computes a value from its size"
+  first = np.take(x, [0], axis=a)
+  if not (np.array_equal(x, np.broadcast_to(first, x.shape)) and np.array_equal(first, np.take(y, [0], axis=a))):
+    return "holds a constant that differs along it"
+  return None
+
+
+def _fine(u: UOp, v: UOp, a, srcs: list) -> str | None:
+  return None
+
+
+# per op: why it would mix the items of the batch axis (None: it does not). An elementwise op's sources all have its
+# shape, so their batch axes are its own; a permute or expand moves or broadcasts the axis, never mixes it
+_RULES: dict[Ops, Callable] = {
+  **{op: _fine for op in GroupOp.ALU - {Ops.CONST} | {Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.EXPAND}},
+  Ops.PERMUTE: _same_arg,
+  Ops.RESHAPE: _reshape,
+  Ops.PAD: _window,
+  Ops.SHRINK: _window,
+  Ops.REDUCE: _axes_apart,
+  Ops.FLIP: _axes_apart,
+  Ops.GATHER: _gather,
+  Ops.BUFFER: _const_buffer,
+  # a function's body is walked node by node: its parameters take the shapes of the calls' arguments
+  Ops.PARAM: _fine,
+  Ops.CALL: _same_arg,
+  Ops.FUNCTION: _same_arg,
+  Ops.SINK: _fine,
+}
+
+
+def _node_of(u: UOp, labels: list) -> str:
+  """The first ONNX node whose outputs' graph holds u (labels: (node label, its output UOps) in the order traced)."""
+  for label, outs in labels:
+    if any(u is x or u in x.toposort() for x in outs):
+      return label
+  return "a node"
+
+
+def _io_axes(dim: RunDim, t: Traced, axis: dict, side: str) -> tuple[int, ...]:
+  """Each input's or output's batch axis (-1 where it has none), checked to hold whole items one after another."""
+  out = []
+  for i, u in enumerate(t.inputs if side == "input" else t.outputs):
+    a = axis.get(u)
+    name = u.arg.name if side == "input" else (t.output_names or [f"output {i}"] * (i + 1))[i]
+    if a is not None and math.prod(u.shape[:a]) != 1:
+      raise CompileError(
+        f"dim '{dim.name}' cannot have a range: it is axis {a} of {side} '{name}' (shape {_at1(u.shape, a)}), and "
+        "its items are not one after another there: only dims of size 1 may come before it"
+      )
+    out.append(-1 if a is None else a)
+  return tuple(out)
+
+
+def _at1(shape: tuple, a: int) -> tuple:
+  return tuple("N" if i == a else s for i, s in enumerate(shape))

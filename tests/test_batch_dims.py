@@ -1,0 +1,250 @@
+"""A batch dim with a range (--shape batch=LO..HI): one artifact that takes any size in the range, checked against
+onnxruntime at the bounds and at odd sizes between; the kernel list is the one-item compile's; a dim that some op
+mixes is refused naming the node; a size outside the range is refused at run time naming the input and the dim."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import need, ort_session, outputs_on_threads
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper
+
+import aot
+from aot.errors import CompileError, InputShapeError
+from aot.models.onnx_forms import onnx_model, with_batch_dim
+from aot.options import DimRange
+
+W = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+
+
+def make(nodes, inputs, outputs, inits=()):
+  m = oh.make_model(
+    oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)), opset_imports=[oh.make_opsetid("", 18)]
+  )
+  m.ir_version = 9
+  return m
+
+
+def x_info(name="x", shape=("batch", 6)):
+  return oh.make_tensor_value_info(name, TP.FLOAT, list(shape))
+
+
+def y_info(name="y", shape=("batch", 4)):
+  return oh.make_tensor_value_info(name, TP.FLOAT, list(shape))
+
+
+def feed_at(sess, n: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed + n)
+  return {
+    i.name: rng.standard_normal([n if isinstance(d, str) else d for d in i.shape]).astype(np.float32)
+    for i in sess.get_inputs()
+  }
+
+
+@pytest.mark.parametrize(
+  "name,lo,hi,sizes",
+  [("mlp", 1, 64, (1, 13, 64)), ("mnist", 1, 8, (1, 7, 8)), ("transformer", 1, 4, (1, 3, 4)), ("resnet18", 1, 3, (3,))],
+)
+def test_reference_models_run_at_every_size_of_the_range(tmp_path, name, lo, hi, sizes):
+  model = with_batch_dim(onnx_model(name))
+  art = aot.compile_model(model, shapes={"batch": (lo, hi)}, out_dir=tmp_path / "dyn")
+  one = aot.compile_model(model, shapes={"batch": 1}, out_dir=tmp_path / "one")
+  # the kernel list is the one-item compile's, whatever the size
+  assert [k.function for k in art.kernels] == [k.function for k in one.kernels]
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    assert m.get_inputs()[0].shape[0] == "batch" and m.get_outputs()[0].shape[0] == "batch"
+    for n in sizes:
+      feed = feed_at(sess, n)
+      got, (want,) = m(feed), sess.run(None, feed)
+      assert got.shape == want.shape == (n, *want.shape[1:])
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_the_same_outputs_bitwise_on_one_and_three_threads(tmp_path):
+  model = with_batch_dim(onnx_model("mnist"))
+  art = aot.compile_model(model, shapes={"batch": DimRange(1, 9)}, out_dir=tmp_path / "a")
+  feed = feed_at(ort_session(model), 5)
+  one, three = outputs_on_threads(art, feed)
+  assert one.shape == (5, 10) and np.array_equal(one, three)
+
+
+def test_a_size_outside_the_range_or_unlike_another_inputs_is_refused(tmp_path):
+  model = make(
+    [oh.make_node("Add", ["x", "z"], ["s"]), oh.make_node("MatMul", ["s", "w"], ["y"])],
+    [x_info(), x_info("z")],
+    [y_info()],
+    [numpy_helper.from_array(W, "w")],
+  )
+  art = aot.compile_model(model, shapes={"batch": (2, 5)}, out_dir=tmp_path / "a")
+  ok = np.ones((3, 6), np.float32)
+  with aot.load(art) as m:
+    np.testing.assert_allclose(m(ok, 2 * ok), np.full((3, 4), 3 * W.sum(0)), rtol=1e-5)
+    with pytest.raises(InputShapeError, match=r"input 'x' dim 0 \('batch'\) is 6, outside 2\.\.5"):
+      m(np.ones((6, 6), np.float32), np.ones((6, 6), np.float32))
+    with pytest.raises(InputShapeError, match=r"input 'z' dim 0 \('batch'\) is 4, but input 'x' has 3"):
+      m(ok, np.ones((4, 6), np.float32))
+    with pytest.raises(InputShapeError, match=r"expected shape \(3, 6\), got \(3, 5\)"):
+      m(ok, np.ones((3, 5), np.float32))
+
+
+# each: nodes after x -> y, and what the refusal names
+MIXING = {
+  "reduce over the batch": (
+    [oh.make_node("ReduceMean", ["m", "axes0"], ["y"], keepdims=1)],
+    "ReduceMean node",
+    4,
+    "reduces over it",
+  ),
+  "softmax across the batch": ([oh.make_node("Softmax", ["m"], ["y"], axis=0)], "Softmax node", 4, "reduces"),
+  "a value from the batch size": (
+    [
+      oh.make_node("Shape", ["m"], ["sh"]),
+      oh.make_node("Cast", ["sh"], ["shf"], to=TP.FLOAT),
+      oh.make_node("ReduceMax", ["shf"], ["n"], keepdims=0),
+      oh.make_node("Mul", ["m", "n"], ["y"]),
+    ],
+    "",
+    4,
+    "from its size",
+  ),
+  "the batch flattened with the features": (
+    [oh.make_node("Flatten", ["m"], ["f"], axis=0), oh.make_node("Softmax", ["f"], ["y"], axis=1)],
+    "",
+    None,
+    "",
+  ),
+}
+
+
+@pytest.mark.parametrize("case", MIXING)
+def test_a_dim_that_an_op_mixes_is_refused_naming_the_node(case):
+  nodes, node, width, why = MIXING[case]
+  out = y_info() if width else oh.make_tensor_value_info("y", TP.FLOAT, None)
+  inits = [numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array([0]), "axes0")]
+  model = make([oh.make_node("MatMul", ["x", "w"], ["m"]), *nodes], [x_info()], [out], inits)
+  with pytest.raises(CompileError, match=rf"dim 'batch' cannot have a range: {node}.*{why}.*--shape batch=N"):
+    aot.compile_model(model, shapes={"batch": (1, 8)})
+
+
+def test_attention_over_a_sequence_range_is_refused():
+  model = onnx_model("transformer")
+  for vi in list(model.graph.input) + list(model.graph.output):
+    vi.type.tensor_type.shape.dim[1].dim_param = "sequence"
+  with pytest.raises(CompileError, match="dim 'sequence' cannot have a range: layer node 'layer0'"):
+    aot.compile_model(model, shapes={"sequence": (1, 128)})
+
+
+def test_a_constant_broadcast_along_the_batch_runs(tmp_path):
+  # ConstantOfShape(Shape(x)) is the same at every item: a batch dim still
+  model = make(
+    [
+      oh.make_node("Shape", ["x"], ["sh"]),
+      oh.make_node("ConstantOfShape", ["sh"], ["c"], value=numpy_helper.from_array(np.array([0.5], np.float32))),
+      oh.make_node("Add", ["x", "c"], ["a"]),
+      oh.make_node("MatMul", ["a", "w"], ["y"]),
+    ],
+    [x_info()],
+    [y_info()],
+    [numpy_helper.from_array(W, "w")],
+  )
+  art = aot.compile_model(model, shapes={"x": (DimRange(1, 6), 6)}, out_dir=tmp_path / "a")
+  x = np.random.default_rng(1).standard_normal((5, 6)).astype(np.float32)
+  with aot.load(art) as m:
+    np.testing.assert_allclose(m(x), ort_session(model).run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_output_whose_items_are_not_one_after_another_is_refused():
+  model = make(
+    [oh.make_node("MatMul", ["x", "w"], ["m"]), oh.make_node("Transpose", ["m"], ["y"], perm=[1, 0])],
+    [x_info()],
+    [y_info("y", (4, "batch"))],
+    [numpy_helper.from_array(W, "w")],
+  )
+  with pytest.raises(CompileError, match=r"axis 1 of output 'y' \(shape \(4, 'N'\)\)"):
+    aot.compile_model(model, shapes={"batch": (1, 8)})
+
+
+def test_bad_ranges_and_two_ranges_are_refused():
+  model = make([oh.make_node("MatMul", ["x", "w"], ["y"])], [x_info()], [y_info()], [numpy_helper.from_array(W, "w")])
+  with pytest.raises(CompileError, match="the range 5..2 is not one"):
+    aot.compile_model(model, shapes={"batch": (5, 2)})
+  with pytest.raises(CompileError, match="one dim with a range"):
+    aot.compile_model(model, shapes={"batch": (1, 4), "x": (DimRange(1, 4), DimRange(2, 6))})
+  with pytest.raises(CompileError, match="for the CPU targets"):
+    aot.compile_model(model, shapes={"batch": (1, 4)}, target="cuda", emulate=True)
+
+
+C_APP = r"""
+#include <stdio.h>
+#include "mlp_b.h"
+int main(void) {
+  mlp_b_model *m;
+  if (mlp_b_create(&m)) return 1;
+  static float x[MLP_B_INPUT0_SIZE], y[MLP_B_OUTPUT0_SIZE];
+  for (int i = 0; i < MLP_B_INPUT0_SIZE; i++) x[i] = (float)(i % 7) / 7.0f;
+  int64_t x_shape[2] = {3, 784}, y_shape[2] = {0, 0};
+  int s = mlp_b_run_dims(m, x, x_shape, y, y_shape);
+  printf("%d %lld %lld %s\n", s, (long long)y_shape[0], (long long)y_shape[1], MLP_B_DIM0_NAME);
+  for (int i = 0; i < 30; i++) printf("%.6f\n", y[i]);
+  x_shape[0] = MLP_B_DIM0_MAX + 1;
+  s = mlp_b_run_dims(m, x, x_shape, y, y_shape);
+  printf("%d %s\n", s, mlp_b_last_error(m));
+  mlp_b_destroy(m);
+  return 0;
+}
+"""
+
+
+CPP_APP = r"""
+#include <cstdio>
+#include <vector>
+#include "mlp_b.hpp"
+int main() {
+  mlp_b::Model m;
+  std::vector<float> x(2 * 784, 0.25f), y(MLP_B_OUTPUT0_SIZE);
+  int64_t x_shape[2] = {2, 784}, y_shape[2];
+  m.run(x.data(), x_shape, y.data(), y_shape);
+  std::printf("%lld %.6f %.6f\n", (long long)y_shape[0], y[0], y[10]);
+  x_shape[0] = 0;
+  try { m.run(x.data(), x_shape, y.data(), y_shape); } catch (const mlp_b::Error &e) { std::printf("%s\n", e.what()); }
+}
+"""
+
+
+def test_the_c_api_takes_each_inputs_shape_and_writes_each_outputs(tmp_path):
+  model = with_batch_dim(onnx_model("mlp"))
+  (tmp_path / "mlp_b.onnx").write_bytes(model.SerializeToString())
+  out = tmp_path / "mlp_b"
+  subprocess.run(
+    ["compile-model", str(tmp_path / "mlp_b.onnx"), "-o", str(out), "--shape", "batch=1..8", "-q"], check=True
+  )
+  manifest = json.loads((out / "mlp_b.json").read_text())
+  assert manifest["dims"] == [{"name": "batch", "min": 1, "max": 8, "runs": "items"}]
+  assert manifest["inputs"][0]["shape"] == ["batch", 784]
+  (tmp_path / "app.c").write_text(C_APP)
+  cc = need("gcc")
+  subprocess.run(
+    [cc, "app.c", f"-I{out}", f"-L{out}", "-lmlp_b", f"-Wl,-rpath,{out}", "-o", "app"], cwd=tmp_path, check=True
+  )
+  lines = subprocess.run(["./app"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+  assert lines[0] == "0 3 10 batch"
+  x = (np.arange(3 * 784) % 7 / 7).astype(np.float32).reshape(3, 784)
+  want = ort_session(model).run(None, {"x": x})[0]
+  np.testing.assert_allclose(np.array(lines[1:31], float).reshape(3, 10), want, rtol=1e-4, atol=1e-5)
+  assert lines[31] == "3 input 'x' dim 0 ('batch') is 9, outside 1..8"
+  # the C++ class over it: Model::run with each tensor's shape, a failure thrown
+  (tmp_path / "app.cpp").write_text(CPP_APP)
+  subprocess.run(
+    [need("g++"), "-std=c++17", "app.cpp", f"-I{out}", f"-L{out}", "-lmlp_b", f"-Wl,-rpath,{out}", "-o", "appxx"],
+    cwd=tmp_path,
+    check=True,
+  )
+  lines = subprocess.run(["./appxx"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+  want = ort_session(model).run(None, {"x": np.full((2, 784), 0.25, np.float32)})[0]
+  assert lines[0].split()[0] == "2"
+  np.testing.assert_allclose([float(v) for v in lines[0].split()[1:]], [want[0, 0], want[1, 0]], rtol=1e-4, atol=1e-5)
+  assert lines[1] == "mlp_b_run_dims: input 'x' dim 0 ('batch') is 0, outside 1..8 (status 3)"
