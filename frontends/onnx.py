@@ -171,9 +171,7 @@ class Tracer:
   errors: list = field(default_factory=list)
   needs_inputs: set = field(default_factory=set)
   functions: dict = field(default_factory=dict)
-  # each node of the main graph as traced: (its label, its output Tensors), for a message naming the node that made a
-  # node of the traced graph (frontends/batch_dims.py); None: not kept
-  produced: list | None = None
+  produced: list | None = None  # (label, output UOps) of each main-graph node: frontends/batch_dims.py names them
 
   def run_graph(self, g: onnx.GraphProto, env: dict, opset: int) -> list:
     for init in g.initializer:
@@ -202,8 +200,9 @@ class Tracer:
         if name:
           env[name] = t
       if self.produced is not None and g is self.model.graph:
-        label = f"{node.op_type} node '{node.name or node.output[0]}'"
-        self.produced.append((label, [t.uop for t in outs if isinstance(t, Tensor)]))
+        self.produced.append(
+          (f"{node.op_type} node '{node.name or node.output[0]}'", [t.uop for t in outs if isinstance(t, Tensor)])
+        )
     return [env.get(o.name, _missing(o.name)) for o in g.output]
 
   def run_node(self, node: onnx.NodeProto, ins: list, env: dict, opset: int) -> list:
@@ -623,11 +622,8 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
       )
 
 
-def trace_onnx(
-  src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None, produced: list | None = None
-):
-  """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler. produced: a list to
-  append each node's (label, output UOps) to (Tracer.produced)."""
+def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None, produced=None):
+  """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler (Tracer.produced)."""
   import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
   from aot.artifact import c_name
   from aot.frontends.onnx_qdq import fuse_qdq

@@ -101,6 +101,10 @@ def test_emulated_gpu_kernels_match_numpy_reference(gpu_model, name, target):
 # light models fully built for every GPU target in the tests (all nine build: a few minutes more, so one stands for
 # them here; the others render each target's sources, which is where a kernel count could differ)
 LIGHT_BUILT = ("squeezenet",)
+# light models whose emulated CUDA build runs against onnxruntime: their kernels are of every kind the nine have
+# (convs with and without padding and stride, pools, concat, shuffle, LRN, softmax); the emulation runs the GPU
+# kernels as scalar loops on the CPU, and the big six took 77 s of the suite for no other kernel
+LIGHT_EMULATED = ("inception_v1", "shufflenet", "squeezenet")
 
 
 @pytest.mark.parametrize("name", sorted(LIGHT_KERNELS))
@@ -108,9 +112,10 @@ def test_light_model_on_gpu_targets(name, tmp_path):
   """Emulated CUDA kernels match onnxruntime; every GPU target renders the c target's kernel list (and builds: hip
   and cuda libraries, metal's syntax check)."""
   model = light_model(name)
-  art = aot.compile_model(model, out_dir=tmp_path / "emulated", name=name, target="cuda", emulate=True)
-  assert_kernel_count(art, LIGHT_KERNELS[name])
-  assert_matches_onnxruntime(art, model, name)
+  if name in LIGHT_EMULATED:
+    art = aot.compile_model(model, out_dir=tmp_path / "emulated", name=name, target="cuda", emulate=True)
+    assert_kernel_count(art, LIGHT_KERNELS[name])
+    assert_matches_onnxruntime(art, model, name)
   if name in LIGHT_BUILT:
     for target in GPU_TARGETS:
       built = aot.compile_model(model, out_dir=tmp_path / target, name=name, target=target)
