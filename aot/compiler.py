@@ -37,6 +37,7 @@ from aot.codegen.render.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch
 from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
 from aot.codegen.render.host_cpu import render_header, render_model_c, render_weights_asm
 from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
+from aot.codegen.render.run_dims import batch_arena, item_segments
 from aot.core.dtype import to_dtype
 from aot.core.ir import UOp
 from aot.cpu import cpu_target
@@ -229,7 +230,10 @@ def _render_cpu(
   name: str, sched: Schedule, low: LoweredSchedule, target: str, profile: bool, weights: WeightsWriter
 ) -> Sources:
   """The lowered schedule's functions rendered, the arena placed, and model.c's calls over them."""
-  arena = memory_plan([x.kernel for x in low.lowered], low.scratch)
+  if sched.batch:
+    arena = batch_arena(sched, memory_plan(item_segments(sched, low), low.scratch))
+  else:
+    arena = memory_plan([x.kernel for x in low.lowered], low.scratch)
   external = weights.finish()
   files = render_kernels(target, low.functions, low.places)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in low.functions.items()]

@@ -73,6 +73,8 @@ class LoadedModel:
       raise error(f"{n}_create failed with status {status}{hint}", status)
     self._model = out[0]
     self._ptr_types = args
+    # a ranged dim's size -> the inputs and outputs at it, and their shapes as the C API takes them (_at_sizes)
+    self._sizes: dict[int, tuple] = {}
     # what get_inputs / get_outputs say, and the order a feed by name is put in: the artifact's, made once
     self._inputs, self._outputs = _infos(a, "input"), _infos(a, "output")
     if threads is not None:
@@ -147,13 +149,12 @@ class LoadedModel:
       raise InputCountError(
         f"{a.name} takes {len(a.inputs)} inputs ({', '.join(t.name for t in a.inputs)}), got {len(arrays)}"
       )
-    tins, touts = self._at_sizes(arrays) if a.dims else (a.inputs, a.outputs)
+    tins, touts, shapes = self._at_sizes(arrays) if a.dims else (a.inputs, a.outputs, None)
     ins = [self._input(t, x) for t, x in zip(tins, arrays)]
     targets = self._out_targets(out, touts)
     outs = [o if _writes_in_place(t, o, ins) else _empty(t) for t, o in zip(touts, targets)]
     ptrs = [self.ffi.cast(pt, x.ctypes.data) for pt, x in zip(self._ptr_types, ins + outs)]
-    if a.dims:
-      shapes = [self.ffi.new("int64_t[]", list(t.shape) or [0]) for t in tins + touts]
+    if shapes is not None:
       ptrs = [p for pair in zip(ptrs, shapes) for p in pair]
     with self._call() as model:
       # last_error is this thread's own call's message, whatever other threads ran on the instance since
@@ -171,8 +172,9 @@ class LoadedModel:
       outs = [_grouped(outs, kind, start, count) for _, kind, start, count in _runs(a, "output")]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
-  def _at_sizes(self, arrays) -> tuple[list, list]:
-    """The inputs and outputs with the ranged dim at the size the inputs have: in its range, the same in each."""
+  def _at_sizes(self, arrays) -> tuple[list, list, list]:
+    """The inputs and outputs with the ranged dim at the size the inputs have (in its range, the same in each), and
+    their shapes as C arrays."""
     a, dim = self.artifact, self.artifact.dims[0]
     name, n, first = dim["name"], None, None
     for t, x in zip(a.inputs, arrays):
@@ -191,8 +193,12 @@ class LoadedModel:
           f"{a.name} input '{t.name}' dim {axis} ('{name}') is {size}, {why}", t.name, t.shape, shape
         )
       n, first = size, first or t.name
-    at = lambda t: dataclasses.replace(t, shape=tuple(n if d == name else d for d in t.shape))
-    return [at(t) for t in a.inputs], [at(t) for t in a.outputs]
+    if n not in self._sizes:
+      # made once per size: a small model's call is a few microseconds
+      at = lambda t: dataclasses.replace(t, shape=tuple(n if d == name else d for d in t.shape))
+      tins, touts = [at(t) for t in a.inputs], [at(t) for t in a.outputs]
+      self._sizes[n] = (tins, touts, [self.ffi.new("int64_t[]", list(t.shape) or [0]) for t in tins + touts])
+    return self._sizes[n]
 
   def _input(self, t, x) -> np.ndarray:
     """An input as the C API takes it: checked against the artifact's shape and dtype, dense."""

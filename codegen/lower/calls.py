@@ -65,6 +65,11 @@ class Call:
     """What the profiler reports of the call, which belongs to the schedule kernel named kernel."""
     raise NotImplementedError
 
+  def fold(self, item) -> Call | None:
+    """This call run once over all n_ items of a ranged dim (codegen/render/run_dims.py), None where it runs once per
+    item; item(buffer) is the elements from one item of a buffer to the next (None: a buffer the items share)."""
+    return None
+
 
 def ctype(b: Buffer, slot: int) -> str:
   """A kernel argument's C pointer type: slot 0 is the output, the others are read."""

@@ -3,7 +3,7 @@ contractions codegen/lower/contract.py found, and the call that runs one of them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered, copies_in_place, distinct_bytes, globals_read
 from aot.codegen.lower.contract import STEP_MUL_ADD, STEP_OPS, Gemm
@@ -41,6 +41,18 @@ def render_steps(steps, contract: bool, arg) -> str:
   return f"aot_gemm_step s[] = {{{', '.join(step(s, op) for s, op in zip(steps, ops))}}}; "
 
 
+@dataclass(frozen=True)
+class ItemFold:
+  """A contraction run once for all items of a ranged dim (codegen/render/run_dims.py), n_ of them at run time: their
+  rows one after another in A and C (rows: M becomes n_ * M, B shared), or as the gemm's batch; with the strides of
+  A, B and each step that say so (aot_operand's, aot_gemm_step's)."""
+
+  rows: bool
+  a: tuple[int, ...]
+  b: tuple[int, ...]
+  steps: tuple[tuple[int, int, int], ...] = ()
+
+
 @dataclass(kw_only=True)
 class GemmCall(Call):
   """A contraction run by the runtime's microkernel (codegen/lower/contract.py) over the kernel's buffers."""
@@ -51,10 +63,40 @@ class GemmCall(Call):
   pack: tuple[str, list] | None = None
   # the kernels are C (the c target): the fused epilogue's multiply-adds are contracted where the C compiler would
   contract: bool = False
+  # run once for all items of a ranged dim (fold), split across the pool from this much work (0: the model does not
+  # run on the pool: CallContext.threads, min_work)
+  items: ItemFold | None = None
+  split_work: int = 0
 
-  @property
-  def tasks(self) -> int:
-    return self.gemm.tasks
+  def fold(self, item) -> GemmCall | None:
+    """This call over all n_ items at once (ItemFold), None where they cannot: item(buffer) is the elements from one
+    item of a buffer to the next (None: one buffer all items share)."""
+    g, c = self.gemm, self.gemm.c
+    # (a B packed panel by panel is packed inside the tasks, from one item's buffers)
+    ca, cb, cc = (item(self.bufs[s]) if s is not None else None for s in (g.a.slot, g.b.slot, g.result))
+    ldc = g.ldc or c.b.size
+    if c.B != 1 or self.pack is not None or g.a.pack is not None or cc is None or cc != c.a.size * ldc:
+      return None
+    ca, cb = (None if o.pack is not None else x for o, x in ((g.a, ca), (g.b, cb)))
+    steps = [item(self.bufs[st.slot]) if st.slot is not None else None for st in g.steps]
+    M, (_, tile, row, k) = c.a.size, g.a.strides
+    # rows: A's rows evenly apart across its tiles and items (one row's stride is the item's), B and the steps'
+    # per-row operands shared
+    row = row if M > 1 else ca or 0
+    step_m = [st.strides[1] if M > 1 or x is None else x for st, x in zip(g.steps, steps)]
+    if (
+      ca is not None
+      and cb is None
+      and not g.a.padded
+      and (M == 1 or tile == g.tile[0] * row)
+      and ca == M * row
+      and all((x is None and m == 0) or x == M * m for x, m in zip(steps, step_m))
+    ):
+      folded = [(st.strides[0], m, st.strides[2]) for st, m in zip(g.steps, step_m)]
+      return replace(self, items=ItemFold(True, (g.a.strides[0], g.tile[0] * row, row, k), g.b.strides, tuple(folded)))
+    batch = lambda x, strides: (x or 0, *strides[1:])
+    steps = tuple(batch(x, st.strides) for st, x in zip(g.steps, steps))
+    return replace(self, items=ItemFold(False, batch(ca, g.a.strides), batch(cb, g.b.strides), steps))
 
   def describe(self, kernel: str) -> CallInfo:
     g, c = self.gemm, self.gemm.c
@@ -75,26 +117,32 @@ class GemmCall(Call):
     )
 
   def render(self, arg, tramps: dict) -> str:
-    g, c = self.gemm, self.gemm.c
+    g, c, f = self.gemm, self.gemm.c, self.items
+    batch, rows = str(c.B), str(c.a.size)
+    if f is not None:
+      batch, rows = ("1", f"(int)n_ * {c.a.size}") if f.rows else ("(int)n_", rows)
 
-    def operand(o) -> str:
+    def operand(o, strides) -> str:
       where = "NULL" if o.pack is not None else f"{arg(self.bufs[o.slot], o.slot)} + {o.offset}"
-      return f"{{{where}, {', '.join(map(str, o.strides))}, {int(o.padded)}}}"
+      return f"{{{where}, {', '.join(map(str, strides))}, {int(o.padded)}}}"
 
     desc = (
-      f"{c.B}, {c.a.size}, {c.b.size}, {c.K}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
-      f"{operand(g.a)}, {operand(g.b)}, (float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0"
+      f"{batch}, {rows}, {c.b.size}, {c.K}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
+      f"{operand(g.a, f.a if f else g.a.strides)}, {operand(g.b, f.b if f else g.b.strides)}, "
+      f"(float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0"
     )
-    steps = render_steps(g.steps, self.contract, lambda slot: arg(self.bufs[slot], slot))
+    gsteps = g.steps if f is None else [replace(st, strides=x) for st, x in zip(g.steps, f.steps)]
+    steps = render_steps(gsteps, self.contract, lambda slot: arg(self.bufs[slot], slot))
     tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
     # C's rows as far apart as the output's (a last-axis concat's branch written in place)
     tail += f", .ldc = {g.ldc}" if g.ldc else ""
+    split = "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))"
     if self.pack is None:
-      run = (
-        "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))"
-        if self.parallel
-        else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
-      )
+      run = split if self.parallel else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
+      if f is not None and self.split_work and not self.parallel:
+        # the items' work decides, at run time, as CallContext.parallel decides at compile time
+        work = c.a.size * c.b.size * c.K
+        run = f"if ((int64_t)n_ * {work} >= {self.split_work} && aot_gemm_tasks(&g) > 1) {split}; else {run}"
       return f"  {{ {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
     # the pack kernel is called over one panel [i, i + 1) with the thread's buffer as its slot 0
     fn, fargs = self.pack
@@ -150,9 +198,8 @@ class GemmLowered(Lowered):
         ast = ctx.optimized[g.b.pack]
         pack = (ctx.functions[ast], [(u.arg, None if u.arg == 0 else bufs[u.arg]) for u in kernel_params(ast)])
       parallel = ctx.parallel(g.tasks, work)
-      calls.append(
-        GemmCall(gemm=g, bufs=bufs, pack=pack, contract=ctx.target == "c", role="contraction", parallel=parallel)
-      )
+      call = GemmCall(gemm=g, bufs=bufs, pack=pack, contract=ctx.target == "c", role="contraction", parallel=parallel)
+      calls.append(replace(call, split_work=ctx.min_work if ctx.threads else 0))
     # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the
     # microkernel applied to its tiles (Gemm.steps), is not run
     for last in self.pieces:

@@ -232,7 +232,9 @@ def lower_schedule(
   functions = {optimized[ast]: fn for ast, fn in names.items()}
   entries = [names[low.main()] if low.main() is not None else low.runtime_entry for low in lowered]
   # integer sums count as work too: a quantized model's are nearly all of it; counted only until there is enough
-  sums = accumulate(flop_count(k.ast, integer=True) for k in sched.kernels)
+  # (a ranged dim's items all count: frontends/batch_dims.py, at its largest size)
+  items = sched.batch.dim.hi if sched.batch else 1
+  sums = accumulate(items * flop_count(k.ast, integer=True) for k in sched.kernels)
   threads = any(w >= MODEL_PARALLEL_MIN_WORK for w in sums)
   ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target)
   kernel_calls = []

@@ -14,7 +14,15 @@ from aot.artifact import (
   param_names,
 )
 from aot.codegen.lower.calls import Call, ctype
-from aot.codegen.render.run_dims import largest, run_dims_c, run_dims_decl, run_dims_meta
+from aot.codegen.render.run_dims import (
+  item_checks_c,
+  item_pointer,
+  item_statements,
+  largest,
+  run_dims_c,
+  run_dims_decl,
+  run_dims_meta,
+)
 from aot.core.dtype import Narrow, narrow_of
 from aot.core.ir import IndexCheck
 from aot.scheduler.kernel import Buffer, Schedule
@@ -288,12 +296,6 @@ static int load_weights(char *error, const char *given, const unsigned char **ou
 """
 
 
-def _call_lines(calls: list[Call], arg) -> tuple[dict[str, str], list[str]]:
-  """(the static helpers the calls need, by function: trampolines, panel packers; one C statement per call)."""
-  tramps: dict[str, str] = {}
-  return tramps, [call.render(arg, tramps) for call in calls]
-
-
 def _timed(body: list[str]) -> list[str]:
   """Each call timed in wall time, and in thread CPU time when NAME_profile_cpu is on: a split call's busiest
   thread, read through the aot_parallel of _profile_c, is what it would take on that many free cores however
@@ -329,9 +331,13 @@ def render_model_c(
   def arg(b: Buffer, slot: int) -> str:
     base = {"scratch": "A", "const": "W"}.get(b.kind)
     where = f"({base} + {b.offset})" if base else ptr[id(b)]
-    return f"({ctype(b, slot)}){where}"
+    return f"({ctype(b, slot)}){item_pointer(sched, b, where) if sched.batch else where}"
 
-  tramps, body = _call_lines(calls, arg)
+  tramps: dict[str, str] = {}
+  if sched.batch:
+    body = item_statements(sched, calls, lambda call: call.render(arg, tramps))
+  else:
+    body = [call.render(arg, tramps) for call in calls]
   if profile:
     body = _timed(body)
   return (
@@ -420,17 +426,20 @@ API int {name}_create({name}_model **out) {{
 
 def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> str:
   n = len(body)
-  return f"""static int run_locked({name}_model *m, {", ".join(api_args(sched))}) {{
+  # a ranged dim's run takes its size, and keeps every item's checks in the arena (codegen/render/run_dims.py)
+  items = ", int64_t n_" if sched.batch else ""
+  checks = "int64_t *checks_ = (int64_t *)m->arena;" if sched.batch else f"int64_t checks_[{2 * len(sched.checks)}];"
+  return f"""static int run_locked({name}_model *m, {", ".join(api_args(sched))}{items}) {{
 {chr(10).join(null_checks(sched))}
   m->error[0] = 0;
   unsigned char *A = m->arena;
   const unsigned char *W = m->weights;
   (void)A; (void)W;
-{f"  int64_t checks_[{2 * len(sched.checks)}];{chr(10)}" if sched.checks else ""}\
+{f"  {checks}{chr(10)}" if sched.checks else ""}\
 {"  double run_start_ = aot_profile_now();" + chr(10) if profile else ""}{chr(10).join(body)}
   aot_pool_rest(m->pool);
 {f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}\
-{_index_checks_c(sched)}
+{item_checks_c(sched, _index_check_c) if sched.batch and sched.checks else _index_checks_c(sched)}
 }}
 
 {run_dims_c(name, sched) if sched.batch else _public_run(name, sched)}"""
@@ -456,17 +465,18 @@ def _index_checks_c(sched: Schedule) -> str:
   return f"  int status_ = AOT_OK;\n{checks}  return status_;"
 
 
-def _index_check_c(i: int, c: IndexCheck) -> str:
+def _index_check_c(i: int, c: IndexCheck, dim: str | None = None) -> str:
   """After the kernels: a bad index (the check's position is not the indices' size) fails the run, naming the indices,
-  the position (as numpy writes an index, from the flat one) and the value."""
+  the position (as numpy writes an index, from the flat one) and the value (and the item b_ of a ranged dim)."""
   pos, numel = f"checks_[{2 * i}]", math.prod(c.shape)
   coords, stride = [], numel
   for d in c.shape:
     stride //= d
     coords.append(f"(long long)({pos} / {stride} % {d})")
   where = f"[{', '.join(['%lld'] * len(c.shape))}]" if c.shape else ""
-  fmt = _c_string(f"{_percent(c.indices)}{where} is %lld, {_percent(c.outside())}")
-  args = ", ".join(coords + [f"(long long)checks_[{2 * i + 1}]"])
+  item = f" (item %lld of dim '{_percent(dim)}')" if dim is not None else ""
+  fmt = _c_string(f"{_percent(c.indices)}{where} is %lld, {_percent(c.outside())}{item}")
+  args = ", ".join(coords + [f"(long long)checks_[{2 * i + 1}]"] + (["(long long)b_"] if item else []))
   fail = f"status_ = aot_fail(m->error, AOT_ERR_INDEX_RANGE, {fmt}, {args});"
   return f"  if (status_ == AOT_OK && {pos} != {numel}) {fail}\n"
 
