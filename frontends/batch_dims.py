@@ -149,8 +149,8 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
   axis: dict[UOp, int | None] = {}
   for u, v in zip(n1, n2):
     axis[u] = a = _batch_axis(u.shape, v.shape, b1, b2)
-    if a == "merged":
-      why = "merges it with another dim"
+    if a in ("merged", "paired"):
+      why = "merges it with another dim" if a == "merged" else "pairs its items with one another (two axes of it)"
     else:
       why = _RULES.get(u.op, _same_arg)(u, v, a, [axis[s] for s in _sources(u)])
     if why:
@@ -158,10 +158,10 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
         f"dim '{dim.name}' cannot have a range: {_node_of(u, labels)} {why}, so items of it do not run apart; "
         f"only a batch dim (one no op mixes) can vary at run time in this version: pin it (--shape {dim.name}=N)"
       )
-  inputs = _io_axes(dim, t1, axis, "input")
+  inputs = _io_axes(dim, t1, axis, "input", b1)
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
-  return BatchDim(dim, inputs, _io_axes(dim, t1, axis, "output"))
+  return BatchDim(dim, inputs, _io_axes(dim, t1, axis, "output", b1))
 
 
 def _walk(t: Traced) -> list[UOp]:
@@ -184,13 +184,18 @@ def _sources(u: UOp) -> tuple:
 
 
 def _batch_axis(s1: tuple, s2: tuple, b1: int, b2: int):
-  """The axis whose size is the batch size at both sizes; None if none is; "merged" if the shapes differ otherwise."""
+  """The axis whose size is the batch size (times the same k) at both sizes; None if none is; "merged" if the shapes
+  differ otherwise. An axis of k times the batch holds each item's k in a row (the batch is its outer factor): only a
+  reshape makes one, and _reshape allows only that order."""
   if len(s1) != len(s2):
     return "merged"
   diff = [i for i, (x, y) in enumerate(zip(s1, s2)) if x != y]
   if not diff:
     return None
-  if len(diff) > 1 or (s1[diff[0]], s2[diff[0]]) != (b1, b2):
+  (x, y) = (s1[diff[0]], s2[diff[0]])
+  if len(diff) > 1:
+    return "paired"
+  if x % b1 or y % b2 or x // b1 != y // b2:
     return "merged"
   return diff[0]
 
@@ -254,10 +259,19 @@ def _const_buffer(u: UOp, v: UOp, a, srcs: list) -> str | None:
     if x.size > COMPARED_CONST_MAX or np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
       return None
     return "computes a value from its size"
+  # by item: each item's k elements of the axis in a row
+  items = lambda z, b: z.reshape(z.shape[:a] + (b, z.shape[a] // b) + z.shape[a + 1 :])
+  x, y = items(x, u.shape[a] // _k(u, v)), items(y, v.shape[a] // _k(u, v))
   first = np.take(x, [0], axis=a)
   if not (np.array_equal(x, np.broadcast_to(first, x.shape)) and np.array_equal(first, np.take(y, [0], axis=a))):
     return "holds a constant that differs along it"
   return None
+
+
+def _k(u: UOp, v: UOp) -> int:
+  """The elements of each item along the batch axis: k, of k times the two primes (their gcd)."""
+  (a,) = [i for i, (x, y) in enumerate(zip(u.shape, v.shape)) if x != y]
+  return math.gcd(u.shape[a], v.shape[a])
 
 
 def _fine(u: UOp, v: UOp, a, srcs: list) -> str | None:
@@ -292,7 +306,7 @@ def _node_of(u: UOp, labels: list) -> str:
   return "a node"
 
 
-def _io_axes(dim: RunDim, t: Traced, axis: dict, side: str) -> tuple[int, ...]:
+def _io_axes(dim: RunDim, t: Traced, axis: dict, side: str, size: int) -> tuple[int, ...]:
   """Each input's or output's batch axis (-1 where it has none), checked to hold whole items one after another."""
   out = []
   for i, u in enumerate(t.inputs if side == "input" else t.outputs):
@@ -303,6 +317,8 @@ def _io_axes(dim: RunDim, t: Traced, axis: dict, side: str) -> tuple[int, ...]:
         f"dim '{dim.name}' cannot have a range: it is axis {a} of {side} '{name}' (shape {_at1(u.shape, a)}), and "
         "its items are not one after another there: only dims of size 1 may come before it"
       )
+    if a is not None and u.shape[a] != size:
+      raise CompileError(f"dim '{dim.name}' cannot have a range: {side} '{name}' has it merged with another dim")
     out.append(-1 if a is None else a)
   return tuple(out)
 

@@ -13,7 +13,7 @@ from onnx import helper as oh
 from onnx import numpy_helper
 
 import aot
-from aot.errors import CompileError, InputShapeError
+from aot.errors import CompileError, IndexRangeError, InputShapeError
 from aot.models.onnx_forms import onnx_model, with_batch_dim
 from aot.options import DimRange
 
@@ -64,12 +64,33 @@ def test_reference_models_run_at_every_size_of_the_range(tmp_path, name, lo, hi,
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def test_the_same_outputs_bitwise_on_one_and_three_threads(tmp_path):
-  model = with_batch_dim(onnx_model("mnist"))
-  art = aot.compile_model(model, shapes={"batch": DimRange(1, 9)}, out_dir=tmp_path / "a")
-  feed = feed_at(ort_session(model), 5)
+@pytest.mark.parametrize("name,n", [("mnist", 5), ("mlp", 61)])
+def test_the_same_outputs_bitwise_on_one_and_three_threads(tmp_path, name, n):
+  # the mlp's contractions run once over all items (their rows one after another), split across threads by the items'
+  # work at run time
+  model = with_batch_dim(onnx_model(name))
+  art = aot.compile_model(model, shapes={"batch": DimRange(1, 64)}, out_dir=tmp_path / "a")
+  feed = feed_at(ort_session(model), n)
   one, three = outputs_on_threads(art, feed)
-  assert one.shape == (5, 10) and np.array_equal(one, three)
+  assert one.shape == (n, 10) and np.array_equal(one, three)
+  np.testing.assert_allclose(one, ort_session(model).run(None, feed)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_bad_index_names_its_item(tmp_path):
+  emb = np.random.default_rng(2).standard_normal((10, 6)).astype(np.float32)
+  model = make(
+    [oh.make_node("Gather", ["emb", "ids"], ["e"]), oh.make_node("MatMul", ["e", "w"], ["y"])],
+    [oh.make_tensor_value_info("ids", TP.INT64, ["batch", 3])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, ["batch", 3, 4])],
+    [numpy_helper.from_array(emb, "emb"), numpy_helper.from_array(W, "w")],
+  )
+  art = aot.compile_model(model, shapes={"batch": (1, 4)}, out_dir=tmp_path / "a")
+  ids = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+  with aot.load(art) as m:
+    np.testing.assert_allclose(m(ids), emb[ids] @ W, rtol=1e-5, atol=1e-6)
+    ids[2, 1] = 12
+    with pytest.raises(IndexRangeError, match=r"input 'ids'\[0, 1\] is 12, outside .* \(item 2 of dim 'batch'\)"):
+      m(ids)
 
 
 def test_a_size_outside_the_range_or_unlike_another_inputs_is_refused(tmp_path):
