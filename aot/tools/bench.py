@@ -475,8 +475,9 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument(
     "--dynamic",
     action="store_true",
-    help="instead: the reference models compiled once for a batch range (--shape batch=LO..HI), timed at sizes "
-    "across it against a static compile at each size and onnxruntime, 1 thread (aot/tools/dynamic_bench.py)",
+    help="instead: the reference models (and with --real the real ones that have a batch) compiled once for a batch "
+    "range (--shape batch=LO..HI), timed at sizes across it against a static compile at each size and onnxruntime, "
+    "1 thread (aot/tools/dynamic_bench.py)",
   )
   return ap
 
@@ -595,8 +596,9 @@ def _run_scale(args) -> int:
 def _run_dynamic(args) -> int:
   from aot.tools.dynamic_bench import DYNAMIC_MODELS, dynamic_rows
 
-  names = [m for m in args.models.split(",") if m in DYNAMIC_MODELS] or list(DYNAMIC_MODELS)
-  rows = dynamic_rows(names, args.repeats, args.budget)
+  asked = [m for m in args.models.split(",") + [f"real:{n}" for n in REAL_MODELS] * args.real if m in DYNAMIC_MODELS]
+  names = asked or [m for m in DYNAMIC_MODELS if not m.startswith("real:")]
+  rows = dynamic_rows(names, args.repeats, args.budget, args.models_dir)
   print(_plain_table(rows))
   if args.json:
     Path(args.json).write_text(json.dumps(rows, indent=1))

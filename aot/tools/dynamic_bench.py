@@ -10,16 +10,29 @@ from pathlib import Path
 
 import numpy as np
 
-# per model: the range compiled, and the sizes timed (the bounds, an odd prime between)
+# per model: the range compiled, and the sizes timed (the bounds, an odd prime between); real:NAME are the bench's
+# real models (aot/tools/real_models.py, exported from torch with a symbolic batch: the bench extra)
 DYNAMIC_MODELS = {
   "mlp": ((1, 64), (1, 7, 64)),
   "mnist": ((1, 64), (1, 7, 64)),
   "resnet18": ((1, 16), (1, 5, 16)),
   "transformer": ((1, 8), (1, 3, 8)),
+  "real:bert6": ((1, 8), (1, 3, 8)),
+  "real:yolov8n": ((1, 4), (1, 3, 4)),
 }
+# a token id input's values: below the smallest vocabulary of the models above
+TOKEN_IDS = 1000
 
 
-def dynamic_rows(names: list[str], repeats: int, budget_s: float) -> list[dict]:
+def _input_at(info, n: int) -> np.ndarray:
+  """A seeded input of onnxruntime's NodeArg info at batch n: token ids for an integer one."""
+  rng, shape = np.random.default_rng(n), [n, *info.shape[1:]]
+  if "int" in info.type:
+    return rng.integers(0, TOKEN_IDS, shape).astype(np.int64)
+  return rng.standard_normal(shape).astype(np.float32)
+
+
+def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Path | None = None) -> list[dict]:
   """One row per model and size: the dynamic artifact's time over the static one's and over onnxruntime's, the
   kernel counts, and both compile times."""
   import onnxruntime as ort
@@ -27,16 +40,19 @@ def dynamic_rows(names: list[str], repeats: int, budget_s: float) -> list[dict]:
   import aot
   from aot.models.onnx_forms import onnx_model, with_batch_dim
   from aot.tools.bench import _time
+  from aot.tools.real_models import real_model_path
 
   rows = []
   with tempfile.TemporaryDirectory(prefix="aot_dynamic_bench_") as tmp:
     for name in names:
       (lo, hi), sizes = DYNAMIC_MODELS[name]
-      model = with_batch_dim(onnx_model(name))
-      path = Path(tmp) / f"{name}.onnx"
-      path.write_bytes(model.SerializeToString())
+      if name.startswith("real:"):
+        path = real_model_path(name.removeprefix("real:"), models_dir, batch=True)
+      else:
+        path = Path(tmp) / f"{name}.onnx"
+        path.write_bytes(with_batch_dim(onnx_model(name)).SerializeToString())
       t0 = time.perf_counter()
-      dyn_art = aot.compile_model(path, shapes={"batch": (lo, hi)}, out_dir=Path(tmp) / f"{name}_dyn")
+      dyn_art = aot.compile_model(path, shapes={"batch": (lo, hi)}, out_dir=Path(tmp) / f"{name}_dyn".replace(":", "_"))
       dyn_s = time.perf_counter() - t0
       so = ort.SessionOptions()
       so.intra_op_num_threads = so.inter_op_num_threads = 1
@@ -44,12 +60,9 @@ def dynamic_rows(names: list[str], repeats: int, budget_s: float) -> list[dict]:
       with aot.load(dyn_art, threads=1) as dyn:
         for n in sizes:
           t0 = time.perf_counter()
-          st_art = aot.compile_model(path, shapes={"batch": n}, out_dir=Path(tmp) / f"{name}_{n}")
+          st_art = aot.compile_model(path, shapes={"batch": n}, out_dir=Path(tmp) / f"{name}_{n}".replace(":", "_"))
           st_s = time.perf_counter() - t0
-          feed = {
-            i.name: np.random.default_rng(n).standard_normal([n, *i.shape[1:]]).astype(np.float32)
-            for i in sess.get_inputs()
-          }
+          feed = {i.name: _input_at(i, n) for i in sess.get_inputs()}
           with aot.load(st_art, threads=1) as st:
             got, want = dyn(feed), sess.run(None, feed)[0]
             fns = {

@@ -30,23 +30,25 @@ def default_models_dir() -> Path:
   return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aot-bench"
 
 
-def real_model_path(name: str, models_dir: Path | None = None) -> Path:
-  """The cached ONNX file of real model NAME, exported first if it is not there yet."""
+def real_model_path(name: str, models_dir: Path | None = None, batch: bool = False) -> Path:
+  """The cached ONNX file of real model NAME, exported first if it is not there yet; batch: with a symbolic batch
+  dim (its inputs' and outputs' first), as exporters write one (the bench's --dynamic)."""
   if name not in REAL_MODELS:
     raise RealModelError(f"unknown real model {name!r}: the real models are {', '.join(REAL_MODELS)}")
-  path = Path(models_dir or default_models_dir()) / f"{name}.onnx"
+  path = Path(models_dir or default_models_dir()) / f"{name}{'_batch' if batch else ''}.onnx"
   if not path.is_file():
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    export(name, tmp)
+    export(name, tmp, batch=batch)
     # a run stopped half-way leaves no half-written file behind for the next run to take
     tmp.replace(path)
   return path
 
 
-def export(name: str, path: Path, **sizes) -> None:
+def export(name: str, path: Path, batch: bool = False, **sizes) -> None:
   """Real model NAME exported to PATH with seeded weights (eval mode: BatchNorm folded into the convs by the
-  exporter); sizes (its builder's keywords: size, layers, ...) shrink it for a quick test, never for the bench."""
+  exporter), its batch dim symbolic with batch; sizes (its builder's keywords: size, layers, ...) shrink it for a
+  quick test, never for the bench."""
   try:
     import torch
   except ImportError:
@@ -72,6 +74,7 @@ def export(name: str, path: Path, **sizes) -> None:
       input_names=input_names,
       output_names=output_names,
       do_constant_folding=True,
+      dynamic_axes={n: {0: "batch"} for n in input_names + output_names} if batch else None,
     )
 
 
