@@ -128,8 +128,14 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
   sizes = {s for u in _walk(item) for s in u.shape}
   b1, b2 = [p for p in PROBE_SIZES if p not in sizes][:2]
   labels: list = []
-  t1 = trace(src, pinned(b1), bind, name, produced=labels)
-  t2 = trace(src, pinned(b2), bind, name)
+  try:
+    t1 = trace(src, pinned(b1), bind, name, produced=labels)
+    t2 = trace(src, pinned(b2), bind, name)
+  except CompileError as e:
+    # (a shape the exporter wrote as a constant: a Reshape to batch 1)
+    raise CompileError(
+      f"dim '{dim.name}' cannot have a range: the model does not compile at size {b1} of it: {e}"
+    ) from None
   item.batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
   names = [u.arg.name for u, a in zip(item.inputs, item.batch.inputs) if a >= 0]
   names += [n for n, a in zip(item.output_names or [], item.batch.outputs) if a >= 0]
@@ -147,21 +153,72 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
   if len(n1) != len(n2) or any(u.op is not v.op for u, v in zip(n1, n2)):
     raise CompileError(f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it")
   axis: dict[UOp, int | None] = {}
+  # constants, and nodes computed from constants alone; those among them whose values differ between the sizes
+  # (a Shape's output, and what is computed from it): checked where they meet the inputs' data, by value
+  const: set[UOp] = set()
+  differs: dict[UOp, UOp] = {}
+  # per node with a batch axis: how far apart along it one item's element is from the next item's (_step)
+  step: dict[UOp, int | None] = {}
   for u, v in zip(n1, n2):
     axis[u] = a = _batch_axis(u.shape, v.shape, b1, b2)
-    if a in ("merged", "paired"):
+    srcs = _sources(u)
+    if _is_constant(u, const):
+      const.add(u)
+      # (an expand's shape differs by the batch: it broadcasts the same values to every item)
+      if any(s in differs for s in srcs) or (u.op is not Ops.EXPAND and _leaf_differs(u, v)):
+        differs[u] = v
+      continue
+    why = next((w for s in srcs if s in differs and (w := _same_values(s, differs[s], axis[s]))), None)
+    if why is None and a in ("merged", "paired"):
       why = "merges it with another dim" if a == "merged" else "pairs its items with one another (two axes of it)"
-    else:
-      why = _RULES.get(u.op, _same_arg)(u, v, a, [axis[s] for s in _sources(u)])
+    elif why is None:
+      why = _RULES.get(u.op, _same_arg)(u, v, a, [axis[s] for s in srcs])
+    if why is None and a is not None:
+      step[u] = _step(u, a, [(axis.get(s), step.get(s)) for s in srcs], b1)
+      why = step[u] if isinstance(step[u], str) else None
     if why:
       raise CompileError(
         f"dim '{dim.name}' cannot have a range: {_node_of(u, labels)} {why}, so items of it do not run apart; "
         f"only a batch dim (one no op mixes) can vary at run time in this version: pin it (--shape {dim.name}=N)"
       )
-  inputs = _io_axes(dim, t1, axis, "input", b1)
+  inputs = _io_axes(dim, t1, axis, step, "input", b1)
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
-  return BatchDim(dim, inputs, _io_axes(dim, t1, axis, "output", b1))
+  return BatchDim(dim, inputs, _io_axes(dim, t1, axis, step, "output", b1))
+
+
+def _is_constant(u: UOp, const: set) -> bool:
+  if u.op in (Ops.CONST, Ops.PARAM):
+    return u.op is Ops.CONST
+  if u.op is Ops.BUFFER:
+    return u.arg.kind == "const"
+  return bool(u.src) and all(s in const for s in _sources(u))
+
+
+def _leaf_differs(u: UOp, v: UOp) -> bool:
+  """Does a constant hold other values at the other size (a leaf's values, a node's arguments: a shape)?"""
+  if u.op is Ops.BUFFER:
+    if u.arg is v.arg:
+      return False
+    x, y = u.arg.data.array, v.arg.data.array
+    return x.shape != y.shape or (x.size <= COMPARED_CONST_MAX and not np.array_equal(x, y, x.dtype.kind in "fc"))
+  return _arg(u) != _arg(v)
+
+
+def _same_values(u: UOp, v: UOp, a) -> str | None:
+  """A constant that differs between the sizes, where the inputs' data meets it: the same values at both, or
+  along its batch axis the same slice at every item (ConstantOfShape of the input's shape); else why not."""
+  from aot.core.interpret import evaluate
+
+  x, y = evaluate(u), evaluate(v)
+  if a is None:
+    return None if np.array_equal(x, y, x.dtype.kind in "fc") else "computes a value from its size"
+  k = math.gcd(x.shape[a], y.shape[a])
+  x, y = (z.reshape(z.shape[:a] + (z.shape[a] // k, k) + z.shape[a + 1 :]) for z in (x, y))
+  first = (slice(None),) * a + (slice(0, 1),)
+  if np.array_equal(x, np.broadcast_to(x[first], x.shape)) and np.array_equal(x[first], y[first]):
+    return None
+  return "holds a constant that differs along it"
 
 
 def _walk(t: Traced) -> list[UOp]:
@@ -210,15 +267,34 @@ def _arg(u: UOp):
   return u.arg
 
 
-def _reshape(u: UOp, v: UOp, a, srcs: list) -> str | None:
-  (s,) = srcs
-  if s is None:
-    return None
-  shape = u.src[0].shape
-  # row-major order is kept: the items stay apart when as many elements come before the batch axis on both sides
-  if a is None or math.prod(shape[:s]) != math.prod(u.shape[:a]):
-    return "reshapes it into other dims"
-  return None
+def _step(u: UOp, a: int, srcs: list, size: int) -> int | None | str:
+  """How far apart along its batch axis a one item's element is from the next item's, in elements of the axis: 1 for
+  an input's, k where each item holds k in a row (a Gather's flattened indices), and where the batch is an inner
+  factor (torch's attention: (sequence, batch) merged) the item's place repeats every size * step. None: values the
+  same at every item (a constant broadcast), which fit any. A string: why the node mixes the items."""
+  if u.op is Ops.BUFFER:
+    return 1
+  if u.op is Ops.PARAM:
+    return u.shape[a] // size  # (a function's parameters: checked at the call to hold whole items in a row)
+  known = [(sa, k) for sa, k in srcs if sa is not None and k is not None]
+  if u.op is Ops.RESHAPE:
+    if not known:
+      return None
+    (sa, k), shape = known[0], u.src[0].shape
+    # an item's place in the flat order: (flat // stride) % size, which a reshape keeps; it must fall on one axis
+    stride, inner = k * math.prod(shape[sa + 1 :]), math.prod(u.shape[a + 1 :])
+    if stride % inner or (u.shape[a] * inner) % (size * stride):
+      return "reshapes it into other dims"
+    return stride // inner
+  if u.op is Ops.CALL:
+    inner, params = u.src[0].src[u.arg], [(sa, k) for (sa, k), s in zip(srcs[1:], u.src[1:]) if sa is not None]
+    if any(k is not None and k != s.shape[sa] // size for (sa, k), s in zip(srcs[1:], u.src[1:]) if sa is not None):
+      return "passes it to a function with its items apart (unsupported)"
+    return None if not params else inner.shape[a] // size
+  steps = {k for _, k in known}
+  if len(steps) > 1:
+    return "combines two layouts of it"
+  return steps.pop() if steps else None
 
 
 def _window(u: UOp, v: UOp, a, srcs: list) -> str | None:
@@ -249,31 +325,6 @@ def _gather(u: UOp, v: UOp, a, srcs: list) -> str | None:
   return None if along == (v.arg if len(v.src) == 2 else v.arg[0]) else "computes a value from its size"
 
 
-def _const_buffer(u: UOp, v: UOp, a, srcs: list) -> str | None:
-  """A constant may depend on the size only as a broadcast along its batch axis (ConstantOfShape of the input's
-  shape): the same slice at every item, and at both sizes."""
-  if u.arg.kind != "const" or u.arg is v.arg:
-    return None
-  x, y = np.asarray(u.arg.data.array), np.asarray(v.arg.data.array)
-  if a is None:
-    if x.size > COMPARED_CONST_MAX or np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
-      return None
-    return "computes a value from its size"
-  # by item: each item's k elements of the axis in a row
-  items = lambda z, b: z.reshape(z.shape[:a] + (b, z.shape[a] // b) + z.shape[a + 1 :])
-  x, y = items(x, u.shape[a] // _k(u, v)), items(y, v.shape[a] // _k(u, v))
-  first = np.take(x, [0], axis=a)
-  if not (np.array_equal(x, np.broadcast_to(first, x.shape)) and np.array_equal(first, np.take(y, [0], axis=a))):
-    return "holds a constant that differs along it"
-  return None
-
-
-def _k(u: UOp, v: UOp) -> int:
-  """The elements of each item along the batch axis: k, of k times the two primes (their gcd)."""
-  (a,) = [i for i, (x, y) in enumerate(zip(u.shape, v.shape)) if x != y]
-  return math.gcd(u.shape[a], v.shape[a])
-
-
 def _fine(u: UOp, v: UOp, a, srcs: list) -> str | None:
   return None
 
@@ -283,13 +334,13 @@ def _fine(u: UOp, v: UOp, a, srcs: list) -> str | None:
 _RULES: dict[Ops, Callable] = {
   **{op: _fine for op in GroupOp.ALU - {Ops.CONST} | {Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.EXPAND}},
   Ops.PERMUTE: _same_arg,
-  Ops.RESHAPE: _reshape,
+  Ops.RESHAPE: _fine,
   Ops.PAD: _window,
   Ops.SHRINK: _window,
   Ops.REDUCE: _axes_apart,
   Ops.FLIP: _axes_apart,
   Ops.GATHER: _gather,
-  Ops.BUFFER: _const_buffer,
+  Ops.BUFFER: _fine,
   # a function's body is walked node by node: its parameters take the shapes of the calls' arguments
   Ops.PARAM: _fine,
   Ops.CALL: _same_arg,
@@ -306,7 +357,7 @@ def _node_of(u: UOp, labels: list) -> str:
   return "a node"
 
 
-def _io_axes(dim: RunDim, t: Traced, axis: dict, side: str, size: int) -> tuple[int, ...]:
+def _io_axes(dim: RunDim, t: Traced, axis: dict, step: dict, side: str, size: int) -> tuple[int, ...]:
   """Each input's or output's batch axis (-1 where it has none), checked to hold whole items one after another."""
   out = []
   for i, u in enumerate(t.inputs if side == "input" else t.outputs):
@@ -317,7 +368,7 @@ def _io_axes(dim: RunDim, t: Traced, axis: dict, side: str, size: int) -> tuple[
         f"dim '{dim.name}' cannot have a range: it is axis {a} of {side} '{name}' (shape {_at1(u.shape, a)}), and "
         "its items are not one after another there: only dims of size 1 may come before it"
       )
-    if a is not None and u.shape[a] != size:
+    if a is not None and (u.shape[a] != size or step.get(u) not in (None, 1)):
       raise CompileError(f"dim '{dim.name}' cannot have a range: {side} '{name}' has it merged with another dim")
     out.append(-1 if a is None else a)
   return tuple(out)

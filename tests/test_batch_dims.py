@@ -130,7 +130,7 @@ MIXING = {
     ],
     "",
     4,
-    "from its size",
+    "(from its size|differs along it)",
   ),
   "the batch flattened with the features": (
     [oh.make_node("Flatten", ["m"], ["f"], axis=0), oh.make_node("Softmax", ["f"], ["y"], axis=1)],
@@ -176,6 +176,42 @@ def test_a_constant_broadcast_along_the_batch_runs(tmp_path):
   x = np.random.default_rng(1).standard_normal((5, 6)).astype(np.float32)
   with aot.load(art) as m:
     np.testing.assert_allclose(m(x), ort_session(model).run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_batch_inside_a_merged_axis_and_a_shape_read_for_its_last_dim_run(tmp_path):
+  # torch's attention export: (sequence, batch) merged into one axis of rows (the batch its inner factor) for the
+  # projection, shaped back after; the scale from the input's Shape, a constant that differs with the batch but whose
+  # used part does not
+  inits = [
+    numpy_helper.from_array(W, "w"),
+    numpy_helper.from_array(np.array([-1, 6]), "rows"),
+    numpy_helper.from_array(np.array([5, -1, 4]), "back"),
+    numpy_helper.from_array(np.array([-1]), "last"),
+    numpy_helper.from_array(np.array([2**31]), "end"),
+  ]
+  model = make(
+    [
+      oh.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+      oh.make_node("Reshape", ["t", "rows"], ["r"]),
+      oh.make_node("MatMul", ["r", "w"], ["p"]),
+      oh.make_node("Reshape", ["p", "back"], ["q"]),
+      oh.make_node("Transpose", ["q"], ["o"], perm=[1, 0, 2]),
+      oh.make_node("Shape", ["x"], ["sh"]),
+      oh.make_node("Slice", ["sh", "last", "end"], ["d"]),
+      oh.make_node("Cast", ["d"], ["df"], to=TP.FLOAT),
+      oh.make_node("Sqrt", ["df"], ["sd"]),
+      oh.make_node("Div", ["o", "sd"], ["y"]),
+    ],
+    [x_info("x", ("batch", 5, 6))],
+    [y_info("y", ("batch", 5, 4))],
+    inits,
+  )
+  art = aot.compile_model(model, shapes={"batch": (1, 7)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 4, 7):
+      feed = feed_at(sess, n)
+      np.testing.assert_allclose(m(feed), sess.run(None, feed)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_an_output_whose_items_are_not_one_after_another_is_refused():

@@ -603,7 +603,7 @@ def _run_dynamic(args) -> int:
   if args.json:
     Path(args.json).write_text(json.dumps(rows, indent=1))
   if args.doc:
-    command = "python -m aot.tools.bench --dynamic"
+    command = "python -m aot.tools.bench --dynamic" + " --real" * args.real + f" --models {args.models}" * args.real
     _replace_between(Path(args.doc), "dynamic", f"`{command}` on {machine()}, 1 thread:\n\n{_plain_table(rows)}")
   return 0
 

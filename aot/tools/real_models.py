@@ -163,7 +163,8 @@ def _yolov8n(size: int = 320, classes: int = 80):
       y = torch.cat(outs, 2)
       box, cls = y.split((4 * reg_max, classes), 1)
       a = box.shape[2]
-      dist = self.dfl(box.view(1, 4, reg_max, a).transpose(2, 1).softmax(1)).view(1, 4, a)
+      n = box.shape[0]
+      dist = self.dfl(box.view(n, 4, reg_max, a).transpose(2, 1).softmax(1)).view(n, 4, a)
       lt, rb = dist.chunk(2, 1)
       x1y1, x2y2 = self.anchors - lt, self.anchors + rb
       xywh = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
