@@ -10,6 +10,7 @@ naming the first node that mixes it."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,7 +18,7 @@ import numpy as np
 import onnx
 
 from aot.core.ir import GroupOp, Ops, UOp
-from aot.errors import CompileError
+from aot.errors import CompileError, InternalError
 from aot.options import DimRange
 from aot.scheduler.kernel import Traced
 
@@ -124,18 +125,15 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
   dim, pinned = ranged_dim(shapes, load_model(src).graph)
   if dim is None:
     return trace(src, pinned(1), bind, name)
-  item = trace(src, pinned(1), bind, name)
+  labels: list = []
+  with _at_size(dim, 1):
+    item = trace(src, pinned(1), bind, name)
   sizes = {s for u in _walk(item) for s in u.shape}
   b1, b2 = [p for p in PROBE_SIZES if p not in sizes][:2]
-  labels: list = []
-  try:
+  with _at_size(dim, b1):
     t1 = trace(src, pinned(b1), bind, name, produced=labels)
+  with _at_size(dim, b2):
     t2 = trace(src, pinned(b2), bind, name)
-  except CompileError as e:
-    # (a shape the exporter wrote as a constant: a Reshape to batch 1)
-    raise CompileError(
-      f"dim '{dim.name}' cannot have a range: the model does not compile at size {b1} of it: {e}"
-    ) from None
   item.batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
   names = [u.arg.name for u, a in zip(item.inputs, item.batch.inputs) if a >= 0]
   names += [n for n, a in zip(item.output_names or [], item.batch.outputs) if a >= 0]
@@ -144,6 +142,16 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
     what = "sequence or optional inputs or outputs" if item.containers else "inputs or outputs of a narrow type"
     raise CompileError(f"dim '{dim.name}' cannot have a range: the model has {what}, which take no range yet")
   return item
+
+
+@contextmanager
+def _at_size(dim: RunDim, size: int):
+  """A model that does not trace at a size of its ranged dim cannot take the range (a shape the exporter wrote as a
+  constant: a Reshape to batch 1)."""
+  try:
+    yield
+  except (CompileError, InternalError) as e:
+    raise CompileError(f"dim '{dim.name}' cannot have a range: the model does not compile at size {size} of it: {e}")
 
 
 def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, labels: list) -> BatchDim:
@@ -172,9 +180,11 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
     if why is None and a in ("merged", "paired"):
       why = "merges it with another dim" if a == "merged" else "pairs its items with one another (two axes of it)"
     elif why is None:
-      why = _RULES.get(u.op, _same_arg)(u, v, a, [axis[s] for s in srcs])
+      # (a constant's values are the same along an axis of the batch's size it was broadcast to: none of the items')
+      src_axes = [None if isinstance(axis[s], str) else axis[s] for s in srcs]
+      why = _RULES.get(u.op, _same_arg)(u, v, a, src_axes)
     if why is None and a is not None:
-      step[u] = _step(u, a, [(axis.get(s), step.get(s)) for s in srcs], b1)
+      step[u] = _step(u, a, [(sa, step.get(s)) for sa, s in zip(src_axes, srcs)], b1)
       why = step[u] if isinstance(step[u], str) else None
     if why:
       raise CompileError(
@@ -210,6 +220,8 @@ def _same_values(u: UOp, v: UOp, a) -> str | None:
   along its batch axis the same slice at every item (ConstantOfShape of the input's shape); else why not."""
   from aot.core.interpret import evaluate
 
+  if isinstance(a, str):
+    return "computes a value from its size"
   x, y = evaluate(u), evaluate(v)
   if a is None:
     return None if np.array_equal(x, y, x.dtype.kind in "fc") else "computes a value from its size"

@@ -8,6 +8,7 @@ import numpy as np
 
 from aot.codegen.render.opt import WIDE_SUM_MIN_TERMS
 from aot.core.dtype import dtypes, min_value
+from aot.errors import InvalidValueError
 from aot.frontends.onnx import Unsupported, onnx_dtype, op
 from aot.frontends.tensor import Tensor
 
@@ -76,8 +77,18 @@ def gemm(n, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):
   if alpha != 1.0:
     y = (y * alpha).cast(a.dtype)
   if c is not None:
+    # C broadcasts to the product's shape, not the other way (a (3, N) bias and a (1, N) product: not a Gemm)
+    if _broadcast(c.shape, y.shape) != y.shape:
+      raise InvalidValueError(f"C of shape {c.shape} does not broadcast to the product's shape {y.shape}")
     y = y + (c * beta if beta != 1.0 else c).cast(y.dtype)
   return y
+
+
+def _broadcast(*shapes) -> tuple | None:
+  try:
+    return tuple(np.broadcast_shapes(*shapes))
+  except ValueError:
+    return None
 
 
 def _mm(a, b):

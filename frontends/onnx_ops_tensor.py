@@ -13,6 +13,7 @@ import onnx
 from onnx import numpy_helper
 
 from aot.core.dtype import dtypes, to_dtype
+from aot.errors import InvalidValueError
 from aot.frontends import narrow
 from aot.frontends.onnx import NeedsConstant, Unsupported, onnx_dtype, op
 from aot.frontends.tensor import Tensor
@@ -194,7 +195,10 @@ def transpose(n, x, perm=None):
 @op("Expand")
 def expand(n, x, shape):
   s = _ints(n, shape, "shape")
-  out = tuple(int(v) for v in np.broadcast_shapes(x.shape, tuple(s)))
+  try:
+    out = tuple(int(v) for v in np.broadcast_shapes(x.shape, tuple(s)))
+  except ValueError:
+    raise InvalidValueError(f"input of shape {x.shape} does not broadcast to shape {tuple(s)}") from None
   return x.reshape((1,) * (len(out) - x.ndim) + x.shape).expand(out)
 
 

@@ -305,3 +305,15 @@ def test_the_c_api_takes_each_inputs_shape_and_writes_each_outputs(tmp_path):
   assert lines[0].split()[0] == "2"
   np.testing.assert_allclose([float(v) for v in lines[0].split()[1:]], [want[0, 0], want[1, 0]], rtol=1e-4, atol=1e-5)
   assert lines[1] == "mlp_b_run_dims: input 'x' dim 0 ('batch') is 0, outside 1..8 (status 3)"
+
+
+def test_random_graphs_with_a_batch_range_match_onnxruntime_or_are_refused():
+  # the fuzzer's graphs with their inputs' first dim a batch range (aot/tools/fuzz_batch.py): most mix it or hold a
+  # constant shape and are refused; the rest must match onnxruntime at sizes 1, their own and past it (these seeds
+  # have 16 such cases)
+  from aot.tools.fuzz_batch import fuzz_batch
+
+  counts, failures = fuzz_batch(5, 96)
+  more, more_failures = fuzz_batch(3, 96)
+  assert not failures + more_failures, "\n\n".join(failures + more_failures)
+  assert counts["ok"] + more["ok"] >= 12, (counts, more)
