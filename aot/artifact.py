@@ -168,6 +168,16 @@ class Artifact:
     # dims with a range ({name, min, max}): named in the shapes of the inputs and outputs that have them
     self.dims: list[dict] = m.get("dims", [])
 
+  def at_size(self, n: int | None = None) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """The inputs and outputs with the ranged dim (dims: frontends/batch_dims.py) at size n, by default its largest;
+    a static artifact's as they are."""
+    if not self.dims:
+      return self.inputs, self.outputs
+    dim = self.dims[0]
+    n = dim["max"] if n is None else n
+    at = lambda t: TensorInfo(t.name, tuple(n if d == dim["name"] else d for d in t.shape), t.dtype, t.narrow)
+    return [at(t) for t in self.inputs], [at(t) for t in self.outputs]
+
   @property
   def library_path(self) -> Path:
     return self.dir / f"lib{self.name}.so"

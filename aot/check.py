@@ -45,15 +45,17 @@ def random_inputs(inputs, seed: int = 0, indexed: dict[str, int] | None = None) 
   return out
 
 
-def given_inputs(art, files: dict[str, str], xs: list[np.ndarray]) -> list[np.ndarray]:
-  """xs with the inputs given as NAME=FILE.npy (--check-input) in place of the seeded ones."""
-  names = [t.name for t in art.inputs]
+def given_inputs(art, files: dict[str, str], xs: list[np.ndarray], inputs=None) -> list[np.ndarray]:
+  """xs with the inputs given as NAME=FILE.npy (--check-input) in place of the seeded ones (inputs: the artifact's
+  at the size checked)."""
+  inputs = art.inputs if inputs is None else inputs
+  names = [t.name for t in inputs]
   out = list(xs)
   for name, file in files.items():
     if name not in names:
       known = ", ".join(names)
       raise CheckInputError(f"--check-input {name}={file}: the model has no input '{name}' (inputs: {known})")
-    t = art.inputs[names.index(name)]
+    t = inputs[names.index(name)]
     try:
       x = np.load(file, allow_pickle=False)
     except (OSError, ValueError) as e:
@@ -68,10 +70,33 @@ def given_inputs(art, files: dict[str, str], xs: list[np.ndarray]) -> list[np.nd
 
 
 def check(art, model: str, bind: dict, quiet: bool = False, files: dict[str, str] | None = None) -> int:
-  """Run art and the reference on the same inputs, print the comparison (PASS/FAIL, latency); 0 on PASS, else 1."""
+  """Run art and the reference on the same inputs, print the comparison (PASS/FAIL, latency); 0 on PASS, else 1.
+  An artifact with a batch range is checked at both ends of it (the inputs given, at their own size)."""
   import aot
 
   run = aot.load(art)
+  if not art.dims:
+    return _check_at(art, art.inputs, art.outputs, run, model, bind, quiet, files, "")
+  dim = art.dims[0]
+  sizes = [_given_size(art, files)] if files else sorted({dim["min"], dim["max"]})
+  failed = 0
+  for n in sizes:
+    ins, outs = art.at_size(n)
+    failed |= _check_at(art, ins, outs, run, model, bind, quiet, files, f"{dim['name']}={n}: ")
+  return failed
+
+
+def _given_size(art, files: dict[str, str]) -> int:
+  """The ranged dim's size in the --check-input files (of the first input that has the dim and is given)."""
+  dim = art.dims[0]["name"]
+  for t in art.inputs:
+    if t.name in files and dim in t.shape:
+      return int(np.load(files[t.name], mmap_mode="r").shape[t.shape.index(dim)])
+  return art.dims[0]["max"]
+
+
+def _check_at(art, inputs, outputs, run, model, bind, quiet, files, label: str) -> int:
+  """check at one size of the inputs and outputs (label: which, for the line printed)."""
   if model.startswith("models:"):
     from aot.models import get
 
@@ -82,8 +107,8 @@ def check(art, model: str, bind: dict, quiet: bool = False, files: dict[str, str
     got = _run_artifact(run, xs)
     want, against = [ref.reference(*xs)], "numpy reference"
   else:
-    xs = given_inputs(art, files or {}, random_inputs(art.inputs, indexed=art.indexed_inputs))
-    feed = {t.name: x for t, x in zip(art.inputs, xs)}
+    xs = given_inputs(art, files or {}, random_inputs(inputs, indexed=art.indexed_inputs), inputs)
+    feed = {t.name: x for t, x in zip(inputs, xs)}
     if art.containers:
       # a sequence input is one list (an optional one array or None) for the artifact and both references
       from aot.loader import _grouped, _runs
@@ -102,11 +127,11 @@ def check(art, model: str, bind: dict, quiet: bool = False, files: dict[str, str
     t = time.perf_counter()
     run(*xs)
     times.append(time.perf_counter() - t)
-  tol = _check_tolerance(art.outputs)
+  tol = _check_tolerance(outputs)
   err, rel = _errors(got, want)
   same_shapes = all(g.shape == np.shape(w) for g, w in zip(got, want))
   ok = rel <= tol and same_shapes
-  line = f"check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e}"
+  line = f"{label}check vs {against}: max abs err {err:.3e}, max rel err {rel:.3e}"
   if not ok and not model.startswith("models:") and same_shapes:
     # the float32 reference rounds too (onnxruntime's sigmoid of a large negative logit is off by ~1e-7, many times
     # the value): where it and we disagree, a float64 evaluation of the model says which of us is right

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import math
 import os
@@ -195,8 +194,7 @@ class LoadedModel:
       n, first = size, first or t.name
     if n not in self._sizes:
       # made once per size: a small model's call is a few microseconds
-      at = lambda t: dataclasses.replace(t, shape=tuple(n if d == name else d for d in t.shape))
-      tins, touts = [at(t) for t in a.inputs], [at(t) for t in a.outputs]
+      tins, touts = a.at_size(n)
       self._sizes[n] = (tins, touts, [self.ffi.new("int64_t[]", list(t.shape) or [0]) for t in tins + touts])
     return self._sizes[n]
 

@@ -3,6 +3,7 @@ onnxruntime at the bounds and at odd sizes between; the kernel list is the one-i
 mixes is refused naming the node; a size outside the range is refused at run time naming the input and the dim."""
 
 import json
+import re
 import subprocess
 
 import numpy as np
@@ -276,9 +277,15 @@ def test_the_c_api_takes_each_inputs_shape_and_writes_each_outputs(tmp_path):
   model = with_batch_dim(onnx_model("mlp"))
   (tmp_path / "mlp_b.onnx").write_bytes(model.SerializeToString())
   out = tmp_path / "mlp_b"
-  subprocess.run(
-    ["compile-model", str(tmp_path / "mlp_b.onnx"), "-o", str(out), "--shape", "batch=1..8", "-q"], check=True
-  )
+  done = subprocess.run(
+    ["compile-model", str(tmp_path / "mlp_b.onnx"), "-o", str(out), "--shape", "batch=1..8", "--check"],
+    check=True,
+    capture_output=True,
+    text=True,
+  ).stdout
+  # --check runs both ends of the range against onnxruntime
+  assert re.search(r"^batch=1: check vs onnxruntime: .* -> PASS", done, re.MULTILINE), done
+  assert re.search(r"^batch=8: check vs onnxruntime: .* -> PASS", done, re.MULTILINE), done
   manifest = json.loads((out / "mlp_b.json").read_text())
   assert manifest["dims"] == [{"name": "batch", "min": 1, "max": 8, "runs": "items"}]
   assert manifest["inputs"][0]["shape"] == ["batch", 784]

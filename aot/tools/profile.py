@@ -50,7 +50,8 @@ def profile_artifact(
   infos = load_calls(art)
   model = aot.load(art, threads=threads)
   try:
-    xs = inputs if inputs is not None else random_inputs(art.inputs, indexed=art.indexed_inputs)
+    # (an artifact with a batch range at its largest size)
+    xs = inputs if inputs is not None else random_inputs(art.at_size()[0], indexed=art.indexed_inputs)
     # the library the model was loaded from (by its path, dlopen could return an older build's: aot/loader.py)
     model.ffi.cdef(
       f"int {art.name}_profile({art.name}_model *m, double *out, int n);"
