@@ -203,6 +203,9 @@ def _render_gpu(name: str, sched: Schedule, target: str, emulate: bool, weights:
   # the GPU hosts do not read index checks back yet: a bad index is clamped there, not reported
   sched = without_checks(sched)
   arena = memory_plan(sched.kernels, sched.scratch)
+  if sched.batch:
+    # a ranged dim's items run kernel by kernel there: the plan by kernels, at the largest size (run_dims.py)
+    arena = batch_arena(sched, arena)
   # the model's constants into the weights file one at a time (a mapped weight's pages released after)
   weights.add_consts(sched.consts)
   external = weights.finish()
@@ -295,9 +298,9 @@ def compile_model(what, example_inputs=None, *, options: CompileOptions | None =
 def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   with working_on("while tracing the model"):
     traced = resolve(what, example_inputs, opts.name, opts.shapes, opts.bind)
-  # the loop over a ranged dim's items is model.c's (codegen/render/run_dims.py): a GPU host has none yet
-  if traced.batch is not None and opts.gpu:
-    raise CompileError(f"a dim with a range ('{traced.batch.dim.name}') is for the CPU targets (c, llvm) yet")
+  # a Metal host is built on macOS from its own sources, with no loop over a ranged dim's items yet
+  if traced.batch is not None and opts.target == "metal":
+    raise CompileError(f"a dim with a range ('{traced.batch.dim.name}') is for the c, llvm, cuda and hip targets")
   return traced
 
 

@@ -232,8 +232,24 @@ def test_bad_ranges_and_two_ranges_are_refused():
     aot.compile_model(model, shapes={"batch": (5, 2)})
   with pytest.raises(CompileError, match="one dim with a range"):
     aot.compile_model(model, shapes={"batch": (1, 4), "x": (DimRange(1, 4), DimRange(2, 6))})
-  with pytest.raises(CompileError, match="for the CPU targets"):
-    aot.compile_model(model, shapes={"batch": (1, 4)}, target="cuda", emulate=True)
+  with pytest.raises(CompileError, match="for the c, llvm, cuda and hip targets"):
+    aot.compile_model(model, shapes={"batch": (1, 4)}, target="metal")
+
+
+@pytest.mark.parametrize("target", ["cuda", "hip"])
+def test_gpu_targets_take_a_batch_range(tmp_path, target):
+  # the host launches each kernel for every item (device buffers at the largest size); run under the emulator here,
+  # and built for the device (nvcc, clang-19's HIP), whose library has NAME_run_dims and no NAME_run_device
+  model = with_batch_dim(onnx_model("mnist"))
+  emulated = aot.compile_model(model, shapes={"batch": (1, 6)}, target=target, emulate=True, out_dir=tmp_path / "e")
+  sess = ort_session(model)
+  with aot.load(emulated) as m:
+    for n in (1, 5):
+      feed = feed_at(sess, n)
+      np.testing.assert_allclose(m(feed), sess.run(None, feed)[0], rtol=1e-4, atol=1e-5)
+  built = aot.compile_model(model, shapes={"batch": (1, 6)}, target=target, out_dir=tmp_path / "d")
+  header = built.header_path.read_text()
+  assert "mnist_run_dims(" in header and "run_device" not in header and built.library_path.exists()
 
 
 C_APP = r"""

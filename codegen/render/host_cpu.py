@@ -323,12 +323,14 @@ def render_model_c(
   external_weights: ExternalWeights | None = None,
   profile: bool = False,
   panel_floats: int = 0,
+  each_call: bool = False,
 ) -> str:
   """The C API over the kernel list. calls: model.c's calls in order (codegen/lower/calls.py), each rendering its
   own statement.
   external_weights: NAME.weights, if the weights are not linked in.
   profile: time every call into the instance and export NAME_profile (aot/tools/profile.py); a normal build has none of
-  it. panel_floats: the floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does."""
+  it. panel_floats: the floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does.
+  each_call: a ranged dim's items run call by call (run_dims.item_statements: an emulated GPU build's)."""
   ins, outs = param_names(sched)
   ptr = {id(b): n for b, n in zip(sched.inputs + sched.outputs, ins + outs)}
 
@@ -342,7 +344,7 @@ def render_model_c(
 
   tramps: dict[str, str] = {}
   if sched.batch:
-    body = item_statements(sched, calls, lambda call: call.render(arg, tramps))
+    body = item_statements(sched, calls, lambda call: call.render(arg, tramps), each_call)
   else:
     body = [call.render(arg, tramps) for call in calls]
   if profile:

@@ -21,6 +21,7 @@ from aot.codegen.render.host_cpu import (
   render_weights_asm,
   version_c,
 )
+from aot.codegen.render.run_dims import checks_bytes, item_stride, run_dims_c
 from aot.scheduler.kernel import Buffer, Schedule
 
 
@@ -45,7 +46,7 @@ def render_gpu_model_c(
         _gpu_destroy(name, io),
         _gpu_create(name, len(functions), io, external_weights),
         _gpu_launch_all(name, sched, launches, functions),
-        _gpu_run_device(name, sched),
+        "" if sched.batch else _gpu_run_device(name, sched),
         _gpu_run(name, sched),
         _gpu_set_threads(name),
         _gpu_last_error(name),
@@ -80,7 +81,12 @@ def _gpu_symbols(name: str, sched: Schedule, functions: list[str], external_weig
   return f"""{weights}
 extern const unsigned char {name}_image[], {name}_image_end[];  /* the device code */
 static const char *const function_names[{len(functions)}] = {{{", ".join(f'"{f}"' for f in functions)}}};
-static const size_t io_bytes[{max(len(io), 1)}] = {{{", ".join(f"{b.nbytes}ULL" for b in io) or "0"}}};"""
+static const size_t io_bytes[{max(len(io), 1)}] = {{{", ".join(f"{_io_bytes(sched, b)}ULL" for b in io) or "0"}}};"""
+
+
+def _io_bytes(sched: Schedule, b: Buffer) -> int:
+  """A device input or output buffer's bytes: at the largest size of a ranged dim it has (frontends/batch_dims.py)."""
+  return b.nbytes * (sched.batch.dim.hi if sched.batch and item_stride(sched)(b) else 1)
 
 
 def _gpu_model_struct(name: str, num_functions: int, io: int) -> str:
@@ -161,21 +167,29 @@ def _gpu_launch_all(
   sync: run and run_device share it and differ only in where io points."""
   slot = {id(b): i for i, b in enumerate(sched.inputs + sched.outputs)}
 
+  item = item_stride(sched) if sched.batch else (lambda b: None)
+
   def ptr(b: Buffer) -> str:
+    # a ranged dim's item b_ (codegen/render/run_dims.py: each buffer's items one after another)
+    if b.kind == "scratch" and sched.batch:
+      return f"A + {checks_bytes(sched) + sched.batch.dim.hi * b.offset}ULL + (aot_devptr)b_ * {b.nbytes}ULL"
     if b.kind == "scratch":
       return f"A + {b.offset}ULL"
     if b.kind == "const":
       return f"W + {b.offset}ULL"
-    return f"io[{slot[id(b)]}]"
+    return f"io[{slot[id(b)]}]" + (f" + (aot_devptr)b_ * {b.nbytes}ULL" if item(b) else "")
 
   fn_index = {f: i for i, f in enumerate(functions)}
+  # a ranged dim's items: each kernel launched for every item before the next kernel (the arena is planned so)
+  over = "  for (int64_t b_ = 0; b_ < n_; b_++)\n" if sched.batch else ""
   body = [
-    f"  {{ const aot_devptr a[] = {{{', '.join(ptr(b) for b in bufs)}}};\n"
+    f"{over}  {{ const aot_devptr a[] = {{{', '.join(ptr(b) for b in bufs)}}};\n"
     f"    if ((st = aot_gpu_launch(m->gpu, m->fn[{fn_index[fn]}], {l.grid}u, {l.block}u, a, {len(bufs)}, "
     f"m->error)) != AOT_OK) return st; }}"
     for fn, bufs, l in launches
   ]
-  return f"""static int launch_all({name}_model *m, const aot_devptr *io) {{
+  items = ", int64_t n_" if sched.batch else ""
+  return f"""static int launch_all({name}_model *m, const aot_devptr *io{items}) {{
   const aot_devptr A = m->arena, W = m->weights;
   int st;
   (void)A; (void)W; (void)io;
@@ -185,8 +199,10 @@ def _gpu_launch_all(
 
 
 def _gpu_entry(name: str, sched: Schedule, entry: str) -> str:
-  """The opening of run's and run_device's body (run under the instance's lock): the NULL checks."""
-  return f"""static int {entry}_locked({name}_model *m, {", ".join(api_args(sched))}) {{
+  """The opening of run's and run_device's body (run under the instance's lock): the NULL checks (and a ranged dim's
+  size, from NAME_run_dims)."""
+  items = ", int64_t n_" if sched.batch else ""
+  return f"""static int {entry}_locked({name}_model *m, {", ".join(api_args(sched))}{items}) {{
 {chr(10).join(null_checks(sched))}
   m->error[0] = 0;"""
 
@@ -216,24 +232,28 @@ def _gpu_run_device(name: str, sched: Schedule) -> str:
 def _gpu_run(name: str, sched: Schedule) -> str:
   """Host pointers: the inputs are copied to the model's device io buffers, the outputs copied back after."""
   ins, outs = param_names(sched)
+  item = item_stride(sched) if sched.batch else (lambda b: None)
+  size = lambda b: f"{b.nbytes}ULL" + (" * (size_t)n_" if item(b) else "")
   up = [
-    f"  if ((st = aot_gpu_upload(m->gpu, m->io[{i}], {n}, {b.nbytes}ULL, m->error)) != AOT_OK) return st;"
+    f"  if ((st = aot_gpu_upload(m->gpu, m->io[{i}], {n}, {size(b)}, m->error)) != AOT_OK) return st;"
     for i, (b, n) in enumerate(zip(sched.inputs, ins))
   ]
   down = [
-    f"  if ((st = aot_gpu_download(m->gpu, {n}, m->io[{len(ins) + i}], {b.nbytes}ULL, m->error)) != AOT_OK) return st;"
+    f"  if ((st = aot_gpu_download(m->gpu, {n}, m->io[{len(ins) + i}], {size(b)}, m->error)) != AOT_OK) return st;"
     for i, (b, n) in enumerate(zip(sched.outputs, outs))
   ]
+  # a ranged dim's artifact is called through NAME_run_dims, which checks the shapes and passes the size
+  public = run_dims_c(name, sched) if sched.batch else _gpu_locked(name, sched, "run")
   return f"""{_gpu_entry(name, sched, "run")}
   int st;
 {chr(10).join(up)}
-  if ((st = launch_all(m, m->io)) != AOT_OK) return st;
+  if ((st = launch_all(m, m->io{", n_" if sched.batch else ""})) != AOT_OK) return st;
 {chr(10).join(down)}
   (void)st;
   return AOT_OK;
 }}
 
-{_gpu_locked(name, sched, "run")}"""
+{public}"""
 
 
 def _gpu_set_threads(name: str) -> str:
@@ -274,7 +294,9 @@ def render_gpu_host(
 ) -> dict[str, str]:
   """model.c, the files linking the weights and device code in, and NAME.h of a GPU build (not emulated)."""
   model = render_gpu_model_c(name, sched, launches, functions, target, external)
-  header = render_header(name, sched, arena, len(sched.kernels), target, weights_bytes=weights_bytes, run_device=True)
+  header = render_header(
+    name, sched, arena, len(sched.kernels), target, weights_bytes=weights_bytes, run_device=not sched.batch
+  )
   cpp = render_cpp_header(name, sched)
   return {**LINK_DEVICE_CODE[target](name, target, model, external), f"{name}.h": header, f"{name}.hpp": cpp}
 
@@ -333,7 +355,8 @@ def render_emulated_host(
     for k in sched.kernels
     for grid in [launch[k.ast].grid]
   ]
-  model = "#include <stdint.h>\n#include <stdbool.h>\n" + render_model_c(name, sched, calls, protos, external)
+  model_c = render_model_c(name, sched, calls, protos, external, each_call=True)
+  model = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c
   return {
     "emulate.cpp": emulate_cpp,
     "model.c": "#define _GNU_SOURCE\n" + model + ("" if external else render_weights_asm(name)),
