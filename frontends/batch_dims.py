@@ -25,9 +25,6 @@ from aot.scheduler.kernel import Traced
 # sizes the graph is traced at to find each node's batch axis: primes, so that no product of other dims is one by
 # chance; the two smallest that no dim of the one-item graph has are taken
 PROBE_SIZES = (7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)
-# constants up to this many elements are compared between the two traces (a value computed from the batch size,
-# like a Range over it, is one of these); bigger ones are the model's weights, which no size changes
-COMPARED_CONST_MAX = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -210,8 +207,10 @@ def _leaf_differs(u: UOp, v: UOp) -> bool:
   if u.op is Ops.BUFFER:
     if u.arg is v.arg:
       return False
+    # (every constant compared, weights too: one the frontend folded from the batch size has a weight's size; a
+    # comparison reads the weights twice, a fraction of a second for a GB)
     x, y = u.arg.data.array, v.arg.data.array
-    return x.shape != y.shape or (x.size <= COMPARED_CONST_MAX and not np.array_equal(x, y, x.dtype.kind in "fc"))
+    return x.shape != y.shape or not np.array_equal(x, y, x.dtype.kind in "fc")
   return _arg(u) != _arg(v)
 
 
