@@ -1,5 +1,5 @@
 """A dim with a range (--shape batch=1..64): the artifact takes any size in it, as that many runs of the program traced
-at size 1, each on its own item of every input and output that has the dim (codegen/render/host_cpu.py's
+at size 1, each on its own item of every input and output that has the dim (codegen/render/run_dims.py's
 NAME_run_dims). That is only right for a batch dim: one that no op mixes, so that each item's outputs depend on that
 item alone, by the same computation. It is proved here, before anything is built, on the graph traced at two sizes
 (two primes no other dim has): a node's batch axis is the one whose size is the batch size in both, and every node
@@ -196,7 +196,7 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
 
 def _is_constant(u: UOp, const: set) -> bool:
   if u.op in (Ops.CONST, Ops.PARAM):
-    return u.op is Ops.CONST
+    return u.op is Ops.CONST  # (a function's parameter takes its call's argument: not known constant)
   if u.op is Ops.BUFFER:
     return u.arg.kind == "const"
   return bool(u.src) and all(s in const for s in _sources(u))
@@ -253,8 +253,8 @@ def _sources(u: UOp) -> tuple:
 
 def _batch_axis(s1: tuple, s2: tuple, b1: int, b2: int):
   """The axis whose size is the batch size (times the same k) at both sizes; None if none is; "merged" if the shapes
-  differ otherwise. An axis of k times the batch holds each item's k in a row (the batch is its outer factor): only a
-  reshape makes one, and _reshape allows only that order."""
+  differ otherwise. An axis of k times the batch is made by a reshape, which _step follows (how far apart an item's
+  elements are along it)."""
   if len(s1) != len(s2):
     return "merged"
   diff = [i for i, (x, y) in enumerate(zip(s1, s2)) if x != y]
@@ -298,10 +298,10 @@ def _step(u: UOp, a: int, srcs: list, size: int) -> int | None | str:
       return "reshapes it into other dims"
     return stride // inner
   if u.op is Ops.CALL:
-    inner, params = u.src[0].src[u.arg], [(sa, k) for (sa, k), s in zip(srcs[1:], u.src[1:]) if sa is not None]
-    if any(k is not None and k != s.shape[sa] // size for (sa, k), s in zip(srcs[1:], u.src[1:]) if sa is not None):
+    args = [(sa, k, s) for (sa, k), s in zip(srcs[1:], u.src[1:]) if sa is not None]
+    if any(k is not None and k != s.shape[sa] // size for sa, k, s in args):
       return "passes it to a function with its items apart (unsupported)"
-    return None if not params else inner.shape[a] // size
+    return u.src[0].src[u.arg].shape[a] // size if args else None
   steps = {k for _, k in known}
   if len(steps) > 1:
     return "combines two layouts of it"
@@ -345,7 +345,7 @@ def _fine(u: UOp, v: UOp, a, srcs: list) -> str | None:
 _RULES: dict[Ops, Callable] = {
   **{op: _fine for op in GroupOp.ALU - {Ops.CONST} | {Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.EXPAND}},
   Ops.PERMUTE: _same_arg,
-  Ops.RESHAPE: _fine,
+  Ops.RESHAPE: _fine,  # (_step: whether the items' place in the flat order stays on one axis)
   Ops.PAD: _window,
   Ops.SHRINK: _window,
   Ops.REDUCE: _axes_apart,

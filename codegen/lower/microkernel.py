@@ -68,6 +68,10 @@ class GemmCall(Call):
   items: ItemFold | None = None
   split_work: int = 0
 
+  @property
+  def tasks(self) -> int:
+    return self.gemm.tasks
+
   def fold(self, item) -> GemmCall | None:
     """This call over all n_ items at once (ItemFold), None where they cannot: item(buffer) is the elements from one
     item of a buffer to the next (None: one buffer all items share)."""
@@ -198,8 +202,17 @@ class GemmLowered(Lowered):
         ast = ctx.optimized[g.b.pack]
         pack = (ctx.functions[ast], [(u.arg, None if u.arg == 0 else bufs[u.arg]) for u in kernel_params(ast)])
       parallel = ctx.parallel(g.tasks, work)
-      call = GemmCall(gemm=g, bufs=bufs, pack=pack, contract=ctx.target == "c", role="contraction", parallel=parallel)
-      calls.append(replace(call, split_work=ctx.min_work if ctx.threads else 0))
+      calls.append(
+        GemmCall(
+          gemm=g,
+          bufs=bufs,
+          pack=pack,
+          contract=ctx.target == "c",
+          role="contraction",
+          parallel=parallel,
+          split_work=ctx.min_work if ctx.threads else 0,
+        )
+      )
     # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the
     # microkernel applied to its tiles (Gemm.steps), is not run
     for last in self.pieces:

@@ -21,7 +21,7 @@ from aot.codegen.render.host_cpu import (
   render_weights_asm,
   version_c,
 )
-from aot.codegen.render.run_dims import checks_bytes, item_stride, run_dims_c
+from aot.codegen.render.run_dims import item_stride, run_dims_c, scratch_item
 from aot.scheduler.kernel import Buffer, Schedule
 
 
@@ -86,7 +86,7 @@ static const size_t io_bytes[{max(len(io), 1)}] = {{{", ".join(f"{_io_bytes(sche
 
 def _io_bytes(sched: Schedule, b: Buffer) -> int:
   """A device input or output buffer's bytes: at the largest size of a ranged dim it has (frontends/batch_dims.py)."""
-  return b.nbytes * (sched.batch.dim.hi if sched.batch and item_stride(sched)(b) else 1)
+  return b.nbytes * (sched.batch.dim.hi if item_stride(sched)(b) else 1)
 
 
 def _gpu_model_struct(name: str, num_functions: int, io: int) -> str:
@@ -167,12 +167,13 @@ def _gpu_launch_all(
   sync: run and run_device share it and differ only in where io points."""
   slot = {id(b): i for i, b in enumerate(sched.inputs + sched.outputs)}
 
-  item = item_stride(sched) if sched.batch else (lambda b: None)
+  item = item_stride(sched)
 
   def ptr(b: Buffer) -> str:
     # a ranged dim's item b_ (codegen/render/run_dims.py: each buffer's items one after another)
     if b.kind == "scratch" and sched.batch:
-      return f"A + {checks_bytes(sched) + sched.batch.dim.hi * b.offset}ULL + (aot_devptr)b_ * {b.nbytes}ULL"
+      at, step = scratch_item(sched, b)
+      return f"A + {at}ULL + (aot_devptr)b_ * {step}ULL"
     if b.kind == "scratch":
       return f"A + {b.offset}ULL"
     if b.kind == "const":
@@ -232,7 +233,7 @@ def _gpu_run_device(name: str, sched: Schedule) -> str:
 def _gpu_run(name: str, sched: Schedule) -> str:
   """Host pointers: the inputs are copied to the model's device io buffers, the outputs copied back after."""
   ins, outs = param_names(sched)
-  item = item_stride(sched) if sched.batch else (lambda b: None)
+  item = item_stride(sched)
   size = lambda b: f"{b.nbytes}ULL" + (" * (size_t)n_" if item(b) else "")
   up = [
     f"  if ((st = aot_gpu_upload(m->gpu, m->io[{i}], {n}, {size(b)}, m->error)) != AOT_OK) return st;"

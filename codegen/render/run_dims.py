@@ -5,8 +5,8 @@ for all of them where a call can (Call.fold: a contraction's rows or batch, its 
 those one item after another.
 
 The arena holds each scratch buffer's items one after another (item b of a buffer the one-item plan puts at offset o
-is at ITEMS_AT + hi * o + b * its bytes: the plan's buffers scaled by the largest size, so no two overlap), after the
-index checks' results of every item."""
+is at checks_bytes + hi * o + b * its bytes: the plan's buffers scaled by the largest size, so no two overlap), after
+the index checks' results of every item (scratch_item)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,6 @@ def _input_checks(sched: Schedule, first: int) -> list[str]:
 
 def run_dims_c(name: str, sched: Schedule) -> str:
   """run_dims_locked and NAME_run_dims, over model.c's run_locked (the one-item run)."""
-
   bd = sched.batch
   ins, outs = param_names(sched)
   sins, souts = shape_names(sched)
@@ -147,16 +146,24 @@ def batch_arena(sched: Schedule, item_arena: int) -> int:
 
 def item_stride(sched: Schedule):
   """item(buffer): the elements from one item of it to the next; None for a buffer the items share (a constant, an
-  input or output without the dim)."""
+  input or output without the dim), and for every buffer of a schedule without a ranged dim."""
   bd = sched.batch
+  if bd is None:
+    return lambda b: None
   own = {id(b) for b, a in zip(sched.inputs + sched.outputs, bd.inputs + bd.outputs) if a >= 0}
   return lambda b: b.size if b.kind in ("scratch", "check") or id(b) in own else None
+
+
+def scratch_item(sched: Schedule, b: Buffer) -> tuple[int, int]:
+  """A scratch buffer's item 0 in the arena, and the bytes from one item to the next (the module's layout)."""
+  return checks_bytes(sched) + sched.batch.dim.hi * b.offset, b.nbytes
 
 
 def item_pointer(sched: Schedule, b: Buffer, where: str) -> str:
   """where (a buffer's pointer in the one-item program) at item b_."""
   if b.kind == "scratch":
-    return f"(A + {checks_bytes(sched) + sched.batch.dim.hi * b.offset} + b_ * {b.nbytes})"
+    at, step = scratch_item(sched, b)
+    return f"(A + {at} + b_ * {step})"
   if b.kind == "check":
     return f"({where} + b_ * {2 * len(sched.checks)})"
   return f"({where} + b_ * {b.size})" if item_stride(sched)(b) else where
