@@ -4,9 +4,12 @@ opset 17. Each is written with the same Tensor ops the unfused graph would have 
 
 from __future__ import annotations
 
+import functools
+
 from aot.core.dtype import dtypes
 from aot.frontends.onnx import Unsupported, onnx_dtype, op
 from aot.frontends.onnx_ops_nn import _mm, conv, layer_norm
+from aot.frontends.tensor import function
 
 MS = "com.microsoft"
 
@@ -91,25 +94,37 @@ def _welford_layer_norm(s, gamma, beta, epsilon):
   the recurrence, which waits on each step's division anyway). The state between kernels of WELFORD_STEPS steps,
   and the row's mean and std for the output, are stored packed (_pack): as two stages each kernel would read the
   chain's steps, and the scheduler then stores every step (a kernel per step)."""
-  d = s.shape[-1]
-  rows = s.numel() // d
-  lanes = next((n for n in (WELFORD_LANES, 8, 4, 2) if rows % n == 0), 1)
-  cols = s.reshape(rows // lanes, lanes, d).permute(2, 0, 1)
-  # the first step: mean = v0, m2 = (v0 - v0) * v0 = 0
-  mean, m2 = cols[0], cols[0] * 0.0
-  for i in range(1, d):
-    if i % WELFORD_STEPS == 0:
-      mean, m2 = _unpack(_pack(mean, m2).contiguous())
-    v = cols[i]
-    delta = v - mean
-    mean = mean + delta / float(i + 1)
-    m2 = m2 + (v - mean) * delta
-  std = (m2 / float(d) + epsilon).sqrt()
-  mean, std = _unpack(_pack(mean, std).contiguous().reshape(s.shape[:-1] + (1,)))
+  mean, std = _unpack(_welford_rows(s.shape, float(epsilon))(s).reshape(s.shape[:-1] + (1,)))
   y = (s - mean) / std * gamma
   if beta is not None:
     y = y + beta
   return y, mean, std.reciprocal()
+
+
+@functools.lru_cache(maxsize=16)
+def _welford_rows(shape: tuple, epsilon: float):
+  """The recurrence over rows of this shape, as a function traced once (its calls are inlined before scheduling): an
+  encoder's layer norms each traced their 384 steps anew, 0.1 s apiece. -> rows' (mean, std), packed."""
+
+  @function
+  def welford_rows(s):
+    d = s.shape[-1]
+    rows = s.numel() // d
+    lanes = next((n for n in (WELFORD_LANES, 8, 4, 2) if rows % n == 0), 1)
+    cols = s.reshape(rows // lanes, lanes, d).permute(2, 0, 1)
+    # the first step: mean = v0, m2 = (v0 - v0) * v0 = 0
+    mean, m2 = cols[0], cols[0] * 0.0
+    for i in range(1, d):
+      if i % WELFORD_STEPS == 0:
+        mean, m2 = _unpack(_pack(mean, m2).contiguous())
+      v = cols[i]
+      delta = v - mean
+      mean = mean + delta / float(i + 1)
+      m2 = m2 + (v - mean) * delta
+    std = (m2 / float(d) + epsilon).sqrt()
+    return _pack(mean, std).contiguous()
+
+  return welford_rows
 
 
 @op("SkipLayerNormalization", domain=MS)

@@ -132,6 +132,9 @@ class CallContext:
   shared: dict[UOp, str] = field(default_factory=dict)
   renamed: dict[str, str] = field(default_factory=dict)
   work: dict[UOp, int] = field(default_factory=dict)
+  # (function, its slots' sizes) -> (rebased AST, offsets, extent, params): the layers of an encoder call one
+  # function each, and a layer norm's 128-step function took 20 ms a call to walk
+  forms: dict[tuple, tuple] = field(default_factory=dict)
 
   def flops(self, ast: UOp) -> int:
     """flop_count (integer work too) of a function, once per function (an unrolled layer's steps share theirs)."""
@@ -147,12 +150,15 @@ class CallContext:
     """The call of generated function ast over the kernel's buffers, its slot 0 being out (a dense operand's kernel
     writes its slot 0 into the operand's buffer). rebase: a call rendered by LoopCall.render alone, which may read
     through advanced pointers (rebase_reads)."""
-    ast, fn, offsets = self.optimized[ast], self.functions[self.optimized[ast]], {}
+    ast, fn = self.optimized[ast], self.functions[self.optimized[ast]]
+    key = (ast, rebase, tuple(b.size for b in bufs))
+    if key not in self.forms:
+      new, offsets = rebase_reads(ast, bufs) if rebase else (ast, {})
+      self.forms[key] = (new, offsets, parallel_extent(new), [u.arg for u in kernel_params(new)])
+    ast, offsets, extent, slots = self.forms[key]
     if rebase:
-      ast, offsets = rebase_reads(ast, bufs)
       self.renamed[fn] = fn = self.shared.setdefault(ast, fn)
-    extent = parallel_extent(ast)
-    args = [(u.arg, out if u.arg == 0 else bufs[u.arg]) for u in kernel_params(ast)]
+    args = [(s, out if s == 0 else bufs[s]) for s in slots]
     parallel = self.threads and extent > 1 and self.parallel(extent, self.flops(ast) + out.size)
     return LoopCall(fn=fn, args=args, extent=extent, ast=ast, role=role, parallel=parallel, offsets=offsets)
 
