@@ -288,20 +288,26 @@ class UOp:
   def numel(self) -> int:
     return prod(self.shape)
 
-  def toposort(self, stop=lambda u: False) -> list[UOp]:
-    """Nodes reachable from self, sources before users (iterative: graphs are deep)."""
-    seen, order, stack = set(), [], [(self, False)]
+  def toposort(self, stop=None) -> list[UOp]:
+    """Nodes reachable from self, sources before users (iterative: graphs are deep). Below a node where stop(node)
+    is true nothing is walked."""
+    # a node stays on the stack while its sources are walked (state 1), then is taken off into the order (2): a
+    # flag per node rather than a (node, done) pair pushed twice, the hottest loop of a compile
+    order: list[UOp] = []
+    state: dict[UOp, int] = {}
+    stack = [self]
     while stack:
-      u, done = stack.pop()
-      if done:
+      u = stack[-1]
+      st = state.get(u)
+      if st is None:
+        state[u] = 1
+        if stop is None or not stop(u):
+          stack.extend(s for s in reversed(u.src) if s not in state)
+        continue
+      stack.pop()
+      if st == 1:
+        state[u] = 2
         order.append(u)
-        continue
-      if u in seen:
-        continue
-      seen.add(u)
-      stack.append((u, True))
-      if not stop(u):
-        stack.extend((s, False) for s in reversed(u.src) if s not in seen)
     return order
 
   # *** constructors used by frontends and passes ***
