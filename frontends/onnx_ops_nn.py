@@ -310,12 +310,31 @@ def _pool_args(x, kernel_shape, strides, dilations):
   return nd, kernel, strides, dilations
 
 
+# a stride-1 max pool of this many taps or more is one pass per axis (the last first, each stored before the next):
+# k + k compares an output rather than k * k (YOLOv8's SPPF, three chained 5x5 pools on 10x10 maps: 0.23 ms each in
+# one pass, 1.3 GFLOP/s, 5% of the detector's run). Exact: a max is the max of maxes, NaN included
+SEPARABLE_POOL_TAPS = 25
+
+
+def _separable_max(x, kernel, dilations, p, extra):
+  nd = len(kernel)
+  y = x.pad([(0, 0)] * (x.ndim - nd) + [(lo, hi + e) for (lo, hi), e in zip(p, extra)], min_value(x.dtype))
+  for i in reversed(range(nd)):
+    along = lambda v, i=i: tuple(v if j == i else 1 for j in range(nd))
+    y = _reduce(y._windows(along(kernel[i]), along(1), along(dilations[i])), "max", tuple(range(-nd, 0)))
+    y = y.contiguous() if i else y
+  return y
+
+
 @op("MaxPool")
 def max_pool(
   n, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None, storage_order=0, strides=None
 ):
   nd, kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
   p, extra, outs = _pool_geometry(x, kernel, strides, dilations, pads, auto_pad, ceil_mode)
+  # (8-bit pools have their own runtime path: codegen/lower/qpool.py)
+  if x.dtype.is_float and not n.output_used(1) and np.prod(kernel) >= SEPARABLE_POOL_TAPS and set(strides) == {1}:
+    return _separable_max(x, kernel, dilations, p, extra)
   win = _pool_windows(x, kernel, strides, dilations, p, extra, min_value(x.dtype))
   axes = tuple(range(-nd, 0))
   y = _reduce(win, "max", axes)

@@ -62,10 +62,48 @@ def _check(model, target: str, tmp_path, x_shape, atol=1e-5):
 def test_sppf_computes_each_pool_once(kind, target, tmp_path):
   model = _sppf(kind)
   _check(model, target, tmp_path, (1, 16, 10, 10))
-  # three pool kernels of one window loop each, and the concat a copy of four buffers: before, the concat ran the
-  # loops of pools the pool kernels had stored (3 loops) or the last pool's loop over all 64 channels
-  assert _window_loops(model) == [1, 1, 1, 0]
-  assert_kernel_count(model, 4)
+  # three pools of one window loop each (a 5x5 max pool two, one per axis: frontends/onnx_ops_nn.py
+  # SEPARABLE_POOL_TAPS), and the concat a copy of four buffers: before, the concat ran the loops of pools the pool
+  # kernels had stored (3 loops) or the last pool's loop over all 64 channels
+  passes = 2 if kind == "MaxPool" else 1
+  assert _window_loops(model) == [1] * 3 * passes + [0]
+  assert_kernel_count(model, 3 * passes + 1)
+
+
+@pytest.mark.parametrize(
+  "kernel, pads, dilation, shape",
+  [
+    ((5, 5), (2, 2, 2, 2), 1, (1, 8, 10, 10)),
+    ((5, 5), (0, 0, 0, 0), 1, (1, 3, 9, 11)),
+    ((7, 5), (3, 1, 2, 2), 1, (2, 3, 12, 9)),
+    ((5, 5), (4, 4, 4, 4), 2, (1, 2, 13, 13)),
+    ((3, 3, 3), (1, 1, 1, 1, 1, 1), 1, (1, 2, 6, 7, 5)),
+    ((25,), (12, 12), 1, (1, 3, 40)),
+  ],
+)
+def test_wide_max_pool_one_axis_at_a_time(kernel, pads, dilation, shape, tmp_path):
+  """A stride-1 max pool of 25 taps or more is a pass per axis: onnxruntime's answer bit for bit, and a NaN anywhere
+  in a window is the window's max (numpy's, as the single pass computed it; onnxruntime's pool skips it)."""
+  node = helper.make_node(
+    "MaxPool", ["x"], ["y"], kernel_shape=list(kernel), pads=list(pads), dilations=[dilation] * len(kernel)
+  )
+  model = _model([node], list(shape))
+  assert _window_loops(model) == [1] * len(kernel)
+  x = rng.standard_normal(shape, dtype=np.float32)
+  x.flat[3] = -np.inf
+  m = aot.load(aot.compile_model(model, out_dir=tmp_path, name="m"))
+  try:
+    np.testing.assert_array_equal(m(x), ort_session(model).run(None, {"x": x})[0])
+    x.flat[[5, x[0, 0].size + 7]] = np.nan
+    nd = len(kernel)
+    padded = np.pad(x, [(0, 0)] * 2 + list(zip(pads[:nd], pads[nd:])), constant_values=-np.inf)
+    win = np.lib.stride_tricks.sliding_window_view(
+      padded, [(k - 1) * dilation + 1 for k in kernel], tuple(range(2, 2 + nd))
+    )
+    want = win[(...,) + (slice(None, None, dilation),) * nd].max(tuple(range(-nd, 0)))
+    np.testing.assert_array_equal(m(x), want)
+  finally:
+    m.close()
 
 
 def test_pool_read_by_a_concat_and_the_next_pool_is_stored_once():
