@@ -194,8 +194,18 @@ static int steps_vectorise(const aot_gemm *g) {
   return 1;
 }
 
-/* a panel's task (pack set) runs all of its row blocks */
-int aot_gemm_tasks(const aot_gemm *g) { return g->batch * cdiv(g->N, g->nc) * (g->pack ? 1 : cdiv(g->M, g->mc)); }
+/* row groups a packed panel's rows are cut into: one (its task runs all its row blocks) unless the call's slices
+   outnumber the panels, when each panel is packed once per group so that every thread has rows to run (the CRNN's
+   last convolutions are one panel of 160 columns each: 43% of its run on one thread of two) */
+static int panel_groups(const aot_gemm *g) {
+  const int panels = g->batch * cdiv(g->N, g->nc), tiles = cdiv(g->M, g->mr);
+  if (!g->pack || g->slices <= panels) return 1;
+  return min(cdiv(g->slices, panels), tiles);
+}
+
+int aot_gemm_tasks(const aot_gemm *g) {
+  return g->batch * cdiv(g->N, g->nc) * (g->pack ? panel_groups(g) : cdiv(g->M, g->mc));
+}
 
 /* where an operand's element (batch, row, k) is; rows come in tiles of R */
 static const float *at(const aot_operand *o, int b, int row, int R) {
@@ -221,12 +231,17 @@ void aot_gemm_run(void *ctx, int start, int end) {
   aot_operand bo = g->b;
   float *panel = g->pack ? g->panels + (long)start * g->panel_floats : NULL;
   if (g->pack) { bo.p = panel; bo.batch = 0; }
+  const int groups = panel_groups(g), group_rows = cdiv(cdiv(g->M, MR), groups) * MR;
   for (int t; (t = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < tasks;) {
-    /* m blocks innermost: neighbouring tasks share B columns */
-    const int per_batch = g->pack ? nblocks : mblocks * nblocks;
-    const int b = t / per_batch, nb = g->pack ? t % nblocks : t / mblocks % nblocks;
+    /* m blocks innermost: neighbouring tasks share B columns; a panel's row groups likewise */
+    const int p = g->pack ? t / groups : t, per_batch = g->pack ? nblocks : mblocks * nblocks;
+    const int b = p / per_batch, nb = g->pack ? p % nblocks : p / mblocks % nblocks;
     const int n0 = nb * g->nc, n1 = min(n0 + g->nc, g->N), bn0 = g->pack ? n0 : 0;
-    if (g->pack) g->pack(g->pack_args, panel, t);
+    /* the rows this task runs: its group's, or its row block */
+    const int m_lo = g->pack ? t % groups * group_rows : t % mblocks * g->mc;
+    const int m_hi = min(m_lo + (g->pack ? group_rows : g->mc), g->M);
+    if (m_lo >= m_hi) continue;
+    if (g->pack) g->pack(g->pack_args, panel, p);
     float *c = g->c + (long)b * g->M * ldc;
     /* one row of A, and B a packed constant (lanes contiguous, whole tiles): the GEMV, over all of K at once */
     if (!g->pack && g->M == 1 && g->b.row == 1 && g->b.padded) {
@@ -239,8 +254,8 @@ void aot_gemm_run(void *ctx, int start, int end) {
       }
       continue;
     }
-    for (int mb = g->pack ? 0 : t % mblocks, mb_end = g->pack ? mblocks : mb + 1; mb < mb_end; mb++) {
-    const int m0 = mb * g->mc, m1 = min(m0 + g->mc, g->M);
+    for (int m0 = m_lo; m0 < m_hi; m0 += g->mc) {
+    const int m1 = min(m0 + g->mc, m_hi);
     for (int k0 = 0; k0 < K; k0 += KC) {
       const int kc = min(K - k0, KC);
       for (int n = n0; n < n1; n += NR) {

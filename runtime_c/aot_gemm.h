@@ -14,7 +14,9 @@
    which pack(pack_args, buffer, b * ceil(N / nc) + nb) writes into the calling thread's buffer as [K][b.k] (B's strides
    are the panel's, its pointer unused), and every row block of C then runs over it. The thread's buffer is
    panels + start * panel_floats: run it with aot_parallel over the thread count, so that start is the slice, which
-   one thread runs at a time (a pool's, or a host executor's task: the buffer follows the slice, not the thread).
+   one thread runs at a time (a pool's, or a host executor's task: the buffer follows the slice, not the thread);
+   slices is that count: with fewer panels than slices, a panel's rows are cut into groups of whole tiles, a task
+   each, which packs the panel for its rows (every tile of C is still summed in one order, by one task).
    With steps set, each finished tile of C goes through them in order while it is in L1 (the kernel's epilogue, fused:
    codegen/lower/contract.py fused_steps): element v = c[b][m][n] becomes op(v, x), or op(x, v) when swapped, x being value
    when p is NULL, else p[b*batch + m*m_stride + n*n_stride]; max and min keep their first argument when it is NaN,
@@ -42,6 +44,7 @@ typedef struct {
   const aot_gemm_step *steps;
   int nsteps;
   long ldc;                    /* C's row stride (0: N): C[b][m][n] is c[(b*M + m)*ldc + n] */
+  int slices;                  /* a packing call's slices (aot_parallel's count; 0 or 1: one) */
 } aot_gemm;
 __attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
 __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);

@@ -346,6 +346,26 @@ def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tm
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_one_panel_splits_its_rows_between_threads(target, tmp_path):
+  # a window matrix of one panel (the CRNN's 256x4x40 3x3 convs: 160 columns, whole tiles) was one task, run on one
+  # thread however many there were; now each thread packs the panel for a group of its rows (runtime_c/aot_gemm.c
+  # panel_groups): the same answer, bit for bit, on 1, 2 and 3 threads
+  w, x = f32(64, 256, 3, 3), f32(1, 256, 4, 40)
+  art = aot.compile_model(lambda x: x.conv2d(Tensor(w), padding=1), [x], out_dir=tmp_path / target, target=target)
+  body = (art.dir / "src" / "model.c").read_text()
+  assert "_pack" in body and ".slices = aot_pool_threads(m->pool)" in body
+  outs = []
+  for threads in (1, 2, 3):
+    model = aot.load(art, threads=threads)
+    try:
+      outs.append(model(x))
+    finally:
+      model.close()
+  close(outs[0], conv_ref(x, w, padding=1))
+  assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("pads", [0, 1])
 def test_strided_panel_pack_runs_its_rows_unmasked(pads, target, tmp_path):
   # a 3x3/2 conv packs B in panels whose innermost loop reads every 2nd input column: in C that loop is not run as a

@@ -534,9 +534,11 @@ class Gemm:
 
   @property
   def tasks(self) -> int:
+    """The most tasks it splits into: a block each, or for a B packed in panels a row tile of a panel each (the
+    runtime cuts a panel's rows into groups when threads outnumber the panels: runtime_c/aot_gemm.c panel_groups)."""
     c, (mc, nc) = self.c, self.block
-    # a panel's task runs all of its row blocks
-    return c.B * -(-c.b.size // nc) * (1 if self.b.pack is not None else -(-c.a.size // mc))
+    rows = -(-c.a.size // self.tile[0]) if self.b.pack is not None else -(-c.a.size // mc)
+    return c.B * -(-c.b.size // nc) * rows
 
 
 def _constants(side: Side, bufs: list) -> dict[int, np.ndarray] | None:

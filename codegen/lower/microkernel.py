@@ -13,12 +13,14 @@ from aot.scheduler.kernel import Buffer
 
 
 def gemm_task_work(g: Gemm) -> list[int]:
-  """The multiply-adds of each of a contraction's tasks in the order aot_gemm_run hands them out (runtime_c/aot_gemm.c:
-  m blocks innermost, or a panel's row blocks all in its one task): the blocks at the edges are smaller."""
+  """The multiply-adds of each of a contraction's tasks (Gemm.tasks) in the order aot_gemm_run hands them out
+  (runtime_c/aot_gemm.c: m blocks innermost, or a panel's row tiles): the blocks at the edges are smaller."""
   c, (mc, nc) = g.c, g.block
   M, N = c.a.size, c.b.size
   cols = [min(nc, N - n0) for n0 in range(0, N, nc)]
-  rows = [M] if g.b.pack is not None else [min(mc, M - m0) for m0 in range(0, M, mc)]
+  rows = [
+    min(mc if g.b.pack is None else g.tile[0], M - m0) for m0 in range(0, M, mc if g.b.pack is None else g.tile[0])
+  ]
   return [m * n * c.K for _ in range(c.B) for n in cols for m in rows]
 
 
@@ -156,11 +158,9 @@ class GemmCall(Call):
     ptrs = ", ".join("NULL" if s == 0 else f"(void *){arg(b, s)}" for s, b in fargs)
     desc += f", pack_{fn}, a, m->panels, PANEL_FLOATS"
     # one slice per thread: the slice's start is the thread, whose panel buffer it packs into
-    run = (
-      "aot_parallel(m->pool, aot_gemm_run, &g, aot_pool_threads(m->pool))"
-      if self.parallel
-      else "aot_gemm_run(&g, 0, 1)"
-    )
+    if self.parallel:
+      tail += ", .slices = aot_pool_threads(m->pool)"
+    run = "aot_parallel(m->pool, aot_gemm_run, &g, g.slices)" if self.parallel else "aot_gemm_run(&g, 0, 1)"
     return f"  {{ void *a[] = {{{ptrs}}}; {steps}aot_gemm g = {{{desc}{tail}}}; {run}; }}"
 
 
