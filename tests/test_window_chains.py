@@ -158,3 +158,38 @@ def test_nearest_upsample_into_a_concat_is_one_copy(target, tmp_path):
     np.testing.assert_array_equal(m(*feeds.values()), want)
   finally:
     m.close()
+
+
+def test_concat_kernel_is_cut_at_its_branches(tmp_path):
+  # a concat written by generated loops (an upsample and a feature, YOLOv8's neck) runs one function per branch's run
+  # of the concat axis (codegen/lower/contract.py split_by_gates): each reads its own input, where one function
+  # evaluated both under gates at every element (0.121 -> 0.032 ms at YOLOv8n's 192x40x40)
+  scales = np.array([1, 1, 2, 2], np.float32)
+  g = helper.make_graph(
+    [
+      helper.make_node("Resize", ["x", "", "s"], ["u"], mode="nearest"),
+      helper.make_node("Concat", ["u", "b"], ["y"], axis=1),
+    ],
+    "g",
+    [
+      helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 20]),
+      helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 8, 40, 40]),
+    ],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    [helper.make_tensor("s", TensorProto.FLOAT, [4], scales)],
+  )
+  model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+  assert_kernel_count(model, 1)
+  art = aot.compile_model(model, out_dir=tmp_path, name="m")
+  src = (art.dir / "src" / "model.c").read_text()
+  heads = [line for line in src.splitlines() if line.startswith("AOT_LOOP_VECTORIZE") and " m_f0" in line]
+  assert len(heads) == 2 and all(h.count("const float *restrict") == 1 for h in heads)
+  feeds = {
+    "x": rng.standard_normal((1, 16, 20, 20), dtype=np.float32),
+    "b": rng.standard_normal((1, 8, 40, 40), dtype=np.float32),
+  }
+  m = aot.load(art)
+  try:
+    np.testing.assert_array_equal(m(*feeds.values()), ort_session(model).run(None, feeds)[0])
+  finally:
+    m.close()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from aot.codegen.render.linearize import is_outer
 from aot.core.dtype import dtypes
 from aot.core.interpret import evaluate
 from aot.core.ir import Ops, ReduceOp, UOp, flat_of, prod, ranges_of
@@ -394,6 +395,11 @@ def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
   if any(u.op is Ops.ACCUMULATE and r in u.src[1:] for u in ast.toposort()):
     return [ast]
   edges = sorted({0, r.size} | {x for g in gemms for q, start, end in g.c.bounds for x in (start, end)})
+  return _pieces(ast, r, edges)
+
+
+def _pieces(ast: UOp, r: UOp, edges: list[int]) -> list[UOp]:
+  """ast once per run [lo, hi) of range r between the edges (r = lo + a range of hi - lo), simplified."""
   if len(edges) == 2:
     return [ast]
   # each piece's range keeps r's number with the piece's size (the loop order stays), so it is a new node
@@ -401,6 +407,26 @@ def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
     graph_rewrite(substitute(ast, {r: UOp(Ops.RANGE, dtypes.index, (), (r.number, hi - lo, r.kind)) + lo}), pm_operand)
     for lo, hi in zip(edges, edges[1:])
   ]
+
+
+# a loop kernel is cut into this many pieces at most (each a call of its own)
+GATE_PIECES_MAX = 8
+# ... and only when it writes this many elements (a call costs about a microsecond)
+GATE_SPLIT_MIN = 1 << 14
+
+
+def split_by_gates(ast: UOp, size: int) -> list[UOp]:
+  """A loop kernel whose outermost range is compared with constants (a concat's branches) as one kernel per run of
+  that range between them: each piece's gates fold and it reads its own branch only, where the whole kernel
+  evaluated every branch under gates at every element (YOLOv8's neck, the concat of an upsample and a feature: 2.5 G
+  elements/s). size: the elements it writes."""
+  topo = ast.toposort()
+  r = next((u for u in topo if u.op is Ops.RANGE and is_outer(u)), None)
+  if r is None or size < GATE_SPLIT_MIN or any(u.op is Ops.ACCUMULATE and r in u.src[1:] for u in topo):
+    return [ast]
+  cuts = {u.src[1].arg for u in topo if u.op is Ops.CMPLT and u.src[0] is r and u.src[1].op is Ops.CONST}
+  edges = sorted({0, r.size} | {c for c in cuts if 0 < c < r.size})
+  return [ast] if len(edges) - 1 > GATE_PIECES_MAX else _pieces(ast, r, edges)
 
 
 def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -> tuple[int, int] | None:

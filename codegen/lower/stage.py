@@ -11,7 +11,7 @@ from itertools import accumulate
 
 from aot.artifact import WeightsWriter, release_mapped_pages
 from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered
-from aot.codegen.lower.contract import fuse_epilogues, lower_contractions, split_by_slices
+from aot.codegen.lower.contract import fuse_epilogues, lower_contractions, split_by_gates, split_by_slices
 from aot.codegen.lower.direct import DirectLowered, lower_depthwise
 from aot.codegen.lower.microkernel import GemmLowered
 from aot.codegen.lower.qgemm import QGemmLowered
@@ -127,7 +127,7 @@ def lower_contraction(k: Kernel, env: LowerEnv) -> Lowered | None:
 
 
 def lower_loops(k: Kernel, env: LowerEnv) -> Lowered:
-  return _released(k, Lowered(Kernel(k.name, k.ast, k.bufs, k.shape), split_by_slices(k.ast, [])))
+  return _released(k, Lowered(Kernel(k.name, k.ast, k.bufs, k.shape), split_by_gates(k.ast, k.bufs[0].size)))
 
 
 # each kernel goes to the first rule that takes it
