@@ -38,12 +38,18 @@ CPP_KEYWORDS = frozenset(
 )
 
 
+# the names model.c's run functions declare beside the tensors' (the instance m, the arena A, the weights W; a call's
+# pointers a, gemm g, steps s, depthwise d, pool p, timer t, ...): a tensor called so gets a trailing _ as a parameter,
+# else the call's own name hid it (a model whose output was called "a" crashed: void *a[] = {(float *)a, ...})
+GENERATED_NAMES = frozenset("m A W a d g p s t i k st io plane b_ n_ checks_ status_ cpu_status".split())
+
+
 def param_names(sched: Schedule) -> tuple[list[str], list[str]]:
   used: set = set()
 
   def unique(n: str) -> str:
     n = c_name(n)
-    while n in used or n in ("m", "A", "W") or n in CPP_KEYWORDS:
+    while n in used or n in GENERATED_NAMES or n in CPP_KEYWORDS:
       n += "_"
     used.add(n)
     return n

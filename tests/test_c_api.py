@@ -285,3 +285,45 @@ def test_header_is_valid_cplusplus(tmp_path, compiled_model, target):
     capture_output=True,
   )
   assert subprocess.run([str(tmp_path / "a")]).returncode == 0
+
+
+def test_tensors_named_as_generated_code_names_its_own(tmp_path):
+  # model.c's run declares names of its own beside the tensors' (a call's pointer array a, gemm g, steps s,
+  # depthwise d, ...): tensors called so are renamed as C parameters (aot/artifact.py GENERATED_NAMES), where an
+  # output called "a" crashed the run (`void *a[] = {(float *)a, ...}` read the array being declared). Each kind of
+  # call is here: a depthwise convolution with a generated epilogue, a gemm with fused steps, loops on the pool
+  import onnxruntime
+  from onnx import TensorProto, helper, numpy_helper
+
+  from aot.artifact import GENERATED_NAMES
+
+  rng = np.random.default_rng(3)
+  const = lambda name, *shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+  f32 = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+  names = sorted(GENERATED_NAMES)
+  nodes = [
+    helper.make_node("Conv", ["a", "w", "bias"], ["conv"], group=64, kernel_shape=[5, 5], pads=[2] * 4),
+    helper.make_node("HardSwish", ["conv"], [names[0]]),
+    helper.make_node("Gemm", ["d", "wg", "bg"], ["mm"]),
+    helper.make_node("Relu", ["mm"], [names[1]]),
+  ] + [helper.make_node("Sigmoid", ["g"], [n]) for n in names[2:] if n not in ("a", "d", "g")]
+  outs = [names[0], names[1]] + [n for n in names[2:] if n not in ("a", "d", "g")]
+  graph = helper.make_graph(
+    nodes,
+    "names",
+    [f32("a", [1, 64, 7, 7]), f32("d", [8, 64]), f32("g", [1, 64, 32, 32])],
+    [f32(n, None) for n in outs],
+    [const("w", 64, 1, 5, 5), const("bias", 64), const("wg", 64, 48), const("bg", 48)],
+  )
+  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+  feeds = {
+    n: rng.standard_normal(s).astype(np.float32)
+    for n, s in (("a", (1, 64, 7, 7)), ("d", (8, 64)), ("g", (1, 64, 32, 32)))
+  }
+  want = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+  m = aot.load(aot.compile_model(model, out_dir=tmp_path, name="names"), threads=2)
+  try:
+    for got, ref in zip(m(**feeds), want):
+      np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+  finally:
+    m.close()
