@@ -262,6 +262,65 @@ static void conv_rows(const aot_depthwise *d, const float *src, long src_row, co
   }
 }
 
+/* Small planes (rows of at most VW / 2 outputs, stride 1: MobileNet's 7x7 maps) are padded whole into the buffer
+   with rows Wt = OW + KW - 1 wide, and their outputs computed over the flattened padded rows (output (oh, ow) at
+   oh * Wt + ow): tap (kh, kw) is then one contiguous vector per VW outputs wherever they lie, a vector spanning
+   rows (a 7-wide row filled 7 of 16 lanes: 7 vectors a tap for 49 outputs, 5 now with a 5x5 window). Each output
+   is summed in conv_rows' order (segment's), so the results are the same bits. The rows are then stored from the
+   flattened block, through the steps, by segment over one tap of weight 1 (0 + v * 1 is v: a sum that starts
+   at +0 is never -0). */
+/* flattened outputs of a small plane at most (the block they are computed into, on the stack) */
+#define SMALL_OUTPUTS 1024
+static int small_plane(const aot_depthwise *d) {
+  const long Wt = d->OW + d->KW - 1, Hp = d->OH + d->KH - 1;
+  return d->SH == 1 && d->SW == 1 && 2 * d->OW <= VW && d->OH * Wt <= SMALL_OUTPUTS &&
+         Hp * Wt + 2 * VW + d->KW <= AOT_DEPTHWISE_BUFFER;
+}
+
+/* the plane zero-padded into buf as [OH + KH - 1][OW + KW - 1] (what lies past it stays 0 from the start) */
+static void fill_small(const aot_depthwise *d, const float *x, float *buf) {
+  const int Wt = d->OW + d->KW - 1, Hp = d->OH + d->KH - 1;
+  for (int r = 0; r < Hp; r++) {
+    const int ih = r - d->PH;
+    float *out = buf + (long)r * Wt;
+    if (ih < 0 || ih >= d->H) {
+      memset(out, 0, (size_t)Wt * sizeof(float));
+      continue;
+    }
+    /* the row's padding, then its W columns at PW, vectors at a time (masked: a scalar copy of 121 elements a plane
+       cost more than its 5x5 window's multiply-adds) */
+    const float *row = x + (long)ih * d->x_row;
+    const vf zero = {0};
+    for (int q = 0; q < Wt; q += VW) store_first(out + q, &zero, Wt - q < VW ? Wt - q : VW);
+    for (int q = 0; q < d->W; q += VW) {
+      const int n = d->W - q < VW ? d->W - q : VW;
+      vf v;
+      load_first(&v, row + q, n);
+      store_first(out + d->PW + q, &v, n);
+    }
+  }
+}
+
+#define SMALL_SEGMENT(NV) segment(taps, off, w, buf + v * VW, 0, blk + v * VW, 0, 1, NV, VW, NULL)
+/* a small plane's outputs (small_plane) into y through its steps; off: the taps' offsets kh * Wt + kw */
+static void conv_small(const aot_depthwise *d, const float *buf, const long *off, const float *w, float *y,
+                       const plane_steps *ps) {
+  float blk[SMALL_OUTPUTS + VW] __attribute__((aligned(64)));
+  const int taps = d->KH * d->KW, Wt = d->OW + d->KW - 1, vectors = (d->OH * Wt + VW - 1) / VW;
+  for (int v = 0; v < vectors; v += SEG_VECTORS) {
+    switch (vectors - v) {
+      case 1: SMALL_SEGMENT(1); break;
+      case 2: SMALL_SEGMENT(2); break;
+      case 3: SMALL_SEGMENT(3); break;
+      default: SMALL_SEGMENT(4); break;
+    }
+  }
+  static const long at0 = 0;
+  static const float one = 1.0f;
+  for (int oh = 0; oh < d->OH; oh++)
+    segment(1, &at0, &one, blk + (long)oh * Wt, 0, y + (long)oh * d->OW, 0, 1, 1, d->OW, ps);
+}
+
 int aot_depthwise_band_rows(const aot_depthwise *d) {
   /* output rows per band: as many as the buffer holds (codegen/lower/direct.py checks that one fits) */
   const long row = (long)d->SW * phase_width(d);
@@ -279,6 +338,11 @@ static void run_task(const aot_depthwise *d, const band_cols *cols, int t, float
     float *y = d->y + (long)p * d->OH * d->OW;
     plane_steps steps, *ps = NULL;
     if (d->nsteps) plane_steps_of(d, p, y, ps = &steps);
+    if (small_plane(d)) {
+      fill_small(d, x, buf);
+      conv_small(d, buf, off, w, y, ps);
+      continue;
+    }
     for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
       const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
       const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
@@ -306,6 +370,10 @@ void aot_depthwise_run(void *ctx, int start, int end) {
   long off[AOT_DEPTHWISE_MAX_TAPS];
   for (int kh = 0; kh < d->KH; kh++)
     for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = kh * rowlen + (kw % d->SW) * phase_width(d) + kw / d->SW;
+  /* a small plane's taps, over its padded rows */
+  if (small_plane(d))
+    for (int kh = 0; kh < d->KH; kh++)
+      for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = (long)kh * (d->OW + d->KW - 1) + kw;
   /* tasks taken at once: enough work to make the counter's cache line cheap beside it, few enough that the tasks
      still share out evenly and a task's planes are still in cache for its epilogue */
   const long task_work = (long)(d->planes / d->tasks) * d->OH * d->OW * d->KH * d->KW;

@@ -226,8 +226,11 @@ def test_depthwise_bitwise_same_on_1_and_2_threads(artifacts, target):
 # (channels, height, width, window, stride, pads [top, left, bottom, right], epilogue): output rows of 2, 7, 10, 16,
 # 24 and 33 columns (one partial vector, whole vectors, whole ones and a lane: the masked store of a row's last
 # vector), strides 1 to 4, channel counts that leave a partial run of tasks (600 7x7 planes: runs of several tasks, an
-# epilogue call per run), each at least find_contractions' MIN_WORK
+# epilogue call per run), each at least find_contractions' MIN_WORK; rows of at most 8 at stride 1 are small planes
+# (runtime_c/aot_direct.c small_plane: 3x3, 5x5 and 7x7 windows here, and the residual's steps)
 SHAPES = [
+  (576, 7, 7, 5, 1, (2, 2, 2, 2), "relu6"),
+  (40, 8, 8, 7, 1, (3, 3, 3, 3), "clip"),
   (96, 7, 7, 3, 1, (1, 1, 1, 1), "relu6"),
   (83, 13, 13, 3, 2, (1, 1, 1, 1), "relu6"),
   (13, 17, 33, 3, 1, (0, 1, 0, 1), "hardswish"),
