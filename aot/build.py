@@ -5,6 +5,7 @@ syntax check. Every command goes through run_build_command; every cached file th
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import importlib.resources
@@ -14,7 +15,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -220,6 +222,102 @@ def _first_errors(output: str) -> str:
   return "\n".join(ln[:300] for ln in shown) + (f"\n... ({more} more lines)" if more > 0 else "")
 
 
+@dataclass(frozen=True)
+class Toolchain:
+  """The compiler and flags a CPU build compiles with, and what keys its objects: build_library's, and the runtime
+  prebuild's (one key for both, so a prebuilt object is the one the build would make)."""
+
+  compiler: str
+  ident: str  # the compiler's identity (compiler_identity), not its name
+  flags: tuple  # the C flags, then --target/--cpu/--cpu-features tags that key the objects and are not passed
+  check_flags: tuple  # CHECK_SOURCE's: the architecture's baseline
+  kernel_only: tuple  # the generated kernels' extra flags (kernel_flags)
+  check_header: str  # CHECK_HEADER's text
+
+  def command(self, src_dir: Path, s: str, o: str) -> list[str]:
+    own = list(self.kernel_only) if s.endswith(".c") and not is_runtime_source(s) else []
+    flags = self.check_flags if s == CHECK_SOURCE else [f for f in self.flags if not f.startswith("--")]
+    return [self.compiler, *flags, *own, f"-Wa,-I{src_dir}", "-c", s, "-o", o]
+
+  def object_key(self, src_dir: Path, s: str) -> str:
+    # an object's key holds the headers its source includes, not every header: NAME.h differs per model, and with it
+    # in every key the runtime's files (14 s of a small model's 15 s of compiling) compiled anew for each model
+    own = list(self.kernel_only) if s.endswith(".c") and not is_runtime_source(s) else []
+    included = b"".join(h.encode() + (src_dir / h).read_bytes() for h in included_headers(src_dir, s))
+    flags = self.flags if s != CHECK_SOURCE else self.check_flags
+    h = hashlib.sha256(
+      " ".join([self.ident, *flags, *own, Path(s).suffix]).encode() + included + (src_dir / s).read_bytes()
+    )
+    if s == "model.c" and (src_dir / "weights.bin").exists():
+      h.update((src_dir / "weights.bin").read_bytes())
+    return h.hexdigest()[:32]
+
+
+def toolchain(cpu: str, triple: str | None, sanitize: bool, llvm: bool) -> Toolchain:
+  compiler, flags = cc(triple), cflags(cpu, triple, sanitize)
+  # "native" means this machine's CPU, which a hash of the sources does not see
+  from aot.codegen.render.llvm import host_target
+
+  flags = flags + [f"--target={triple or host_target()[0]}", f"--cpu={cpu if cpu != 'native' else host_target()[1]}"]
+  # what NAME_create checks the CPU has, part of every key; the llvm target's machine is made of those features
+  # (aot/cpu.py llvm_machine)
+  target = cpu_target(cpu, triple, llvm=llvm)
+  flags.append(f"--cpu-features={','.join(target.features)}")
+  # the check runs before anything built for the target does: it is built for the architecture's baseline
+  check_flags = cflags(baseline_cpu(triple), triple, sanitize)
+  ident = "\0".join(compiler_identity(compiler))
+  return Toolchain(compiler, ident, tuple(flags), tuple(check_flags), tuple(kernel_flags(triple)), target.header())
+
+
+# the runtime's files nearly every CPU artifact compiles, and the slowest to (aot_gemm.c 1 s of a 6 s compile):
+# prebuild_runtime compiles them while the model is traced and scheduled, on a core that work leaves idle
+PREBUILT = ("aot_gemm.c", "aot_runtime.c")
+# object key -> its prebuild (a path to the object, None when it failed: the build then compiles it and says why)
+_prebuilt: dict[str, Future] = {}
+_prebuild_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot_prebuild")
+
+
+def prebuild_runtime(cpu: str, triple: str | None, sanitize: bool, llvm: bool, cache: bool) -> None:
+  """Start compiling PREBUILT in the background for a build with these settings, unless cached or under way;
+  build_library takes each object when it comes to that source."""
+  tc = toolchain(cpu, triple, sanitize, llvm)
+  runtime = Path(str(importlib.resources.files("aot.runtime_c")))
+  for s in PREBUILT:
+    key = tc.object_key(runtime, s)
+    if key not in _prebuilt and not (cache and (cache_dir() / "obj" / f"{key}.o").exists()):
+      _prebuilt[key] = _prebuild_pool.submit(_prebuild_one, tc, runtime, s, key, cache)
+
+
+@atexit.register
+def _drop_prebuilt() -> None:
+  # objects no build took (a model that calls no gemm) leave with the process
+  for job in _prebuilt.values():
+    if job.done() and job.result() is not None:
+      shutil.rmtree(job.result().parent, ignore_errors=True)
+
+
+def _prebuild_one(tc: Toolchain, runtime: Path, s: str, key: str, cache: bool) -> Path | None:
+  out = Path(tempfile.mkdtemp(prefix="aot_prebuild_")) / f"{key}.o"
+  try:
+    run_build_command(tc.command(runtime, s, str(out)), runtime)
+  except BuildError:
+    return None
+  if cache:
+    store(out, cache_dir() / "obj" / f"{key}.o")
+  return out
+
+
+def _take_prebuilt(key: str, o: str) -> bool:
+  """The prebuilt object of this key copied to o, if one was started (waiting for it to finish)."""
+  job = _prebuilt.pop(key, None)
+  made = job.result() if job is not None else None
+  if made is None:
+    return False
+  shutil.copyfile(made, o)
+  shutil.rmtree(made.parent, ignore_errors=True)
+  return True
+
+
 def build_library(
   src_dir: Path,
   sources: list[str],
@@ -233,27 +331,15 @@ def build_library(
   """Compile the C, assembly and LLVM IR sources (names relative to src_dir) and link them into out_path, and archive
   the same objects into the static library beside it (static_library_path); sanitize builds the C with
   AddressSanitizer and UBSan (SANITIZE_FLAGS). Returns True when the libraries came from the cache."""
-  compiler, flags = cc(triple), cflags(cpu, triple, sanitize)
-  # "native" means this machine's CPU, which a hash of the sources does not see
-  from aot.codegen.render.llvm import host_target
-
-  flags = flags + [f"--target={triple or host_target()[0]}", f"--cpu={cpu if cpu != 'native' else host_target()[1]}"]
-  # what NAME_create checks the CPU has: written before the hashes below, which it is part of; the llvm target's
-  # machine is made of those features (aot/cpu.py llvm_machine), so they are part of every key
-  target = cpu_target(cpu, triple, llvm=any(s.endswith(".ll") for s in sources))
-  (src_dir / CHECK_HEADER).write_text(target.header())
-  flags.append(f"--cpu-features={','.join(target.features)}")
-  # the check runs before anything built for the target does: it is built for the architecture's baseline
-  check_flags = cflags(baseline_cpu(triple), triple, sanitize)
+  tc = toolchain(cpu, triple, sanitize, llvm=any(s.endswith(".ll") for s in sources))
+  # what NAME_create checks the CPU has: written before the hashes below, which it is part of
+  (src_dir / CHECK_HEADER).write_text(tc.check_header)
   # headers are part of what a source means (NAME.h holds the arena size model.c allocates): those the sources
   # include, not every header in src_dir, so that editing a runtime part the model does not call keeps its library
   source_headers = sorted({h for s in sources for h in included_headers(src_dir, s)})
   headers = b"".join(h.encode() + (src_dir / h).read_bytes() for h in source_headers)
-  # the compiler's identity, not its name: `clang` may be clang 14 today and clang 19 tomorrow
-  ident = "\0".join(compiler_identity(compiler))
-  kernel_only = kernel_flags(triple)
   link_flags = [soname_flag(out_path)] + ([f for f in SANITIZE_FLAGS if f.startswith("-fsanitize")] if sanitize else [])
-  h = hashlib.sha256(" ".join([ident, *flags, *kernel_only, *link_flags]).encode() + headers)
+  h = hashlib.sha256(" ".join([tc.ident, *tc.flags, *tc.kernel_only, *link_flags]).encode() + headers)
   for s in sorted(sources) + ["weights.bin"]:
     if (src_dir / s).exists():
       h.update(s.encode() + (src_dir / s).read_bytes())
@@ -262,34 +348,23 @@ def build_library(
   # both, or a build: a trim may have taken one (the objects it then links are likely still cached)
   if cache and fetch(cached_a, static_library_path(out_path)) and fetch(cached, out_path):
     return True
+  compiler = tc.compiler
   with tempfile.TemporaryDirectory(prefix="aot_build_") as tmp:
     objs = [str(Path(tmp) / (Path(s).stem + ".o")) for s in sources]
     done = [0]
-    target_flags = [f for f in flags if not f.startswith("--")]
 
     def compile_one(args):
       s, o = args
-      own = kernel_only if s.endswith(".c") and not is_runtime_source(s) else []
-      cflags_ = check_flags if s == CHECK_SOURCE else target_flags
-      # objects are cached too: the runtime, and kernels shared by many models, compile once. An object's key holds
-      # the headers its source includes, not every header: NAME.h differs per model, and with it in every key the
-      # runtime's files (14 s of a small model's 15 s of compiling) compiled anew for each model
-      included = b"".join(h.encode() + (src_dir / h).read_bytes() for h in included_headers(src_dir, s))
-      oh = hashlib.sha256(
-        " ".join([ident, *(flags if s != CHECK_SOURCE else cflags_), *own, Path(s).suffix]).encode()
-        + included
-        + (src_dir / s).read_bytes()
-      )
-      if s == "model.c" and (src_dir / "weights.bin").exists():
-        oh.update((src_dir / "weights.bin").read_bytes())
-      cached_o = cache_dir() / "obj" / (oh.hexdigest()[:32] + ".o")
-      if not (cache and fetch(cached_o, Path(o))):
+      # objects are cached too: the runtime, and kernels shared by many models, compile once
+      okey = tc.object_key(src_dir, s)
+      cached_o = cache_dir() / "obj" / (okey + ".o")
+      if not _take_prebuilt(okey, o) and not (cache and fetch(cached_o, Path(o))):
         if s.endswith(".ll"):
           from aot.codegen.render.llvm import compile_module
 
           Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
         else:
-          run_build_command([compiler, *cflags_, *own, f"-Wa,-I{src_dir}", "-c", s, "-o", o], src_dir)
+          run_build_command(tc.command(src_dir, s, o), src_dir)
         if cache:
           store(Path(o), cached_o)
       done[0] += 1

@@ -27,7 +27,14 @@ from aot.artifact import (
   write_link_files,
   write_manifest,
 )
-from aot.build import build_gpu_library, build_library, check_metal_syntax, gpu_manifest, included_headers
+from aot.build import (
+  build_gpu_library,
+  build_library,
+  check_metal_syntax,
+  gpu_manifest,
+  included_headers,
+  prebuild_runtime,
+)
 from aot.codegen.lower.calls import CALLS_FILE, calls_json
 from aot.codegen.lower.contract import gemm_tile
 from aot.codegen.lower.stage import RUNTIME_SOURCES, LoweredSchedule, function_name, function_places, lower_schedule
@@ -278,6 +285,7 @@ def compile_model(what, example_inputs=None, *, options: CompileOptions | None =
     raise InvalidTypeError(f"compile_model: options or keywords, not both (got options and {', '.join(keywords)})")
   opts = options if options is not None else CompileOptions(**keywords)
   t0 = time.perf_counter()
+  _prebuild(opts)
   # a Tensor program is the user's code, run here: what it raises is its own, not a bug of the compiler's
   traced = resolve(what, example_inputs, opts.name, opts.shapes, opts.bind) if callable(what) else None
   with bugs_as_internal_errors():
@@ -293,6 +301,16 @@ def compile_model(what, example_inputs=None, *, options: CompileOptions | None =
     finally:
       shutil.rmtree(stage, ignore_errors=True)
     return Artifact(out)
+
+
+def _prebuild(opts: CompileOptions) -> None:
+  """A CPU build's runtime objects started in the background (aot/build.py prebuild_runtime); anything in the way
+  (no compiler) is left for the build to report."""
+  if opts.target in ("c", "llvm") and not opts.emulate:
+    try:
+      prebuild_runtime(opts.cpu, opts.triple, opts.sanitize, opts.target == "llvm", opts.cache)
+    except AotError:
+      pass
 
 
 def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:

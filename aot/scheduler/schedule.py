@@ -57,9 +57,12 @@ FOLD_MAX_ELEMENTS = 1 << 16
 
 
 def fold_constant(x: UOp) -> UOp | None:
-  bases = [_const_base(s) for s in x.src]
-  if any(b is None for b in bases):
-    return None
+  bases = []
+  for s in x.src:
+    # (the first source that is not a constant ends it: tried on every node of the graph, twice)
+    if (b := _const_base(s)) is None:
+      return None
+    bases.append(b)
   if x.op is not Ops.REDUCE and all(_splat(s) for s in x.src):
     v = evaluate(x.replace(src=tuple(b for b in bases)) if x.op is not Ops.GATHER else x).reshape(-1)
     if x.op is not Ops.GATHER:
