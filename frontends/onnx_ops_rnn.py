@@ -175,7 +175,15 @@ def _run_dirs(x, T, ndir, direction, lens, step, init):
       out[t] = state[0] if lens is None else h
     ys.append(out)
     finals.append(state)
-  return Tensor.stack([y[t] for t in range(T) for y in ys]).reshape(T, ndir, *ys[0][0].shape), finals
+  # Y from stored chunks of steps, as _run_steps builds it: one concat of all 80 steps (a 40-step bidirectional
+  # layer) was lowered into each reader (the next layer's dynamic quantization, its min and its max: 0.9 s each)
+  # and evaluated 80 gated loads an element there
+  pieces = [y[t] for t in range(T) for y in ys]
+  chunk = OUT_CHUNK * ndir
+  if len(pieces) > chunk:
+    pieces = [_stored(Tensor.stack(pieces[i : i + chunk])) for i in range(0, len(pieces), chunk)]
+    return Tensor.cat(pieces).reshape(T, ndir, *ys[0][0].shape), finals
+  return Tensor.stack(pieces).reshape(T, ndir, *ys[0][0].shape), finals
 
 
 def _stored(x: Tensor) -> Tensor:

@@ -166,3 +166,39 @@ def test_repeated_layers_take_the_kernels_lowering_gives(monkeypatch):
   x = np.random.default_rng(1).standard_normal((1, 32, 64)).astype(np.float32)
   want = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
   np.testing.assert_array_equal(aot.load(aot.compile_model(model))(x), want)
+
+
+def test_quantized_lstm_output_is_read_in_chunks():
+  # a dynamically quantized bidirectional LSTM's Y (32 steps x 2 directions) read by the next dynamic quantization:
+  # one concat of its 64 step outputs was lowered into each reader (the quantization's min and max, each then 64
+  # gated loads an element; a CRNN's 80 took 0.9 s to lower apiece), now a concat of stored chunks of OUT_CHUNK steps
+  # (frontends/onnx_ops_rnn.py _run_dirs)
+  from aot.core.ir import Ops
+  from aot.frontends.onnx_ops_rnn import OUT_CHUNK
+  from aot.models.quantized import quantized
+
+  rng = np.random.default_rng(0)
+  const = lambda name, *shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) / 4, name)
+  steps, hidden = 32, 64
+  graph = helper.make_graph(
+    [
+      helper.make_node("LSTM", ["x", "w", "r", "b"], ["y"], hidden_size=hidden, direction="bidirectional"),
+      helper.make_node("Reshape", ["y", "shape"], ["flat"]),
+      helper.make_node("MatMul", ["flat", "m"], ["out"]),
+    ],
+    "qlstm",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, 16])],
+    [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+    [
+      const("w", 2, 4 * hidden, 16),
+      const("r", 2, 4 * hidden, hidden),
+      const("b", 2, 8 * hidden),
+      const("m", 2 * hidden, 8),
+      numpy_helper.from_array(np.array([steps, 2 * hidden], np.int64), "shape"),
+    ],
+  )
+  model = quantized(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "dynamic")
+  assert any(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node)
+  traced = resolve(model)
+  kernels = schedule(traced.outputs, traced.inputs, traced.output_names).kernels
+  assert max(sum(u.op is Ops.LOAD for u in k.ast.toposort()) for k in kernels) <= 2 * OUT_CHUNK
