@@ -371,8 +371,9 @@ def build_library(
       if progress:
         progress(done[0], len(sources))
 
-    # the big kernel files first, so the last one to finish is a small one
-    jobs = sorted(zip(sources, objs), key=lambda so: -(src_dir / so[0]).stat().st_size)
+    # the runtime's files first (dense code: aot_qgemm.c's 19 KB take 0.8 s, a generated file of 84 KB 0.3 s), then
+    # the big kernel files, so the last one to finish is a small one
+    jobs = sorted(zip(sources, objs), key=lambda so: (not is_runtime_source(so[0]), -(src_dir / so[0]).stat().st_size))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
       list(ex.map(compile_one, jobs))
     tmp_so = Path(tmp) / "lib.so"
