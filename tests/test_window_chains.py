@@ -127,12 +127,9 @@ def test_convolution_reads_a_chain_of_pools_once_stored(kind, tmp_path):
   assert _window_loops(model) == [1, 1, 1]
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_nearest_upsample_into_a_concat_is_one_copy(target, tmp_path):
-  # YOLOv8's neck: Resize(nearest, x2) then Concat with a backbone feature. The resize's gathers by index tables
-  # (0, 0, 1, 1, ...) are a broadcast (aot/scheduler/schedule.py _repeat_gather): one kernel, where the second axis'
-  # gather read the first at indices it could not bound and stored it (2 kernels)
-  scales = np.array([1, 1, 2, 2], np.float32)
+def _upsample_concat(x_shape: tuple, b_shape: tuple):
+  """YOLOv8's neck: Resize(nearest, x2) of x, then Concat with b (a backbone feature) along the channels; with
+  seeded inputs."""
   g = helper.make_graph(
     [
       helper.make_node("Resize", ["x", "", "s"], ["u"], mode="nearest"),
@@ -140,56 +137,42 @@ def test_nearest_upsample_into_a_concat_is_one_copy(target, tmp_path):
     ],
     "g",
     [
-      helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 5, 7]),
-      helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 3, 10, 14]),
+      helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape)),
+      helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b_shape)),
     ],
     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-    [helper.make_tensor("s", TensorProto.FLOAT, [4], scales)],
+    [helper.make_tensor("s", TensorProto.FLOAT, [4], np.array([1, 1, 2, 2], np.float32))],
   )
-  model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-  assert_kernel_count(model, 1)
-  feeds = {
-    "x": rng.standard_normal((1, 6, 5, 7), dtype=np.float32),
-    "b": rng.standard_normal((1, 3, 10, 14), dtype=np.float32),
-  }
-  want = ort_session(model).run(None, feeds)[0]
-  m = aot.load(aot.compile_model(model, out_dir=tmp_path / target, target=target, name="m"))
-  try:
-    np.testing.assert_array_equal(m(*feeds.values()), want)
-  finally:
-    m.close()
+  feeds = {"x": rng.standard_normal(x_shape, dtype=np.float32), "b": rng.standard_normal(b_shape, dtype=np.float32)}
+  return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), feeds
 
 
-def test_concat_kernel_is_cut_at_its_branches(tmp_path):
-  # a concat written by generated loops (an upsample and a feature, YOLOv8's neck) runs one function per branch's run
-  # of the concat axis (codegen/lower/contract.py split_by_gates): each reads its own input, where one function
-  # evaluated both under gates at every element (0.121 -> 0.032 ms at YOLOv8n's 192x40x40)
-  scales = np.array([1, 1, 2, 2], np.float32)
-  g = helper.make_graph(
-    [
-      helper.make_node("Resize", ["x", "", "s"], ["u"], mode="nearest"),
-      helper.make_node("Concat", ["u", "b"], ["y"], axis=1),
-    ],
-    "g",
-    [
-      helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 20]),
-      helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 8, 40, 40]),
-    ],
-    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-    [helper.make_tensor("s", TensorProto.FLOAT, [4], scales)],
-  )
-  model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-  assert_kernel_count(model, 1)
-  art = aot.compile_model(model, out_dir=tmp_path, name="m")
-  src = (art.dir / "src" / "model.c").read_text()
-  heads = [line for line in src.splitlines() if line.startswith("AOT_LOOP_VECTORIZE") and " m_f0" in line]
-  assert len(heads) == 2 and all(h.count("const float *restrict") == 1 for h in heads)
-  feeds = {
-    "x": rng.standard_normal((1, 16, 20, 20), dtype=np.float32),
-    "b": rng.standard_normal((1, 8, 40, 40), dtype=np.float32),
-  }
+def _matches_onnxruntime(art, model, feeds):
   m = aot.load(art)
   try:
     np.testing.assert_array_equal(m(*feeds.values()), ort_session(model).run(None, feeds)[0])
   finally:
     m.close()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_nearest_upsample_into_a_concat_is_one_copy(target, tmp_path):
+  # the resize's gathers by index tables (0, 0, 1, 1, ...) are a broadcast (aot/scheduler/schedule.py
+  # _repeat_gather): one kernel, where the second axis' gather read the first at indices it could not bound and
+  # stored it (2 kernels)
+  model, feeds = _upsample_concat((1, 6, 5, 7), (1, 3, 10, 14))
+  assert_kernel_count(model, 1)
+  _matches_onnxruntime(aot.compile_model(model, out_dir=tmp_path / target, target=target, name="m"), model, feeds)
+
+
+def test_concat_kernel_is_cut_at_its_branches(tmp_path):
+  # a concat written by generated loops runs one function per branch's run of the concat axis
+  # (codegen/lower/contract.py split_by_gates): each reads its own input, where one function evaluated both under
+  # gates at every element (0.121 -> 0.032 ms at YOLOv8n's 192x40x40)
+  model, feeds = _upsample_concat((1, 16, 20, 20), (1, 8, 40, 40))
+  assert_kernel_count(model, 1)
+  art = aot.compile_model(model, out_dir=tmp_path, name="m")
+  src = (art.dir / "src" / "model.c").read_text()
+  heads = [line for line in src.splitlines() if line.startswith("AOT_LOOP_VECTORIZE") and " m_f0" in line]
+  assert len(heads) == 2 and all(h.count("const float *restrict") == 1 for h in heads)
+  _matches_onnxruntime(art, model, feeds)
