@@ -297,7 +297,13 @@ def _exp32(x: UOp) -> UOp:
   f = lambda v: UOp.const(dtypes.float32, v)
   i = lambda v: UOp.const(dtypes.int32, v)
   nan = x.alu(Ops.CMPNE, x)
-  xc = nan.alu(Ops.WHERE, f(0.0), x.alu(Ops.MAX, f(EXP_MIN)).alu(Ops.MIN, f(EXP_MAX)), dtype=dtypes.float32)
+  # the clamp as a compare and a select each (the NaN-aware MAX and MIN took two compares, an or and a select: a NaN
+  # is replaced by 0 here and by x at the end anyway), its compares shared with the range fixes at the end
+  low, high = x.alu(Ops.CMPLT, f(EXP_MIN)), f(EXP_MAX).alu(Ops.CMPLT, x)
+  clamped = high.alu(
+    Ops.WHERE, f(EXP_MAX), low.alu(Ops.WHERE, f(EXP_MIN), x, dtype=dtypes.float32), dtype=dtypes.float32
+  )
+  xc = nan.alu(Ops.WHERE, f(0.0), clamped, dtype=dtypes.float32)
   n = xc.alu(Ops.MUL, f(1 / math.log(2))).alu(Ops.ROUND)
   r = xc.alu(Ops.SUB, n.alu(Ops.MUL, f(LN2_HI))).alu(Ops.SUB, n.alu(Ops.MUL, f(LN2_LO)))
   p = f(EXP_TAYLOR[-1])
@@ -307,8 +313,7 @@ def _exp32(x: UOp) -> UOp:
   half = ni.alu(Ops.IDIV, i(2))
   two_to = lambda e: UOp(Ops.BITCAST, dtypes.float32, (e.alu(Ops.ADD, i(127)).alu(Ops.SHL, i(23)),))
   y = p.alu(Ops.MUL, two_to(half)).alu(Ops.MUL, two_to(ni.alu(Ops.SUB, half)))
-  y = x.alu(Ops.CMPLT, f(EXP_MIN)).alu(Ops.WHERE, f(0.0), y, dtype=dtypes.float32)
-  y = f(EXP_MAX).alu(Ops.CMPLT, x).alu(Ops.WHERE, f(math.inf), y, dtype=dtypes.float32)
+  y = high.alu(Ops.WHERE, f(math.inf), low.alu(Ops.WHERE, f(0.0), y, dtype=dtypes.float32), dtype=dtypes.float32)
   return nan.alu(Ops.WHERE, x, y, dtype=dtypes.float32)
 
 
