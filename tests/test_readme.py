@@ -222,9 +222,9 @@ def test_readme_blocks_run_in_order(tmp_path):
     runner(block, tmp_path, blocks[i + 1 :])
 
 
-# the README is for users: short (a C++ and a Python integration path included), with no development diary in it or in
-# the other documents
-README_MAX_LINES = 340
+# the README is for users: short (a C++ and a Python integration path included, its results table the zoo's and the
+# real models' rows), with no development diary in it or in the other documents
+README_MAX_LINES = 350
 DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/ARCHITECTURE.md", "docs/PERFORMANCE.md")
 DIARY = re.compile(r"\b(this stop|last stop|tried and not kept|not kept)\b|`[0-9a-f]{7,40}`", re.I)
 
