@@ -85,8 +85,9 @@ def test_sequences_in_and_out_are_lists_at_load_and_tensors_at_the_c_api(tmp_pat
   )
   art = compile_model(m, out_dir=tmp_path, name="m", shapes={"x": [(1,), (2,), (3,)]})
   header = (tmp_path / "m.h").read_text()
+  # (t is a name the profiled run declares for itself: the parameter is t_, aot/artifact.py GENERATED_NAMES)
   assert (
-    "const float *x_0, const float *x_1, const float *x_2, const float *t, float *y_0, float *y_1, float *y_2, "
+    "const float *x_0, const float *x_1, const float *x_2, const float *t_, float *y_0, float *y_1, float *y_2, "
     "float *y_3, float *c" in header
   ), header
   xs, t = (
