@@ -297,10 +297,11 @@ def _drop_prebuilt() -> None:
 
 
 def _prebuild_one(tc: Toolchain, runtime: Path, s: str, key: str, cache: bool) -> Path | None:
-  out = Path(tempfile.mkdtemp(prefix="aot_prebuild_")) / f"{key}.o"
+  # any failure (the compiler's, a full disk) leaves the object to the build, which then reports it
   try:
+    out = Path(tempfile.mkdtemp(prefix="aot_prebuild_")) / f"{key}.o"
     run_build_command(tc.command(runtime, s, str(out)), runtime)
-  except BuildError:
+  except (BuildError, OSError):
     return None
   if cache:
     store(out, cache_dir() / "obj" / f"{key}.o")

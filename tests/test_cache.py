@@ -82,3 +82,24 @@ def test_the_cache_is_under_xdg_cache_home_unless_aot_cache_dir_says(tmp_path, m
   monkeypatch.delenv("AOT_CACHE_DIR", raising=False)
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   assert cache.cache_dir() == tmp_path / "aot-compiler"
+
+
+def test_prebuilt_runtime_objects_are_the_ones_the_build_makes(cache_at, tmp_path, monkeypatch):
+  # compile_model starts the runtime's slowest files compiling at once (aot/build.py prebuild_runtime) with the key
+  # and command build_library would use, and the build takes them: the library is the same bytes as one built with
+  # no prebuild, and the prebuilt objects were taken, not compiled again
+  taken = []
+  take = build._take_prebuilt
+
+  def counted(key: str, o: str) -> bool:
+    if took := take(key, o):
+      taken.append(key)
+    return took
+
+  monkeypatch.setattr(build, "_take_prebuilt", counted)
+  with_prebuild = aot.compile_model("models:mlp", out_dir=tmp_path / "a", cache=False)
+  assert len(taken) == len([s for s in build.PREBUILT if (with_prebuild.dir / "src" / s).exists()]) > 0
+  assert not build._prebuilt
+  monkeypatch.setattr(build, "PREBUILT", ())
+  without = aot.compile_model("models:mlp", out_dir=tmp_path / "b", cache=False)
+  assert (with_prebuild.dir / "libmlp.so").read_bytes() == (without.dir / "libmlp.so").read_bytes()
