@@ -234,20 +234,21 @@ class Toolchain:
   kernel_only: tuple  # the generated kernels' extra flags (kernel_flags)
   check_header: str  # CHECK_HEADER's text
 
+  def own_flags(self, s: str) -> list[str]:
+    """What source s gets beyond the flags: the kernel-only ones for a generated C file."""
+    return list(self.kernel_only) if s.endswith(".c") and not is_runtime_source(s) else []
+
   def command(self, src_dir: Path, s: str, o: str) -> list[str]:
-    own = list(self.kernel_only) if s.endswith(".c") and not is_runtime_source(s) else []
     flags = self.check_flags if s == CHECK_SOURCE else [f for f in self.flags if not f.startswith("--")]
-    return [self.compiler, *flags, *own, f"-Wa,-I{src_dir}", "-c", s, "-o", o]
+    return [self.compiler, *flags, *self.own_flags(s), f"-Wa,-I{src_dir}", "-c", s, "-o", o]
 
   def object_key(self, src_dir: Path, s: str) -> str:
     # an object's key holds the headers its source includes, not every header: NAME.h differs per model, and with it
     # in every key the runtime's files (14 s of a small model's 15 s of compiling) compiled anew for each model
-    own = list(self.kernel_only) if s.endswith(".c") and not is_runtime_source(s) else []
     included = b"".join(h.encode() + (src_dir / h).read_bytes() for h in included_headers(src_dir, s))
     flags = self.flags if s != CHECK_SOURCE else self.check_flags
-    h = hashlib.sha256(
-      " ".join([self.ident, *flags, *own, Path(s).suffix]).encode() + included + (src_dir / s).read_bytes()
-    )
+    words = " ".join([self.ident, *flags, *self.own_flags(s), Path(s).suffix])
+    h = hashlib.sha256(words.encode() + included + (src_dir / s).read_bytes())
     if s == "model.c" and (src_dir / "weights.bin").exists():
       h.update((src_dir / "weights.bin").read_bytes())
     return h.hexdigest()[:32]

@@ -132,7 +132,7 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
   with _at_size(dim, b2):
     t2 = trace(src, pinned(b2), bind, name)
   item.batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
-  _check_one_item(dim, item, t1, t2, b1, b2, labels)
+  _check_one_item(dim, item, t1, labels)
   names = [u.arg.name for u, a in zip(item.inputs, item.batch.inputs) if a >= 0]
   names += [n for n, a in zip(item.output_names or [], item.batch.outputs) if a >= 0]
   # a sequence's tensors and a narrow type's packed codes are not laid out item after item
@@ -195,22 +195,22 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
   return BatchDim(dim, inputs, _io_axes(dim, t1, axis, step, "output", b1))
 
 
-def _check_one_item(dim: RunDim, item: Traced, t1: Traced, t2: Traced, b1: int, b2: int, labels: list) -> None:
+def _check_one_item(dim: RunDim, item: Traced, t1: Traced, labels: list) -> None:
   """Each output of the program the items run (traced at size 1) must be the probes' at one item: their shape with
   the batch axis 1. A graph whose outputs change at size 1 (a Squeeze without axes drops the dim there, and the
   output's rank with it, as onnxruntime's does) cannot take the range: its output was described at the probes' rank
   and written at the item's (past its buffer). Nodes inside may differ (an expand or reshape to the same shape is no
   node at size 1); an op reading an axis by number behind such a drop changes an output's shape with it."""
-  for u, v, w, name in zip(item.outputs, t1.outputs, t2.outputs, item.output_names or [""] * len(item.outputs)):
-    a = _batch_axis(v.shape, w.shape, b1, b2)
-    if isinstance(a, int) or a is None:
-      one = tuple(s // b1 if i == a else s for i, s in enumerate(v.shape))
-      if u.shape != one:
-        raise CompileError(
-          f"dim '{dim.name}' cannot have a range: output '{name}' is {u.shape} at size 1 of it, not {one}: the "
-          f"model changes shape there ({_node_of(v, labels)}; a Squeeze without axes drops a dim of size 1); pin it "
-          f"(--shape {dim.name}=N), or give the Squeeze its axes"
-        )
+  names = item.output_names or [""] * len(item.outputs)
+  # (an output's batch axis, item.batch's, is the probe's size there, its items one after another: _io_axes)
+  for u, v, a, name in zip(item.outputs, t1.outputs, item.batch.outputs, names):
+    one = tuple(1 if i == a else s for i, s in enumerate(v.shape))
+    if u.shape != one:
+      raise CompileError(
+        f"dim '{dim.name}' cannot have a range: output '{name}' is {u.shape} at size 1 of it, not {one}: the "
+        f"model changes shape there ({_node_of(v, labels)}; a Squeeze without axes drops a dim of size 1); pin it "
+        f"(--shape {dim.name}=N), or give the Squeeze its axes"
+      )
 
 
 def _is_constant(u: UOp, const: set) -> bool:

@@ -78,17 +78,10 @@ def gemm(n, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):
     y = (y * alpha).cast(a.dtype)
   if c is not None:
     # C broadcasts to the product's shape, not the other way (a (3, N) bias and a (1, N) product: not a Gemm)
-    if _broadcast(c.shape, y.shape) != y.shape:
+    if c.ndim > y.ndim or any(s not in (1, t) for s, t in zip(reversed(c.shape), reversed(y.shape))):
       raise InvalidValueError(f"C of shape {c.shape} does not broadcast to the product's shape {y.shape}")
     y = y + (c * beta if beta != 1.0 else c).cast(y.dtype)
   return y
-
-
-def _broadcast(*shapes) -> tuple | None:
-  try:
-    return tuple(np.broadcast_shapes(*shapes))
-  except ValueError:
-    return None
 
 
 def _mm(a, b):

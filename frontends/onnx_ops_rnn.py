@@ -135,7 +135,7 @@ def _run_steps(proj, T, ndir, direction, lens, step, init):
   if T <= OUT_CHUNK:
     y = Tensor.stack([outs[times[t][d]][d] for t in range(T) for d in range(ndir)])
     return y.reshape(T, ndir, *outs[0].shape[1:]), finals
-  steps = Tensor.cat([_stored(Tensor.stack(outs[i : i + OUT_CHUNK])) for i in range(0, T, OUT_CHUNK)])
+  steps = _stacked(outs, OUT_CHUNK)
   y = Tensor.stack([steps[:, d].flip(0) if _reversed(direction, d) else steps[:, d] for d in range(ndir)], axis=1)
   return y, finals
 
@@ -178,12 +178,16 @@ def _run_dirs(x, T, ndir, direction, lens, step, init):
   # Y from stored chunks of steps, as _run_steps builds it: one concat of all 80 steps (a 40-step bidirectional
   # layer) was lowered into each reader (the next layer's dynamic quantization, its min and its max: 0.9 s each)
   # and evaluated 80 gated loads an element there
-  pieces = [y[t] for t in range(T) for y in ys]
-  chunk = OUT_CHUNK * ndir
-  if len(pieces) > chunk:
-    pieces = [_stored(Tensor.stack(pieces[i : i + chunk])) for i in range(0, len(pieces), chunk)]
-    return Tensor.cat(pieces).reshape(T, ndir, *ys[0][0].shape), finals
-  return Tensor.stack(pieces).reshape(T, ndir, *ys[0][0].shape), finals
+  y = _stacked([y[t] for t in range(T) for y in ys], OUT_CHUNK * ndir)
+  return y.reshape(T, ndir, *ys[0][0].shape), finals
+
+
+def _stacked(pieces: list[Tensor], chunk: int) -> Tensor:
+  """The pieces stacked, in stored chunks of this many when there are more (a concat of n pieces evaluates n gated
+  loads an element wherever it is read)."""
+  if len(pieces) <= chunk:
+    return Tensor.stack(pieces)
+  return Tensor.cat([_stored(Tensor.stack(pieces[i : i + chunk])) for i in range(0, len(pieces), chunk)])
 
 
 def _stored(x: Tensor) -> Tensor:

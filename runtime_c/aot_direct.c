@@ -367,13 +367,13 @@ void aot_depthwise_run(void *ctx, int start, int end) {
   const long rowlen = (long)d->SW * phase_width(d);
   const band_cols cols = band_cols_of(d);
   /* where tap (kh, kw) of output column 0 lies in the band: row kh, phase kw % SW, column kw / SW */
+  /* (a small plane's taps lie over its padded rows: row kh, column kw) */
   long off[AOT_DEPTHWISE_MAX_TAPS];
+  const int small = small_plane(d);
   for (int kh = 0; kh < d->KH; kh++)
-    for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = kh * rowlen + (kw % d->SW) * phase_width(d) + kw / d->SW;
-  /* a small plane's taps, over its padded rows */
-  if (small_plane(d))
-    for (int kh = 0; kh < d->KH; kh++)
-      for (int kw = 0; kw < d->KW; kw++) off[kh * d->KW + kw] = (long)kh * (d->OW + d->KW - 1) + kw;
+    for (int kw = 0; kw < d->KW; kw++)
+      off[kh * d->KW + kw] = small ? (long)kh * (d->OW + d->KW - 1) + kw
+                                   : kh * rowlen + (kw % d->SW) * phase_width(d) + kw / d->SW;
   /* tasks taken at once: enough work to make the counter's cache line cheap beside it, few enough that the tasks
      still share out evenly and a task's planes are still in cache for its epilogue */
   const long task_work = (long)(d->planes / d->tasks) * d->OH * d->OW * d->KH * d->KW;

@@ -132,9 +132,9 @@ class CallContext:
   shared: dict[UOp, str] = field(default_factory=dict)
   renamed: dict[str, str] = field(default_factory=dict)
   work: dict[UOp, int] = field(default_factory=dict)
-  # (function, its slots' sizes) -> (rebased AST, offsets, extent, params): the layers of an encoder call one
-  # function each, and a layer norm's 128-step function took 20 ms a call to walk
-  forms: dict[tuple, tuple] = field(default_factory=dict)
+  # (function, rebased or not, its slots' sizes) -> (rebased AST, offsets, extent, params): the layers of an encoder
+  # call one function each, and a layer norm's 128-step function took 20 ms a call to walk
+  prepared: dict[tuple, tuple] = field(default_factory=dict)
 
   def flops(self, ast: UOp) -> int:
     """flop_count (integer work too) of a function, once per function (an unrolled layer's steps share theirs)."""
@@ -152,10 +152,10 @@ class CallContext:
     through advanced pointers (rebase_reads)."""
     ast, fn = self.optimized[ast], self.functions[self.optimized[ast]]
     key = (ast, rebase, tuple(b.size for b in bufs))
-    if key not in self.forms:
+    if key not in self.prepared:
       new, offsets = rebase_reads(ast, bufs) if rebase else (ast, {})
-      self.forms[key] = (new, offsets, parallel_extent(new), [u.arg for u in kernel_params(new)])
-    ast, offsets, extent, slots = self.forms[key]
+      self.prepared[key] = (new, offsets, parallel_extent(new), [u.arg for u in kernel_params(new)])
+    ast, offsets, extent, slots = self.prepared[key]
     if rebase:
       self.renamed[fn] = fn = self.shared.setdefault(ast, fn)
     args = [(s, out if s == 0 else bufs[s]) for s in slots]

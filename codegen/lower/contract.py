@@ -390,17 +390,15 @@ def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
   if len(cut) != 1 or any(not g.c.bounds for g in gemms):
     return [ast]
   (r,) = cut
-  # a range the epilogue sums over (a concat's or pad's axis reduced after it) is not cut: each piece would store
-  # its part of the sum over the others', and an ACCUMULATE's ranges would become sums (fuzzer: seed 123 case 796)
-  if any(u.op is Ops.ACCUMULATE and r in u.src[1:] for u in ast.toposort()):
-    return [ast]
   edges = sorted({0, r.size} | {x for g in gemms for q, start, end in g.c.bounds for x in (start, end)})
   return _pieces(ast, r, edges)
 
 
 def _pieces(ast: UOp, r: UOp, edges: list[int]) -> list[UOp]:
   """ast once per run [lo, hi) of range r between the edges (r = lo + a range of hi - lo), simplified."""
-  if len(edges) == 2:
+  # a range the kernel sums over (a concat's or pad's axis reduced after it) is not cut: each piece would store
+  # its part of the sum over the others', and an ACCUMULATE's ranges would become sums (fuzzer: seed 123 case 796)
+  if len(edges) == 2 or any(u.op is Ops.ACCUMULATE and r in u.src[1:] for u in ast.toposort()):
     return [ast]
   # each piece's range keeps r's number with the piece's size (the loop order stays), so it is a new node
   return [
@@ -420,9 +418,10 @@ def split_by_gates(ast: UOp, size: int) -> list[UOp]:
   that range between them: each piece's gates fold and it reads its own branch only, where the whole kernel
   evaluated every branch under gates at every element (YOLOv8's neck, the concat of an upsample and a feature: 2.5 G
   elements/s). size: the elements it writes."""
+  if size < GATE_SPLIT_MIN:
+    return [ast]
   topo = ast.toposort()
-  r = next((u for u in topo if u.op is Ops.RANGE and is_outer(u)), None)
-  if r is None or size < GATE_SPLIT_MIN or any(u.op is Ops.ACCUMULATE and r in u.src[1:] for u in topo):
+  if (r := next((u for u in topo if u.op is Ops.RANGE and is_outer(u)), None)) is None:
     return [ast]
   cuts = {u.src[1].arg for u in topo if u.op is Ops.CMPLT and u.src[0] is r and u.src[1].op is Ops.CONST}
   edges = sorted({0, r.size} | {c for c in cuts if 0 < c < r.size})

@@ -18,9 +18,8 @@ def gemm_task_work(g: Gemm) -> list[int]:
   c, (mc, nc) = g.c, g.block
   M, N = c.a.size, c.b.size
   cols = [min(nc, N - n0) for n0 in range(0, N, nc)]
-  rows = [
-    min(mc if g.b.pack is None else g.tile[0], M - m0) for m0 in range(0, M, mc if g.b.pack is None else g.tile[0])
-  ]
+  step = mc if g.b.pack is None else g.tile[0]
+  rows = [min(step, M - m0) for m0 in range(0, M, step)]
   return [m * n * c.K for _ in range(c.B) for n in cols for m in rows]
 
 
