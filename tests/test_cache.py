@@ -88,6 +88,8 @@ def test_prebuilt_runtime_objects_are_the_ones_the_build_makes(cache_at, tmp_pat
   # compile_model starts the runtime's slowest files compiling at once (aot/build.py prebuild_runtime) with the key
   # and command build_library would use, and the build takes them: the library is the same bytes as one built with
   # no prebuild, and the prebuilt objects were taken, not compiled again
+  # (a prebuild an earlier compile in this process left untaken is not this test's)
+  monkeypatch.setattr(build, "_prebuilt", {})
   taken = []
   take = build._take_prebuilt
 
