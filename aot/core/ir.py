@@ -505,7 +505,8 @@ class BufferArg:
   __slots__ = ("name", "shape", "kind", "data", "__weakref__")
 
   def __init__(self, name: str, shape: tuple[int, ...], kind: str, data=None):
-    assert kind in ("input", "const")
+    # (scratch: a call's result, written by the kernels of a function scheduled once: aot/scheduler/functions.py)
+    assert kind in ("input", "const", "scratch")
     self.name, self.shape, self.kind, self.data = name, tuple(shape), kind, data
 
   def __repr__(self) -> str:

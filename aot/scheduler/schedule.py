@@ -17,6 +17,7 @@ from aot.core.ir import BufferArg, ConstData, GroupOp, IndexCheck, Ops, ReduceOp
 from aot.core.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from aot.core.symbolic import pm_simplify, simplify
 from aot.errors import CompileError, InvalidTypeError, InvalidValueError, working_on
+from aot.scheduler.functions import CallSite, call_kernels, separate_calls
 from aot.scheduler.kernel import Buffer, IndexCheckCall, Kernel, Schedule
 
 # *** prepare: inline calls, fold constants ***
@@ -594,9 +595,12 @@ def without_checks(sched: Schedule) -> Schedule:
 
 
 def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str] | None = None) -> Schedule:
-  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outputs)), pm_prepare)
+  outputs, sites = separate_calls(outputs, schedule)
+  # the calls' arguments are prepared with the graph, as its last roots
+  args = [a for site in sites for a in site.args]
+  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, (*outputs, *args)), pm_prepare)
   sink, checks = strip_checks(sink)
-  outputs = list(sink.src)
+  outputs, args = list(sink.src[: len(outputs)]), list(sink.src[len(outputs) :])
   out_bufs = [
     Buffer("output", o.dtype, o.numel, output_names[k] if output_names else f"output{k}", k, o.shape)
     for k, o in enumerate(outputs)
@@ -605,10 +609,16 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
   # (codegen/render/host_cpu.py)
   check_bufs = [Buffer("check", dtypes.int64, 2, f"check{k}", k, (2,)) for k in range(len(checks))]
   outputs, out_bufs = outputs + [c for c, _ in checks], out_bufs + check_bufs
-  sink = UOp(Ops.SINK, dtypes.void, tuple(outputs))
-  ctx, lowered, deps = _lower_to_fixpoint(outputs, out_bufs, _first_stages(sink))
+  sink = UOp(Ops.SINK, dtypes.void, (*outputs, *args))
+  # an argument is read from a buffer by the call's kernels: stored, unless it is one already
+  forced = _first_stages(sink) + [a for a in dict.fromkeys(args) if a.op is not Ops.BUFFER]
+  ctx, lowered, deps = _lower_to_fixpoint(outputs, out_bufs, forced)
+  calls = _place_calls(ctx, sites, args, lowered, deps)
   kernels = []
   for bid in _kernel_order(out_bufs, lowered, deps):
+    if lowered[bid] is None:  # a call's results: its kernels come with the first
+      kernels += [_renumbered(k, len(kernels) + n) for n, k in enumerate(calls.get(bid, []))]
+      continue
     store, b, x = lowered[bid]
     ast, bufs = finalize(store)
     kernels.append(Kernel(kernel_name(len(kernels), ast, x.shape), ast, bufs, x.shape))
@@ -627,6 +637,24 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     checks=[IndexCheckCall(b, label) for b, (_, label) in zip(check_bufs, checks)],
     indexed=_indexed_inputs([label for _, label in checks]),
   )
+
+
+def _place_calls(ctx: Lowering, sites: list[CallSite], args: list[UOp], lowered: dict, deps: dict) -> dict:
+  """Each call's kernels (separate_calls) under its first result's buffer id, which the kernel order then reaches
+  as it reaches a stage: after the buffers of the call's arguments, before what reads a result."""
+  calls: dict[int, list[Kernel]] = {}
+  for site in sites:
+    arg_bufs = [ctx.buffer_of(a) if a.op is Ops.BUFFER else ctx.stages[a] for a in args[: len(site.args)]]
+    args = args[len(site.args) :]
+    results = [ctx.buffer_of(r) for r in site.results]
+    calls[id(results[0])] = call_kernels(site, arg_bufs, results)
+    for k, r in enumerate(results):
+      lowered[id(r)], deps[id(r)] = None, results[:k] or arg_bufs
+  return calls
+
+
+def _renumbered(k: Kernel, i: int) -> Kernel:
+  return dataclasses.replace(k, name=f"k{i}_" + k.name.split("_", 1)[1])
 
 
 def _first_stages(sink: UOp) -> list[UOp]:
