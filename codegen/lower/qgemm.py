@@ -128,5 +128,5 @@ class QGemmLowered(Lowered):
         calls.append(q.im2col.call(bufs, ctx.parallel(q.im2col.tasks, q.M * q.K), "operand"))
       calls.append(QGemmCall(q=q, bufs=bufs, role="int8 contraction", parallel=ctx.parallel(q.tasks, q.work)))
     if self.epilogue is not None:
-      calls.append(ctx.loop(self.epilogue, bufs, bufs[0], "epilogue"))
+      calls.append(ctx.loop(self.epilogue, bufs, bufs[0], "epilogue", rebase=True))
     return calls
