@@ -197,18 +197,10 @@ def test_function_bodies_are_scheduled_once(monkeypatch):
   assert big / small < SCHEDULED_ONCE_GROWTH <= inlined_big / inlined_small, (small, big, inlined_small, inlined_big)
 
 
-def test_quantized_lstm_output_is_read_in_chunks():
-  # a dynamically quantized bidirectional LSTM's Y (32 steps x 2 directions) read by the next dynamic quantization:
-  # one concat of its 64 step outputs was lowered into each reader (the quantization's min and max, each then 64
-  # gated loads an element; a CRNN's 80 took 0.9 s to lower apiece), now a concat of stored chunks of OUT_CHUNK steps
-  # (frontends/onnx_ops_rnn.py _run_dirs)
-  from aot.core.ir import Ops
-  from aot.frontends.onnx_ops_rnn import OUT_CHUNK
-  from aot.models.quantized import quantized
-
+def _lstm(steps: int, hidden: int = 64):
+  """A bidirectional LSTM whose Y is read by a MatMul."""
   rng = np.random.default_rng(0)
   const = lambda name, *shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) / 4, name)
-  steps, hidden = 32, 64
   graph = helper.make_graph(
     [
       helper.make_node("LSTM", ["x", "w", "r", "b"], ["y"], hidden_size=hidden, direction="bidirectional"),
@@ -226,8 +218,51 @@ def test_quantized_lstm_output_is_read_in_chunks():
       numpy_helper.from_array(np.array([steps, 2 * hidden], np.int64), "shape"),
     ],
   )
-  model = quantized(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "dynamic")
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_quantized_lstm_output_is_read_in_chunks():
+  # a dynamically quantized bidirectional LSTM's Y (32 steps x 2 directions) read by the next dynamic quantization:
+  # one concat of its 64 step outputs was lowered into each reader (the quantization's min and max, each then 64
+  # gated loads an element; a CRNN's 80 took 0.9 s to lower apiece), now a concat of stored chunks of OUT_CHUNK steps
+  # (frontends/onnx_ops_rnn.py _run_dirs)
+  from aot.core.ir import Ops
+  from aot.frontends.onnx_ops_rnn import OUT_CHUNK
+  from aot.models.quantized import quantized
+
+  model = quantized(_lstm(32), "dynamic")
   assert any(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node)
   traced = resolve(model)
   kernels = schedule(traced.outputs, traced.inputs, traced.output_names).kernels
   assert max(sum(u.op is Ops.LOAD for u in k.ast.toposort()) for k in kernels) <= 2 * OUT_CHUNK
+
+
+@pytest.mark.parametrize("quantize", [False, True], ids=["float", "dynamic"])
+def test_recurrence_steps_are_lowered_once(monkeypatch, quantize):
+  """An unrolled recurrence's steps, each reading its row of the input product (a block of it: schedule.py
+  _block_offset) and, quantized, staging the dequantized state its loop does not vary in, are one form: lowered once
+  whatever the steps (the int8 CRNN lowered 222 stages, now 68), into the kernels lowering each step gives."""
+  from aot.models.quantized import quantized
+  from aot.scheduler import schedule as scheduling
+
+  lowered = [0]
+  lower_stage = scheduling.lower_stage
+
+  def counted(*args):
+    lowered[0] += 1
+    return lower_stage(*args)
+
+  def kernels(steps: int):
+    model = quantized(_lstm(steps), "dynamic") if quantize else _lstm(steps)
+    traced, lowered[0] = resolve(model), 0
+    sched = schedule(traced.outputs, traced.inputs, traced.output_names)
+    names = {id(b): f"{b.kind}{k}" for k, b in enumerate(sched.scratch + sched.consts + sched.inputs + sched.outputs)}
+    return [(k.name, k.ast, [names.get(id(b), b.kind) for b in k.bufs]) for k in sched.kernels], lowered[0]
+
+  monkeypatch.setattr(scheduling, "lower_stage", counted)
+  (short, short_lowered), (long, long_lowered) = kernels(8), kernels(24)
+  # (16 more steps in both directions: the output's chunks of OUT_CHUNK steps and the longer input product may
+  # take a lowering or two; each step its own, as before: 14 -> 32 float, 32 -> 65 quantized)
+  assert len(long) > len(short) and long_lowered - short_lowered <= 2, (short_lowered, long_lowered)
+  monkeypatch.setattr(scheduling, "REUSE_FORMS", False)
+  assert kernels(8)[0] == short

@@ -77,3 +77,21 @@ def call_kernels(site: CallSite, args: list[Buffer], results: list[Buffer]) -> l
   mapping = {id(b): a for b, a in zip(body.inputs, args)} | {id(b): r for b, r in zip(body.outputs, results)}
   mapping |= {id(b): dataclasses.replace(b) for b in body.scratch}
   return [Kernel(k.name, k.ast, [mapping.get(id(b), b) for b in k.bufs], k.shape) for k in body.kernels]
+
+
+def place_calls(ctx, sites: list[CallSite], args: list[UOp], lowered: dict, deps: dict) -> dict:
+  """Each call's kernels (separate_calls) under its first result's buffer id, which the kernel order then reaches
+  as it reaches a stage: after the buffers of the call's arguments, before what reads a result."""
+  calls: dict[int, list[Kernel]] = {}
+  for site in sites:
+    arg_bufs = [ctx.buffer_of(a) if a.op is Ops.BUFFER else ctx.stages[a] for a in args[: len(site.args)]]
+    args = args[len(site.args) :]
+    results = [ctx.buffer_of(r) for r in site.results]
+    calls[id(results[0])] = call_kernels(site, arg_bufs, results)
+    for k, r in enumerate(results):
+      lowered[id(r)], deps[id(r)] = None, results[:k] or arg_bufs
+  return calls
+
+
+def renumbered(k: Kernel, i: int) -> Kernel:
+  return dataclasses.replace(k, name=f"k{i}_" + k.name.split("_", 1)[1])

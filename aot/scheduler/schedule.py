@@ -17,7 +17,7 @@ from aot.core.ir import BufferArg, ConstData, GroupOp, IndexCheck, Ops, ReduceOp
 from aot.core.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from aot.core.symbolic import pm_simplify, simplify
 from aot.errors import CompileError, InvalidTypeError, InvalidValueError, working_on
-from aot.scheduler.functions import CallSite, call_kernels, separate_calls
+from aot.scheduler.functions import place_calls, renumbered, separate_calls
 from aot.scheduler.kernel import Buffer, IndexCheckCall, Kernel, Schedule
 
 # *** prepare: inline calls, fold constants ***
@@ -414,31 +414,63 @@ def lower_stage(ctx: Lowering, x: UOp, buf: Buffer) -> UOp:
 @dataclasses.dataclass
 class Form:
   """A stage's graph down to what it reads (stages, weights, inputs), each of those a numbered placeholder: stages of
-  one form (a transformer's layers, its layer norms) lower to one kernel over other buffers."""
+  one form (a transformer's layers, its layer norms) lower to one kernel over other buffers. A leaf may be one block
+  of a stage or buffer (_block_offset): an unrolled recurrence's steps, each reading its row of the input product,
+  are one form whose kernels differ by where they read."""
 
   root: UOp  # hash-consed: stages of one form have the same root
   leaves: list[UOp]  # what the stage reads, in placeholder order
+  offsets: list[int | None]  # a block leaf's offset into its source in elements; None: the leaf is read whole
   of: dict[UOp, UOp]  # the stage's node -> the form's
 
 
 @dataclasses.dataclass
 class Template:
-  """The kernel of the first stage of a form, with what its instances replace: the buffers of its leaves and the one
-  it writes, and the nodes it fused (in the form's terms) with the index each was read at."""
+  """The kernel of the first stage of a form, with what its instances replace: the buffers of its leaves (and the
+  offsets of its blocks) and the one it writes, and the nodes it fused (in the form's terms) with the index each was
+  read at."""
 
   store: UOp
   bufs: list[Buffer]
+  offsets: list[int | None]
   out: Buffer
   reads: list[tuple[UOp, UOp]]
+  # nodes its lowering staged (in the form's terms: a value its loop does not vary in), with their buffers: an
+  # instance stages its own, as lowering it would
+  staged: list[tuple[UOp, Buffer]]
+
+
+def _block_offset(u: UOp) -> int | None:
+  """Where a SHRINK that selects one contiguous block of its source starts (single positions on the axes before one,
+  the axes after it whole), else None: read through it, index i of the block is i + offset of the source."""
+  if u.op is not Ops.SHRINK:
+    return None
+  shape, ranges = u.src[0].shape, u.arg
+  k = next((k for k, (a, b) in enumerate(ranges) if b - a != 1), len(ranges))
+  if any((a, b) != (0, n) for (a, b), n in zip(ranges[k + 1 :], shape[k + 1 :])):
+    return None
+  offset, stride = 0, 1
+  for (a, _), n in reversed(list(zip(ranges, shape))):
+    offset, stride = offset + a * stride, stride * n
+  return offset
 
 
 def _form(ctx: Lowering, x: UOp) -> Form:
-  leaf = lambda u: u is not x and (u in ctx.stages or u.op is Ops.BUFFER)
+  read = lambda u: u is not x and (u in ctx.stages or u.op is Ops.BUFFER)
+  # a block of what the stage reads only there is a leaf (read another way too, its source is the leaf)
+  readers: dict[UOp, list[UOp]] = {}
+  for u in x.toposort(stop=read):
+    for s in u.src if not read(u) else ():
+      if read(s):
+        readers.setdefault(s, []).append(u)
+  blocks = {us[0] for us in readers.values() if len(us) == 1 and _block_offset(us[0]) is not None}
+  leaf = lambda u: read(u) or u in blocks
   of: dict[UOp, UOp] = {}
-  leaves: list[UOp] = []
+  leaves, offsets = [], []
   for u in x.toposort(stop=leaf):
     if leaf(u):
-      key = (len(leaves), u.dtype, u.shape)
+      offsets.append(_block_offset(u) if u in blocks else None)
+      key = (len(leaves), u.dtype, u.shape, offsets[-1] is None)
       if key not in ctx.placeholders:
         ctx.placeholders[key] = UOp(Ops.BUFFER, u.dtype, (), BufferArg(f"leaf{len(leaves)}", u.shape, "input"))
       of[u] = ctx.placeholders[key]
@@ -446,11 +478,39 @@ def _form(ctx: Lowering, x: UOp) -> Form:
       continue
     new_src = tuple(of[s] for s in u.src)
     of[u] = u if new_src == u.src else u.replace(src=new_src)
-  return Form(of[x], leaves, of)
+  return Form(of[x], leaves, offsets, of)
 
 
-def _leaf_buffer(ctx: Lowering, u: UOp) -> Buffer:
+def _leaf_buffer(ctx: Lowering, u: UOp, offset: int | None = None) -> Buffer:
+  u = u.src[0] if offset is not None else u
   return ctx.stages[u] if u in ctx.stages else ctx.buffer_of(u)
+
+
+def _instance(t: Template, moved: dict[int, tuple[Buffer, int]]) -> UOp:
+  """The template's kernel over other buffers: {id(template's buffer): (buffer, elements its reads move by)}."""
+  done: dict[UOp, UOp] = {}
+  for u in t.store.toposort():
+    if u.op is Ops.BUF and id(u.arg) in moved:
+      done[u] = u.replace(arg=moved[id(u.arg)][0])
+      continue
+    src = tuple(done[s] for s in u.src)
+    if u.op is Ops.LOAD and u.src[0].op is Ops.BUF and (delta := moved.get(id(u.src[0].arg), (None, 0))[1]):
+      src = (src[0], simplify(src[1] + delta), *src[2:])
+    done[u] = u if src == u.src else u.replace(src=src)
+  return done[t.store]
+
+
+def _template(ctx: Lowering, form: Form, store: UOp, buf: Buffer, staged: list[UOp]) -> Template | None:
+  """The kernel lowered for the first stage of a form as its instances take it; None where it reads a buffer the
+  form does not name (what it staged lies outside the form)."""
+  if any(u not in form.of for u in staged):
+    return None
+  bufs = [_leaf_buffer(ctx, u, o) for u, o in zip(form.leaves, form.offsets)]
+  named = {id(b) for b in bufs} | {id(buf)} | {id(ctx.stages[u]) for u in staged}
+  if any(u.op is Ops.BUF and id(u.arg) not in named for u in store.toposort()):
+    return None
+  reads = [(form.of[r], i) for r, i in ctx.reads]
+  return Template(store, bufs, form.offsets, buf, reads, [(form.of[u], ctx.stages[u]) for u in staged])
 
 
 # a stage takes the kernel of an earlier stage of its form (off: every stage is lowered, for tests comparing the two)
@@ -464,19 +524,17 @@ def lower_form(ctx: Lowering, x: UOp, buf: Buffer) -> tuple[UOp, list]:
   one. A first lowering that staged more of the graph is not kept (its form has changed)."""
   form = _form(ctx, x)
   if (t := ctx.templates.get(form.root)) is None or not REUSE_FORMS:
-    staged, ctx.reads = len(ctx.stages), []
+    before, ctx.reads = set(ctx.stages), []
     store = lower_stage(ctx, x, buf)
-    if len(ctx.stages) == staged:
-      bufs = [_leaf_buffer(ctx, u) for u in form.leaves]
-      ctx.templates[form.root] = Template(store, bufs, buf, [(form.of[r], i) for r, i in ctx.reads])
+    if (t := _template(ctx, form, store, buf, [u for u in ctx.stages if u not in before])) is not None:
+      ctx.templates[form.root] = t
     return store, ctx.reads
-  new = {id(old): _leaf_buffer(ctx, u) for old, u in zip(t.bufs, form.leaves)} | {id(t.out): buf}
-  store = substitute(
-    t.store, {u: u.replace(arg=new[id(u.arg)]) for u in t.store.toposort() if u.op is Ops.BUF and id(u.arg) in new}
-  )
   node = {f: u for u, f in form.of.items()}
+  moved = {id(t.out): (buf, 0)} | {id(b): (ctx.stage(node[f]), 0) for f, b in t.staged}
+  for old, was, u, o in zip(t.bufs, t.offsets, form.leaves, form.offsets):
+    moved[id(old)] = (_leaf_buffer(ctx, u, o), (o or 0) - (was or 0))
   # the index is tagged with the kernel: reads from two kernels are two reads, as ranges of their own would make them
-  return store, [(node[f], (id(buf), i)) for f, i in t.reads]
+  return _instance(t, moved), [(node[f], (id(buf), i)) for f, i in t.reads]
 
 
 def finalize(store: UOp) -> tuple[UOp, list[Buffer]]:
@@ -613,11 +671,11 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
   # an argument is read from a buffer by the call's kernels: stored, unless it is one already
   forced = _first_stages(sink) + [a for a in dict.fromkeys(args) if a.op is not Ops.BUFFER]
   ctx, lowered, deps = _lower_to_fixpoint(outputs, out_bufs, forced)
-  calls = _place_calls(ctx, sites, args, lowered, deps)
+  calls = place_calls(ctx, sites, args, lowered, deps)
   kernels = []
   for bid in _kernel_order(out_bufs, lowered, deps):
     if lowered[bid] is None:  # a call's results: its kernels come with the first
-      kernels += [_renumbered(k, len(kernels) + n) for n, k in enumerate(calls.get(bid, []))]
+      kernels += [renumbered(k, len(kernels) + n) for n, k in enumerate(calls.get(bid, []))]
       continue
     store, b, x = lowered[bid]
     ast, bufs = finalize(store)
@@ -637,24 +695,6 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
     checks=[IndexCheckCall(b, label) for b, (_, label) in zip(check_bufs, checks)],
     indexed=_indexed_inputs([label for _, label in checks]),
   )
-
-
-def _place_calls(ctx: Lowering, sites: list[CallSite], args: list[UOp], lowered: dict, deps: dict) -> dict:
-  """Each call's kernels (separate_calls) under its first result's buffer id, which the kernel order then reaches
-  as it reaches a stage: after the buffers of the call's arguments, before what reads a result."""
-  calls: dict[int, list[Kernel]] = {}
-  for site in sites:
-    arg_bufs = [ctx.buffer_of(a) if a.op is Ops.BUFFER else ctx.stages[a] for a in args[: len(site.args)]]
-    args = args[len(site.args) :]
-    results = [ctx.buffer_of(r) for r in site.results]
-    calls[id(results[0])] = call_kernels(site, arg_bufs, results)
-    for k, r in enumerate(results):
-      lowered[id(r)], deps[id(r)] = None, results[:k] or arg_bufs
-  return calls
-
-
-def _renumbered(k: Kernel, i: int) -> Kernel:
-  return dataclasses.replace(k, name=f"k{i}_" + k.name.split("_", 1)[1])
 
 
 def _first_stages(sink: UOp) -> list[UOp]:
