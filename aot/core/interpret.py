@@ -136,6 +136,8 @@ def evaluate(
   each node is computed over the ranges it depends on only and the result broadcasts to the grid of axes. Each value
   is dropped after its last use: the memory is a small multiple of the largest value, not of the whole graph's."""
   vals: dict[UOp, np.ndarray] = dict(leaf or {})
+  if data is not None:
+    vals |= {n: v for n in u.toposort() if n.op is Ops.LOAD and (v := _strided_load(n, axes, data)) is not None}
   nodes = u.toposort(stop=lambda n: n in vals)
   uses = Counter(s for n in nodes if n not in vals for s in n.src)
   with np.errstate(all="ignore"):
@@ -148,6 +150,28 @@ def evaluate(
         if uses[s] == 0:
           del vals[s]
   return vals[u]
+
+
+def _strided_load(n: UOp, axes: list[UOp], data: dict[int, np.ndarray]) -> np.ndarray | None:
+  """An ungated LOAD at an index linear in the ranges, in bounds, as a strided view of its data: no index array
+  and no gather (a VGG-19's 575 MB of weights packed: 1.4 s of index arithmetic and 1 s of np.take)."""
+  from aot.core.symbolic import linear
+
+  glob, idx, gate = n.src
+  if glob.op is not Ops.DEFINE_GLOBAL or gate.op is not Ops.CONST or gate.arg is not True:
+    return None
+  terms, const = linear(idx)
+  if not all(t.op is Ops.RANGE and t in axes for t in terms):
+    return None
+  flat = data[glob.slot].reshape(-1)
+  lo = const + sum(min(0, k * (t.size - 1)) for t, k in terms.items())
+  hi = const + sum(max(0, k * (t.size - 1)) for t, k in terms.items())
+  if lo < 0 or hi >= flat.size:
+    return None
+  shape = [a.size if a in terms else 1 for a in axes]
+  strides = [terms.get(a, 0) * flat.itemsize for a in axes]
+  view = np.lib.stride_tricks.as_strided(flat[const:], shape, strides, writeable=False)
+  return view.astype(eval_dtype(n.dtype), copy=False)
 
 
 def _eval_node(n: UOp, src: list[np.ndarray], axes: list[UOp] | None, data: dict[int, np.ndarray] | None) -> np.ndarray:
