@@ -243,7 +243,7 @@ def _render_cpu(
   if sched.batch:
     arena = batch_arena(sched, memory_plan(item_segments(sched, low), low.scratch))
   else:
-    arena = memory_plan([x.kernel for x in low.lowered], low.scratch)
+    arena = memory_plan([s for x in low.lowered for s in x.segments()], low.scratch)
   external = weights.finish()
   files = render_kernels(target, low.functions, low.places)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in low.functions.items()]

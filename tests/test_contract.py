@@ -103,9 +103,18 @@ CASES = {
 }
 
 
+@pytest.fixture
+def whole_kernels(monkeypatch):
+  """No arena goal: a one-layer model's window matrix is many times its only tensors, and the goal would cut its
+  kernel into pieces (codegen/lower/pieces.py); the tests using this check the whole kernel's calls."""
+  from aot.codegen.lower import stage
+
+  monkeypatch.setattr(stage, "ARENA_GOAL", 1 << 20)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_contraction_matches_numpy(case, target, tmp_path, split_every_kernel):
+def test_contraction_matches_numpy(case, target, tmp_path, split_every_kernel, whole_kernels):
   fn, xs, ref, calls = CASES[case]
   out, fresh, gemms, kernels = compiled(fn, xs, tmp_path, target)
   close(out, ref(*fresh))
@@ -116,7 +125,7 @@ _X7 = f32(1, 128, 7, 7)
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_small_images_swap_operands(target, tmp_path, split_every_kernel):
+def test_small_images_swap_operands(target, tmp_path, split_every_kernel, whole_kernels):
   # 7x7 = 49 positions fill two 32-lane tiles to 77%; 128 channels fill them whole, and K = 1152 pays for the swap
   w = f32(128, 128, 3, 3)
   out, (x,), gemms, kernels = compiled(lambda x: x.conv2d(Tensor(w), padding=1).relu(), [_X7], tmp_path, target)
@@ -408,7 +417,7 @@ def test_long_reduction_keeps_wide_panels(target, tmp_path):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_task_blocks_shrink_their_longer_side(target, tmp_path):
+def test_task_blocks_shrink_their_longer_side(target, tmp_path, whole_kernels):
   # a swapped 7x7 conv (M = 49 positions, N = 256 channels, K = 2304) split into MIN_TASKS tasks: blocks of 16 rows x
   # 32 columns, not rows first down to one tile (8 x 32 here; ResNet's 512-channel ones were 8 x 64, each task
   # re-reading its block of weights for 8 rows)
@@ -419,3 +428,48 @@ def test_task_blocks_shrink_their_longer_side(target, tmp_path):
   model = onnx_graph([node, helper.make_node("Relu", ["c"], ["y"])], {"x": (1, 256, 7, 7)}, {"w": w})
   check_against_onnxruntime(model, {"x": f32(1, 256, 7, 7)}, tmp_path, target)
   assert "aot_gemm g = {1, 49, 256, 2304, 8, 32, 16, 32," in (tmp_path / target / "src" / "model.c").read_text()
+
+
+POOLED_CONV = (  # a 1x1 conv's 64 x 32 x 32 result (256 KB) max-pooled 2x2 to 64 KB, the largest tensor, then a conv
+  [
+    ("Conv", ["x", "w1"], ["c"], {}),
+    ("Relu", ["c"], ["r"], {}),
+    ("MaxPool", ["r"], ["p"], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ("Conv", ["p", "w2"], ["y"], {}),
+  ],
+  {"x": (1, 8, 32, 32)},
+  {"w1": f32(64, 8, 1, 1), "w2": f32(4, 64, 1, 1)},
+  64 * 16 * 16 * 4,
+)
+SWAPPED_WINDOWS = (  # a 3x3 conv over 2 x 40 positions, swapped (80 rows fill 8-row tiles): windows 9x the input
+  [
+    ("Conv", ["x", "w1"], ["c"], {"pads": [1] * 4}),
+    ("MaxPool", ["c"], ["y"], {"kernel_shape": [2, 1], "strides": [2, 1]}),
+  ],
+  {"x": (1, 128, 2, 40)},
+  {"w1": f32(128, 128, 3, 3)},
+  128 * 2 * 40 * 4,
+)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", [POOLED_CONV, SWAPPED_WINDOWS], ids=["pooled result", "swapped window matrix"])
+def test_big_scratch_runs_in_pieces_within_the_arena_goal(case, target, tmp_path, monkeypatch, split_every_kernel):
+  # a contraction whose result matrix (pooled after it) or dense window matrix would take the arena past ARENA_GOAL
+  # times the largest tensor runs in pieces along an output range, each piece's scratch over the last one's: within
+  # the goal, where the whole kernel's was not, and the same bits
+  from onnx import helper
+
+  from aot.codegen.lower import stage
+  from aot.codegen.lower.pieces import ARENA_GOAL
+
+  nodes, inputs, weights, largest = case
+  model = onnx_graph([helper.make_node(op, i, o, **a) for op, i, o, a in nodes], inputs, weights)
+  xs = {n: f32(*s) for n, s in inputs.items()}
+  cut = check_against_onnxruntime(model, xs, tmp_path / "cut", target)
+  monkeypatch.setattr(stage, "ARENA_GOAL", 1 << 20)
+  whole = check_against_onnxruntime(model, xs, tmp_path / "whole", target)
+  assert run_body((tmp_path / "cut" / target / "src" / "model.c").read_text()).count("aot_gemm g =") > 1
+  assert cut["arena_bytes"] <= ARENA_GOAL * largest < whole["arena_bytes"]
+  outs = [aot.load(tmp_path / d / target, threads=1)(*xs.values()) for d in ("cut", "whole")]
+  assert np.array_equal(*outs)

@@ -237,6 +237,11 @@ class Lowered:
     """The floats of the buffer each thread packs B's panels into (GemmCall.pack), 0 when none does."""
     return 0
 
+  def segments(self) -> list[Kernel]:
+    """The kernel's calls in runs, each with the buffers they touch, in order (the memory plan's steps: a buffer
+    lives from the first run using it to the last): one run of all its buffers, unless its calls come in pieces."""
+    return [self.kernel]
+
   def calls(self, ctx: CallContext) -> list[Call]:
     return [ctx.loop(p, self.kernel.bufs, self.kernel.bufs[0], "kernel", rebase=True) for p in self.pieces]
 

@@ -391,10 +391,10 @@ def split_by_slices(ast: UOp, gemms: list[Gemm]) -> list[UOp]:
     return [ast]
   (r,) = cut
   edges = sorted({0, r.size} | {x for g in gemms for q, start, end in g.c.bounds for x in (start, end)})
-  return _pieces(ast, r, edges)
+  return range_pieces(ast, r, edges)
 
 
-def _pieces(ast: UOp, r: UOp, edges: list[int]) -> list[UOp]:
+def range_pieces(ast: UOp, r: UOp, edges: list[int]) -> list[UOp]:
   """ast once per run [lo, hi) of range r between the edges (r = lo + a range of hi - lo), simplified."""
   # a range the kernel sums over (a concat's or pad's axis reduced after it) is not cut: each piece would store
   # its part of the sum over the others', and an ACCUMULATE's ranges would become sums (fuzzer: seed 123 case 796)
@@ -425,7 +425,7 @@ def split_by_gates(ast: UOp, size: int) -> list[UOp]:
     return [ast]
   cuts = {u.src[1].arg for u in topo if u.op is Ops.CMPLT and u.src[0] is r and u.src[1].op is Ops.CONST}
   edges = sorted({0, r.size} | {c for c in cuts if 0 < c < r.size})
-  return [ast] if len(edges) - 1 > GATE_PIECES_MAX else _pieces(ast, r, edges)
+  return [ast] if len(edges) - 1 > GATE_PIECES_MAX else range_pieces(ast, r, edges)
 
 
 def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -> tuple[int, int] | None:
@@ -585,17 +585,35 @@ def _bounded(c: Contraction, side: Side, is_b: bool, R: int, bufs: list) -> bool
   return consts is None or _packs(c, side, R, list(consts.values())) or _readable(c, side, is_b) is not None
 
 
-def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slot, make_buffer) -> Operand:
-  """The cheapest form of one operand (module docstring): packed constant, view, or dense copy."""
+def _source_bytes(side: Side, bufs: list) -> int:
+  """Bytes of the buffers an operand is computed from."""
+  return sum(bufs[s].nbytes for s in {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD})
+
+
+def operand_form(c: Contraction, side: Side, is_b: bool, R: int, bufs: list) -> str:
+  """The cheapest form of one operand (module docstring): "packed" (a constant), "view" (read where it lies),
+  "panels" (B copied a panel at a time into its thread's buffer) or "dense" (copied whole into the arena)."""
   consts = _constants(side, bufs)
   if consts is not None and _packs(c, side, R, list(consts.values())):
-    packed = evaluate_operand(c, side, R, consts)
+    return "packed"
+  if _readable(c, side, is_b) is not None:
+    return "view"
+  if is_b and panel_rows(c, side, R, _source_bytes(side, bufs)) is not None:
+    return "panels"
+  return "dense"
+
+
+def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slot, make_buffer) -> Operand:
+  """The operand in its form (operand_form)."""
+  form = operand_form(c, side, is_b, R, bufs)
+  if form == "packed":
+    packed = evaluate_operand(c, side, R, _constants(side, bufs))
     return Operand(new_slot(make_buffer("const", packed)), 0, (packed[0].size, c.K * R, 1, R), True)
-  if (view := _readable(c, side, is_b)) is not None:
-    slot, offset, (sb, sr, sk) = view
+  if form == "view":
+    slot, offset, (sb, sr, sk) = _readable(c, side, is_b)
     return Operand(slot, offset, (sb, R * sr, sr, sk), False)
-  source = sum(bufs[s].nbytes for s in {u.src[0].arg for u in side.expr.toposort() if u.op is Ops.LOAD})
-  if is_b and (h := panel_rows(c, side, R, source)) is not None:
+  if form == "panels":
+    h = panel_rows(c, side, R, _source_bytes(side, bufs))
     cols = h * prod(r.size for r in side.rows[1:])
     ld = -(-cols // R) * R
     return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, ld), panel=(cols, ld))
@@ -655,14 +673,52 @@ def fused_steps(ast: UOp, g: Gemm, written: set[int] = frozenset()) -> tuple[Ste
   return tuple(steps) if steps else None
 
 
-def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer) -> tuple[UOp, list, list[Gemm]]:
-  """(the kernel that runs last, the kernel's buffers with new slots appended, its gemms). make_buffer(kind, array or
-  size) makes a constant buffer holding an array, or a float32 scratch buffer of a size."""
-  found = [
+def lowerable_contractions(ast: UOp, bufs: list, tile: tuple[int, int]) -> list[Contraction]:
+  """The kernel's contractions whose operands can be formed without copying a constant many times over (_bounded)."""
+  return [
     c
     for c in find_contractions(ast, tile)
     if _bounded(c, c.a, False, tile[0], bufs) and _bounded(c, c.b, True, tile[1], bufs)
   ]
+
+
+def _copy_key(c: Contraction, side: Side, is_b: bool) -> tuple:
+  """An operand compared over positional ranges (each reduce has its own ranges): equal keys, equal copies."""
+  axes = [*c.batch, *side.rows, *c.k]
+  canon = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(axes)}
+  return (substitute(side.expr, canon), len(c.batch), len(side.rows), is_b)
+
+
+def scratch_floats(ast: UOp, bufs: list, tile: tuple[int, int], found: list[Contraction] | None = None) -> int:
+  """The floats of arena scratch lower_contractions makes for the kernel (its dense operand copies and the result
+  matrices the output does not hold), from the same decisions, making nothing. found: its lowerable_contractions."""
+  total, copies, placed = 0, set(), []
+  for c in lowerable_contractions(ast, bufs, tile) if found is None else found:
+    for side, is_b, R in ((c.a, False, tile[0]), (c.b, True, tile[1])):
+      key = _copy_key(c, side, is_b)
+      if key not in copies and operand_form(c, side, is_b, R, bufs) == "dense":
+        copies.add(key)
+        total += c.B * -(-side.size // R) * R * c.K
+    if _in_place_offset(ast, bufs[0], c, placed) is None:
+      total += c.B * c.a.size * c.b.size
+    else:
+      placed.append(c)
+  return total
+
+
+def lower_contractions(
+  ast: UOp,
+  bufs: list,
+  tile: tuple[int, int],
+  make_buffer,
+  consts: dict | None = None,
+  found: list[Contraction] | None = None,
+) -> tuple[UOp, list, list[Gemm]]:
+  """(the kernel that runs last, the kernel's buffers with new slots appended, its gemms). make_buffer(kind, array or
+  size) makes a constant buffer holding an array, or a float32 scratch buffer of a size. consts: the constant
+  operands formed for the other pieces of one kernel (pieces.py), by _copy_key: taken from and added to, so that a
+  weight every piece reads is packed once. found: the kernel's lowerable_contractions, when known."""
+  found = lowerable_contractions(ast, bufs, tile) if found is None else found
   if not found:
     return ast, bufs, []
   bufs, gemms, results = list(bufs), [], {}
@@ -675,15 +731,16 @@ def lower_contractions(ast: UOp, bufs: list, tile: tuple[int, int], make_buffer)
   copies: dict[tuple, Operand] = {}
 
   def operand(c: Contraction, side: Side, is_b: bool, R: int) -> Operand:
-    # each reduce has its own ranges: the operand is compared over positional ones
-    axes = [*c.batch, *side.rows, *c.k]
-    canon = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(axes)}
-    key = (substitute(side.expr, canon), len(c.batch), len(side.rows), is_b)
+    key = _copy_key(c, side, is_b)
     if key in copies:
       return copies[key]
+    if consts is not None and key in consts:
+      return consts[key]
     o = _operand(c, side, is_b, R, bufs, new_slot, make_buffer)
     if o.dense is not None:
       copies[key] = replace(o, dense=None)
+    elif consts is not None and o.pack is None and bufs[o.slot].kind == "const":
+      consts[key] = o
     return o
 
   for c in found:

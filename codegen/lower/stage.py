@@ -11,9 +11,16 @@ from itertools import accumulate
 
 from aot.artifact import WeightsWriter, release_mapped_pages
 from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered
-from aot.codegen.lower.contract import fuse_epilogues, lower_contractions, split_by_gates, split_by_slices
+from aot.codegen.lower.contract import (
+  fuse_epilogues,
+  lower_contractions,
+  lowerable_contractions,
+  split_by_gates,
+  split_by_slices,
+)
 from aot.codegen.lower.direct import DirectLowered, lower_depthwise
 from aot.codegen.lower.microkernel import GemmLowered
+from aot.codegen.lower.pieces import ARENA_GOAL, PiecedLowered, scratch_pieces
 from aot.codegen.lower.qgemm import QGemmLowered
 from aot.codegen.lower.qpool import PoolLowered, lower_qpool
 from aot.codegen.lower.quant import lower_qgemm, narrow_int8_producers
@@ -23,6 +30,7 @@ from aot.core.dtype import dtypes
 from aot.core.ir import UOp
 from aot.errors import working_on
 from aot.scheduler.kernel import Buffer, Kernel, Schedule
+from aot.scheduler.memory import live_bytes
 
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
 PARALLEL_MIN_WORK = 1 << 16
@@ -59,6 +67,8 @@ class LowerEnv:
   qresults: dict = field(default_factory=dict)
   scratch_made: list[Buffer] = field(default_factory=list)
   packed: set[int] = field(default_factory=set)
+  # the arena bytes each kernel's lowering may add (by kernel id; pieces.py), unbounded where not given
+  scratch_budget: dict[int, int] = field(default_factory=dict)
 
   def keep(self, b: Buffer) -> Buffer:
     """A buffer a lowering made: a scratch one for the arena; a packed constant to the weights file now, then
@@ -116,14 +126,37 @@ def lower_direct(k: Kernel, env: LowerEnv) -> Lowered | None:
   return _released(k, DirectLowered(Kernel(k.name, k.ast, bufs, k.shape), [last], convs))
 
 
-def lower_contraction(k: Kernel, env: LowerEnv) -> Lowered | None:
-  last, bufs, gemms = lower_contractions(k.ast, k.bufs, env.tile, env.make_buffer)
-  if not gemms:
-    return None
+def _gemm_lowered(kernel: Kernel, last: UOp, gemms: list) -> GemmLowered:
   # a concat's epilogue runs one kernel per branch's slice; a contraction applies its own to its tiles when it can
   pieces = split_by_slices(last, gemms)
   fuse_epilogues(pieces, gemms)
-  return _released(k, GemmLowered(Kernel(k.name, k.ast, bufs, k.shape), pieces, gemms))
+  return GemmLowered(kernel, pieces, gemms)
+
+
+def lower_contraction(k: Kernel, env: LowerEnv) -> Lowered | None:
+  found = lowerable_contractions(k.ast, k.bufs, env.tile)
+  if not found:
+    return None
+  budget = env.scratch_budget.get(id(k), 1 << 62)
+  if (cut := scratch_pieces(k.ast, k.bufs, env.tile, budget, found)) is not None:
+    return _released(k, _lower_in_pieces(k, cut, env))
+  last, bufs, gemms = lower_contractions(k.ast, k.bufs, env.tile, env.make_buffer, found=found)
+  if not gemms:
+    return None
+  return _released(k, _gemm_lowered(Kernel(k.name, k.ast, bufs, k.shape), last, gemms))
+
+
+def _lower_in_pieces(k: Kernel, cut: list[UOp], env: LowerEnv) -> PiecedLowered:
+  """The kernel's pieces (pieces.py) lowered one after another over its buffers, the weights packed once."""
+  bufs, consts, done = list(k.bufs), {}, []
+  for piece in cut:
+    n = len(bufs)
+    last, bufs, gemms = lower_contractions(piece, bufs, env.tile, env.make_buffer, consts)
+    done.append((last, gemms, range(n, len(bufs))))
+  kernel = Kernel(k.name, k.ast, bufs, k.shape)
+  # a piece too small for the microkernel runs as loops
+  parts = [_gemm_lowered(kernel, last, gemms) if gemms else Lowered(kernel, [last]) for last, gemms, _ in done]
+  return PiecedLowered(kernel, [p for part in parts for p in part.pieces], parts, [made for *_, made in done])
 
 
 def lower_loops(k: Kernel, env: LowerEnv) -> Lowered:
@@ -192,6 +225,11 @@ def _lower_kernels(sched: Schedule, env: LowerEnv) -> tuple[list[Lowered], set[i
   narrowed, made8, replaced = narrow_int8_producers(sched.kernels)
   env.scratch_made += made8
   env.producers.update({id(k.bufs[0]): k for k in narrowed})
+  # a ranged dim's arena is planned by runs of whole kernels (codegen/render/run_dims.py item_segments): no budget
+  if sched.batch is None:
+    largest = max(b.nbytes for b in [*sched.inputs, *sched.outputs, *(k.bufs[0] for k in sched.kernels)])
+    live = live_bytes(narrowed)
+    env.scratch_budget = {id(k): ARENA_GOAL * largest - live[i] for i, k in enumerate(narrowed)}
   lowered = []
   for k in narrowed:
     with working_on(kernel_place(k)):
