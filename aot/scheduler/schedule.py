@@ -1,6 +1,7 @@
 """The scheduler: a tensor graph becomes an ordered list of kernels (rangeify).
 
-Order of passes, each a rule list: inline calls and fold constants (prepare) -> decide what is materialised
+Order of passes, each a rule list: calls of functions whose results are stored are scheduled once (functions.py),
+other calls inlined and constants folded (prepare) -> decide what is materialised
 (stages) -> lower each stage to one kernel by pushing INDEX through the graph (movement ops become index arithmetic,
 reduces become accumulators over new ranges) -> finalise (buffers become numbered params, so equal kernels are one UOp).
 """
