@@ -351,6 +351,11 @@ def build_library(
   if cache and fetch(cached_a, static_library_path(out_path)) and fetch(cached, out_path):
     return True
   compiler = tc.compiler
+  llvm_target = None
+  if any(s.endswith(".ll") for s in sources):
+    from aot.codegen.render.llvm import object_command, object_target
+
+    llvm_target = object_target(triple, cpu)
   with tempfile.TemporaryDirectory(prefix="aot_build_") as tmp:
     objs = [str(Path(tmp) / (Path(s).stem + ".o")) for s in sources]
     done = [0]
@@ -362,9 +367,7 @@ def build_library(
       cached_o = cache_dir() / "obj" / (okey + ".o")
       if not _take_prebuilt(okey, o) and not (cache and fetch(cached_o, Path(o))):
         if s.endswith(".ll"):
-          from aot.codegen.render.llvm import compile_module
-
-          Path(o).write_bytes(compile_module((src_dir / s).read_text(), triple, cpu))
+          run_build_command(object_command(src_dir / s, Path(o), llvm_target), src_dir)
         else:
           run_build_command(tc.command(src_dir, s, o), src_dir)
         if cache:

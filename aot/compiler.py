@@ -126,7 +126,8 @@ def _is_onnx(what) -> bool:
 
 
 def render_kernels(target: str, functions: dict[UOp, str], places: dict[str, str] | None = None) -> dict[str, str]:
-  """The kernel source files: C files of KERNELS_PER_FILE kernels each (compiled in parallel), or one LLVM module.
+  """The kernel source files of KERNELS_PER_FILE kernels each, compiled in parallel: C files, or LLVM modules (one
+  module of YOLOv8n's 70 kernels was 2.6 s of its 4.6 s compile, on one core).
   places: where each function comes from, by name (function_places), for the error a bug rendering it becomes."""
   items = list(functions.items())
   places = places or {}
@@ -135,12 +136,15 @@ def render_kernels(target: str, functions: dict[UOp, str], places: dict[str, str
 
     from aot.codegen.render.llvm import LLVMRenderer, module_text
 
-    module = ir.Module(name="kernels")
-    llr = LLVMRenderer(module)
-    for ast, fn in items:
-      with working_on(places.get(fn, f"in function {fn}")):
-        llr.render_kernel(fn, ast)
-    return {"kernels.ll": module_text(module)}
+    modules = {}
+    for i in range(0, len(items), KERNELS_PER_FILE):
+      module = ir.Module(name=f"kernels{i // KERNELS_PER_FILE}")
+      llr = LLVMRenderer(module)
+      for ast, fn in items[i : i + KERNELS_PER_FILE]:
+        with working_on(places.get(fn, f"in function {fn}")):
+          llr.render_kernel(fn, ast)
+      modules[f"{module.name}.ll"] = module_text(module)
+    return modules
   renderer = CRenderer()
   texts = []
   for ast, fn in items:

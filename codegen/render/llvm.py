@@ -9,11 +9,14 @@ libm calls: no intrinsic exists and an approximation of our own would need its o
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from aot.codegen.render import llvm_object
 from aot.codegen.render.linearize import (
   CORE_SPLIT,
   guards_divisor,
@@ -377,40 +380,35 @@ def host_target() -> tuple[str, str, str]:
   return llvm.get_default_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
-def compile_module(ir_text: str, triple: str | None = None, cpu: str = "native") -> bytes:
-  """Optimise LLVM IR text and emit an object file for triple (default: this machine) and cpu."""
+@dataclass(frozen=True)
+class ObjectTarget:
+  """What an LLVM module is compiled for: the triple, and the CPU and features NAME_create checks (aot/cpu.py)."""
+
+  triple: str
+  cpu: str
+  features: str
+
+
+def object_target(triple: str | None = None, cpu: str = "native") -> ObjectTarget:
+  """The target of triple (default: this machine) and cpu, checked: an x86-64-v3 or armv8.2-a+dotprod becomes a
+  feature list."""
   llvm.initialize_all_targets()
-  llvm.initialize_all_asmprinters()
   host_triple = host_target()[0]
   triple = triple or host_triple
   if cpu == "native" and triple != host_triple:
     raise InvalidValueError(f"--cpu native means this machine; name a CPU for {triple} (e.g. generic)")
-  # the CPU and features NAME_create checks (aot/cpu.py): an x86-64-v3 or armv8.2-a+dotprod becomes a feature list
   machine = llvm_machine(cpu, None if triple == host_triple else triple)
-  cpu, features = machine.cpu, machine.features
+  features = machine.features
   # strided reads (a weight read across output columns) vectorised as gathers are slower than scalar loads here
   if triple.startswith("x86_64"):
     features = ",".join(f for f in (features, "+prefer-no-gather", "+prefer-no-scatter") if f)
   try:
-    target = llvm.Target.from_triple(triple)
+    llvm.Target.from_triple(triple)
   except RuntimeError as e:
     raise InvalidValueError(f"LLVM has no target for triple {triple!r}: {e}") from None
-  tm = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
-  mod = llvm.parse_assembly(ir_text)
-  mod.triple, mod.data_layout = triple, str(tm.target_data)
-  mod.verify()
-  pto = llvm.create_pipeline_tuning_options(speed_level=3)
-  pto.loop_vectorization = pto.slp_vectorization = True
-  pb = llvm.create_pass_builder(tm, pto)
-  mpm = pb.getModulePassManager()
-  try:
-    mpm.run(mod, pb)
-    return tm.emit_object(mod)
-  finally:
-    # dispose in dependency order: the pass builder refers to the target machine, and Python's collector would free
-    # them in any order (a freed target machine under a live pass builder corrupts the heap)
-    mpm.close()
-    pb.close()
-    pto.close()
-    mod.close()
-    tm.close()
+  return ObjectTarget(triple, machine.cpu, features)
+
+
+def object_command(src: Path, out: Path, target: ObjectTarget) -> list[str]:
+  """The command compiling the module in src to the object out, in a process of its own (llvm_object.py)."""
+  return [sys.executable, llvm_object.__file__, str(src), str(out), target.triple, target.cpu, target.features]
