@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -354,6 +355,7 @@ def build_library(
   llvm_target = None
   if any(s.endswith(".ll") for s in sources):
     from aot.codegen.render.llvm import object_command, object_target
+    from aot.codegen.render.llvm_object import emit_object
 
     llvm_target = object_target(triple, cpu)
   with tempfile.TemporaryDirectory(prefix="aot_build_") as tmp:
@@ -366,8 +368,12 @@ def build_library(
       okey = tc.object_key(src_dir, s)
       cached_o = cache_dir() / "obj" / (okey + ".o")
       if not _take_prebuilt(okey, o) and not (cache and fetch(cached_o, Path(o))):
-        if s.endswith(".ll"):
+        if s.endswith(".ll") and sys.executable:
           run_build_command(object_command(src_dir / s, Path(o), llvm_target), src_dir)
+        elif s.endswith(".ll"):
+          # (no interpreter to start: Python embedded in another program) in this process
+          t = llvm_target
+          Path(o).write_bytes(emit_object((src_dir / s).read_text(), t.triple, t.cpu, t.features))
         else:
           run_build_command(tc.command(src_dir, s, o), src_dir)
         if cache:
