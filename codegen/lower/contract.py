@@ -206,6 +206,19 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
   return x, y, back, [(r, start[r], end[r]) for r in sliced]
 
 
+def _row_order(expr: UOp, rows: set) -> tuple[UOp, ...]:
+  """An operand's free ranges, outer first: in loop order, unless one is the window of a reduction the kernel makes
+  of the result (a max pool after a convolution: C is then a scratch matrix only the kernel reads), when they go by
+  their step in the operand's source, largest first, so that its copy reads and writes rows contiguously (the CRNN's
+  conv + 2x1 pool took each pooled column's two rows innermost: a copy loop of 2)."""
+  ordered = tuple(sorted(rows, key=lambda r: r.number))
+  loads = [u for u in expr.toposort() if u.op is Ops.LOAD]
+  if not any(r.kind == "reduce" for r in rows) or len(loads) != 1:
+    return ordered
+  terms = linear(loads[0].src[1])[0]
+  return tuple(sorted(ordered, key=lambda r: -terms.get(r, 0)))
+
+
 def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
   """The float32 sum-of-products accumulators of a kernel whose operands separate into (batch, m, k) x (batch, n, k)."""
   found = []
@@ -236,13 +249,7 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     if gain * prod(r.size for r in k) > SWAP_GAIN:
       (x, mx), (y, ny) = (y, ny), (x, mx)
     c = Contraction(
-      acc,
-      batch,
-      k,
-      Side(x, tuple(sorted(mx, key=lambda r: r.number))),
-      Side(y, tuple(sorted(ny, key=lambda r: r.number))),
-      tuple(back.items()),
-      tuple(bounds),
+      acc, batch, k, Side(x, _row_order(x, mx)), Side(y, _row_order(y, ny)), tuple(back.items()), tuple(bounds)
     )
     if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK:
       found.append(c)
