@@ -171,6 +171,18 @@ static inline __attribute__((always_inline)) void step_operand(vf *x, const plan
   else load_first(x, at + (y - ps->y), lanes);
 }
 
+/* step s (not a MUL_ADD) on each accumulator v with its operand x, as ON(EXPR) applies EXPR to them: the epilogue
+   kernel's ops in its argument order (an add or a multiply rounds the same either way round) */
+#define STEP_SWITCH(s, ON)                                                                                 \
+  switch ((s)->op * 2 + ((s)->op >= AOT_STEP_MAX ? (s)->swapped : 0)) {                                    \
+    case AOT_STEP_ADD * 2: ON(v + x); break;                                                               \
+    case AOT_STEP_MUL * 2: ON(v * x); break;                                                               \
+    case AOT_STEP_MAX * 2: ON(VMAX_MIN(v, x, >)); break;                                                   \
+    case AOT_STEP_MAX * 2 + 1: ON(VMAX_MIN(x, v, >)); break;                                               \
+    case AOT_STEP_MIN * 2: ON(VMAX_MIN(v, x, <)); break;                                                   \
+    default: ON(VMAX_MIN(x, v, <)); break;                                                                 \
+  }
+
 /* EXPR of each accumulator v and its operand x (step k's) into the accumulator */
 #define ON_BLOCK(EXPR)                                                                                     \
   _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)                                                      \
@@ -212,14 +224,7 @@ static inline __attribute__((always_inline)) void segment(int taps, const long *
         }
       continue;
     }
-    switch (s->op * 2 + (s->op >= AOT_STEP_MAX ? s->swapped : 0)) {
-      case AOT_STEP_ADD * 2: ON_BLOCK(v + x); break;
-      case AOT_STEP_MUL * 2: ON_BLOCK(v * x); break;
-      case AOT_STEP_MAX * 2: ON_BLOCK(VMAX_MIN(v, x, >)); break;
-      case AOT_STEP_MAX * 2 + 1: ON_BLOCK(VMAX_MIN(x, v, >)); break;
-      case AOT_STEP_MIN * 2: ON_BLOCK(VMAX_MIN(v, x, <)); break;
-      default: ON_BLOCK(VMAX_MIN(x, v, <)); break;
-    }
+    STEP_SWITCH(s, ON_BLOCK)
   }
   _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
     _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
@@ -397,7 +402,8 @@ static void lane_fill(const aot_depthwise *d, int p0, int n, long r0, long r1, f
       const int w = d->W - c0 < VW ? d->W - c0 : VW;
       v512 v[16];
       _Pragma("GCC unroll 16") for (int l = 0; l < 16; l++)
-        v[l] = l < n ? _mm512_maskz_loadu_ps((__mmask16)((1u << w) - 1), d->x + d->x_planes[p0 + l] + ih * d->x_row + c0)
+        v[l] = l < n ? _mm512_maskz_loadu_ps((__mmask16)((1u << w) - 1),
+                                             d->x + d->x_planes[p0 + l] + ih * d->x_row + c0)
                      : _mm512_setzero_ps();
       transpose16(v);
       /* all 16 columns: those past the row's w were loaded as zeros, and land on padding, or on the next row's
@@ -408,11 +414,15 @@ static void lane_fill(const aot_depthwise *d, int p0, int n, long r0, long r1, f
   }
 }
 
+/* EXPR of each lane accumulator v and its step's operand x (one per lane) into the accumulator */
+#define ON_LANES(EXPR)                                                                                     \
+  _Pragma("GCC unroll 16") for (int j = 0; j < n; j++) { const vf v = acc[j], x = y; acc[j] = EXPR; }
+
 /* the group's n x VW outputs of row oh from column ow0 (n of them: acc[j] is output ow0 + j of every lane), through
-   the steps (x: each step's operand per lane), transposed and stored into the group's planes; band: the buffer's
+   the steps (ops: each step's operand per lane), transposed and stored into the group's planes; band: the buffer's
    rows from the band's first output row's window on */
 static inline __attribute__((always_inline)) void lane_row(const aot_depthwise *d, const float *band,
-                                                           const float (*wl)[VW], const float (*x)[VW], int oh,
+                                                           const float (*wl)[VW], const float (*ops)[VW], int oh,
                                                            int band_oh, int ow0, const int n, const int SW, int p0,
                                                            int planes) {
   const long cols = lane_cols(d);
@@ -428,23 +438,13 @@ static inline __attribute__((always_inline)) void lane_row(const aot_depthwise *
     if (s->op == AOT_STEP_MUL_ADD) {
       k++;
       _Pragma("GCC unroll 16") for (int j = 0; j < n; j++) {
-        const vf p = acc[j] * *(const vf *)x[k - 1];
-        acc[j] = p + *(const vf *)x[k];
+        const vf p = acc[j] * *(const vf *)ops[k - 1];
+        acc[j] = p + *(const vf *)ops[k];
       }
       continue;
     }
-    const vf y = *(const vf *)x[k];
-    switch (s->op * 2 + (s->op >= AOT_STEP_MAX ? s->swapped : 0)) {
-      case AOT_STEP_ADD * 2: _Pragma("GCC unroll 16") for (int j = 0; j < n; j++) acc[j] = acc[j] + y; break;
-      case AOT_STEP_MUL * 2: _Pragma("GCC unroll 16") for (int j = 0; j < n; j++) acc[j] = acc[j] * y; break;
-      case AOT_STEP_MAX * 2:
-        _Pragma("GCC unroll 16") for (int j = 0; j < n; j++) acc[j] = VMAX_MIN(acc[j], y, >); break;
-      case AOT_STEP_MAX * 2 + 1:
-        _Pragma("GCC unroll 16") for (int j = 0; j < n; j++) acc[j] = VMAX_MIN(y, acc[j], >); break;
-      case AOT_STEP_MIN * 2:
-        _Pragma("GCC unroll 16") for (int j = 0; j < n; j++) acc[j] = VMAX_MIN(acc[j], y, <); break;
-      default: _Pragma("GCC unroll 16") for (int j = 0; j < n; j++) acc[j] = VMAX_MIN(y, acc[j], <); break;
-    }
+    const vf y = *(const vf *)ops[k];
+    STEP_SWITCH(s, ON_LANES)
   }
   v512 r[16];
   _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) r[j] = (v512)acc[j];
