@@ -109,6 +109,19 @@ def outputs_on_threads(art, feeds: dict, threads=(1, 3)) -> list:
   return outs
 
 
+def run_without_call(fn, x: np.ndarray, out_dir, target: str, call: str) -> np.ndarray:
+  """fn of one array compiled for target and run on x; on the c target its generated C calls `call` (a libm function
+  the compiler computes as arithmetic instead) nowhere."""
+  art = aot.compile_model(fn, [x], out_dir=out_dir, target=target)
+  if target == "c":
+    assert f"{call}(" not in (art.dir / "src" / "model.c").read_text()
+  loaded = aot.load(art)
+  try:
+    return loaded(x)
+  finally:
+    loaded.close()
+
+
 def run_body(src: str) -> str:
   """The generated run's body in a model.c (its kernel calls): NAME_run is a wrapper taking the instance's lock around
   run_locked (codegen/render/host_cpu.py)."""
