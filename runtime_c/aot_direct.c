@@ -171,18 +171,6 @@ static inline __attribute__((always_inline)) void step_operand(vf *x, const plan
   else load_first(x, at + (y - ps->y), lanes);
 }
 
-/* step s (not a MUL_ADD) on each accumulator v with its operand x, as ON(EXPR) applies EXPR to them: the epilogue
-   kernel's ops in its argument order (an add or a multiply rounds the same either way round) */
-#define STEP_SWITCH(s, ON)                                                                                 \
-  switch ((s)->op * 2 + ((s)->op >= AOT_STEP_MAX ? (s)->swapped : 0)) {                                    \
-    case AOT_STEP_ADD * 2: ON(v + x); break;                                                               \
-    case AOT_STEP_MUL * 2: ON(v * x); break;                                                               \
-    case AOT_STEP_MAX * 2: ON(VMAX_MIN(v, x, >)); break;                                                   \
-    case AOT_STEP_MAX * 2 + 1: ON(VMAX_MIN(x, v, >)); break;                                               \
-    case AOT_STEP_MIN * 2: ON(VMAX_MIN(v, x, <)); break;                                                   \
-    default: ON(VMAX_MIN(x, v, <)); break;                                                                 \
-  }
-
 /* EXPR of each accumulator v and its operand x (step k's) into the accumulator */
 #define ON_BLOCK(EXPR)                                                                                     \
   _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)                                                      \
@@ -224,7 +212,7 @@ static inline __attribute__((always_inline)) void segment(int taps, const long *
         }
       continue;
     }
-    STEP_SWITCH(s, ON_BLOCK)
+    AOT_STEP_SWITCH(s, ON_BLOCK, v, x)
   }
   _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
     _Pragma("GCC unroll 4") for (int v = 0; v < NV - 1; v++) *(vf *)(y + r * y_row + v * VW) = acc[r][v];
@@ -444,7 +432,7 @@ static inline __attribute__((always_inline)) void lane_row(const aot_depthwise *
       continue;
     }
     const vf y = *(const vf *)ops[k];
-    STEP_SWITCH(s, ON_LANES)
+    AOT_STEP_SWITCH(s, ON_LANES, v, x)
   }
   v512 r[16];
   _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) r[j] = (v512)acc[j];

@@ -52,14 +52,7 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
       else { ON_TILE_MUL_ADD(ROW(x, xm), ROW(z, zm)) }                                                     \
       continue;                                                                                            \
     }                                                                                                      \
-    switch (s->op * 2 + (s->op >= AOT_STEP_MAX ? s->swapped : 0)) {                                         \
-    case AOT_STEP_ADD * 2: BY_KIND(v + y); break;                                                          \
-    case AOT_STEP_MUL * 2: BY_KIND(v * y); break;                                                          \
-    case AOT_STEP_MAX * 2: BY_KIND(VMAX_MIN(v, y, >)); break;                                              \
-    case AOT_STEP_MAX * 2 + 1: BY_KIND(VMAX_MIN(y, v, >)); break;                                          \
-    case AOT_STEP_MIN * 2: BY_KIND(VMAX_MIN(v, y, <)); break;                                              \
-    default: BY_KIND(VMAX_MIN(y, v, <)); break;                                                            \
-    }                                                                                                      \
+    AOT_STEP_SWITCH(s, BY_KIND, v, y)                                                                      \
   }
 
 /* where a step's operand for C's element (b, m, n) is: its value for a constant */

@@ -32,6 +32,18 @@ typedef struct { int op, swapped; float value; const float *p; long batch, m, n;
 #define VMAX_MIN(a, b, CMP)                                                                                \
   ({ const __typeof__((a) > (b)) k_ = ((a) CMP (b)) | ((a) != (a));                                       \
      (__typeof__(a))((k_ & (__typeof__(k_))(a)) | (~k_ & (__typeof__(k_))(b))); })
+/* step s of a fused epilogue (not a MUL_ADD) on an element v with its operand x, as ON(EXPR) applies EXPR to the
+   elements (v and x: the caller's names for them): the epilogue kernel's ops in its argument order (an add or a
+   multiply rounds the same either way round) */
+#define AOT_STEP_SWITCH(s, ON, v, x)                                                                       \
+  switch ((s)->op * 2 + ((s)->op >= AOT_STEP_MAX ? (s)->swapped : 0)) {                                    \
+    case AOT_STEP_ADD * 2: ON(v + x); break;                                                               \
+    case AOT_STEP_MUL * 2: ON(v * x); break;                                                               \
+    case AOT_STEP_MAX * 2: ON(VMAX_MIN(v, x, >)); break;                                                   \
+    case AOT_STEP_MAX * 2 + 1: ON(VMAX_MIN(x, v, >)); break;                                               \
+    case AOT_STEP_MIN * 2: ON(VMAX_MIN(v, x, <)); break;                                                   \
+    default: ON(VMAX_MIN(x, v, <)); break;                                                                 \
+  }
 typedef struct {
   int batch, M, N, K, mr, nr, mc, nc;
   aot_operand a, b;
