@@ -34,10 +34,13 @@ const char *aot_status_message(int status) {
   }
 }
 
-/* 64-byte aligned so every buffer offset (a multiple of 64) starts on a cache line */
+/* 64-byte aligned so every buffer offset (a multiple of 64) starts on a cache line, and AOT_ARENA_SLACK bytes longer:
+   the float microkernel reads an arena buffer's last tile of B whole (codegen/lower/contract.py _operand), up to 31
+   floats past its end, into lanes whose sums it drops */
+#define AOT_ARENA_SLACK 128
 void *aot_arena_alloc(size_t bytes) {
   void *p = NULL;
-  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+  if (posix_memalign(&p, 64, bytes + AOT_ARENA_SLACK) != 0) return NULL;
   return p;
 }
 

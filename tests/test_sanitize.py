@@ -122,6 +122,18 @@ def test_light_model_under_sanitizers(name, tmp_path):
   assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-4
 
 
+def test_an_arena_b_read_past_its_last_column_stays_in_the_arena(tmp_path):
+  # the microkernel reads an arena B's last tile whole, past the buffer's last k (test_contract.py): the arena's
+  # slack (AOT_ARENA_SLACK) holds those reads, where AddressSanitizer would report a read past the allocation
+  from test_contract import W_EDGE, arena_b_product
+
+  x = np.random.default_rng(2).standard_normal((64, 49)).astype(np.float32)
+  art = aot.compile_model(arena_b_product, [x], out_dir=tmp_path / "art", sanitize=True)
+  (got,) = run_sanitized(art, [x], tmp_path)
+  want = np.maximum(W_EDGE.astype(np.float64) @ (1 / (1 + np.exp(-x.astype(np.float64)))), 0)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 def test_sanitize_comes_from_the_environment_and_is_cached_apart(tmp_path, monkeypatch):
   plain = aot.compile_model("models:mlp", out_dir=tmp_path / "plain")
   monkeypatch.setenv("AOT_SANITIZE", "1")

@@ -618,7 +618,12 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
     return Operand(new_slot(make_buffer("const", packed)), 0, (packed[0].size, c.K * R, 1, R), True)
   if form == "view":
     slot, offset, (sb, sr, sk) = _readable(c, side, is_b)
-    return Operand(slot, offset, (sb, R * sr, sr, sk), False)
+    # a B in the arena is read past its last column in whole tiles: the columns past it are the next k's, and past
+    # the last k the arena's slack (AOT_ARENA_SLACK in runtime_c/aot_runtime.c) or the next buffer's bytes, into
+    # lanes whose sums are dropped. Its edge tile copied instead cost each task a K x 32 copy: a 7x7 map's 1x1 conv
+    # (49 columns) ran slower than an 8x8 one's (400x49x400 0.130 vs 0.099 ms; read in place 0.106). The caller's
+    # memory (an input) and the weights' are not read past
+    return Operand(slot, offset, (sb, R * sr, sr, sk), is_b and bufs[slot].kind == "scratch")
   if form == "panels":
     h = panel_rows(c, side, R, _source_bytes(side, bufs))
     cols = h * prod(r.size for r in side.rows[1:])
