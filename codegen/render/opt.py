@@ -282,39 +282,40 @@ def _erf32(x: UOp) -> UOp:
 
 
 # exp(x) = 2^n exp(r), n = rint(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two parts, the first exact in
-# n * LN2_HI for |n| < 2^9), exp(r) by its Taylor series to r^7 (the remainder is below 6e-9 relative); 2^n as two
-# exponent-field powers so that results down to the denormals (n >= -150) stay right
-EXP_TAYLOR = [1 / math.factorial(n) for n in range(8)]
+# n * LN2_HI for |n| < 2^9), exp(r) = 1 + r + r^2 q(r), q of degree 4 fitted to exp's relative error over that
+# interval (Lawson's reweighted least squares, float32 coefficients: within 3.2e-9 relative, where the Taylor series
+# needed degree 7); 2^n as two exponent-field powers (n >> 1 and the rest) so that results down to the denormals
+# stay right. Evaluated in float32 as below over 2M points of [-103.9, 88.7]: within 1.59 ulp (the Taylor form 1.68)
+EXP_POLY = [1.0, 1.0, 0.49999994, 0.1666652, 0.041668408, 0.0083689196, 0.0013814213]
 LN2_HI, LN2_LO = 0.693359375, math.log(2) - 0.693359375
-# past these exp is inf, or below the smallest denormal (0)
-EXP_MAX, EXP_MIN = 88.72283935546875, -103.97208404541016
+# x is clamped to [EXP_MIN, EXP_HIGH], where the arithmetic itself gives 0 (below 2^-150, rounded to even) and inf
+# (past the largest float): what lies beyond needs no fix afterwards
+EXP_MIN, EXP_HIGH = -103.97208404541016, 89.0
 
 
 def _exp32(x: UOp) -> UOp:
   """exp(x) from multiplies, adds, a rint and integer exponent arithmetic (within 2 ulp of it): libm's expf does
   not vectorise, and was most of a SiLU's or a sigmoid's time (a MobileNet-style block with SiLU ran 10x slower
-  than with ReLU6)."""
+  than with ReLU6). 35 operations where the form before this one took 40 (a NaN select in its clamp, two range
+  fixes at the end, a degree-7 series) and a shift for n / 2 where it truncated (three instructions): a SiLU over
+  16x160x160, 1 thread, 0.150 -> 0.113 ms."""
   f = lambda v: UOp.const(dtypes.float32, v)
   i = lambda v: UOp.const(dtypes.int32, v)
-  nan = x.alu(Ops.CMPNE, x)
-  # the clamp as a compare and a select each (the NaN-aware MAX and MIN took two compares, an or and a select: a NaN
-  # is replaced by 0 here and by x at the end anyway), its compares shared with the range fixes at the end
-  low, high = x.alu(Ops.CMPLT, f(EXP_MIN)), f(EXP_MAX).alu(Ops.CMPLT, x)
-  clamped = high.alu(
-    Ops.WHERE, f(EXP_MAX), low.alu(Ops.WHERE, f(EXP_MIN), x, dtype=dtypes.float32), dtype=dtypes.float32
-  )
-  xc = nan.alu(Ops.WHERE, f(0.0), clamped, dtype=dtypes.float32)
+  where = lambda c, a, b: c.alu(Ops.WHERE, a, b, dtype=dtypes.float32)
+  # a NaN fails the first compare and is clamped to EXP_MIN (its int conversion below is then defined), and is
+  # given back at the end
+  xc = where(f(EXP_MIN).alu(Ops.CMPLE, x), x, f(EXP_MIN))
+  xc = where(xc.alu(Ops.CMPLT, f(EXP_HIGH)), xc, f(EXP_HIGH))
   n = xc.alu(Ops.MUL, f(1 / math.log(2))).alu(Ops.ROUND)
   r = xc.alu(Ops.SUB, n.alu(Ops.MUL, f(LN2_HI))).alu(Ops.SUB, n.alu(Ops.MUL, f(LN2_LO)))
-  p = f(EXP_TAYLOR[-1])
-  for c in reversed(EXP_TAYLOR[:-1]):
+  p = f(EXP_POLY[-1])
+  for c in reversed(EXP_POLY[:-1]):
     p = p.alu(Ops.MUL, r).alu(Ops.ADD, f(c))
   ni = n.cast(dtypes.int32)
-  half = ni.alu(Ops.IDIV, i(2))
+  half = ni.alu(Ops.SHR, i(1))
   two_to = lambda e: UOp(Ops.BITCAST, dtypes.float32, (e.alu(Ops.ADD, i(127)).alu(Ops.SHL, i(23)),))
   y = p.alu(Ops.MUL, two_to(half)).alu(Ops.MUL, two_to(ni.alu(Ops.SUB, half)))
-  y = high.alu(Ops.WHERE, f(math.inf), low.alu(Ops.WHERE, f(0.0), y, dtype=dtypes.float32), dtype=dtypes.float32)
-  return nan.alu(Ops.WHERE, x, y, dtype=dtypes.float32)
+  return where(x.alu(Ops.CMPNE, x), x, y)
 
 
 # log(x) = e ln 2 + log(m) for x = m 2^e, m in [sqrt(1/2), sqrt(2)); log(m) = 2 atanh(s), s = (m - 1) / (m + 1) (|s| <
