@@ -100,7 +100,10 @@ class TensorNN:
       raise InvalidValueError(
         f"conv: input has {C} channels, weight {weight.shape} with groups={groups} expects {cg * groups}"
       )
-    x = self._pad_spatial(padding, n)._windows(kernel, _tuple(stride, n), _tuple(dilation, n))  # (N, C, *O, *K)
+    stride, dilation = _tuple(stride, n), _tuple(dilation, n)
+    x, weight, padding = self._live_taps(weight, stride, _spatial_pads(padding, n), dilation)
+    kernel = weight.shape[2:]
+    x = x._pad_spatial(padding, n)._windows(kernel, stride, dilation)  # (N, C, *O, *K)
     outs = x.shape[2 : 2 + n]
     g, coutg = groups, cout // groups
     x = x.reshape((N, g, cg) + outs + kernel)
@@ -109,6 +112,29 @@ class TensorNN:
     w = weight.reshape((1, g, coutg) + (1,) * n + (cg,) + kernel)
     out = (x * w).sum(tuple(range(-(n + 1), 0))).reshape((N, cout) + outs)
     return out + bias.reshape((1, cout) + (1,) * n) if bias is not None else out
+
+  def _live_taps(self, weight: Tensor, stride, pads, dilation) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:
+    """(input, weight, pads) with the window's taps that read only padding for every output dropped (they add zeros):
+    a dilated conv over a map smaller than its dilation (DeepLab's ASPP, dilations 24 and 36 over a 16x16 map) is a
+    1x1 conv, where it multiplied 9x the work, 8/9 of it by zeros. The pads shrink with the kernel; where a pad would
+    go negative the input is cut there instead (what it cuts no remaining tap reads)."""
+    x = self
+    kept, cut, new_pads = [], [], []
+    for i, ((lo, hi), K, s, d) in enumerate(zip(pads, weight.shape[2:], stride, dilation)):
+      L = x.shape[2 + i]
+      O = (L + lo + hi - d * (K - 1) - 1) // s + 1
+      # tap k reads o*s + k*d - lo for o in [0, O): inside [0, L) for some o on one run of taps
+      live = [k for k in range(K) if k * d - lo < L and (O - 1) * s + k * d - lo >= 0] if O > 0 else []
+      k0, k1 = (live[0], live[-1] + 1) if live else (0, K)
+      lo, hi = lo - k0 * d, hi - (K - k1) * d
+      kept.append((k0, k1))
+      cut.append((max(0, -lo), L - max(0, -hi)))
+      new_pads.append((max(0, lo), max(0, hi)))
+    if all(k == (0, K) for k, K in zip(kept, weight.shape[2:])):
+      return x, weight, pads
+    weight = weight.shrink([None, None, *kept])
+    x = x.shrink([None, None, *cut]) if any(c != (0, L) for c, L in zip(cut, x.shape[2:])) else x
+    return x, weight, new_pads
 
   def conv2d(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> Tensor:
     return self.conv(weight, bias, stride, padding, dilation, groups)
