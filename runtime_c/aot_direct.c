@@ -72,8 +72,15 @@ static inline __attribute__((always_inline)) void load_first(vf *v, const float 
 #endif
 }
 
+/* the dilation (0 in a descriptor that names none reads as 1) and the rows and columns a window spans */
+static inline int dil_h(const aot_depthwise *d) { return d->DH > 1 ? d->DH : 1; }
+static inline int dil_w(const aot_depthwise *d) { return d->DW > 1 ? d->DW : 1; }
+static inline int span_h(const aot_depthwise *d) { return (d->KH - 1) * dil_h(d) + 1; }
+
 /* padded columns per phase: whole vectors of outputs plus the window's reach past them */
-static int phase_width(const aot_depthwise *d) { return (d->OW + VW - 1) / VW * VW + (d->KW - 1) / d->SW; }
+static int phase_width(const aot_depthwise *d) {
+  return (d->OW + VW - 1) / VW * VW + (d->KW - 1) * dil_w(d) / d->SW;
+}
 
 /* the band's columns: padded column q * SW + p is input column q * SW + p - PW, valid for q in [lo[p], hi[p]) (the
    same for every row and plane: worked out once a call, its integer divisions cost more than a small plane's copy) */
@@ -266,7 +273,8 @@ static void conv_rows(const aot_depthwise *d, const float *src, long src_row, co
 #define SMALL_OUTPUTS 1024
 static int small_plane(const aot_depthwise *d) {
   const long Wt = d->OW + d->KW - 1, Hp = d->OH + d->KH - 1;
-  return d->SH == 1 && d->SW == 1 && 2 * d->OW <= VW && d->OH * Wt <= SMALL_OUTPUTS &&
+  return d->SH == 1 && d->SW == 1 && dil_h(d) == 1 && dil_w(d) == 1 && 2 * d->OW <= VW &&
+         d->OH * Wt <= SMALL_OUTPUTS &&
          Hp * Wt + 2 * VW + d->KW <= AOT_DEPTHWISE_BUFFER;
 }
 
@@ -369,7 +377,7 @@ static int lane_band(const aot_depthwise *d) {
    each row transposed KH times) */
 #define LANE_WIDTH 32
 static int lane_planes(const aot_depthwise *d) {
-  if ((d->OW > LANE_WIDTH && d->SW == 1) || lane_band(d) == 0) return 0;
+  if ((d->OW > LANE_WIDTH && d->SW == 1) || dil_h(d) > 1 || dil_w(d) > 1 || lane_band(d) == 0) return 0;
   for (int k = 0; k < d->nsteps; k++)
     if (d->steps[k].p && d->steps[k].n) return 0;
   return 1;
@@ -489,7 +497,7 @@ int aot_depthwise_band_rows(const aot_depthwise *d) {
   /* output rows per band: as many as the buffer holds (codegen/lower/direct.py checks that one fits) */
   const long row = (long)d->SW * phase_width(d);
   const long in_rows = AOT_DEPTHWISE_BUFFER / row;
-  return in_rows < d->KH ? 0 : (int)((in_rows - d->KH) / d->SH + 1);
+  return in_rows < span_h(d) ? 0 : (int)((in_rows - span_h(d)) / d->SH + 1);
 }
 
 /* the planes of task t, one band of output rows at a time */
@@ -509,7 +517,7 @@ static void run_task(const aot_depthwise *d, const band_cols *cols, int t, float
     }
     for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
       const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
-      const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + d->KH;
+      const int ih0 = oh0 * d->SH - d->PH, rows = (oh1 - 1 - oh0) * d->SH + span_h(d);
       fill_band(d, cols, x, ih0, rows, buf);
       int oh = oh0;
       for (; oh + ROW_BLOCK <= oh1; oh += ROW_BLOCK)
@@ -530,14 +538,17 @@ void aot_depthwise_run(void *ctx, int start, int end) {
   memset(buf, 0, sizeof buf);
   const long rowlen = (long)d->SW * phase_width(d);
   const band_cols cols = band_cols_of(d);
-  /* where tap (kh, kw) of output column 0 lies in the band: row kh, phase kw % SW, column kw / SW */
+  /* where tap (kh, kw) of output column 0 lies in the band: row kh * DH, phase (kw * DW) % SW, column
+     (kw * DW) / SW */
   /* (a small plane's taps lie over its padded rows: row kh, column kw) */
   long off[AOT_DEPTHWISE_MAX_TAPS];
   const int small = small_plane(d);
   for (int kh = 0; kh < d->KH; kh++)
-    for (int kw = 0; kw < d->KW; kw++)
+    for (int kw = 0; kw < d->KW; kw++) {
+      const int ch = kw * dil_w(d);
       off[kh * d->KW + kw] = small ? (long)kh * (d->OW + d->KW - 1) + kw
-                                   : kh * rowlen + (kw % d->SW) * phase_width(d) + kw / d->SW;
+                                   : kh * dil_h(d) * rowlen + (ch % d->SW) * phase_width(d) + ch / d->SW;
+    }
   /* tasks taken at once: enough work to make the counter's cache line cheap beside it, few enough that the tasks
      still share out evenly and a task's planes are still in cache for its epilogue */
   const long task_work = (long)(d->planes / d->tasks) * d->OH * d->OW * d->KH * d->KW;

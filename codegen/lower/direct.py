@@ -165,19 +165,14 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   terms = {t: k for t, k in terms.items() if t not in plane_terms}
   if any(t.op is not Ops.RANGE for t in terms):
     return None
-  ka, kb = c.k
-  # kw is the window range with unit stride (the row's columns), kh the other
-  kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
-  if kh is None:
+  geometry = _geometry(terms, c.k, oh, ow)
+  if geometry is None:
     return None
-  x_row = terms.get(kh, 0)
-  if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row or set(terms) - {oh, ow, kh, kw}:
-    return None
-  SH, SW = terms.get(oh, 0) // x_row, terms[ow]
+  kh, kw, x_row, SH, SW, DH, DW = geometry
   KH, KW, OW = kh.size, kw.size, ow.size
   if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE:
     return None
-  win = padded_window(gates, oh, kh, ow, kw, SH, SW)
+  win = padded_window(gates, oh, kh, ow, kw, SH, SW, DH, DW)
   if win is None:
     return None
   PH, PW = win.PH, win.PW
@@ -188,8 +183,8 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   if shift.min() < 0 or shift.max() >= 1 << 31:
     return None
   # one band of the plane's rows must fit the runtime's buffer
-  phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) // SW
-  if KH * SW * phase > BAND_BUFFER:
+  phase = -(-OW // BAND_VECTOR) * BAND_VECTOR + (KW - 1) * DW // SW
+  if ((KH - 1) * DH + 1) * SW * phase > BAND_BUFFER:
     return None
   return dict(
     filt=filt,
@@ -202,6 +197,28 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
     x_row=x_row,
     win=win,
   )
+
+
+def _geometry(terms: dict, k, oh: UOp, ow: UOp) -> tuple | None:
+  """(kh, kw, x_row, SH, SW, DH, DW) of a window read at terms (linear): kw the window range with unit stride (the
+  row's columns) and kh the other; or, at stride 1, a dilated window (atrous: DeepLab's and LRASPP's backbones),
+  kw the range with the shorter step. None when the terms are no such window."""
+  ka, kb = k
+  kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
+  if set(terms) - {oh, ow, *k}:
+    return None
+  if kh is not None:
+    x_row = terms.get(kh, 0)
+    if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row:
+      return None
+    return kh, kw, x_row, terms.get(oh, 0) // x_row, terms[ow], 1, 1
+  # dilated, at stride 1: the output row's step is the input row's (the kernel then reads x_row * (oh + kh * DH) +
+  # ow + kw * DW, the load's own index, wherever its gates hold: padded_window checks them over the whole grid)
+  kh, kw = sorted(k, key=lambda r: terms.get(r, 0), reverse=True)
+  x_row, DW = terms.get(oh, 0), terms.get(kw, 0)
+  if terms.get(ow) != 1 or x_row <= 0 or not 1 < DW < x_row or terms.get(kh, 0) % x_row:
+    return None
+  return kh, kw, x_row, 1, 1, terms[kh] // x_row, DW
 
 
 def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[Depthwise]] | None:
@@ -283,6 +300,8 @@ class DepthwiseCall(Call):
       f"{arg(b[d.w_slot], d.w_slot)}, {w.KH}, {w.KW}, {w.SH}, {w.SW}, {w.PH}, {w.PW}, "
       f"(float *){arg(b[d.result], d.result)}, {w.OH}, {w.OW}, {d.planes}, {d.tasks}, {epilogue}"
     )
+    if (w.DH, w.DW) != (1, 1):
+      desc += f", .DH = {w.DH}, .DW = {w.DW}"
     steps = render_steps(d.steps, self.contract, lambda slot: arg(b[slot], slot))
     if d.steps:
       desc += f", .steps = s, .nsteps = {len(d.steps)}, .filters = {d.c.a.size}"

@@ -26,6 +26,9 @@ class Window:
   PW: int
   OH: int
   OW: int
+  # dilation: tap (kh, kw) at (kh * DH, kw * DW) (only the depthwise kernel takes one other than 1)
+  DH: int = 1
+  DW: int = 1
 
   @property
   def taps(self) -> int:
@@ -45,8 +48,10 @@ def valid_span(valid: np.ndarray) -> tuple[int, int] | None:
   return int(idx[0]), int(idx.size)
 
 
-def padded_window(gates: list[UOp], oh: UOp, kh: UOp, ow: UOp, kw: UOp, SH: int, SW: int) -> Window | None:
-  """The window of a load at (oh * SH + kh - PH, ow * SW + kw - PW) whose gates are exactly "padded row in
+def padded_window(
+  gates: list[UOp], oh: UOp, kh: UOp, ow: UOp, kw: UOp, SH: int, SW: int, DH: int = 1, DW: int = 1
+) -> Window | None:
+  """The window of a load at (oh * SH + kh * DH - PH, ow * SW + kw * DW - PW) whose gates are exactly "padded row in
   [PH, PH + H) and padded column in [PW, PW + W)" (checked by evaluating them over their grid), else None."""
   KH, KW, OH, OW = kh.size, kw.size, oh.size, ow.size
   axes = [oh, kh, ow, kw]
@@ -55,9 +60,9 @@ def padded_window(gates: list[UOp], oh: UOp, kh: UOp, ow: UOp, kw: UOp, SH: int,
     if ranges_of(g) - set(axes):
       return None
     mask &= evaluate_grid(g, axes).astype(bool)
-  rows_in, cols_in = (OH - 1) * SH + KH, (OW - 1) * SW + KW
-  ih = np.arange(OH)[:, None] * SH + np.arange(KH)
-  iw = np.arange(OW)[:, None] * SW + np.arange(KW)
+  rows_in, cols_in = (OH - 1) * SH + (KH - 1) * DH + 1, (OW - 1) * SW + (KW - 1) * DW + 1
+  ih = np.arange(OH)[:, None] * SH + np.arange(KH) * DH
+  iw = np.arange(OW)[:, None] * SW + np.arange(KW) * DW
   row_ok, col_ok = np.zeros(rows_in, bool), np.zeros(cols_in, bool)
   row_ok[ih.reshape(-1)] = mask.any(axis=(2, 3)).reshape(-1)
   col_ok[iw.reshape(-1)] = mask.any(axis=(0, 1)).reshape(-1)
@@ -67,4 +72,4 @@ def padded_window(gates: list[UOp], oh: UOp, kh: UOp, ow: UOp, kw: UOp, SH: int,
   (PH, H), (PW, W) = rs, cs
   if not np.array_equal(mask, row_ok[ih][:, :, None, None] & col_ok[iw][None, None, :, :]):
     return None
-  return Window(H, W, KH, KW, SH, SW, PH, PW, OH, OW)
+  return Window(H, W, KH, KW, SH, SW, PH, PW, OH, OW, DH, DW)
