@@ -578,6 +578,26 @@ def _unknown_dim(d, traced: int) -> bool:
   return not d.HasField("dim_value") or d.dim_value < 0 or (d.dim_value == 0 and traced != 0)
 
 
+def weightless(model: onnx.ModelProto, value_info: bool = False) -> onnx.ModelProto:
+  """The model as ONNX's shape inference needs it: its nodes, inputs and outputs (and its value_info where asked),
+  the initializers of up to SHAPE_INFERENCE_CONST_MAX elements, each bigger one a typed graph input."""
+  m = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+  m.graph.name = model.graph.name
+  m.graph.node.extend(model.graph.node)
+  m.graph.input.extend(model.graph.input)
+  m.graph.output.extend(model.graph.output)
+  if value_info:
+    m.graph.value_info.extend(model.graph.value_info)
+  m.graph.sparse_initializer.extend(model.graph.sparse_initializer)
+  declared = {vi.name for vi in model.graph.input}
+  for init in model.graph.initializer:
+    if math.prod(init.dims) <= SHAPE_INFERENCE_CONST_MAX:
+      m.graph.initializer.append(init)
+    elif init.name not in declared:
+      m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+  return m
+
+
 def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple], outs: list) -> None:
   """ONNX's own shape inference, as a cross-check of ours: run from the input shapes the graph was traced with, and
   without the shapes the model declares (its outputs' and value_info: an exporter's claim, which onnxruntime too
@@ -586,18 +606,7 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
   # onnxruntime and onnx's own reference evaluator drop it (found by aot/tools/fuzz.py): there it is no check
   if any(a.name == "ceil_mode" and a.i for g in _all_graphs(model.graph) for n in g.node for a in n.attribute):
     return
-  m = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
-  m.graph.name = model.graph.name
-  m.graph.node.extend(model.graph.node)
-  m.graph.input.extend(model.graph.input)
-  m.graph.output.extend(model.graph.output)
-  m.graph.sparse_initializer.extend(model.graph.sparse_initializer)
-  declared = {vi.name for vi in model.graph.input}
-  for init in model.graph.initializer:
-    if math.prod(init.dims) <= SHAPE_INFERENCE_CONST_MAX:
-      m.graph.initializer.append(init)
-    elif init.name not in declared:
-      m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+  m = weightless(model)
   for vi in m.graph.input:
     if vi.name in input_shapes and vi.type.HasField("tensor_type"):
       vi.type.tensor_type.shape.Clear()
