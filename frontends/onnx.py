@@ -19,6 +19,7 @@ from aot.core.dtype import NARROW, DType, Narrow, dtypes, to_dtype
 from aot.core.ir import Ops
 from aot.errors import AotError, CompileError, InternalError, NeedsConstant, Unsupported
 from aot.frontends import narrow
+from aot.frontends.onnx_infer import weightless
 from aot.frontends.tensor import Tensor, function
 from aot.scheduler.kernel import Traced
 
@@ -567,35 +568,10 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
   return bad
 
 
-# shape inference reads the values of initializers that are shapes, axes, pads (a few elements each); a bigger one
-# is given to it as a typed input, so that the cross-check costs what the graph does, not what its weights do
-SHAPE_INFERENCE_CONST_MAX = 1 << 10
-
-
 def _unknown_dim(d, traced: int) -> bool:
   """A dim ONNX leaves open: a dim_param or nothing, or what exporters write for "unknown": a negative value, or 0
   (a real zero-size dim in ONNX, so only where the traced dim is not 0: the two cannot be told apart)."""
   return not d.HasField("dim_value") or d.dim_value < 0 or (d.dim_value == 0 and traced != 0)
-
-
-def weightless(model: onnx.ModelProto, value_info: bool = False) -> onnx.ModelProto:
-  """The model as ONNX's shape inference needs it: its nodes, inputs and outputs (and its value_info where asked),
-  the initializers of up to SHAPE_INFERENCE_CONST_MAX elements, each bigger one a typed graph input."""
-  m = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
-  m.graph.name = model.graph.name
-  m.graph.node.extend(model.graph.node)
-  m.graph.input.extend(model.graph.input)
-  m.graph.output.extend(model.graph.output)
-  if value_info:
-    m.graph.value_info.extend(model.graph.value_info)
-  m.graph.sparse_initializer.extend(model.graph.sparse_initializer)
-  declared = {vi.name for vi in model.graph.input}
-  for init in model.graph.initializer:
-    if math.prod(init.dims) <= SHAPE_INFERENCE_CONST_MAX:
-      m.graph.initializer.append(init)
-    elif init.name not in declared:
-      m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
-  return m
 
 
 def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple], outs: list) -> None:

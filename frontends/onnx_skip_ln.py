@@ -38,7 +38,7 @@ def _value_types(model) -> dict:
   sees it)."""
   import onnx
 
-  from aot.frontends.onnx import weightless
+  from aot.frontends.onnx_infer import weightless
 
   # (the weights left out: inference of ViT-B/16 with its 344 MB serialised took 1 of its 8 s of compile)
   try:
