@@ -263,8 +263,14 @@ def test_depthwise_shapes_bitwise_same_on_1_2_and_3_threads(tmp_path):
   assert src.count("aot_parallel(m->pool, aot_depthwise_run, &d, d.tasks)") == len(SHAPES) + 1
   # batch norm, relu6, clip and the residual are steps the kernel applies; hardswish is an epilogue call
   assert src.count(".steps = s, ") == len(SHAPES)
-  r = np.random.default_rng(7)
-  xs = [r.standard_normal((1, c, h, w), dtype=np.float32) for c, h, w, *_ in SHAPES]
+  matches_on_threads(model, art, SHAPES, seed=7)
+
+
+def matches_on_threads(model, art, shapes, seed: int) -> None:
+  """The artifact on fresh inputs x0, x1, ... of shapes' (channels, height, width): onnxruntime's results, and the
+  same bits on 1, 2 and 3 threads."""
+  r = np.random.default_rng(seed)
+  xs = [r.standard_normal((1, c, h, w), dtype=np.float32) for c, h, w, *_ in shapes]
   runs = []
   for threads in (1, 2, 3):
     loaded = aot.load(art, threads=threads)
@@ -272,8 +278,7 @@ def test_depthwise_shapes_bitwise_same_on_1_2_and_3_threads(tmp_path):
       runs.append(loaded(*xs))
     finally:
       loaded.close()
-  refs = reference(model, {f"x{i}": x for i, x in enumerate(xs)})
-  for i, ref in enumerate(refs):
+  for i, ref in enumerate(reference(model, {f"x{i}": x for i, x in enumerate(xs)})):
     close(runs[0][i], ref)
     for other in runs[1:]:
       np.testing.assert_array_equal(other[i], runs[0][i])
@@ -306,19 +311,7 @@ def test_dilated_depthwise_on_the_direct_kernel(tmp_path):
   src = model_c(art)
   assert src.count("aot_depthwise d =") == len(DILATED) and "aot_gemm g =" not in src
   assert src.count(".DH = ") == len(DILATED)
-  r = np.random.default_rng(8)
-  xs = [r.standard_normal((1, c, h, w), dtype=np.float32) for c, h, w, *_ in DILATED]
-  runs = []
-  for threads in (1, 2, 3):
-    loaded = aot.load(art, threads=threads)
-    try:
-      runs.append(loaded(*xs))
-    finally:
-      loaded.close()
-  for i, ref in enumerate(reference(model, {f"x{i}": x for i, x in enumerate(xs)})):
-    close(runs[0][i], ref)
-    for other in runs[1:]:
-      np.testing.assert_array_equal(other[i], runs[0][i])
+  matches_on_threads(model, art, DILATED, seed=8)
 
 
 # (multiplier, window, stride, pads [top, left, bottom, right], conv bias, epilogue) on odd sizes: partial vectors,
