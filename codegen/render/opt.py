@@ -263,23 +263,31 @@ def _poly(t: UOp, coeffs) -> UOp:
   return acc
 
 
+def _odd(x: UOp, of_abs) -> UOp:
+  """An odd function of float32 x as of_abs(|x|) with x's sign bit put back: |x| and the sign as integer masks, two
+  ANDs and an OR where a compare, two negations and two selects were (-0 stays -0, a NaN stays NaN)."""
+  bits = lambda v: UOp(Ops.BITCAST, dtypes.int32, (v,))
+  xb = bits(x)
+  ab = xb.alu(Ops.AND, UOp.const(dtypes.int32, 0x7FFFFFFF))
+  y = of_abs(UOp(Ops.BITCAST, dtypes.float32, (ab,)))
+  return UOp(Ops.BITCAST, dtypes.float32, (bits(y).alu(Ops.OR, xb.alu(Ops.XOR, ab)),))
+
+
 def _erf32(x: UOp) -> UOp:
   """erf(x) from multiplies, adds, one division and bit masks, its two forms joined by a select, so that it vectorises
   (libm's erff does not, and was a third of the transformer's time). A NaN fails every compare and stays NaN, the
   result takes x's sign bit (-0 stays -0), and 1 - S^2 never passes 1."""
   f = lambda v: UOp.const(dtypes.float32, v)
-  # |x| and x's sign bit as integer masks: two ANDs and an OR where a compare, two negations and two selects were
-  bits = lambda v: UOp(Ops.BITCAST, dtypes.int32, (v,))
-  xb = bits(x)
-  ab = xb.alu(Ops.AND, UOp.const(dtypes.int32, 0x7FFFFFFF))
-  ax = UOp(Ops.BITCAST, dtypes.float32, (ab,))
-  ax = f(ERF_CLAMP).alu(Ops.CMPLT, ax).alu(Ops.WHERE, f(ERF_CLAMP), ax, dtype=dtypes.float32)
-  small = ax.alu(Ops.ADD, ax.alu(Ops.MUL, _poly(ax.alu(Ops.MUL, ax), ERF_R)))
-  u = ax.alu(Ops.SUB, f(ERF_SPLIT))
-  s = _poly(u, ERF_S_P).alu(Ops.DIV, _poly(u, ERF_S_Q))
-  big = f(1.0).alu(Ops.SUB, s.alu(Ops.MUL, s))
-  y = ax.alu(Ops.CMPLT, f(ERF_SPLIT)).alu(Ops.WHERE, small, big, dtype=dtypes.float32)
-  return UOp(Ops.BITCAST, dtypes.float32, (bits(y).alu(Ops.OR, xb.alu(Ops.XOR, ab)),))
+
+  def of_abs(ax: UOp) -> UOp:
+    ax = f(ERF_CLAMP).alu(Ops.CMPLT, ax).alu(Ops.WHERE, f(ERF_CLAMP), ax, dtype=dtypes.float32)
+    small = ax.alu(Ops.ADD, ax.alu(Ops.MUL, _poly(ax.alu(Ops.MUL, ax), ERF_R)))
+    u = ax.alu(Ops.SUB, f(ERF_SPLIT))
+    s = _poly(u, ERF_S_P).alu(Ops.DIV, _poly(u, ERF_S_Q))
+    big = f(1.0).alu(Ops.SUB, s.alu(Ops.MUL, s))
+    return ax.alu(Ops.CMPLT, f(ERF_SPLIT)).alu(Ops.WHERE, small, big, dtype=dtypes.float32)
+
+  return _odd(x, of_abs)
 
 
 # exp(x) = 2^n exp(r), n = rint(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two parts, the first exact in
@@ -330,16 +338,15 @@ def _tanh32(x: UOp) -> UOp:
   and cell output, a Mish, a tanh-approximated GELU). A NaN fails the compare and comes out of exp as NaN; past
   |x| = 44 exp is inf and the result 1; -0 stays -0."""
   f = lambda v: UOp.const(dtypes.float32, v)
-  bits = lambda v: UOp(Ops.BITCAST, dtypes.int32, (v,))
-  xb = bits(x)
-  ab = xb.alu(Ops.AND, UOp.const(dtypes.int32, 0x7FFFFFFF))
-  ax = UOp(Ops.BITCAST, dtypes.float32, (ab,))
-  z = ax.alu(Ops.MUL, ax)
-  small = ax.alu(Ops.ADD, ax.alu(Ops.MUL, z).alu(Ops.MUL, _poly(z, TANH_P)))
-  e = _exp32(ax.alu(Ops.ADD, ax))
-  big = f(1.0).alu(Ops.SUB, f(2.0).alu(Ops.DIV, e.alu(Ops.ADD, f(1.0))))
-  y = ax.alu(Ops.CMPLT, f(TANH_SPLIT)).alu(Ops.WHERE, small, big, dtype=dtypes.float32)
-  return UOp(Ops.BITCAST, dtypes.float32, (bits(y).alu(Ops.OR, xb.alu(Ops.XOR, ab)),))
+
+  def of_abs(ax: UOp) -> UOp:
+    z = ax.alu(Ops.MUL, ax)
+    small = ax.alu(Ops.ADD, ax.alu(Ops.MUL, z).alu(Ops.MUL, _poly(z, TANH_P)))
+    e = _exp32(ax.alu(Ops.ADD, ax))
+    big = f(1.0).alu(Ops.SUB, f(2.0).alu(Ops.DIV, e.alu(Ops.ADD, f(1.0))))
+    return ax.alu(Ops.CMPLT, f(TANH_SPLIT)).alu(Ops.WHERE, small, big, dtype=dtypes.float32)
+
+  return _odd(x, of_abs)
 
 
 # log(x) = e ln 2 + log(m) for x = m 2^e, m in [sqrt(1/2), sqrt(2)); log(m) = 2 atanh(s), s = (m - 1) / (m + 1) (|s| <
@@ -364,9 +371,7 @@ def _log32(x: UOp) -> UOp:
   s = m.alu(Ops.SUB, f(1.0)).alu(Ops.DIV, m.alu(Ops.ADD, f(1.0)))
   z = s.alu(Ops.MUL, s)
   # 2s (exact) plus the rest of the series, a correction of under 1% whose rounding hardly reaches the result
-  q = f(LOG_SERIES[-1])
-  for c in reversed(LOG_SERIES[1:-1]):
-    q = q.alu(Ops.MUL, z).alu(Ops.ADD, f(c))
+  q = _poly(z, LOG_SERIES[1:])
   log_m = s.alu(Ops.MUL, f(2.0)).alu(Ops.ADD, s.alu(Ops.MUL, z).alu(Ops.MUL, q))
   y = e.alu(Ops.MUL, f(LN2_HI)).alu(Ops.ADD, log_m.alu(Ops.ADD, e.alu(Ops.MUL, f(LN2_LO))))
   # log(+-0) = -inf, of a negative number NaN, of inf inf, of NaN the NaN (what the bit fields made of them is dropped)
