@@ -76,6 +76,10 @@ static inline __attribute__((always_inline)) void load_first(vf *v, const float 
 static inline int dil_h(const aot_depthwise *d) { return d->DH > 1 ? d->DH : 1; }
 static inline int dil_w(const aot_depthwise *d) { return d->DW > 1 ? d->DW : 1; }
 static inline int span_h(const aot_depthwise *d) { return (d->KH - 1) * dil_h(d) + 1; }
+/* output rows whose windows in_rows input rows hold (0: not one) */
+static int band_outputs(const aot_depthwise *d, long in_rows) {
+  return in_rows < span_h(d) ? 0 : (int)((in_rows - span_h(d)) / d->SH + 1);
+}
 
 /* padded columns per phase: whole vectors of outputs plus the window's reach past them */
 static int phase_width(const aot_depthwise *d) {
@@ -366,8 +370,7 @@ static long lane_cols(const aot_depthwise *d) {
 
 /* output rows per band: as many as the buffer holds VW times over, with VW columns of room past the last row */
 static int lane_band(const aot_depthwise *d) {
-  const long rows = AOT_DEPTHWISE_BUFFER / VW / lane_cols(d) - 1;
-  return rows < d->KH ? 0 : (int)((rows - d->KH) / d->SH + 1);
+  return band_outputs(d, AOT_DEPTHWISE_BUFFER / VW / lane_cols(d) - 1);
 }
 
 /* rows of at most LANE_WIDTH outputs, or strided (the row path's stride-2 copies cost more than the transposes),
@@ -470,7 +473,7 @@ static void lane_run(const aot_depthwise *d, int p, int p_end, float *buf) {
     const int band = lane_band(d);
     for (int oh0 = 0; oh0 < d->OH; oh0 += band) {
       const int oh1 = oh0 + band < d->OH ? oh0 + band : d->OH;
-      lane_fill(d, p, planes, (long)oh0 * d->SH, (long)(oh1 - 1) * d->SH + d->KH, buf);
+      lane_fill(d, p, planes, (long)oh0 * d->SH, (long)(oh1 - 1) * d->SH + span_h(d), buf);
       for (int oh = oh0; oh < oh1; oh++)
         for (int ow0 = 0; ow0 < d->OW; ow0 += VW) {
           const int n = d->OW - ow0 < VW ? d->OW - ow0 : VW;
@@ -495,9 +498,7 @@ static void lane_run(const aot_depthwise *d, int p, int p_end, float *buf) { (vo
 
 int aot_depthwise_band_rows(const aot_depthwise *d) {
   /* output rows per band: as many as the buffer holds (codegen/lower/direct.py checks that one fits) */
-  const long row = (long)d->SW * phase_width(d);
-  const long in_rows = AOT_DEPTHWISE_BUFFER / row;
-  return in_rows < span_h(d) ? 0 : (int)((in_rows - span_h(d)) / d->SH + 1);
+  return band_outputs(d, AOT_DEPTHWISE_BUFFER / ((long)d->SW * phase_width(d)));
 }
 
 /* the planes of task t, one band of output rows at a time */
