@@ -314,6 +314,19 @@ def test_dilated_depthwise_on_the_direct_kernel(tmp_path):
   matches_on_threads(model, art, DILATED, seed=8)
 
 
+def test_a_window_read_without_its_row_range_is_no_dilated_window():
+  # terms of a load at 16 * oh + ow + 2 * kw: the window's other range does not move the read, so it is no dilated
+  # window (taken as one, its DH of 0 would be read as 1 by the kernel, rows apart); with 32 * kh it is one, DH 2
+  from aot.codegen.lower.direct import _geometry
+  from aot.core.dtype import dtypes
+  from aot.core.ir import Ops, UOp
+
+  r = [UOp(Ops.RANGE, dtypes.index, (), (i, 8 if i < 2 else 3, "loop" if i < 2 else "reduce")) for i in range(4)]
+  o_h, o_w, kh, kw = r
+  assert _geometry({o_h: 16, o_w: 1, kw: 2}, (kh, kw), o_h, o_w) is None
+  assert _geometry({o_h: 16, o_w: 1, kh: 32, kw: 2}, (kh, kw), o_h, o_w) == (kh, kw, 16, 1, 1, 2, 2)
+
+
 # (multiplier, window, stride, pads [top, left, bottom, right], conv bias, epilogue) on odd sizes: partial vectors,
 # asymmetric padding, a band's edge rows; each big enough for a contraction (find_contractions' MIN_WORK)
 MULTIPLIERS = [
