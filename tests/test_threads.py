@@ -94,6 +94,7 @@ POOL_PROGRAM = r"""
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 typedef struct { int n, threads, bad, slow, hits[64]; } job;
@@ -136,7 +137,41 @@ static void owner(void *ctx, int start, int end) {
   (void)end;
 }
 
+/* records the core each slice ran on, and the worker's thread id */
+static int slice_cpu[2];
+static pid_t worker_tid;
+
+static void where(void *ctx, int start, int end) {
+  if (!pthread_equal(pthread_self(), caller)) __atomic_store_n(&worker_tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
+  slice_cpu[start] = sched_getcpu();
+  usleep(2000);  /* long enough that each thread takes its own slice */
+  (void)ctx;
+  (void)end;
+}
+
+/* the worker put on its caller's core: prints the cores the process may use, the worker's after a few calls, and
+   the cores of the last call's two slices */
+static int apart(void) {
+  caller = pthread_self();
+  cpu_set_t all, here;
+  sched_getaffinity(0, sizeof all, &all);
+  aot_pool *p = aot_pool_create(2);
+  for (int i = 0; i < 20 && !worker_tid; i++) aot_parallel(p, where, NULL, 2);
+  if (!worker_tid) { printf("the worker never ran a slice\n"); return 1; }
+  const int core = sched_getcpu();
+  CPU_ZERO(&here);
+  CPU_SET(core, &here);
+  if (sched_setaffinity(0, sizeof here, &here) || sched_setaffinity(worker_tid, sizeof here, &here)) return 1;
+  for (int i = 0; i < 5; i++) aot_parallel(p, where, NULL, 2);
+  cpu_set_t worker;
+  sched_getaffinity(worker_tid, sizeof worker, &worker);
+  printf("%d %d %d %d %d\n", CPU_COUNT(&all), core, CPU_ISSET(core, &worker), slice_cpu[0], slice_cpu[1]);
+  aot_pool_destroy(p);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "apart")) return apart();
   if (argc > 1 && !strcmp(argv[1], "owners")) {
     /* the share of calls whose slice 0 the caller ran, for 2 to 4 threads */
     caller = pthread_self();
@@ -243,6 +278,19 @@ def test_pool_threads_on_one_core_hand_it_over_without_sleeping(pool_program):
   for line in p.stdout.splitlines():
     threads, sleeps = line.split()
     assert float(sleeps) < ONE_CORE_SLEEPS_PER_CALL, f"{threads} threads on one core: {sleeps} sleeps a call"
+
+
+def test_pool_worker_moves_off_its_callers_core(pool_program):
+  # Linux may wake a worker on its caller's core and leave both there for a whole run (2 threads as slow as 1); put
+  # there by hand, the worker must leave it for another core the process may use, or stay where it is the only one
+  p = subprocess.run([pool_program, "apart"], capture_output=True, text=True, timeout=120)
+  assert p.returncode == 0, p.stdout
+  cores, core, worker_may_use_it, caller_slice, worker_slice = map(int, p.stdout.split())
+  assert caller_slice == core
+  if cores > 1:
+    assert not worker_may_use_it and worker_slice != core, p.stdout
+  else:
+    assert worker_may_use_it and worker_slice == core, p.stdout
 
 
 # the share of calls whose slice 0 the caller must run: it takes its own slice first, and another thread reaches it
