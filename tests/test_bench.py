@@ -71,6 +71,30 @@ def test_openvino_is_timed_in_the_same_round_robin_and_compared(monkeypatch):
   np.testing.assert_allclose(_ov_session(model, 1).infer({"x": x}).to_tuple()[0], want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_runtime_that_spins_after_its_run_gets_a_pause_and_every_sample_a_settling_call(monkeypatch):
+  # onnxruntime's threads spin ~30 ms after a run (its default, kept): the next sample would share the cores with them
+  import aot.tools.bench as bench
+
+  log, now = [], [0.0]
+  monkeypatch.setattr(bench.time, "sleep", lambda s: log.append(("pause", s)))
+  monkeypatch.setattr(bench.time, "perf_counter", lambda: now[0])
+
+  def runner(name):
+    def run():
+      now[0] += 0.01  # 10 ms a call: one call a sample
+      log.append(name)
+
+    return run
+
+  fns = {("c", 2): runner("c"), ("ort", 2): runner("ort")}
+  bench._time(fns, 2, 100.0, frozenset({("ort", 2)}))
+  rounds = log[4:]  # after two calls of each to warm up and measure one
+  assert rounds == ["c", "c", "ort", "ort", ("pause", bench.SPIN_TAIL_S)] * 2
+  log.clear()
+  bench._time(fns, 2, 100.0)
+  assert log[4:] == ["c", "ort"] * 2  # none spins: neither pauses nor settling calls
+
+
 def test_tables_give_ours_over_openvino_beside_onnxruntime_where_the_rows_have_it():
   from aot.tools.bench import performance_tables, slower_note, summary_table
 

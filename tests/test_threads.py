@@ -142,7 +142,8 @@ static int slice_cpu[2];
 static pid_t worker_tid;
 
 static void where(void *ctx, int start, int end) {
-  if (!pthread_equal(pthread_self(), caller)) __atomic_store_n(&worker_tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
+  if (!pthread_equal(pthread_self(), caller))
+    __atomic_store_n(&worker_tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
   slice_cpu[start] = sched_getcpu();
   usleep(2000);  /* long enough that each thread takes its own slice */
   (void)ctx;

@@ -8,15 +8,19 @@ from functools import cache
 from pathlib import Path
 
 
+# the runtimes whose pool threads spin on after a run (onnxruntime's, ~30 ms of a core after each: its default, which
+# its users run with and which its speed on several threads owes much to; measured on MobileNetV2, 2 threads, 2.2 ms
+# spinning, 3.0 not): the bench pauses after their samples rather than turning it off
+SPINNING = ("ort",)
+
+
 def ort_session(model, threads: int):
-  """An onnxruntime CPU session for the model on this many threads, its idle threads not spinning."""
+  """An onnxruntime CPU session for the model on this many threads, as a user's default one runs them."""
   import onnxruntime as ort
 
   ort.set_default_logger_severity(3)
   so = ort.SessionOptions()
   so.intra_op_num_threads = so.inter_op_num_threads = threads
-  # onnxruntime's idle threads spin by default, which would take the cores from our run that comes next
-  so.add_session_config_entry("session.intra_op.allow_spinning", "0")
   data = model.SerializeToString() if not isinstance(model, (str, Path)) else str(model)
   return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
