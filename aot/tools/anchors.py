@@ -7,7 +7,6 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-
 # the runtimes whose pool threads spin on after a run (onnxruntime's, ~30 ms of a core after each: its default, which
 # its users run with and which its speed on several threads owes much to; measured on MobileNetV2, 2 threads, 2.2 ms
 # spinning, 3.0 not): the bench pauses after their samples rather than turning it off
