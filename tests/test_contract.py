@@ -156,6 +156,24 @@ def test_narrow_edge_tiles(n, tmp_path, split_every_kernel):
   assert gemms == 3
 
 
+W_LONG, ROW_BIAS = f32(37, 1100), f32(37, 1)
+
+
+@pytest.mark.parametrize("in_arena", [False, True])
+def test_edge_tiles_are_stored_in_place_of_c_over_k_slices_and_epilogues(in_arena, tmp_path, split_every_kernel):
+  # an edge tile (37 = 4 x 8 + 5 rows, 49 = 32 + 17 and 16 + 1 columns) is computed whole and only its part inside C
+  # stored, over two slices of K = 1100 (the second adds to what the first stored), with a per-row bias (applied in
+  # the registers on column edges) and a residual (a per-column operand: applied after the store on edges)
+  def fn(x, r):
+    x = x.sigmoid().contiguous() if in_arena else x
+    return ((Tensor(W_LONG) @ x) + Tensor(ROW_BIAS) + r).relu()
+
+  out, (x, r), gemms, _ = compiled(fn, [f32(1100, 49), f32(37, 49)], tmp_path, "c", cpu="x86-64-v4")
+  x64 = 1 / (1 + np.exp(-x.astype(np.float64))) if in_arena else x.astype(np.float64)
+  close(out, np.maximum(W_LONG.astype(np.float64) @ x64 + ROW_BIAS + r, 0))
+  assert gemms == 1
+
+
 W_EDGE = f32(72, 64)
 
 
