@@ -87,8 +87,12 @@ PEEL_MAX_PIECES = 5
 CORE_SPLIT = {"c": False, "llvm": True}
 # a loop nest whose innermost loop is shorter than this is not cut in pieces bounded by the loops around them: there
 # is no vector to gain and the pieces cost (a dense im2col copy written k-major, its innermost loop a 3x3 window's 3
-# taps, 256x14x14: 0.177 -> 0.340 ms clang-14, 0.137 -> 0.159 clang-19, 0.118 -> 0.163 llvm in pieces)
-AFFINE_MIN_SIZE = 16
+# taps, 256x14x14: 0.177 -> 0.340 ms clang-14, 0.137 -> 0.159 clang-19, 0.118 -> 0.163 llvm in pieces). A 14-wide
+# map's rows are cut (at 16 they were not, every element a gated load): the panel pack of RegNetX-400MF's 3x3
+# grouped convs over 160x14x14, 1 thread, 0.188 -> 0.107 ms a conv; whole RegNetX 0.92x (clang-19), 0.91 (clang-14),
+# 0.98 (gcc), 0.94 (llvm), ResNeXt-50 0.98, the others within noise (DenseNet-121, ResNet-18/50, SqueezeNet, YOLOv8n,
+# GoogLeNet, EfficientNet-B0, Inception-v3, DBNet, MNIST)
+AFFINE_MIN_SIZE = 8
 
 
 @dataclass(frozen=True)
