@@ -75,6 +75,7 @@ static inline __attribute__((always_inline)) void load_first(vf *v, const float 
 /* the dilation (0 in a descriptor that names none reads as 1) and the rows and columns a window spans */
 static inline int dil_h(const aot_depthwise *d) { return d->DH > 1 ? d->DH : 1; }
 static inline int dil_w(const aot_depthwise *d) { return d->DW > 1 ? d->DW : 1; }
+static inline long col_step(const aot_depthwise *d) { return d->x_col > 1 ? d->x_col : 1; }
 static inline int span_h(const aot_depthwise *d) { return (d->KH - 1) * dil_h(d) + 1; }
 /* output rows whose windows in_rows input rows hold (0: not one) */
 static int band_outputs(const aot_depthwise *d, long in_rows) {
@@ -118,10 +119,13 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const band_cols
         memset(out, 0, (size_t)Wq * sizeof(float));
         continue;
       }
-      const float *row = x + (long)ih * d->x_row + p - d->PW;
+      const long xc = col_step(d);
+      const float *row = x + (long)ih * d->x_row + (p - d->PW) * xc;
       const int q0 = lo[p], q1 = hi[p];
       int q = q0;
-      if (SW == 1) {
+      if (xc > 1) {
+        /* a channels-last input: its row's columns one at a time (the next plane's lie beside them, in cache) */
+      } else if (SW == 1) {
         /* vectors, then the rest masked (a memcpy call per row cost 7- and 14-wide planes more than their copy) */
         for (; q + VW <= q1; q += VW) *(vf *)(out + q) = *(const vf *)(row + q);
         if (q < q1) {
@@ -132,7 +136,7 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const band_cols
         }
       }
 #ifdef HAVE_EVEN
-      else if (SW == 2) {
+      else if (SW == 2 && xc == 1) {
         for (; 2L * (q + VW) + p - d->PW <= d->W; q += VW)
           *(vf *)(out + q) = EVEN(*(const vf *)(row + 2L * q), *(const vf *)(row + 2L * q + VW));
         /* the row's last columns (fewer than 2 * VW) read masked, zeros past them (what lies there is padding) */
@@ -146,7 +150,7 @@ AOT_LOOP_VECTORIZE static void fill_band(const aot_depthwise *d, const band_cols
         }
       }
 #endif
-      for (; q < q1; q++) out[q] = row[(long)q * SW];
+      for (; q < q1; q++) out[q] = row[(long)q * SW * xc];
     }
   }
 }
@@ -277,7 +281,7 @@ static void conv_rows(const aot_depthwise *d, const float *src, long src_row, co
 #define SMALL_OUTPUTS 1024
 static int small_plane(const aot_depthwise *d) {
   const long Wt = d->OW + d->KW - 1, Hp = d->OH + d->KH - 1;
-  return d->SH == 1 && d->SW == 1 && dil_h(d) == 1 && dil_w(d) == 1 && 2 * d->OW <= VW &&
+  return d->SH == 1 && d->SW == 1 && dil_h(d) == 1 && dil_w(d) == 1 && col_step(d) == 1 && 2 * d->OW <= VW &&
          d->OH * Wt <= SMALL_OUTPUTS &&
          Hp * Wt + 2 * VW + d->KW <= AOT_DEPTHWISE_BUFFER;
 }
@@ -380,7 +384,8 @@ static int lane_band(const aot_depthwise *d) {
    each row transposed KH times) */
 #define LANE_WIDTH 32
 static int lane_planes(const aot_depthwise *d) {
-  if ((d->OW > LANE_WIDTH && d->SW == 1) || dil_h(d) > 1 || dil_w(d) > 1 || lane_band(d) == 0) return 0;
+  if ((d->OW > LANE_WIDTH && d->SW == 1) || dil_h(d) > 1 || dil_w(d) > 1 || col_step(d) > 1 || lane_band(d) == 0)
+    return 0;
   for (int k = 0; k < d->nsteps; k++)
     if (d->steps[k].p && d->steps[k].n) return 0;
   return 1;

@@ -4,7 +4,7 @@
 #include "aot_core.h"
 #include "aot_gemm.h"
 /* Depthwise convolution (runtime_c/aot_direct.c): plane p = f * images + i (filter f, image i) has output
-   y[p*OH*OW + oh*OW + ow] = sum over kh, kw of w[f*KH*KW + kh*KW + kw] * x[x_planes[p] + ih*x_row + iw],
+   y[p*OH*OW + oh*OW + ow] = sum over kh, kw of w[f*KH*KW + kh*KW + kw] * x[x_planes[p] + ih*x_row + iw*x_col],
    ih = oh*SH + kh*DH - PH, iw = ow*SW + kw*DW - PW, zero outside H x W (x_planes: any order, e.g. a channel shuffle's).
    Tasks are planes / tasks planes each; after a run of tasks [t0, t1), epilogue(epilogue_ctx, t0, t1) runs when not
    NULL. Threads take the tasks from the shared counter next (0 in a fresh call): run aot_depthwise_run(d, 0, tasks)
@@ -40,6 +40,7 @@ typedef struct {
   const aot_gemm_step *steps;
   int nsteps, filters;
   int DH, DW; /* dilation (0 reads as 1): tap (kh, kw) at kh * DH, kw * DW; small planes and lanes take none */
+  long x_col; /* an input row's column stride (0 reads as 1: channels-last input has the channels'); rows only */
 } aot_depthwise;
 __attribute__((visibility("hidden"))) int aot_depthwise_band_rows(const aot_depthwise *d);
 __attribute__((visibility("hidden"))) void aot_depthwise_run(void *d, int start, int end);

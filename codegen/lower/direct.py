@@ -83,6 +83,8 @@ class Depthwise:
   # C's row stride and offset as contract.fused_steps reads them of a Gemm: the result is [planes][OH][OW] from 0
   ldc = 0
   result_offset = 0
+  # an input row's column step (1 but for a channels-last input: the channels')
+  x_col: int = 1
 
   # planes per filter side's batch entry: the images, times the filters per input channel (a channel multiplier's m)
   @property
@@ -168,16 +170,18 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
   geometry = _geometry(terms, c.k, oh, ow)
   if geometry is None:
     return None
-  kh, kw, x_row, SH, SW, DH, DW = geometry
+  kh, kw, x_row, x_col, SH, SW, DH, DW = geometry
   KH, KW, OW = kh.size, kw.size, ow.size
   if max(KH, KW) > MAX_WINDOW or not 1 <= SH <= MAX_STRIDE or not 1 <= SW <= MAX_STRIDE:
     return None
   win = padded_window(gates, oh, kh, ow, kw, SH, SW, DH, DW)
-  if win is None:
+  # spread columns are a channels-last input's: the planes lie between them, and a row's end before the next row
+  # starts (else kh and kw are the other way round, or the window strided and dilated in a plane of its own)
+  if win is None or (x_col > 1 and (x_col * win.W > x_row or not all(0 < k < x_col for k in plane_terms.values()))):
     return None
   PH, PW = win.PH, win.PW
   # each plane's first element: the index at padded position (PH, PW), planes in the result's order (filter, image)
-  shift = np.zeros([r.size for r in planes_of], np.int64) + offset + PH * x_row + PW
+  shift = np.zeros([r.size for r in planes_of], np.int64) + offset + PH * x_row + PW * x_col
   for t, k in plane_terms.items():
     shift = shift + k * evaluate_grid(t, list(planes_of)).astype(np.int64)
   if shift.min() < 0 or shift.max() >= 1 << 31:
@@ -195,14 +199,17 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
     images=prod(r.size for r in extra),
     extra=extra,
     x_row=x_row,
+    x_col=x_col,
     win=win,
   )
 
 
 def _geometry(terms: dict, k, oh: UOp, ow: UOp) -> tuple | None:
-  """(kh, kw, x_row, SH, SW, DH, DW) of a window read at terms (linear): kw the window range with unit stride (the
-  row's columns) and kh the other; or, at stride 1, a dilated window (atrous: DeepLab's and LRASPP's backbones),
-  kw the range with the shorter step. None when the terms are no such window."""
+  """(kh, kw, x_row, x_col, SH, SW, DH, DW) of a window read at terms (linear): kw the window range with unit stride
+  (the row's columns) and kh the other; or, at stride 1, a dilated window (atrous: DeepLab's and LRASPP's backbones),
+  kw the range with the shorter step; or a channels-last input's (ConvNeXt's 7x7 depthwise convs read the layer
+  norm's [H][W][C] output), its columns x_col apart and kw the range with the shorter step. None when the terms are no
+  such window."""
   ka, kb = k
   kh, kw = (ka, kb) if terms.get(kb) == 1 else (kb, ka) if terms.get(ka) == 1 else (None, None)
   if set(terms) - {oh, ow, *k}:
@@ -211,14 +218,20 @@ def _geometry(terms: dict, k, oh: UOp, ow: UOp) -> tuple | None:
     x_row = terms.get(kh, 0)
     if x_row <= 0 or terms.get(ow, 0) <= 0 or terms.get(oh, 0) % x_row:
       return None
-    return kh, kw, x_row, terms.get(oh, 0) // x_row, terms[ow], 1, 1
-  # dilated, at stride 1: the output row's step is the input row's (the kernel then reads x_row * (oh + kh * DH) +
-  # ow + kw * DW, the load's own index, wherever its gates hold: padded_window checks them over the whole grid)
+    return kh, kw, x_row, 1, terms.get(oh, 0) // x_row, terms[ow], 1, 1
   kh, kw = sorted(k, key=lambda r: terms.get(r, 0), reverse=True)
-  x_row, DW = terms.get(oh, 0), terms.get(kw, 0)
-  if terms.get(ow) != 1 or x_row <= 0 or not 1 < DW < x_row or terms.get(kh, 0) % x_row:
+  x_row, step_h, x_col, step_w = terms.get(oh, 0), terms.get(kh, 0), terms.get(ow, 0), terms.get(kw, 0)
+  if min(x_row, step_h, x_col, step_w) <= 0:
     return None
-  return kh, kw, x_row, 1, 1, terms[kh] // x_row, DW
+  # channels-last: the window's steps are the input's (stride s: the output's are s times them)
+  if x_col > 1 and not x_col % step_w and not x_row % step_h:
+    return kh, kw, step_h, step_w, x_row // step_h, x_col // step_w, 1, 1
+  # dilated, at stride 1: the output row's step is the input row's (the kernel then reads x_row * (oh + kh * DH) +
+  # ow * x_col + kw * DW * x_col, the load's own index, wherever its gates hold: padded_window checks them over the
+  # whole grid)
+  if step_w % x_col or not 1 < step_w // x_col < x_row or step_h % x_row:
+    return None
+  return kh, kw, x_row, x_col, 1, 1, step_h // x_row, step_w // x_col
 
 
 def lower_depthwise(ast: UOp, bufs: list, make_buffer) -> tuple[UOp, list, list[Depthwise]] | None:
@@ -302,6 +315,8 @@ class DepthwiseCall(Call):
     )
     if (w.DH, w.DW) != (1, 1):
       desc += f", .DH = {w.DH}, .DW = {w.DW}"
+    if d.x_col != 1:
+      desc += f", .x_col = {d.x_col}"
     steps = render_steps(d.steps, self.contract, lambda slot: arg(b[slot], slot))
     if d.steps:
       desc += f", .steps = s, .nsteps = {len(d.steps)}, .filters = {d.c.a.size}"
