@@ -162,11 +162,13 @@ static int has_job(aot_pool *p, unsigned seen) {
    slept 10 ms between runs, half of MobileNetV2's 2-thread runs on this 2-core machine took as long as 1 thread's
    (the two threads' cores read from /proc: the same core in those runs). A worker that takes a job on the core of a
    thread before it in the pool moves to the cores no other thread of the pool was last seen on (one look at the core
-   a job, a system call only on a move); on one core it stays, as nothing else is allowed */
+   a job, a system call only on a move); on one core it stays, as nothing else is allowed, and with more threads than
+   cores (AOT_OVERSUBSCRIBE) threads must share them: none moves */
 static void keep_apart(aot_pool *p, int index) {
 #ifdef __linux__
   const int cpu = sched_getcpu();
   __atomic_store_n(&p->on_cpu[index], cpu, __ATOMIC_RELAXED);
+  if (p->threads > CPU_COUNT(&p->allowed)) return;
   int shared = 0;
   for (int i = 0; i < index && cpu >= 0; i++) shared |= __atomic_load_n(&p->on_cpu[i], __ATOMIC_RELAXED) == cpu;
   if (!shared) return;
