@@ -122,6 +122,7 @@ struct aot_pool {
 #ifdef __linux__
   cpu_set_t allowed;         /* the cores the creating thread may run on: where a worker moving off another goes */
   int *on_cpu;               /* per thread (the caller 0), the core it took its last job on; -1 before the first */
+  int apart;                 /* no more threads than allowed cores: keep_apart moves them (decided at create) */
 #endif
 };
 
@@ -166,9 +167,9 @@ static int has_job(aot_pool *p, unsigned seen) {
    cores (AOT_OVERSUBSCRIBE) threads must share them: none moves */
 static void keep_apart(aot_pool *p, int index) {
 #ifdef __linux__
+  if (!p->apart) return;
   const int cpu = sched_getcpu();
   __atomic_store_n(&p->on_cpu[index], cpu, __ATOMIC_RELAXED);
-  if (p->threads > CPU_COUNT(&p->allowed)) return;
   int shared = 0;
   for (int i = 0; i < index && cpu >= 0; i++) shared |= __atomic_load_n(&p->on_cpu[i], __ATOMIC_RELAXED) == cpu;
   if (!shared) return;
@@ -237,6 +238,7 @@ aot_pool *aot_pool_create(int threads) {
   if (!p->on_cpu) { free(p->slice); free(p); return NULL; }
   for (int i = 0; i < threads; i++) p->on_cpu[i] = -1;
   if (sched_getaffinity(0, sizeof p->allowed, &p->allowed) != 0) CPU_ZERO(&p->allowed);
+  p->apart = threads <= CPU_COUNT(&p->allowed);
 #endif
   if (threads > 1) {
     p->workers = calloc((size_t)threads - 1, sizeof *p->workers);
@@ -304,7 +306,7 @@ void aot_parallel(aot_pool *p, aot_task fn, void *ctx, int n) {
   __atomic_store_n(&p->n, n, __ATOMIC_RELAXED);
   __atomic_store_n(&p->finished, 0, __ATOMIC_RELAXED);
 #ifdef __linux__
-  __atomic_store_n(&p->on_cpu[0], sched_getcpu(), __ATOMIC_RELAXED);
+  if (p->apart) __atomic_store_n(&p->on_cpu[0], sched_getcpu(), __ATOMIC_RELAXED);
 #endif
   /* every slice of the last job was taken (it ended): each slice[i] is job - 1 */
   const unsigned job = __atomic_load_n(&p->job, __ATOMIC_RELAXED) + 1;
