@@ -263,7 +263,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
     const int m_hi = min(m_lo + (g->pack ? group_rows : g->mc), g->M);
     if (m_lo >= m_hi) continue;
     if (g->pack) g->pack(g->pack_args, panel, p);
-    float *c = g->c + (long)b * g->M * ldc;
+    float *c = g->c + (long)b * (g->ldcb ? g->ldcb : g->M * ldc);
     /* one row of A, and B a packed constant (lanes contiguous, whole tiles): the GEMV, over all of K at once */
     if (!g->pack && g->M == 1 && g->b.row == 1 && g->b.padded) {
       for (int n = n0; n < n1; n += NR) {
