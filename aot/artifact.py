@@ -395,7 +395,7 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
 
 def _dim_entry(batch) -> dict:
   """A ranged dim in the manifest: its name and bounds, and how it runs (frontends/batch_dims.py)."""
-  return {"name": batch.dim.name, "min": batch.dim.lo, "max": batch.dim.hi, "runs": "items"}
+  return {"name": batch.dim.name, "min": batch.dim.lo, "max": batch.dim.hi, "runs": batch.runs}
 
 
 def write_link_files(folder: Path, name: str, static: bool) -> None:

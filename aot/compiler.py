@@ -53,6 +53,7 @@ from aot.frontends.tensor import Tensor
 from aot.options import TARGETS, CompileOptions
 from aot.scheduler.kernel import Buffer, Schedule, Traced
 from aot.scheduler.memory import align_up, memory_plan
+from aot.scheduler.runtime_extent import mark_runtime_ranges
 from aot.scheduler.schedule import schedule, without_checks
 
 __all__ = ["TARGETS", "CompileOptions", "bugs_as_internal_errors", "compile_model", "render", "resolve", "trace"]
@@ -244,7 +245,7 @@ def _render_cpu(
   name: str, sched: Schedule, low: LoweredSchedule, target: str, profile: bool, weights: WeightsWriter
 ) -> Sources:
   """The lowered schedule's functions rendered, the arena placed, and model.c's calls over them."""
-  if sched.batch:
+  if sched.batch and sched.batch.items:
     arena = batch_arena(sched, memory_plan(item_segments(sched, low), low.scratch))
   else:
     arena = memory_plan([s for x in low.lowered for s in x.segments()], low.scratch)
@@ -323,6 +324,12 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   # a Metal host is built on macOS from its own sources, with no loop over a ranged dim's items yet
   if traced.batch is not None and opts.target == "metal":
     raise CompileError(f"a dim with a range ('{traced.batch.dim.name}') is for the c, llvm, cuda and hip targets")
+  # loops to a run-time size are rendered by the C renderer alone so far
+  if traced.batch is not None and not traced.batch.items and opts.target != "c":
+    raise CompileError(
+      f"dim '{traced.batch.dim.name}' is not a batch dim (an op mixes it), and such a dim takes a range on the c "
+      "target only in this version"
+    )
   return traced
 
 
@@ -332,6 +339,8 @@ def schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
   sched.formats = traced.formats or {}
   sched.containers = traced.containers or []
   sched.batch = traced.batch
+  if sched.batch is not None and not sched.batch.items:
+    mark_runtime_ranges(sched)
   opts.say(f"scheduled {len(sched.kernels)} kernels")
   return sched
 

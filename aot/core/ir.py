@@ -403,6 +403,12 @@ class UOp:
   def kind(self) -> str:
     return _arg_of(self, Ops.RANGE)[2]
 
+  # a loop over a dim with a range whose length is the size the run is given (frontends/extent_dims.py): its arg's
+  # size is the dim's largest, which bounds it (every buffer is laid out at that size); "runtime" is a 4th field
+  @property
+  def runtime(self) -> bool:
+    return len(_arg_of(self, Ops.RANGE)) > 3
+
   # REDUCE: (op, axes); ACCUMULATE: op (its ranges are its sources after the first)
   @property
   def reduce_op(self) -> ReduceOp:

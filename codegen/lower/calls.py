@@ -11,7 +11,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
-from aot.codegen.render.linearize import flop_count, kernel_params, parallel_extent
+from aot.codegen.render.linearize import (
+  flop_count,
+  kernel_params,
+  parallel_extent,
+  runtime_outer,
+  takes_runtime_size,
+)
 from aot.core.ir import Ops, UOp
 from aot.core.symbolic import linear
 from aot.scheduler.kernel import Buffer, Kernel
@@ -76,12 +82,14 @@ def ctype(b: Buffer, slot: int) -> str:
   return f"{'' if slot == 0 else 'const '}{b.dtype.cname} *"
 
 
-def trampoline(tramps: dict[str, str], fn: str, fargs: list) -> str:
+def trampoline(tramps: dict[str, str], fn: str, fargs: list, sized: bool = False) -> str:
   """The name of the function that calls fn with its pointers (fargs: [(slot, buffer)]) unpacked from an array: a
-  kernel on the pool, or one the runtime calls back (a fused epilogue)."""
+  kernel on the pool, or one the runtime calls back (a fused epilogue). sized: fn takes the run's size n_ too, the
+  array's last entry."""
   if fn not in tramps:
-    unpack = ", ".join(f"({ctype(b, s)})a[{i}]" for i, (s, b) in enumerate(fargs))
-    tramps[fn] = f"static void run_{fn}(void *c, int s, int e) {{ void **a = c; {fn}({unpack}, s, e); }}"
+    unpack = [f"({ctype(b, s)})a[{i}]" for i, (s, b) in enumerate(fargs)]
+    unpack += [f"(int)(intptr_t)a[{len(fargs)}]"] if sized else []
+    tramps[fn] = f"static void run_{fn}(void *c, int s, int e) {{ void **a = c; {fn}({', '.join(unpack)}, s, e); }}"
   return f"run_{fn}"
 
 
@@ -96,6 +104,10 @@ class LoopCall(Call):
   ast: object = field(default=None, repr=False)
   # elements the pointer of a slot is advanced by (rebase_reads): the function reads from there on
   offsets: dict[int, int] = field(default_factory=dict)
+  # the function takes the run's size n_ of a dim run to a size given at run time (aot/scheduler/runtime_extent.py),
+  # and its outermost loop runs to it (extent is then its bound)
+  sized: bool = False
+  runtime_extent: bool = False
 
   @property
   def tasks(self) -> int:
@@ -103,11 +115,13 @@ class LoopCall(Call):
 
   def render(self, arg, tramps: dict[str, str]) -> str:
     at = lambda b, s: f"({arg(b, s)} + {self.offsets[s]})" if s in self.offsets else arg(b, s)
+    extent = "(int)n_" if self.runtime_extent else str(self.extent)
     if not self.parallel:
-      return f"  {self.fn}({', '.join(at(b, s) for s, b in self.args)}, 0, {self.extent});"
-    ptrs = ", ".join(f"(void *){at(b, s)}" for s, b in self.args)
-    run = trampoline(tramps, self.fn, self.args)
-    return f"  {{ void *a[] = {{{ptrs}}}; aot_parallel(m->pool, {run}, a, {self.extent}); }}"
+      args = [at(b, s) for s, b in self.args] + (["(int)n_"] if self.sized else [])
+      return f"  {self.fn}({', '.join(args)}, 0, {extent});"
+    ptrs = [f"(void *){at(b, s)}" for s, b in self.args] + (["(void *)(intptr_t)n_"] if self.sized else [])
+    run = trampoline(tramps, self.fn, self.args, self.sized)
+    return f"  {{ void *a[] = {{{', '.join(ptrs)}}}; aot_parallel(m->pool, {run}, a, {extent}); }}"
 
   def describe(self, kernel: str) -> CallInfo:
     flops = flop_count(self.ast)
@@ -129,6 +143,9 @@ class CallContext:
   min_work: int
   target: str
   # the functions loop calls run, by their rebased AST (rebase_reads), and the name each function's calls took
+  # the bound of a dim run to a size given at run time (aot/scheduler/runtime_extent.py), 0 for none: a
+  # contraction's M, N or K of that size is n_ at run time
+  bound: int = 0
   shared: dict[UOp, str] = field(default_factory=dict)
   renamed: dict[str, str] = field(default_factory=dict)
   work: dict[UOp, int] = field(default_factory=dict)
@@ -160,7 +177,17 @@ class CallContext:
       self.renamed[fn] = fn = self.shared.setdefault(ast, fn)
     args = [(s, out if s == 0 else bufs[s]) for s in slots]
     parallel = self.threads and extent > 1 and self.parallel(extent, self.flops(ast) + out.size)
-    return LoopCall(fn=fn, args=args, extent=extent, ast=ast, role=role, parallel=parallel, offsets=offsets)
+    return LoopCall(
+      fn=fn,
+      args=args,
+      extent=extent,
+      ast=ast,
+      role=role,
+      parallel=parallel,
+      offsets=offsets,
+      sized=takes_runtime_size(ast),
+      runtime_extent=runtime_outer(ast),
+    )
 
   def rendered(self, functions: dict[UOp, str]) -> dict[UOp, str]:
     """The functions to render: those calls run rebased in place of theirs, the others as they are."""

@@ -294,6 +294,9 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
   grown = whole > max(DENSE_SMALL, DENSE_GROWTH * source_bytes)
   if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS:
     return None
+  # a panel's number is the batch's times the panels at the bound, the runtime's the batch's times those at n_
+  if c.B > 1 and any(r.runtime for r in side.rows):
+    return None
   fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= PANEL_MAX_BYTES]
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel

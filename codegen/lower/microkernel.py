@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered, copies_in_place, distinct_bytes, globals_read
 from aot.codegen.lower.contract import STEP_MUL_ADD, STEP_OPS, Gemm
-from aot.codegen.render.linearize import kernel_params
+from aot.codegen.render.linearize import kernel_params, takes_runtime_size
 from aot.core.ir import Ops, UOp
 from aot.scheduler.kernel import Buffer
 
@@ -68,6 +68,13 @@ class GemmCall(Call):
   # run on the pool: CallContext.threads, min_work)
   items: ItemFold | None = None
   split_work: int = 0
+  # the bound of a dim run to a size given at run time (aot/scheduler/runtime_extent.py; 0: none): an M, N or K of
+  # that size is n_, C's rows and batches kept as far apart as at the bound
+  bound: int = 0
+  pack_sized: bool = False
+
+  def _size_arg(self) -> list[str]:
+    return ["(void *)(intptr_t)n_"] if self.pack_sized else []
 
   @property
   def tasks(self) -> int:
@@ -123,16 +130,18 @@ class GemmCall(Call):
 
   def render(self, arg, tramps: dict) -> str:
     g, c, f = self.gemm, self.gemm.c, self.items
-    batch, rows = str(c.B), str(c.a.size)
+    size = lambda x: "(int)n_" if self.bound and x == self.bound else str(x)
+    batch, rows, cols, depth = str(c.B), size(c.a.size), size(c.b.size), size(c.K)
     if f is not None:
       batch, rows = ("1", f"(int)n_ * {c.a.size}") if f.rows else ("(int)n_", rows)
+    sized = self.bound in (c.a.size, c.b.size, c.K)
 
     def operand(o, strides) -> str:
       where = "NULL" if o.pack is not None else f"{arg(self.bufs[o.slot], o.slot)} + {o.offset}"
       return f"{{{where}, {', '.join(map(str, strides))}, {int(o.padded)}}}"
 
     desc = (
-      f"{batch}, {rows}, {c.b.size}, {c.K}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
+      f"{batch}, {rows}, {cols}, {depth}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
       f"{operand(g.a, f.a if f else g.a.strides)}, {operand(g.b, f.b if f else g.b.strides)}, "
       f"(float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0"
     )
@@ -141,6 +150,9 @@ class GemmCall(Call):
     tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
     # C's rows as far apart as the output's (a last-axis concat's branch written in place)
     tail += f", .ldc = {g.ldc}" if g.ldc else ""
+    if sized:
+      # (at a run-time size C's rows and batches lie as at the bound, not n_ apart)
+      tail += ("" if g.ldc else f", .ldc = {c.b.size}") + f", .ldcb = {c.a.size * (g.ldc or c.b.size)}"
     split = "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))"
     if self.pack is None:
       run = split if self.parallel else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
@@ -152,9 +164,13 @@ class GemmCall(Call):
     # the pack kernel is called over one panel [i, i + 1) with the thread's buffer as its slot 0
     fn, fargs = self.pack
     if fn not in tramps:
-      unpack = ", ".join("panel" if s == 0 else f"(const {b.dtype.cname} *)a[{i}]" for i, (s, b) in enumerate(fargs))
-      tramps[fn] = f"static void pack_{fn}(void *c, float *panel, int i) {{ void **a = c; {fn}({unpack}, i, i + 1); }}"
-    ptrs = ", ".join("NULL" if s == 0 else f"(void *){arg(b, s)}" for s, b in fargs)
+      unpack = ["panel" if s == 0 else f"(const {b.dtype.cname} *)a[{i}]" for i, (s, b) in enumerate(fargs)]
+      # (a pack running a loop to a run-time size takes it after its pointers: LoopCall's n_)
+      unpack += [f"(int)(intptr_t)a[{len(fargs)}]"] if self.pack_sized else []
+      tramps[fn] = (
+        f"static void pack_{fn}(void *c, float *panel, int i) {{ void **a = c; {fn}({', '.join(unpack)}, i, i + 1); }}"
+      )
+    ptrs = ", ".join(["NULL" if s == 0 else f"(void *){arg(b, s)}" for s, b in fargs] + self._size_arg())
     desc += f", pack_{fn}, a, m->panels, PANEL_FLOATS"
     # one slice per thread: the slice's start is the thread, whose panel buffer it packs into
     if self.parallel:
@@ -195,11 +211,12 @@ class GemmLowered(Lowered):
     for g in self.gemms:
       calls += [ctx.loop(o.dense, bufs, bufs[o.slot], "operand") for o in (g.a, g.b) if o.dense is not None]
       work = g.c.B * g.c.a.size * g.c.b.size * g.c.K
-      pack = None
+      pack, pack_sized = None, False
       if g.b.pack is not None:
         # B's panels are packed inside the gemm's tasks: the pack kernel is not a call of its own
         ast = ctx.optimized[g.b.pack]
         pack = (ctx.functions[ast], [(u.arg, None if u.arg == 0 else bufs[u.arg]) for u in kernel_params(ast)])
+        pack_sized = takes_runtime_size(ast)
       parallel = ctx.parallel(g.tasks, work)
       calls.append(
         GemmCall(
@@ -210,6 +227,8 @@ class GemmLowered(Lowered):
           role="contraction",
           parallel=parallel,
           split_work=ctx.min_work if ctx.threads else 0,
+          bound=ctx.bound,
+          pack_sized=pack_sized,
         )
       )
     # an epilogue that only reads back what the microkernel wrote in place (a bare matmul or conv), or that the

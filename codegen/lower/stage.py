@@ -31,6 +31,7 @@ from aot.core.ir import UOp
 from aot.errors import working_on
 from aot.scheduler.kernel import Buffer, Kernel, Schedule
 from aot.scheduler.memory import live_bytes
+from aot.scheduler.runtime_extent import has_runtime_range, runtime_marked
 
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
 PARALLEL_MIN_WORK = 1 << 16
@@ -163,8 +164,32 @@ def lower_loops(k: Kernel, env: LowerEnv) -> Lowered:
   return _released(k, Lowered(Kernel(k.name, k.ast, k.bufs, k.shape), split_by_gates(k.ast, k.bufs[0].size)))
 
 
+def lower_runtime_sized(k: Kernel, env: LowerEnv) -> Lowered | None:
+  """A kernel with loops to a run-time size (aot/scheduler/runtime_extent.py): its contractions on the microkernel
+  where the dim is one of M, N and K alone (the call passes n_ there; its operands and C keep their strides at the
+  bound), the rest as generated loops; no other fast path takes a size at run time yet."""
+  if not has_runtime_range(k.ast):
+    return None
+  found = lowerable_contractions(k.ast, k.bufs, env.tile)
+  if found and all(_runtime_sized(c) for c in found):
+    last, bufs, gemms = lower_contractions(k.ast, k.bufs, env.tile, env.make_buffer, found=found)
+    if gemms:
+      return _released(k, _gemm_lowered(Kernel(k.name, k.ast, bufs, k.shape), last, gemms))
+  return _released(k, Lowered(Kernel(k.name, k.ast, k.bufs, k.shape), [k.ast]))
+
+
+def _runtime_sized(c) -> bool:
+  """Is a contraction's run-time dim one of its M, N or K on its own (not its batch, nor merged with another range,
+  nor a slice of an output range)?"""
+  runtime = lambda rs: any(r.runtime for r in rs)
+  sides = (c.a.rows, c.b.rows, c.k)
+  return not runtime(c.batch) and not c.bounds and all(len(rs) == 1 for rs in sides if runtime(rs))
+
+
 # each kernel goes to the first rule that takes it
 LOWERINGS = (
+  # loops to a run-time size first: the float microkernel takes one as M, N or K, no other fast path yet
+  lower_runtime_sized,
   # int8 contractions first: their int32 sums are contractions the float microkernel would take too
   lower_int8_gemm,
   # 8-bit max pools: the runtime's separable pool (a MAX reduction, no contraction: either order finds it)
@@ -226,7 +251,7 @@ def _lower_kernels(sched: Schedule, env: LowerEnv) -> tuple[list[Lowered], set[i
   env.scratch_made += made8
   env.producers.update({id(k.bufs[0]): k for k in narrowed})
   # a ranged dim's arena is planned by runs of whole kernels (codegen/render/run_dims.py item_segments): no budget
-  if sched.batch is None:
+  if sched.batch is None or not sched.batch.items:
     largest = max(b.nbytes for b in [*sched.inputs, *sched.outputs, *(k.bufs[0] for k in sched.kernels)])
     live = live_bytes(narrowed)
     env.scratch_budget = {id(k): ARENA_GOAL * largest - live[i] for i, k in enumerate(narrowed)}
@@ -264,17 +289,19 @@ def lower_schedule(
       owners.setdefault(names.setdefault(ast, f"{function_name(name, n)}{suffix}"), k)
   places = function_places(owners)
   optimized = {}
+  bound = sched.batch.bound if sched.batch is not None else 0
   for ast, fn in names.items():
     with working_on(places[fn]):
-      optimized[ast] = optimize(ast)
+      # (a dense copy or an epilogue of a kernel with loops to a run-time size runs its loops of the bound so too)
+      optimized[ast] = optimize(runtime_marked(ast, bound, f"function {fn}") if bound else ast)
   functions = {optimized[ast]: fn for ast, fn in names.items()}
   entries = [names[low.main()] if low.main() is not None else low.runtime_entry for low in lowered]
   # integer sums count as work too: a quantized model's are nearly all of it; counted only until there is enough
   # (a ranged dim's items all count: frontends/batch_dims.py, at its largest size)
-  items = sched.batch.dim.hi if sched.batch else 1
+  items = sched.batch.dim.hi if sched.batch and sched.batch.items else 1
   sums = accumulate(items * flop_count(k.ast, integer=True) for k in sched.kernels)
   threads = any(w >= MODEL_PARALLEL_MIN_WORK for w in sums)
-  ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target)
+  ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target, bound=bound)
   kernel_calls = []
   for low in lowered:
     with working_on(kernel_place(low.kernel)):

@@ -14,6 +14,7 @@ from aot.codegen.render.linearize import (
   kernel_params,
   linearize,
   reads_strided,
+  takes_runtime_size,
   widen_index,
 )
 from aot.core.dtype import DType, dtypes, min_value, to_dtype
@@ -158,7 +159,8 @@ class CRenderer:
     buffers = [
       f"{'' if p.slot == 0 else 'const '}{p.dtype.cname} *{self.restrict} d{p.slot}" for p in kernel_params(ast)
     ]
-    return buffers + ["int start", "int end"]
+    # n_: the size of a dim that runs to a size given at run time (aot/scheduler/runtime_extent.py)
+    return buffers + (["int n_"] if takes_runtime_size(ast) else []) + ["int start", "int end"]
 
   def render_kernel(self, name: str, ast: UOp) -> str:
     # a kernel that reads at a small stride, or its own output, keeps its tails unmasked (TAIL_MASKED_MIN)
@@ -194,6 +196,9 @@ class CRenderer:
         names[u] = f"r{u.number}"
         lo, hi = ("start", "end") if is_outer(u) else (bound(piece.lo, u.dtype), bound(piece.hi, u.dtype))
         lo = "0" if piece == Piece(0, u.size) and not is_outer(u) else lo
+        if u.runtime and not is_outer(u):
+          assert piece == Piece(0, u.size), "a loop to a run-time size is never cut in pieces"
+          lo, hi = "0", "n_"
         if u is inner and not is_outer(u) and self.masks_tail(maskable, piece):
           lines.append(f"{ind}{self.tail_masked}")
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{")

@@ -333,6 +333,8 @@ def render_model_c(
   each_call: a ranged dim's items run call by call (run_dims.item_statements: an emulated GPU build's)."""
   ins, outs = param_names(sched)
   ptr = {id(b): n for b, n in zip(sched.inputs + sched.outputs, ins + outs)}
+  # a ranged dim run item by item (a dim run to a size given at run time runs its kernels once, with it: n_)
+  items = sched.batch is not None and sched.batch.items
 
   # an index check's result lies in the run's own checks_ (a per-call stack array: _model_run)
   ptr |= {id(c.buffer): f"(checks_ + {2 * i})" for i, c in enumerate(sched.checks)}
@@ -340,10 +342,10 @@ def render_model_c(
   def arg(b: Buffer, slot: int) -> str:
     base = {"scratch": "A", "const": "W"}.get(b.kind)
     where = f"({base} + {b.offset})" if base else ptr[id(b)]
-    return f"({ctype(b, slot)}){item_pointer(sched, b, where) if sched.batch else where}"
+    return f"({ctype(b, slot)}){item_pointer(sched, b, where) if items else where}"
 
   tramps: dict[str, str] = {}
-  if sched.batch:
+  if items:
     body = item_statements(sched, calls, lambda call: call.render(arg, tramps), each_call)
   else:
     body = [call.render(arg, tramps) for call in calls]
@@ -437,7 +439,8 @@ def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> st
   n = len(body)
   # a ranged dim's run takes its size, and keeps every item's checks in the arena (codegen/render/run_dims.py)
   items = ", int64_t n_" if sched.batch else ""
-  checks = "int64_t *checks_ = (int64_t *)m->arena;" if sched.batch else f"int64_t checks_[{2 * len(sched.checks)}];"
+  items_ = sched.batch is not None and sched.batch.items
+  checks = "int64_t *checks_ = (int64_t *)m->arena;" if items_ else f"int64_t checks_[{2 * len(sched.checks)}];"
   return f"""static int run_locked({name}_model *m, {", ".join(api_args(sched))}{items}) {{
 {chr(10).join(null_checks(sched))}
   m->error[0] = 0;
@@ -448,7 +451,7 @@ def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> st
 {"  double run_start_ = aot_profile_now();" + chr(10) if profile else ""}{chr(10).join(body)}
   aot_pool_rest(m->pool);
 {f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}\
-{item_checks_c(sched, _index_check_c) if sched.batch and sched.checks else _index_checks_c(sched)}
+{item_checks_c(sched, _index_check_c) if items_ and sched.checks else _index_checks_c(sched)}
 }}
 
 {run_dims_c(name, sched) if sched.batch else _public_run(name, sched)}"""

@@ -247,6 +247,16 @@ def in_pieces(
   return out
 
 
+def takes_runtime_size(ast: UOp) -> bool:
+  """Does the kernel run a loop to a size given at run time (RANGE.runtime), its function taking it as n_?"""
+  return any(u.op is Ops.RANGE and u.runtime for u in ast.toposort())
+
+
+def runtime_outer(ast: UOp) -> bool:
+  """Is the loop split across threads one to a size given at run time (its callers pass n_ as the extent)?"""
+  return any(r.op is Ops.RANGE and is_outer(r) and r.runtime for r in ast.toposort())
+
+
 def parallel_extent(ast: UOp) -> int:
   """How many iterations of the outermost output loop a kernel has (1 when it has none: it runs whole, once)."""
   return next((r.size for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r)), 1)

@@ -410,7 +410,8 @@ def wide_sums(ast: UOp) -> UOp:
       continue
     term = acc.src[0].cast(dtypes.float64)
     ranges = acc.src[1:]
-    if inner.size % WIDE_SUM_BLOCK == 0 and len(acc.src[0].toposort()) <= WIDE_SUM_BLOCK_MAX_NODES:
+    blocks = inner.size % WIDE_SUM_BLOCK == 0 and not inner.runtime
+    if blocks and len(acc.src[0].toposort()) <= WIDE_SUM_BLOCK_MAX_NODES:
       block = UOp(Ops.RANGE, dtypes.index, (), (inner.number, inner.size // WIDE_SUM_BLOCK, "reduce"))
       term = _tree(Ops.ADD, [substitute(term, {inner: block * WIDE_SUM_BLOCK + j}) for j in range(WIDE_SUM_BLOCK)])
       ranges = (*acc.src[1:-1], block)
@@ -444,6 +445,10 @@ def optimize(ast: UOp) -> UOp:
   out term by term, 0.040 ms in shared lanes, onnxruntime 0.058), or small reductions written out and upcast; last,
   each index summed from the outer loops' terms to the inner ones' (pm_inner_last)."""
   ast = wide_sums(graph_rewrite(ast, pm_decompose))
+  # loops to a run-time size (aot/scheduler/runtime_extent.py) are not split, merged or unrolled: each of those takes
+  # the loop's size as known
+  if any(u.op is Ops.RANGE and u.runtime for u in ast.toposort()):
+    return graph_rewrite(ast, pm_inner_last)
   blocks = maxmin_blocks(ast)
   if blocks is not None:
     outs, _ = _loops_and_sums(blocks)
