@@ -38,12 +38,19 @@ class RunDim:
 
 @dataclass(frozen=True)
 class BatchDim:
-  """How an artifact runs its ranged dim: per C API input and output, the axis the dim is (-1: one without it). Items
-  are contiguous: every dim before that axis is 1."""
+  """How an artifact runs its ranged dim: per C API input and output, the axis the dim is (-1: one without it), every
+  dim before it 1. runs "items": the program traced at size 1 runs once per item (this module); "extent": the program
+  traced at bound, its loops over the dim run to the run's size (frontends/extent_dims.py)."""
 
   dim: RunDim
   inputs: tuple[int, ...]
   outputs: tuple[int, ...]
+  runs: str = "items"
+  bound: int = 0
+
+  @property
+  def items(self) -> bool:
+    return self.runs == "items"
 
 
 def ranged_dim(shapes: dict | None, graph: onnx.GraphProto) -> tuple[RunDim | None, Callable[[int], dict]]:
@@ -131,7 +138,13 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
     t1 = trace(src, pinned(b1), bind, name, produced=labels)
   with _at_size(dim, b2):
     t2 = trace(src, pinned(b2), bind, name)
-  item.batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
+  try:
+    item.batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
+  except CompileError:
+    from aot.frontends.extent_dims import trace_extent
+
+    # a dim some op mixes may still run to a size given at run time, in loops laid out at its bound
+    return trace_extent(src, dim, pinned, bind, name, trace, sizes)
   _check_one_item(dim, item, t1, labels)
   names = [u.arg.name for u, a in zip(item.inputs, item.batch.inputs) if a >= 0]
   names += [n for n, a in zip(item.output_names or [], item.batch.outputs) if a >= 0]

@@ -115,13 +115,13 @@ def test_a_size_outside_the_range_or_unlike_another_inputs_is_refused(tmp_path):
 
 # each: nodes after x -> y, and what the refusal names
 MIXING = {
-  "reduce over the batch": (
+  # (a sum over it runs to the run's size, frontends/extent_dims.py; a mean also divides by the size)
+  "a mean over the batch": (
     [oh.make_node("ReduceMean", ["m", "axes0"], ["y"], keepdims=1)],
     "ReduceMean node",
     4,
-    "reduces over it",
+    "computes a value from its size",
   ),
-  "softmax across the batch": ([oh.make_node("Softmax", ["m"], ["y"], axis=0)], "Softmax node", 4, "reduces"),
   "a value from the batch size": (
     [
       oh.make_node("Shape", ["m"], ["sh"]),
@@ -170,14 +170,6 @@ def test_an_output_whose_shape_changes_at_size_1_is_refused(tmp_path):
     for n in (1, 5, 8):
       x = feed_at(sess, n)["x"]
       np.testing.assert_array_equal(m(x), x)
-
-
-def test_attention_over_a_sequence_range_is_refused():
-  model = onnx_model("transformer")
-  for vi in list(model.graph.input) + list(model.graph.output):
-    vi.type.tensor_type.shape.dim[1].dim_param = "sequence"
-  with pytest.raises(CompileError, match="dim 'sequence' cannot have a range: layer node 'layer0'"):
-    aot.compile_model(model, shapes={"sequence": (1, 128)})
 
 
 def test_a_constant_broadcast_along_the_batch_runs(tmp_path):
@@ -242,7 +234,7 @@ def test_an_output_whose_items_are_not_one_after_another_is_refused():
     [y_info("y", (4, "batch"))],
     [numpy_helper.from_array(W, "w")],
   )
-  with pytest.raises(CompileError, match=r"axis 1 of output 'y' \(shape \(4, 'N'\)\)"):
+  with pytest.raises(CompileError, match=r"output 'y' has it as axis 1 of 2"):
     aot.compile_model(model, shapes={"batch": (1, 8)})
 
 

@@ -1,0 +1,216 @@
+"""A dim with a range that ops mix (--shape sequence=1..256 where attention reduces over it): the artifact is the
+program traced at a bound P (the smallest prime >= the range's largest size that no other dim has), every buffer laid
+out at P, and the loops over the dim run to the size the run is given (RANGE.runtime) where they ran to P. That is
+only right when every element a loop computes at a size n < P reads elements below n of its sources along the dim
+and no value depends on n itself: the dim flows through elementwise ops, broadcasts, permutes, reshapes that keep it
+an axis of its own, reductions and contractions over it, and slices that start at 0 of a longer constant (a position
+table). It is proved here on the graph traced at P and at the next prime, walked in step as frontends/batch_dims.py
+does for a batch: a node's dim axes are those of size P and P' there, and every node keeps positions by its op's rule
+(_RULES); a constant that differs between the sizes must agree on the positions both have (a position table, an
+arange). Padding, flipping, gathering or slicing anything but a prefix along the dim, merging it with another dim, or
+a value computed from its size (a mean's 1/n) is a CompileError naming the first node that does it.
+
+Memory: the arena is the static plan at P (strides at the bound: every index stays a constant-coefficient sum, and
+a loop's bound is the only run-time value). Inputs and outputs are read and written in place when every axis before
+the dim is 1: their first n rows are the first n of the layout at P."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from aot.core.ir import GroupOp, Ops, UOp
+from aot.errors import CompileError
+from aot.frontends.batch_dims import BatchDim, RunDim, _at_size, _is_constant, _leaf_differs, _node_of, _sources, _walk
+from aot.scheduler.kernel import Traced
+
+
+def _is_prime(n: int) -> bool:
+  return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
+def bound_sizes(hi: int, taken: set[int]) -> tuple[int, int]:
+  """The size the program is traced and laid out at, and the probe: primes that divide no other dim's size (a loop
+  of P is then the dim's and no other's), the smallest >= hi and the largest below it (a position table of hi rows
+  reaches both), else the next one above."""
+  fits = lambda p: _is_prime(p) and not any(s % p == 0 for s in taken if s)
+  p1 = next(p for p in range(max(hi, 2), 4 * hi + 8) if fits(p))
+  below = [p for p in range(p1 - 1, 1, -1) if fits(p)][:1]
+  return p1, below[0] if below else next(p for p in range(p1 + 1, 8 * hi + 16) if fits(p))
+
+
+def trace_extent(src, dim: RunDim, pinned: Callable[[int], dict], bind, name, trace, taken: set[int]) -> Traced:
+  """The model traced at the bound of dim, with how the artifact runs it (Traced.batch, runs "extent"), once proved
+  (prove_extent_dim). taken: the sizes of the graph traced at size 1 of the dim."""
+  p1, p2 = bound_sizes(dim.hi, taken)
+  labels: list = []
+  with _at_size(dim, p1):
+    t1 = trace(src, pinned(p1), bind, name, produced=labels)
+  with _at_size(dim, p2):
+    t2 = trace(src, pinned(p2), bind, name)
+  t1.batch = prove_extent_dim(dim, t1, t2, p1, p2, labels)
+  if t1.containers or any(n in (t1.formats or {}) for n in [u.arg.name for u in t1.inputs] + (t1.output_names or [])):
+    raise CompileError(
+      f"dim '{dim.name}' cannot have a range: the model has sequence, optional or narrow-typed "
+      "inputs or outputs, which take no range yet"
+    )
+  return t1
+
+
+def prove_extent_dim(dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list) -> BatchDim:
+  """The inputs' and outputs' dim axes, once every node of the graph traced at p1 (t1) and p2 (t2) is shown to
+  keep its positions along the dim (the module's rule); else a CompileError naming the node."""
+  n1, n2 = _walk(t1), _walk(t2)
+  if len(n1) != len(n2) or any(u.op is not v.op for u, v in zip(n1, n2)):
+    raise CompileError(f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it")
+  axes: dict[UOp, tuple | str] = {}
+  const: set[UOp] = set()
+  differs: dict[UOp, UOp] = {}
+  for u, v in zip(n1, n2):
+    axes[u] = a = _dim_axes(u.shape, v.shape, p1, p2)
+    srcs = _sources(u)
+    if _is_constant(u, const):
+      const.add(u)
+      if any(s in differs for s in srcs) or (u.op is not Ops.EXPAND and _leaf_differs(u, v)):
+        differs[u] = v
+      continue
+    why = next((w for s in srcs if s in differs and (w := _prefix_values(s, differs[s], axes[s]))), None)
+    if why is None and isinstance(a, str):
+      why = a
+    if why is None:
+      src_axes = [() if isinstance(axes[s], str) else axes[s] for s in srcs]
+      why = _RULES.get(u.op, _same_arg)(u, v, a, src_axes, dim)
+    if why:
+      raise CompileError(
+        f"dim '{dim.name}' cannot have a range: {_node_of(u, labels)} {why}; a dim that varies at run time may reach "
+        "elementwise ops, reductions and matrix products, and be sliced from position 0, in this version: pin it "
+        f"(--shape {dim.name}=N)"
+      )
+  inputs = _io_axes(dim, t1, axes, "input")
+  if all(a < 0 for a in inputs):
+    raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
+  return BatchDim(dim, inputs, _io_axes(dim, t1, axes, "output"), runs="extent", bound=p1)
+
+
+def _dim_axes(s1: tuple, s2: tuple, p1: int, p2: int) -> tuple | str:
+  """The axes whose size is the dim's at both sizes; a string if the shapes differ otherwise."""
+  if len(s1) != len(s2):
+    return "changes its rank with it"
+  diff = [i for i, (x, y) in enumerate(zip(s1, s2)) if x != y]
+  if any(s1[i] - s2[i] == p1 - p2 for i in diff if (s1[i], s2[i]) != (p1, p2)):
+    return "pads or slices it"
+  if any((s1[i], s2[i]) != (p1, p2) for i in diff):
+    return "merges it with another dim"
+  return tuple(diff)
+
+
+def _prefix_values(u: UOp, v: UOp, a) -> str | None:
+  """A constant that differs between the sizes, where data meets it: its values at the positions both sizes have
+  the same (a position table sliced to the size, an arange); else why not."""
+  from aot.core.interpret import evaluate
+
+  if isinstance(a, str):
+    return "computes a value from its size"
+  x, y = evaluate(u), evaluate(v)
+  common = tuple(slice(0, min(x.shape[i], y.shape[i])) if i in a else slice(None) for i in range(y.ndim))
+  if x.ndim == y.ndim and np.array_equal(x[common], y[common], x.dtype.kind in "fc"):
+    return None
+  return "computes a value from its size"
+
+
+def _same_arg(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:
+  return (
+    None
+    if (repr(u.arg) if u.op is Ops.CONST else u.arg) == (repr(v.arg) if v.op is Ops.CONST else v.arg)
+    else ("computes a value from its size")
+  )
+
+
+def _fine(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:
+  return None
+
+
+def _reshape(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:
+  """The dim stays an axis of its own: as many dim axes, each with the same elements after it."""
+  (sa,) = srcs
+  inner = lambda shape, axes: [math.prod(shape[i + 1 :]) for i in axes]
+  if len(sa) != len(a) or inner(u.src[0].shape, sa) != inner(u.shape, a):
+    return "reshapes it into other dims"
+  return None
+
+
+def _expand(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:
+  (sa,) = srcs
+  return None if set(sa) <= set(a) else "reshapes it into other dims"
+
+
+def _window(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:
+  """PAD none along the dim; SHRINK keeps it whole, or takes a prefix: of a constant's axis (a position table) to
+  the dim's size, or of the dim to a size every run has (the first token)."""
+  (sa,) = srcs
+  if u.op is Ops.PAD:
+    if any(u.arg[0][i] != (0, 0) for i in sa):
+      return "pads it"
+    return _same_arg(u, v, a, srcs, dim)
+  for i, ((lo, hi), (lo2, hi2)) in enumerate(zip(u.arg, v.arg)):
+    if i in sa and i in a and (lo, lo2) == (0, 0):
+      continue
+    if i in sa and i not in a and (lo, hi) == (lo2, hi2) and lo == 0 and hi <= dim.lo:
+      continue
+    if i in a and i not in sa and lo == lo2 == 0:
+      continue
+    if (lo, hi) != (lo2, hi2) or i in sa:
+      return "slices it"
+  return None
+
+
+def _flip(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:
+  (sa,) = srcs
+  return "reverses it" if set(sa) & set(u.arg) else _same_arg(u, v, a, srcs, dim)
+
+
+def _gather(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:
+  along = u.arg if len(u.src) == 2 else u.arg[0]
+  if along in srcs[0]:
+    return "gathers along it"
+  # (a checked gather's arg holds its indices' shape: the axis is what must agree)
+  return None if along == (v.arg if len(v.src) == 2 else v.arg[0]) else "computes a value from its size"
+
+
+# per op: why it would not keep positions along the dim (None: it does). An elementwise op's sources all have its
+# shape; a reduction over the dim runs its loop to the run's size
+_RULES: dict[Ops, Callable] = {
+  **{op: _fine for op in GroupOp.ALU - {Ops.CONST} | {Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS}},
+  Ops.EXPAND: _expand,
+  Ops.PERMUTE: _same_arg,
+  Ops.RESHAPE: _reshape,
+  Ops.PAD: _window,
+  Ops.SHRINK: _window,
+  Ops.REDUCE: _same_arg,
+  Ops.FLIP: _flip,
+  Ops.GATHER: _gather,
+  Ops.BUFFER: _fine,
+  Ops.PARAM: _fine,
+  Ops.CALL: _same_arg,
+  Ops.FUNCTION: _same_arg,
+  Ops.SINK: _fine,
+}
+
+
+def _io_axes(dim: RunDim, t: Traced, axes: dict, side: str) -> tuple[int, ...]:
+  """Each input's or output's dim axis (-1 where it has none): at most one, with only dims of size 1 before it (its
+  first n rows are then the layout's at the bound)."""
+  out = []
+  for i, u in enumerate(t.inputs if side == "input" else t.outputs):
+    a = axes.get(u, ())
+    name = u.arg.name if side == "input" else (t.output_names or [f"output {i}"] * (i + 1))[i]
+    if len(a) > 1 or (a and math.prod(u.shape[: a[0]]) != 1):
+      raise CompileError(
+        f"dim '{dim.name}' cannot have a range: {side} '{name}' has it as axis {', '.join(map(str, a))} of "
+        f"{len(u.shape)}: a dim that varies at run time may be one axis of an input or output, with only dims of "
+        "size 1 before it, in this version"
+      )
+    out.append(a[0] if a else -1)
+  return tuple(out)

@@ -1,0 +1,157 @@
+"""A dim with a range that ops mix (a sequence under attention): one artifact, laid out at a bound, whose loops and
+matrix products run to the size each call is given; checked against onnxruntime at the bounds, at 1, at primes and
+at sizes that leave partial tiles, with the kernel list of a static compile; what the run-time size cannot reach yet
+is refused naming the node."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import ort_session, outputs_on_threads
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper
+
+import aot
+from aot.errors import CompileError, IndexRangeError, InputShapeError
+from aot.models.onnx_forms import onnx_model
+
+W = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+
+
+def make(nodes, inputs, outputs, inits=()):
+  m = oh.make_model(
+    oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)), opset_imports=[oh.make_opsetid("", 18)]
+  )
+  m.ir_version = 9
+  return m
+
+
+def transformer_with_sequence():
+  model = onnx_model("transformer")
+  for vi in list(model.graph.input) + list(model.graph.output):
+    vi.type.tensor_type.shape.dim[1].dim_param = "sequence"
+  return model
+
+
+def test_attention_runs_at_every_sequence_length_of_the_range(tmp_path):
+  model = transformer_with_sequence()
+  art = aot.compile_model(model, shapes={"sequence": (1, 128)}, out_dir=tmp_path / "dyn")
+  static = aot.compile_model(model, shapes={"sequence": 128}, out_dir=tmp_path / "static")
+  assert art.num_kernels == static.num_kernels
+  manifest = json.loads((art.dir / f"{art.name}.json").read_text())
+  assert manifest["dims"] == [{"name": "sequence", "min": 1, "max": 128, "runs": "extent"}]
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    assert m.get_inputs()[0].shape == [1, "sequence", 256]
+    # 1, a prime, partial tiles of the 8x32 microkernel and its blocks, the bound
+    for n in (1, 2, 61, 127, 128):
+      x = np.random.default_rng(n).standard_normal((1, n, 256)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape == (1, n, 256)
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    with pytest.raises(InputShapeError, match=r"input 'x' dim 1 \('sequence'\) is 129, outside 1\.\.128"):
+      m(np.zeros((1, 129, 256), np.float32))
+
+
+def test_the_same_outputs_bitwise_on_one_and_three_threads(tmp_path):
+  model = transformer_with_sequence()
+  art = aot.compile_model(model, shapes={"sequence": (1, 64)}, out_dir=tmp_path / "a")
+  x = np.random.default_rng(5).standard_normal((1, 37, 256)).astype(np.float32)
+  one, three = outputs_on_threads(art, {"x": x})
+  assert one.shape == (1, 37, 256) and np.array_equal(one, three)
+  np.testing.assert_allclose(one, ort_session(model).run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_softmax_and_a_sum_over_the_ranged_dim_run(tmp_path):
+  # both reduce over the dim: their loops run to the size of the call
+  model = make(
+    [
+      oh.make_node("MatMul", ["x", "w"], ["m"]),
+      oh.make_node("Softmax", ["m"], ["s"], axis=0),
+      oh.make_node("ReduceSum", ["m", "axes0"], ["t"], keepdims=1),
+      oh.make_node("Add", ["s", "t"], ["y"]),
+    ],
+    [oh.make_tensor_value_info("x", TP.FLOAT, ["n", 6])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, ["n", 4])],
+    [numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array([0]), "axes0")],
+  )
+  art = aot.compile_model(model, shapes={"n": (1, 40)}, out_dir=tmp_path / "a")
+  with aot.load(art) as m:
+    for n in (1, 3, 40):
+      x = np.random.default_rng(n).standard_normal((n, 6))
+      mm = x @ W.astype(np.float64)
+      e = np.exp(mm - mm.max(0))
+      want = e / e.sum(0) + mm.sum(0)
+      np.testing.assert_allclose(m(x.astype(np.float32)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_position_table_sliced_to_the_length_and_a_bad_token_id(tmp_path):
+  # an embedding lookup of the ids plus the first n rows of a position table (a slice whose end is read from Shape)
+  emb = np.random.default_rng(2).standard_normal((10, 4)).astype(np.float32)
+  pos = np.random.default_rng(3).standard_normal((50, 4)).astype(np.float32)
+  model = make(
+    [
+      oh.make_node("Gather", ["emb", "ids"], ["e"]),
+      oh.make_node("Shape", ["ids"], ["sh"], start=0, end=1),
+      oh.make_node("Slice", ["pos", "zero", "sh"], ["p"]),
+      oh.make_node("Add", ["e", "p"], ["a"]),
+      oh.make_node("Softmax", ["a"], ["y"], axis=0),
+    ],
+    [oh.make_tensor_value_info("ids", TP.INT64, ["n"])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, ["n", 4])],
+    [
+      numpy_helper.from_array(emb, "emb"),
+      numpy_helper.from_array(pos, "pos"),
+      numpy_helper.from_array(np.array([0]), "zero"),
+    ],
+  )
+  # (laid out at 47, the bound, a prime: the table's 50 rows reach it)
+  art = aot.compile_model(model, shapes={"n": (1, 47)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 9, 47):
+      ids = np.random.default_rng(n).integers(0, 10, n)
+      np.testing.assert_allclose(m(ids), sess.run(None, {"ids": ids})[0], rtol=1e-5, atol=1e-6)
+    ids = np.arange(7) % 10
+    ids[5] = 12
+    with pytest.raises(IndexRangeError, match=r"input 'ids'\[5\] is 12"):
+      m(ids)
+
+
+# each: nodes after m = x @ w (n x 4), and what the refusal names
+REFUSED = {
+  "a pad along it": ([oh.make_node("Pad", ["m", "pads"], ["y"])], "Pad node", "pads"),
+  "a mean over it": ([oh.make_node("ReduceMean", ["m", "axes0"], ["y"])], "ReduceMean node", "from its size"),
+  "a flip of it": (
+    [oh.make_node("Slice", ["m", "end", "start", "axes0", "step"], ["y"])],
+    "Slice node",
+    "(reverses|slices) it",
+  ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_what_a_run_time_size_cannot_reach_yet_is_refused_naming_the_node(case):
+  nodes, node, why = REFUSED[case]
+  inits = [
+    numpy_helper.from_array(W, "w"),
+    numpy_helper.from_array(np.array([0]), "axes0"),
+    numpy_helper.from_array(np.array([1, 0, 0, 0]), "pads"),
+    numpy_helper.from_array(np.array([-1]), "start"),
+    numpy_helper.from_array(np.array([-(2**62)]), "end"),
+    numpy_helper.from_array(np.array([-1]), "step"),
+  ]
+  model = make(
+    [oh.make_node("MatMul", ["x", "w"], ["m"]), *nodes],
+    [oh.make_tensor_value_info("x", TP.FLOAT, ["n", 6])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    inits,
+  )
+  with pytest.raises(CompileError, match=rf"dim 'n' cannot have a range: {node}.*{why}.*--shape n=N"):
+    aot.compile_model(model, shapes={"n": (1, 16)})
+
+
+def test_a_target_without_run_time_loops_says_so():
+  with pytest.raises(CompileError, match="dim 'sequence' is not a batch dim.*c target only"):
+    aot.compile_model(transformer_with_sequence(), shapes={"sequence": (1, 16)}, target="llvm")
