@@ -45,10 +45,10 @@ def real_model_path(name: str, models_dir: Path | None = None, batch: bool = Fal
   return path
 
 
-def export(name: str, path: Path, batch: bool = False, **sizes) -> None:
+def export(name: str, path: Path, batch: bool = False, sequence: bool = False, **sizes) -> None:
   """Real model NAME exported to PATH with seeded weights (eval mode: BatchNorm folded into the convs by the
-  exporter), its batch dim symbolic with batch; sizes (its builder's keywords: size, layers, ...) shrink it for a
-  quick test, never for the bench."""
+  exporter), its batch dim symbolic with batch, its sequence (axis 1: bert6's, up to 512 positions) with sequence;
+  sizes (its builder's keywords: size, layers, ...) shrink it for a quick test, never for the bench."""
   try:
     import torch
   except ImportError:
@@ -59,7 +59,11 @@ def export(name: str, path: Path, batch: bool = False, **sizes) -> None:
   import warnings
 
   torch.manual_seed(SEED)
+  if sequence:
+    sizes.setdefault("positions", 512)
   module, example, input_names, output_names = _BUILDERS[name](**sizes)
+  axes = {0: "batch"} if batch else {}
+  axes |= {1: "sequence"} if sequence else {}
   module.eval()
   # (not under torch.no_grad: there TransformerEncoderLayer takes its fused fast path, an op with no ONNX form)
   with warnings.catch_warnings():
@@ -74,7 +78,7 @@ def export(name: str, path: Path, batch: bool = False, **sizes) -> None:
       input_names=input_names,
       output_names=output_names,
       do_constant_folding=True,
-      dynamic_axes={n: {0: "batch"} for n in input_names + output_names} if batch else None,
+      dynamic_axes={n: axes for n in input_names + output_names} if axes else None,
     )
 
 
@@ -297,24 +301,54 @@ def _torchvision(name: str):
 # ---- BERT-like encoder ----
 
 
-def _bert6(seq: int = 128, vocab: int = 30522, width: int = 384, layers: int = 6, heads: int = 12):
+def _bert6(seq: int = 128, vocab: int = 30522, width: int = 384, layers: int = 6, heads: int = 12, positions: int = 0):
+  # positions: a table of that many positions, the first sequence-many read (an export with a symbolic sequence);
+  # 0: exactly seq of them, all read
   import torch
   from torch import nn
 
   class Encoder(nn.Module):
     def __init__(self):
       super().__init__()
-      self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(seq, width)
+      self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(positions or seq, width)
       self.norm = nn.LayerNorm(width, eps=1e-12)
       layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, activation="gelu", batch_first=True)
-      self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-      self.register_buffer("pos", torch.arange(seq).unsqueeze(0))
+      # (torch's attention exports its sequence length as a constant: a symbolic one takes the same layer written out)
+      self.encoder = (
+        nn.Sequential(*[_Layer(width, heads) for _ in range(layers)])
+        if positions
+        else nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+      )
+      self.register_buffer("pos", torch.arange(positions or seq).unsqueeze(0))
 
     def forward(self, ids):
-      return self.encoder(self.norm(self.tokens(ids) + self.positions(self.pos)))
+      pos = self.pos[:, : ids.shape[1]] if positions else self.pos
+      return self.encoder(self.norm(self.tokens(ids) + self.positions(pos)))
 
   ids = torch.randint(0, vocab, (1, seq), dtype=torch.int64)
   return Encoder(), (ids,), ["input_ids"], ["hidden"]
+
+
+def _Layer(width: int, heads: int):
+  """A post-norm encoder layer as torch.nn.TransformerEncoderLayer computes it (GELU, no dropout), its reshapes
+  reading the batch and sequence from the input."""
+  import torch
+  from torch import nn
+
+  class Layer(nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+      self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+      self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+
+    def forward(self, x):
+      q, k, v = self.qkv(x).view(x.shape[0], -1, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+      a = torch.softmax(q @ k.transpose(-2, -1) / (width // heads) ** 0.5, -1) @ v
+      x = self.norm1(x + self.out(a.transpose(1, 2).reshape(x.shape[0], -1, width)))
+      return self.norm2(x + self.down(nn.functional.gelu(self.up(x))))
+
+  return Layer()
 
 
 _BUILDERS = {
