@@ -88,6 +88,8 @@ class Ops(Enum):
   LOAD = auto()
   STORE = auto()
   ACCUMULATE = auto()
+  # the size of a ranged dim in the run that is under way (frontends/extent_dims.py): arg (C name, lowest, highest)
+  VAR = auto()
 
 
 class GroupOp:
@@ -403,11 +405,15 @@ class UOp:
   def kind(self) -> str:
     return _arg_of(self, Ops.RANGE)[2]
 
-  # a loop over a dim with a range whose length is the size the run is given (frontends/extent_dims.py): its arg's
-  # size is the dim's largest, which bounds it (every buffer is laid out at that size); "runtime" is a 4th field
+  # a loop whose length is given at run time (frontends/extent_dims.py): its arg's 4th field, an index expression of
+  # VARs; its size bounds it (every buffer is laid out for the size)
   @property
   def runtime(self) -> bool:
     return len(_arg_of(self, Ops.RANGE)) > 3
+
+  @property
+  def extent(self) -> UOp:
+    return _arg_of(self, Ops.RANGE)[3]
 
   # REDUCE: (op, axes); ACCUMULATE: op (its ranges are its sources after the first)
   @property

@@ -21,6 +21,8 @@ def value_range(u: UOp) -> tuple:
     return (int(u.arg), int(u.arg))
   if op is Ops.RANGE:
     return (0, u.size - 1)
+  if op is Ops.VAR:
+    return (u.arg[1], u.arg[2])
   if u.dtype == dtypes.bool:
     if op is Ops.CMPLT and s[0].vmax < s[1].vmin:
       return (1, 1)

@@ -1,11 +1,13 @@
 """The kernels of a dim that runs to a size given at run time (frontends/extent_dims.py): the schedule is made at the
 bound P, a prime no other dim's size is a multiple of, so a loop of P is a loop over the dim; it becomes a runtime
-RANGE (its arg's 4th field), which every renderer runs to n_, the run's size, with its index arithmetic unchanged
-(strides at the bound). That is exact only where the loop's counter reaches nothing but addresses: a counter compared,
-divided or taken modulo would compare against the bound; such a kernel is a bug of the proof, reported here."""
+RANGE (its arg's 4th field: the VAR n_, the run's size), which the renderer runs to n_, its index arithmetic
+unchanged (strides at the bound). That is exact only where the loop's counter reaches nothing but addresses: a counter
+compared, divided or taken modulo would compare against the bound; such a kernel is a bug of the proof, reported
+here."""
 
 from __future__ import annotations
 
+from aot.core.dtype import dtypes
 from aot.core.ir import Ops, UOp
 from aot.core.rewrite import substitute
 from aot.errors import InternalError
@@ -20,22 +22,29 @@ def has_runtime_range(ast: UOp) -> bool:
   return any(u.op is Ops.RANGE and u.runtime for u in ast.toposort())
 
 
+def size_var(batch) -> UOp:
+  """The run's size of a ranged dim (frontends/batch_dims.py BatchDim), n_ in the kernels' C."""
+  return UOp(Ops.VAR, dtypes.index, (), ("n_", batch.dim.lo, batch.dim.hi))
+
+
 def mark_runtime_ranges(sched: Schedule) -> None:
   """Every kernel's loops of the bound's size made runtime ranges, in place (runtime_marked)."""
   done: dict[UOp, UOp] = {}
   for k in sched.kernels:
     if k.ast not in done:
-      done[k.ast] = runtime_marked(k.ast, sched.batch.bound, f"kernel {k.name}")
+      done[k.ast] = runtime_marked(k.ast, sched.batch, f"kernel {k.name}")
     k.ast = done[k.ast]
 
 
-def runtime_marked(ast: UOp, bound: int, what: str) -> UOp:
+def runtime_marked(ast: UOp, batch, what: str) -> UOp:
   """ast with its loops of the bound's size made runtime ranges (those already are stay); a loop of a multiple of
-  it (the dim merged with another) or a counter used other than as an address is an InternalError naming what."""
+  it (the dim merged with another) or a counter used other than as an address is an InternalError naming what.
+  batch: the ranged dim (frontends/batch_dims.py BatchDim)."""
+  bound, n = batch.bound, size_var(batch)
   ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
   if any(r.size != bound and r.size % bound == 0 for r in ranges):
     raise InternalError(f"{what} runs the ranged dim merged with another dim in one loop")
-  mapping = {r: UOp(Ops.RANGE, r.dtype, (), (*r.arg, "runtime")) for r in ranges if r.size == bound and not r.runtime}
+  mapping = {r: UOp(Ops.RANGE, r.dtype, (), (*r.arg, n)) for r in ranges if r.size == bound and not r.runtime}
   ast = substitute(ast, mapping) if mapping else ast
   counted = {r for r in ast.toposort() if r.op is Ops.RANGE and r.runtime}
   for u in ast.toposort():

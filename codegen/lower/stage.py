@@ -293,7 +293,7 @@ def lower_schedule(
   for ast, fn in names.items():
     with working_on(places[fn]):
       # (a dense copy or an epilogue of a kernel with loops to a run-time size runs its loops of the bound so too)
-      optimized[ast] = optimize(runtime_marked(ast, bound, f"function {fn}") if bound else ast)
+      optimized[ast] = optimize(runtime_marked(ast, sched.batch, f"function {fn}") if bound else ast)
   functions = {optimized[ast]: fn for ast, fn in names.items()}
   entries = [names[low.main()] if low.main() is not None else low.runtime_entry for low in lowered]
   # integer sums count as work too: a quantized model's are nearly all of it; counted only until there is enough

@@ -198,7 +198,7 @@ class CRenderer:
         lo = "0" if piece == Piece(0, u.size) and not is_outer(u) else lo
         if u.runtime and not is_outer(u):
           assert piece == Piece(0, u.size), "a loop to a run-time size is never cut in pieces"
-          lo, hi = "0", "n_"
+          lo, hi = "0", expr(u.extent)
         if u is inner and not is_outer(u) and self.masks_tail(maskable, piece):
           lines.append(f"{ind}{self.tail_masked}")
         lines.append(f"{ind}for ({u.dtype.cname} {names[u]} = {lo}; {names[u]} < {hi}; {names[u]}++) {{")
@@ -229,6 +229,8 @@ class CRenderer:
     return self.tail_masked is not None and maskable and most >= TAIL_MASKED_MIN and not whole
 
   def render_value(self, u: UOp, r) -> str:
+    if u.op is Ops.VAR:
+      return u.arg[0]
     if u.op is Ops.LOAD:
       buf, idx, gate = u.src
       access = f"d{buf.slot}[{r(idx)}]"

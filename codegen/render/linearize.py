@@ -249,7 +249,7 @@ def in_pieces(
 
 def takes_runtime_size(ast: UOp) -> bool:
   """Does the kernel run a loop to a size given at run time (RANGE.runtime), its function taking it as n_?"""
-  return any(u.op is Ops.RANGE and u.runtime for u in ast.toposort())
+  return any((u.op is Ops.RANGE and u.runtime) or u.op is Ops.VAR for u in ast.toposort())
 
 
 def runtime_outer(ast: UOp) -> bool:

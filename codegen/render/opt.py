@@ -137,6 +137,34 @@ def maxmin_blocks(ast: UOp) -> UOp | None:
   return graph_rewrite(substitute(ast, mapping), pm_simplify) if mapping else None
 
 
+def runtime_blocks(ast: UOp) -> UOp:
+  """maxmin_blocks and wide_sums' blocks for an accumulator over one loop to a run-time size n_ (a softmax's row of
+  keys): its whole blocks (n_ // b of them) each combined in a tree, then the rest (n_ % b terms) one by one, the two
+  combined in order. Over the range's bound, a loop to n_ could not be cut in equal blocks, and a chain of selects or
+  float64 adds is latency-bound (a MiniLM-sized encoder's softmax over 256 keys 3.4x slower than in blocks)."""
+  mapping, fresh = {}, 1 + max(u.number for u in ast.toposort() if u.op is Ops.RANGE)
+  for acc in [u for u in ast.toposort() if u.op is Ops.ACCUMULATE]:
+    (inner, *more), op = acc.src[1:], acc.reduce_op
+    if more or not inner.runtime or not acc.dtype.is_float or acc.dtype != acc.src[0].dtype:
+      continue
+    nodes = len(acc.src[0].toposort())
+    if op in (ReduceOp.MAX, ReduceOp.MIN) and nodes <= MAXMIN_BLOCK_MAX_NODES:
+      size = MAXMIN_BLOCKS[0]
+    elif op is ReduceOp.SUM and acc.dtype == dtypes.float64 and nodes <= WIDE_SUM_BLOCK_MAX_NODES:
+      size = WIDE_SUM_BLOCK
+    else:
+      continue
+    n = inner.extent
+    block = UOp(Ops.RANGE, dtypes.index, (), (inner.number, inner.size // size, "reduce", n // size))
+    rest = UOp(Ops.RANGE, dtypes.index, (), (fresh, size, "reduce", n % size))
+    fresh += 1
+    tree = _tree(COMBINE[op], [substitute(acc.src[0], {inner: block * size + j}) for j in range(size)])
+    whole = UOp(Ops.ACCUMULATE, acc.dtype, (tree, block), acc.arg)
+    tail = UOp(Ops.ACCUMULATE, acc.dtype, (substitute(acc.src[0], {inner: n // size * size + rest}), rest), acc.arg)
+    mapping[acc] = tail.alu(COMBINE[op], whole)
+  return graph_rewrite(substitute(ast, mapping), pm_simplify) if mapping else ast
+
+
 def _lanes(ast: UOp, r: UOp, factor: int) -> UOp:
   """The kernel with range r split into r' (size S/factor) and factor unrolled lanes, one STORE each."""
   outer = UOp(Ops.RANGE, dtypes.index, (), (r.number, r.size // factor, "loop"))
@@ -448,7 +476,7 @@ def optimize(ast: UOp) -> UOp:
   # loops to a run-time size (aot/scheduler/runtime_extent.py) are not split, merged or unrolled: each of those takes
   # the loop's size as known
   if any(u.op is Ops.RANGE and u.runtime for u in ast.toposort()):
-    return graph_rewrite(ast, pm_inner_last)
+    return graph_rewrite(runtime_blocks(ast), pm_inner_last)
   blocks = maxmin_blocks(ast)
   if blocks is not None:
     outs, _ = _loops_and_sums(blocks)
