@@ -324,11 +324,11 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   # a Metal host is built on macOS from its own sources, with no loop over a ranged dim's items yet
   if traced.batch is not None and opts.target == "metal":
     raise CompileError(f"a dim with a range ('{traced.batch.dim.name}') is for the c, llvm, cuda and hip targets")
-  # loops to a run-time size are rendered by the C renderer alone so far
-  if traced.batch is not None and not traced.batch.items and opts.target != "c":
+  # loops to a run-time size are rendered by the CPU targets' renderers so far
+  if traced.batch is not None and not traced.batch.items and opts.target not in ("c", "llvm"):
     raise CompileError(
       f"dim '{traced.batch.dim.name}' is not a batch dim (an op mixes it), and such a dim takes a range on the c "
-      "target only in this version"
+      "and llvm targets only in this version"
     )
   return traced
 

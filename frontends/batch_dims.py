@@ -144,7 +144,7 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
     from aot.frontends.extent_dims import trace_extent
 
     # a dim some op mixes may still run to a size given at run time, in loops laid out at its bound
-    return trace_extent(src, dim, pinned, bind, name, trace, sizes)
+    return trace_extent(src, dim, pinned, bind, name, trace, sizes, (t1, b1))
   _check_one_item(dim, item, t1, labels)
   names = [u.arg.name for u, a in zip(item.inputs, item.batch.inputs) if a >= 0]
   names += [n for n, a in zip(item.output_names or [], item.batch.outputs) if a >= 0]

@@ -32,8 +32,8 @@ def _is_prime(n: int) -> bool:
 
 
 def bound_sizes(hi: int, taken: set[int]) -> tuple[int, int]:
-  """The size the program is traced and laid out at, and the probe: primes that divide no other dim's size (a loop
-  of P is then the dim's and no other's), the smallest >= hi and the largest below it (a position table of hi rows
+  """The size the program is traced and laid out at, and a probe: primes that divide no other dim's size (a loop of
+  P is then the dim's and no other's), the smallest >= hi and the largest below it (a position table of hi rows
   reaches both), else the next one above."""
   fits = lambda p: _is_prime(p) and not any(s % p == 0 for s in taken if s)
   p1 = next(p for p in range(max(hi, 2), 4 * hi + 8) if fits(p))
@@ -41,22 +41,22 @@ def bound_sizes(hi: int, taken: set[int]) -> tuple[int, int]:
   return p1, below[0] if below else next(p for p in range(p1 + 1, 8 * hi + 16) if fits(p))
 
 
-def trace_extent(src, dim: RunDim, pinned: Callable[[int], dict], bind, name, trace, taken: set[int]) -> Traced:
+def trace_extent(src, dim: RunDim, pinned: Callable[[int], dict], bind, name, trace, taken: set[int], probe) -> Traced:
   """The model traced at the bound of dim, with how the artifact runs it (Traced.batch, runs "extent"), once proved
-  (prove_extent_dim). taken: the sizes of the graph traced at size 1 of the dim."""
-  p1, p2 = bound_sizes(dim.hi, taken)
+  (prove_extent_dim) against probe, (the graph traced at another size no dim has, that size): the batch proof's.
+  taken: the sizes of the graph traced at size 1 of the dim."""
+  bound = bound_sizes(dim.hi, taken | {probe[1]})[0]
   labels: list = []
-  with _at_size(dim, p1):
-    t1 = trace(src, pinned(p1), bind, name, produced=labels)
-  with _at_size(dim, p2):
-    t2 = trace(src, pinned(p2), bind, name)
-  t1.batch = prove_extent_dim(dim, t1, t2, p1, p2, labels)
-  if t1.containers or any(n in (t1.formats or {}) for n in [u.arg.name for u in t1.inputs] + (t1.output_names or [])):
+  with _at_size(dim, bound):
+    traced = trace(src, pinned(bound), bind, name, produced=labels)
+  traced.batch = prove_extent_dim(dim, traced, probe[0], bound, probe[1], labels)
+  names = [u.arg.name for u in traced.inputs] + (traced.output_names or [])
+  if traced.containers or any(n in (traced.formats or {}) for n in names):
     raise CompileError(
       f"dim '{dim.name}' cannot have a range: the model has sequence, optional or narrow-typed "
       "inputs or outputs, which take no range yet"
     )
-  return t1
+  return traced
 
 
 def prove_extent_dim(dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list) -> BatchDim:

@@ -34,9 +34,10 @@ def transformer_with_sequence():
   return model
 
 
-def test_attention_runs_at_every_sequence_length_of_the_range(tmp_path):
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_attention_runs_at_every_sequence_length_of_the_range(tmp_path, target):
   model = transformer_with_sequence()
-  art = aot.compile_model(model, shapes={"sequence": (1, 128)}, out_dir=tmp_path / "dyn")
+  art = aot.compile_model(model, shapes={"sequence": (1, 128)}, out_dir=tmp_path / "dyn", target=target)
   static = aot.compile_model(model, shapes={"sequence": 128}, out_dir=tmp_path / "static")
   assert art.num_kernels == static.num_kernels
   manifest = json.loads((art.dir / f"{art.name}.json").read_text())
@@ -153,5 +154,5 @@ def test_what_a_run_time_size_cannot_reach_yet_is_refused_naming_the_node(case):
 
 
 def test_a_target_without_run_time_loops_says_so():
-  with pytest.raises(CompileError, match="dim 'sequence' is not a batch dim.*c target only"):
-    aot.compile_model(transformer_with_sequence(), shapes={"sequence": (1, 16)}, target="llvm")
+  with pytest.raises(CompileError, match="dim 'sequence' is not a batch dim.*c and llvm targets only"):
+    aot.compile_model(transformer_with_sequence(), shapes={"sequence": (1, 16)}, target="cuda")

@@ -611,7 +611,8 @@ def _run_scale(args) -> int:
 def _run_dynamic(args) -> int:
   from aot.tools.dynamic_bench import DYNAMIC_MODELS, dynamic_rows
 
-  asked = [m for m in args.models.split(",") + [f"real:{n}" for n in REAL_MODELS] * args.real if m in DYNAMIC_MODELS]
+  real = [m for m in DYNAMIC_MODELS if m.startswith("real:")] if args.real else []
+  asked = [m for m in args.models.split(",") + real if m in DYNAMIC_MODELS]
   names = asked or [m for m in DYNAMIC_MODELS if not m.startswith("real:")]
   rows = dynamic_rows(names, args.repeats, args.budget, args.models_dir)
   print(_plain_table(rows))
@@ -666,7 +667,8 @@ def _unknown_model(models: str, onnx_args: list[str]) -> str | None:
   turn, minutes into a run), or None."""
   from aot.models.quantized import FORMS
 
-  for name in [m for m in models.split(",") if m]:
+  # (--dynamic's NAME:sequence: a bundled model with its sequence symbolic, aot/tools/dynamic_bench.py)
+  for name in [m.removesuffix(":sequence") for m in models.split(",") if m]:
     if (problem := _unknown_bundled(name)) is not None:
       return f"--models: {problem}"
   for path in onnx_args:

@@ -1,6 +1,7 @@
-"""`python -m aot.tools.bench --dynamic`: an artifact compiled once for a range of a batch dim (--shape batch=LO..HI),
-timed at sizes across the range against a static compile at each size and against onnxruntime, in one process,
-interleaved, one thread. The bundled reference models' ONNX forms with a symbolic batch (models/onnx_forms.py)."""
+"""`python -m aot.tools.bench --dynamic`: an artifact compiled once for a range of a dim (--shape batch=LO..HI, or
+sequence=LO..HI: one that attention mixes, frontends/extent_dims.py), timed at sizes across the range against a
+static compile at each size and against onnxruntime, in one process, interleaved, one thread. The bundled reference
+models' ONNX forms with a symbolic batch or sequence (models/onnx_forms.py)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,48 @@ from pathlib import Path
 
 import numpy as np
 
-# per model: the range compiled, and the sizes timed (the bounds, an odd prime between); real:NAME are the bench's
-# real models (aot/tools/real_models.py, exported from torch with a symbolic batch: the bench extra)
+# per model: the dim given a range, the range, and the sizes timed (the bounds, an odd prime between); NAME:sequence
+# has its axis 1 symbolic; real:NAME are the bench's real models (aot/tools/real_models.py, exported from torch with
+# a symbolic batch or sequence: the bench extra)
 DYNAMIC_MODELS = {
-  "mlp": ((1, 64), (1, 7, 64)),
-  "mnist": ((1, 64), (1, 7, 64)),
-  "resnet18": ((1, 16), (1, 5, 16)),
-  "transformer": ((1, 8), (1, 3, 8)),
-  "real:bert6": ((1, 8), (1, 3, 8)),
-  "real:yolov8n": ((1, 4), (1, 3, 4)),
+  "mlp": ("batch", (1, 64), (1, 7, 64)),
+  "mnist": ("batch", (1, 64), (1, 7, 64)),
+  "resnet18": ("batch", (1, 16), (1, 5, 16)),
+  "transformer": ("batch", (1, 8), (1, 3, 8)),
+  "transformer:sequence": ("sequence", (1, 128), (1, 61, 128)),
+  "real:bert6": ("batch", (1, 8), (1, 3, 8)),
+  "real:bert6:sequence": ("sequence", (1, 256), (1, 7, 61, 128, 256)),
+  "real:yolov8n": ("batch", (1, 4), (1, 3, 4)),
 }
 # a token id input's values: below the smallest vocabulary of the models above
 TOKEN_IDS = 1000
 
 
-def _input_at(info, n: int) -> np.ndarray:
-  """A seeded input of onnxruntime's NodeArg info at batch n: token ids for an integer one."""
-  rng, shape = np.random.default_rng(n), [n, *info.shape[1:]]
+def _input_at(info, dim: str, n: int) -> np.ndarray:
+  """A seeded input of onnxruntime's NodeArg info with dim at n (another symbolic dim at 1): token ids for an
+  integer one."""
+  rng, shape = np.random.default_rng(n), [n if d == dim else 1 if isinstance(d, str) else d for d in info.shape]
   if "int" in info.type:
     return rng.integers(0, TOKEN_IDS, shape).astype(np.int64)
   return rng.standard_normal(shape).astype(np.float32)
+
+
+def _model_path(name: str, dim: str, tmp: Path, models_dir: Path | None) -> Path:
+  from aot.models.onnx_forms import onnx_model, with_batch_dim
+  from aot.tools.real_models import real_model_path
+
+  base = name.removeprefix("real:").split(":")[0]
+  if name.startswith("real:"):
+    return real_model_path(base, models_dir, batch=dim == "batch", sequence=dim == "sequence")
+  model = onnx_model(base)
+  if dim == "batch":
+    model = with_batch_dim(model)
+  else:
+    for vi in list(model.graph.input) + list(model.graph.output):
+      vi.type.tensor_type.shape.dim[1].dim_param = dim
+  path = tmp / f"{name.replace(':', '_')}.onnx"
+  path.write_bytes(model.SerializeToString())
+  return path
 
 
 def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Path | None = None) -> list[dict]:
@@ -38,21 +61,15 @@ def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Pa
   import onnxruntime as ort
 
   import aot
-  from aot.models.onnx_forms import onnx_model, with_batch_dim
   from aot.tools.bench import _time
-  from aot.tools.real_models import real_model_path
 
   rows = []
   with tempfile.TemporaryDirectory(prefix="aot_dynamic_bench_") as tmp:
     for name in names:
-      (lo, hi), sizes = DYNAMIC_MODELS[name]
-      if name.startswith("real:"):
-        path = real_model_path(name.removeprefix("real:"), models_dir, batch=True)
-      else:
-        path = Path(tmp) / f"{name}.onnx"
-        path.write_bytes(with_batch_dim(onnx_model(name)).SerializeToString())
+      dim, (lo, hi), sizes = DYNAMIC_MODELS[name]
+      path = _model_path(name, dim, Path(tmp), models_dir)
       t0 = time.perf_counter()
-      dyn_art = aot.compile_model(path, shapes={"batch": (lo, hi)}, out_dir=Path(tmp) / f"{name}_dyn".replace(":", "_"))
+      dyn_art = aot.compile_model(path, shapes={dim: (lo, hi)}, out_dir=Path(tmp) / f"{name}_dyn".replace(":", "_"))
       dyn_s = time.perf_counter() - t0
       so = ort.SessionOptions()
       so.intra_op_num_threads = so.inter_op_num_threads = 1
@@ -60,9 +77,9 @@ def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Pa
       with aot.load(dyn_art, threads=1) as dyn:
         for n in sizes:
           t0 = time.perf_counter()
-          st_art = aot.compile_model(path, shapes={"batch": n}, out_dir=Path(tmp) / f"{name}_{n}".replace(":", "_"))
+          st_art = aot.compile_model(path, shapes={dim: n}, out_dir=Path(tmp) / f"{name}_{n}".replace(":", "_"))
           st_s = time.perf_counter() - t0
-          feed = {i.name: _input_at(i, n) for i in sess.get_inputs()}
+          feed = {i.name: _input_at(i, dim, n) for i in sess.get_inputs()}
           with aot.load(st_art, threads=1) as st:
             got, want = dyn(feed), sess.run(None, feed)[0]
             fns = {
@@ -74,8 +91,8 @@ def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Pa
           rows.append(
             {
               "model": name,
-              "range": f"{lo}..{hi}",
-              "batch": n,
+              "range": f"{dim}={lo}..{hi}",
+              "size": n,
               "dynamic ms": round(t["dynamic"] * 1e3, 3),
               "static ms": round(t["static"] * 1e3, 3),
               "dyn/static": round(t["dynamic"] / t["static"], 3),

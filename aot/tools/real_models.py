@@ -30,16 +30,20 @@ def default_models_dir() -> Path:
   return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aot-bench"
 
 
-def real_model_path(name: str, models_dir: Path | None = None, batch: bool = False) -> Path:
+def real_model_path(name: str, models_dir: Path | None = None, batch: bool = False, sequence: bool = False) -> Path:
   """The cached ONNX file of real model NAME, exported first if it is not there yet; batch: with a symbolic batch
-  dim (its inputs' and outputs' first), as exporters write one (the bench's --dynamic)."""
+  dim (its inputs' and outputs' first), as exporters write one (the bench's --dynamic); sequence: its sequence
+  symbolic (export)."""
   if name not in REAL_MODELS:
     raise RealModelError(f"unknown real model {name!r}: the real models are {', '.join(REAL_MODELS)}")
-  path = Path(models_dir or default_models_dir()) / f"{name}{'_batch' if batch else ''}.onnx"
+  path = (
+    Path(models_dir or default_models_dir())
+    / f"{name}{'_batch' if batch else ''}{'_sequence' if sequence else ''}.onnx"
+  )
   if not path.is_file():
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    export(name, tmp, batch=batch)
+    export(name, tmp, batch=batch, sequence=sequence)
     # a run stopped half-way leaves no half-written file behind for the next run to take
     tmp.replace(path)
   return path

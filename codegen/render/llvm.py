@@ -24,6 +24,7 @@ from aot.codegen.render.linearize import (
   is_outer,
   kernel_params,
   linearize,
+  takes_runtime_size,
   widen_index,
 )
 from aot.core.dtype import DType, dtypes
@@ -138,16 +139,18 @@ class LLVMRenderer:
   def identity(self, op: ReduceOp, dt: DType):
     return self.const(dt, op.identity(dt))
 
-  def _declare(self, name: str, params: list) -> ir.Function:
-    """The kernel's function: a pointer per buffer (none aliasing another), then the slice [start, end) of the
-    outermost output loop this call runs."""
+  def _declare(self, name: str, params: list, sized: bool) -> ir.Function:
+    """The kernel's function: a pointer per buffer (none aliasing another), the run's size n_ of a ranged dim where
+    a loop runs to it (sized: linearize.takes_runtime_size), then the slice [start, end) of the outermost output loop
+    this call runs."""
     i32 = ir.IntType(32)
+    ints = [i32] * (3 if sized else 2)
     fn = ir.Function(
-      self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + [i32, i32]), name
+      self.module, ir.FunctionType(ir.VoidType(), [mtype(p.dtype).as_pointer() for p in params] + ints), name
     )
     fn.attributes = KernelAttributes()
     fn.attributes.add("nounwind")
-    for a in fn.args[:-2]:
+    for a in fn.args[: len(params)]:
       a.add_attribute("noalias")
     return fn
 
@@ -155,9 +158,11 @@ class LLVMRenderer:
     ast = widen_index(ast)
     params = kernel_params(ast)
     i32 = ir.IntType(32)
-    fn = self._declare(name, params)
+    sized = takes_runtime_size(ast)
+    fn = self._declare(name, params, sized)
     ptr = {p.slot: a for p, a in zip(params, fn.args)}
     start, end = fn.args[-2:]  # the slice of the outermost output loop this call runs
+    size = fn.args[-3] if sized else None
     entry = fn.append_basic_block("entry")
     alloca_b = ir.IRBuilder(entry)
     body = fn.append_basic_block("body")
@@ -173,8 +178,14 @@ class LLVMRenderer:
         return b.load(accs[u])
       return vals[u]
 
+    def var(u: UOp):
+      # the run's size, in the index type asked for (a widened kernel's)
+      return size if ltype(u.dtype) == i32 else b.sext(size, ltype(u.dtype))
+
     def expr(u: UOp):
       # a piece's bound, computed from the values and loops around it
+      if u.op is Ops.VAR:
+        return var(u)
       return r(u) if u.op is Ops.CONST or u in vals else self.render_value(b, u, expr, ptr)
 
     def bound(x: int | UOp, it: ir.Type):
@@ -197,6 +208,10 @@ class LLVMRenderer:
           if outer
           else (bound(piece.lo, it), bound(piece.hi, it))
         )
+        if u.runtime and not outer:
+          # (a loop to a run-time size is never cut in pieces; its extent is an index expression of n_)
+          lo, hi = ir.Constant(it, 0), expr(u.extent)
+          hi = b.sext(hi, it) if hi.type != it else hi
         loops.append(_Loop.begin(b, u.number, counter, it, lo, hi))
         vals[u] = loops[-1].i
       elif kind == "end":
@@ -214,7 +229,10 @@ class LLVMRenderer:
           v = b.zext(v, ir.IntType(8))
         b.store(v, b.gep(ptr[buf.slot], [r(idx)], inbounds=True))
       else:
-        vals[u] = self.const(u.dtype, known[u]) if u in known else self.render_value(b, u, r, ptr)
+        if u.op is Ops.VAR:
+          vals[u] = var(u)
+        else:
+          vals[u] = self.const(u.dtype, known[u]) if u in known else self.render_value(b, u, r, ptr)
     b.ret_void()
     alloca_b.branch(body)
     return fn
