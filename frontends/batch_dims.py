@@ -126,25 +126,33 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
 
   if not any(_is_range(v) or isinstance(v, tuple) and any(map(_is_range, v)) for v in (shapes or {}).values()):
     return trace(src, shapes, bind, name)
-  dim, pinned = ranged_dim(shapes, load_model(src).graph)
+  graph = load_model(src).graph
+  dim, pinned = ranged_dim(shapes, graph)
   if dim is None:
     return trace(src, pinned(1), bind, name)
+  from aot.frontends.extent_dims import bound_sizes, prove_extent_dim
+
+  # the probes: a small prime no declared dim has, and the bound an extent would be laid out at (a prime >= the
+  # range's top dividing no size of the first probe's graph), which is then the program a dim some op mixes runs
+  declared = {d.dim_value for vi in graph.input for d in vi.type.tensor_type.shape.dim}
+  declared |= {d for init in graph.initializer for d in init.dims}
+  b1 = next(p for p in PROBE_SIZES if p not in declared)
   labels: list = []
-  with _at_size(dim, 1):
-    item = trace(src, pinned(1), bind, name)
-  sizes = {s for u in _walk(item) for s in u.shape}
-  b1, b2 = [p for p in PROBE_SIZES if p not in sizes][:2]
   with _at_size(dim, b1):
     t1 = trace(src, pinned(b1), bind, name, produced=labels)
+  b2 = bound_sizes(dim.hi, {s for u in _walk(t1) for s in u.shape} | {b1})[0]
+  extent_labels: list = []
   with _at_size(dim, b2):
-    t2 = trace(src, pinned(b2), bind, name)
+    t2 = trace(src, pinned(b2), bind, name, produced=extent_labels)
   try:
-    item.batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
+    batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
   except CompileError:
-    from aot.frontends.extent_dims import trace_extent
-
     # a dim some op mixes may still run to a size given at run time, in loops laid out at its bound
-    return trace_extent(src, dim, pinned, bind, name, trace, sizes, (t1, b1))
+    t2.batch = prove_extent_dim(dim, t2, t1, b2, b1, extent_labels)
+    return t2
+  with _at_size(dim, 1):
+    item = trace(src, pinned(1), bind, name)
+  item.batch = batch
   _check_one_item(dim, item, t1, labels)
   names = [u.arg.name for u, a in zip(item.inputs, item.batch.inputs) if a >= 0]
   names += [n for n, a in zip(item.output_names or [], item.batch.outputs) if a >= 0]

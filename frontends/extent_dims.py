@@ -23,7 +23,7 @@ import numpy as np
 
 from aot.core.ir import GroupOp, Ops, UOp
 from aot.errors import CompileError
-from aot.frontends.batch_dims import BatchDim, RunDim, _at_size, _is_constant, _leaf_differs, _node_of, _sources, _walk
+from aot.frontends.batch_dims import BatchDim, RunDim, _is_constant, _leaf_differs, _node_of, _sources, _walk
 from aot.scheduler.kernel import Traced
 
 
@@ -39,24 +39,6 @@ def bound_sizes(hi: int, taken: set[int]) -> tuple[int, int]:
   p1 = next(p for p in range(max(hi, 2), 4 * hi + 8) if fits(p))
   below = [p for p in range(p1 - 1, 1, -1) if fits(p)][:1]
   return p1, below[0] if below else next(p for p in range(p1 + 1, 8 * hi + 16) if fits(p))
-
-
-def trace_extent(src, dim: RunDim, pinned: Callable[[int], dict], bind, name, trace, taken: set[int], probe) -> Traced:
-  """The model traced at the bound of dim, with how the artifact runs it (Traced.batch, runs "extent"), once proved
-  (prove_extent_dim) against probe, (the graph traced at another size no dim has, that size): the batch proof's.
-  taken: the sizes of the graph traced at size 1 of the dim."""
-  bound = bound_sizes(dim.hi, taken | {probe[1]})[0]
-  labels: list = []
-  with _at_size(dim, bound):
-    traced = trace(src, pinned(bound), bind, name, produced=labels)
-  traced.batch = prove_extent_dim(dim, traced, probe[0], bound, probe[1], labels)
-  names = [u.arg.name for u in traced.inputs] + (traced.output_names or [])
-  if traced.containers or any(n in (traced.formats or {}) for n in names):
-    raise CompileError(
-      f"dim '{dim.name}' cannot have a range: the model has sequence, optional or narrow-typed "
-      "inputs or outputs, which take no range yet"
-    )
-  return traced
 
 
 def prove_extent_dim(dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list) -> BatchDim:
@@ -88,6 +70,11 @@ def prove_extent_dim(dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labe
         "elementwise ops, reductions and matrix products, and be sliced from position 0, in this version: pin it "
         f"(--shape {dim.name}=N)"
       )
+  if t1.containers or any(n in (t1.formats or {}) for n in [u.arg.name for u in t1.inputs] + (t1.output_names or [])):
+    raise CompileError(
+      f"dim '{dim.name}' cannot have a range: the model has sequence, optional or narrow-typed "
+      "inputs or outputs, which take no range yet"
+    )
   inputs = _io_axes(dim, t1, axes, "input")
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
