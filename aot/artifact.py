@@ -174,14 +174,13 @@ class Artifact:
     # dims with a range ({name, min, max}): named in the shapes of the inputs and outputs that have them
     self.dims: list[dict] = m.get("dims", [])
 
-  def at_size(self, n: int | None = None) -> tuple[list[TensorInfo], list[TensorInfo]]:
-    """The inputs and outputs with the ranged dim (dims: frontends/batch_dims.py) at size n, by default its largest;
-    a static artifact's as they are."""
-    if not self.dims:
-      return self.inputs, self.outputs
-    dim = self.dims[0]
-    n = dim["max"] if n is None else n
-    at = lambda t: TensorInfo(t.name, tuple(n if d == dim["name"] else d for d in t.shape), t.dtype, t.narrow)
+  def at_size(self, sizes: dict | None = None) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """The inputs and outputs with each ranged dim (dims: frontends/batch_dims.py) at its size in sizes (by name), by
+    default its largest; a static artifact's as they are."""
+    n = {d["name"]: (sizes or {}).get(d["name"], d["max"]) for d in self.dims}
+    at = lambda t: TensorInfo(
+      t.name, tuple(n.get(d, d) if isinstance(d, str) else d for d in t.shape), t.dtype, t.narrow
+    )
     return [at(t) for t in self.inputs], [at(t) for t in self.outputs]
 
   @property
@@ -338,23 +337,19 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
   """NAME.json: the schedule's inputs and outputs, and what was built from it."""
   from aot import __version__
 
-  def t(b: Buffer, axis: int = -1) -> dict:
-    if axis >= 0:
+  dims = [d for d in (sched.batch, sched.extent) if d is not None]
+
+  def t(b: Buffer, side: str, i: int) -> dict:
+    named = {(d.inputs if side == "input" else d.outputs)[i]: d.dim.name for d in dims}
+    if any(a >= 0 for a in named):
       # a ranged dim is named in the shape, as ONNX and onnxruntime write a symbolic one
-      return {
-        "name": b.name,
-        "shape": [sched.batch.dim.name if i == axis else s for i, s in enumerate(b.shape)],
-        "dtype": b.dtype.name,
-      }
+      return {"name": b.name, "shape": [named.get(a, s) for a, s in enumerate(b.shape)], "dtype": b.dtype.name}
     if b.name not in sched.formats:
       return {"name": b.name, "shape": list(b.shape), "dtype": b.dtype.name}
     fmt, shape = sched.formats[b.name]
     return {"name": b.name, "shape": list(shape), "dtype": fmt, "storage": b.dtype.name, "storage_shape": list(b.shape)}
 
   external = built.weights > WEIGHTS_INLINE_MAX
-  ins, outs = (
-    (sched.batch.inputs, sched.batch.outputs) if sched.batch else ([-1] * len(sched.inputs), [-1] * len(sched.outputs))
-  )
   path.write_text(
     json.dumps(
       {
@@ -369,9 +364,9 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
         "triple": built.triple,
         "compiler": f"aot-compiler {__version__}",
         "abi_version": ABI_VERSION,
-        "inputs": [t(b, a) for b, a in zip(sched.inputs, ins)],
-        "outputs": [t(b, a) for b, a in zip(sched.outputs, outs)],
-        **({"dims": [_dim_entry(sched.batch)]} if sched.batch else {}),
+        "inputs": [t(b, "input", i) for i, b in enumerate(sched.inputs)],
+        "outputs": [t(b, "output", i) for i, b in enumerate(sched.outputs)],
+        **({"dims": [_dim_entry(d) for d in dims]} if dims else {}),
         "kernels": [{"name": k.name, "function": k.function, "shape": list(k.shape)} for k in built.kernels],
         "arena_bytes": built.arena,
         "arena_holds_bytes": built.arena_holds,

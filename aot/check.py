@@ -77,22 +77,27 @@ def check(art, model: str, bind: dict, quiet: bool = False, files: dict[str, str
   run = aot.load(art)
   if not art.dims:
     return _check_at(art, art.inputs, art.outputs, run, model, bind, quiet, files, "")
-  dim = art.dims[0]
-  sizes = [_given_size(art, files)] if files else sorted({dim["min"], dim["max"]})
+  ends = [{d["name"]: d[end] for d in art.dims} for end in ("min", "max")]
+  sizes = [_given_sizes(art, files)] if files else [e for i, e in enumerate(ends) if e not in ends[:i]]
   failed = 0
   for n in sizes:
     ins, outs = art.at_size(n)
-    failed |= _check_at(art, ins, outs, run, model, bind, quiet, files, f"{dim['name']}={n}: ")
+    label = ", ".join(f"{k}={v}" for k, v in n.items())
+    failed |= _check_at(art, ins, outs, run, model, bind, quiet, files, f"{label}: ")
   return failed
 
 
-def _given_size(art, files: dict[str, str]) -> int:
-  """The ranged dim's size in the --check-input files (of the first input that has the dim and is given)."""
-  dim = art.dims[0]["name"]
-  for t in art.inputs:
-    if t.name in files and dim in t.shape:
-      return int(np.load(files[t.name], mmap_mode="r").shape[t.shape.index(dim)])
-  return art.dims[0]["max"]
+def _given_sizes(art, files: dict[str, str]) -> dict:
+  """Each ranged dim's size in the --check-input files (of the first input given that has it), else its largest."""
+  sizes = {}
+  for d in art.dims:
+    for t in art.inputs:
+      if t.name in files and d["name"] in t.shape:
+        sizes[d["name"]] = int(np.load(files[t.name], mmap_mode="r").shape[t.shape.index(d["name"])])
+        break
+    else:
+      sizes[d["name"]] = d["max"]
+  return sizes
 
 
 def _check_at(art, inputs, outputs, run, model, bind, quiet, files, label: str) -> int:

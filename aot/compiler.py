@@ -245,8 +245,10 @@ def _render_cpu(
   name: str, sched: Schedule, low: LoweredSchedule, target: str, profile: bool, weights: WeightsWriter
 ) -> Sources:
   """The lowered schedule's functions rendered, the arena placed, and model.c's calls over them."""
-  if sched.batch and sched.batch.items:
-    arena = batch_arena(sched, memory_plan(item_segments(sched, low), low.scratch))
+  if sched.batch:
+    # (items that run the whole program one after another are planned as one: by the calls' segments)
+    segments = [s for x in low.lowered for s in x.segments()] if sched.extent else item_segments(sched, low)
+    arena = batch_arena(sched, memory_plan(segments, low.scratch))
   else:
     arena = memory_plan([s for x in low.lowered for s in x.segments()], low.scratch)
   external = weights.finish()
@@ -325,9 +327,9 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   if traced.batch is not None and opts.target == "metal":
     raise CompileError(f"a dim with a range ('{traced.batch.dim.name}') is for the c, llvm, cuda and hip targets")
   # loops to a run-time size are rendered by the CPU targets' renderers so far
-  if traced.batch is not None and not traced.batch.items and opts.target not in ("c", "llvm"):
+  if traced.extent is not None and opts.target not in ("c", "llvm"):
     raise CompileError(
-      f"dim '{traced.batch.dim.name}' is not a batch dim (an op mixes it), and such a dim takes a range on the c "
+      f"dim '{traced.extent.dim.name}' is not a batch dim (an op mixes it), and such a dim takes a range on the c "
       "and llvm targets only in this version"
     )
   return traced
@@ -338,8 +340,8 @@ def schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
     sched = schedule(traced.outputs, traced.inputs, traced.output_names)
   sched.formats = traced.formats or {}
   sched.containers = traced.containers or []
-  sched.batch = traced.batch
-  if sched.batch is not None and not sched.batch.items:
+  sched.batch, sched.extent = traced.batch, traced.extent
+  if sched.extent is not None:
     mark_runtime_ranges(sched)
   opts.say(f"scheduled {len(sched.kernels)} kernels")
   return sched

@@ -172,31 +172,34 @@ class LoadedModel:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   def _at_sizes(self, arrays) -> tuple[list, list, list]:
-    """The inputs and outputs with the ranged dim at the size the inputs have (in its range, the same in each), and
+    """The inputs and outputs with each ranged dim at the size the inputs have (in its range, the same in each), and
     their shapes as C arrays."""
-    a, dim = self.artifact, self.artifact.dims[0]
-    name, n, first = dim["name"], None, None
-    for t, x in zip(a.inputs, arrays):
-      if name not in t.shape:
-        continue
-      shape, axis = np.shape(x), t.shape.index(name)
-      if len(shape) != len(t.shape):
-        raise InputShapeError(
-          f"{a.name} input '{t.name}': expected shape {t.shape}, got {shape}", t.name, t.shape, shape
-        )
-      size = shape[axis]
-      why = f"outside {dim['min']}..{dim['max']}" if not dim["min"] <= size <= dim["max"] else ""
-      why = why or (f"but input '{first}' has {n}" if n is not None and size != n else "")
-      if why:
-        raise InputShapeError(
-          f"{a.name} input '{t.name}' dim {axis} ('{name}') is {size}, {why}", t.name, t.shape, shape
-        )
-      n, first = size, first or t.name
-    if n not in self._sizes:
+    a, sizes = self.artifact, {}
+    for dim in a.dims:
+      name, n, first = dim["name"], None, None
+      for t, x in zip(a.inputs, arrays):
+        if name not in t.shape:
+          continue
+        shape, axis = np.shape(x), t.shape.index(name)
+        if len(shape) != len(t.shape):
+          raise InputShapeError(
+            f"{a.name} input '{t.name}': expected shape {t.shape}, got {shape}", t.name, t.shape, shape
+          )
+        size = shape[axis]
+        why = f"outside {dim['min']}..{dim['max']}" if not dim["min"] <= size <= dim["max"] else ""
+        why = why or (f"but input '{first}' has {n}" if n is not None and size != n else "")
+        if why:
+          raise InputShapeError(
+            f"{a.name} input '{t.name}' dim {axis} ('{name}') is {size}, {why}", t.name, t.shape, shape
+          )
+        n, first = size, first or t.name
+      sizes[name] = n
+    key = tuple(sizes.values())
+    if key not in self._sizes:
       # made once per size: a small model's call is a few microseconds
-      tins, touts = a.at_size(n)
-      self._sizes[n] = (tins, touts, [self.ffi.new("int64_t[]", list(t.shape) or [0]) for t in tins + touts])
-    return self._sizes[n]
+      tins, touts = a.at_size(sizes)
+      self._sizes[key] = (tins, touts, [self.ffi.new("int64_t[]", list(t.shape) or [0]) for t in tins + touts])
+    return self._sizes[key]
 
   def _input(self, t, x) -> np.ndarray:
     """An input as the C API takes it: checked against the artifact's shape and dtype, dense."""

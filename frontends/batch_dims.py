@@ -53,9 +53,10 @@ class BatchDim:
     return self.runs == "items"
 
 
-def ranged_dim(shapes: dict | None, graph: onnx.GraphProto) -> tuple[RunDim | None, Callable[[int], dict]]:
-  """The one dim shapes gives a range to (None if none) and shapes with it pinned to a size. A range is a dim_param's
-  (batch=(1, 64), --shape batch=1..64) or one input dim's (x=((1, 8), 3, 224, 224), --shape x=1..8x3x224x224)."""
+def ranged_dims(shapes: dict | None, graph: onnx.GraphProto) -> tuple[list[RunDim], Callable[[dict], dict]]:
+  """The dims shapes gives a range to (at most two) and shapes with them pinned to sizes (by name). A range is a
+  dim_param's (batch=(1, 64), --shape batch=1..64) or one input dim's (x=((1, 8), 3, 224, 224), --shape
+  x=1..8x3x224x224)."""
   shapes = dict(shapes or {})
   inputs = {vi.name: vi for vi in graph.input}
   found: dict[str, tuple[int, int]] = {}
@@ -80,24 +81,24 @@ def ranged_dim(shapes: dict | None, graph: onnx.GraphProto) -> tuple[RunDim | No
       where.setdefault(key, []).append((key, None))
   # a range of one size is that size: the artifact is static
   fixed = {n for n, (lo, hi) in found.items() if lo == hi}
-  if len(found) - len(fixed) > 1:
+  if len(found) - len(fixed) > 2:
     raise CompileError(
-      f"dims {', '.join(repr(n) for n in found if n not in fixed)} are given ranges: an artifact takes one dim with "
-      "a range (a batch dim) in this version; pin the others to a size (--shape NAME=N)"
+      f"dims {', '.join(repr(n) for n in found if n not in fixed)} are given ranges: an artifact takes two dims with "
+      "a range in this version (a batch and one other); pin the others to a size (--shape NAME=N)"
     )
-  ranged = next((RunDim(n, lo, hi) for n, (lo, hi) in found.items() if n not in fixed), None)
+  ranged = [RunDim(n, lo, hi) for n, (lo, hi) in found.items() if n not in fixed]
 
-  def pinned(size: int) -> dict:
+  def pinned(sizes: dict) -> dict:
     out = dict(shapes)
     for name, places in where.items():
-      n = found[name][0] if name in fixed else size
+      n = found[name][0] if name in fixed else sizes[name]
       for key, axis in places:
         if axis is None:
           out[key] = n
         elif isinstance(shapes[key], DimRange):
           out[key] = (n,)
         else:
-          out[key] = tuple(n if i == axis else d for i, d in enumerate(shapes[key]))
+          out[key] = tuple(n if i == axis else d for i, d in enumerate(out[key]))
         # the dim_param a per-input range names holds the same size in every input that has it
         if axis is not None and not name.endswith("]"):
           out.setdefault(name, n)
@@ -127,33 +128,20 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
   if not any(_is_range(v) or isinstance(v, tuple) and any(map(_is_range, v)) for v in (shapes or {}).values()):
     return trace(src, shapes, bind, name)
   graph = load_model(src).graph
-  dim, pinned = ranged_dim(shapes, graph)
-  if dim is None:
-    return trace(src, pinned(1), bind, name)
-  from aot.frontends.extent_dims import bound_sizes, prove_extent_dim
-
-  # the probes: a small prime no declared dim has, and the bound an extent would be laid out at (a prime >= the
-  # range's top dividing no size of the first probe's graph), which is then the program a dim some op mixes runs
+  dims, pinned = ranged_dims(shapes, graph)
+  if not dims:
+    return trace(src, pinned({}), bind, name)
   declared = {d.dim_value for vi in graph.input for d in vi.type.tensor_type.shape.dim}
   declared |= {d for init in graph.initializer for d in init.dims}
-  b1 = next(p for p in PROBE_SIZES if p not in declared)
-  labels: list = []
-  with _at_size(dim, b1):
-    t1 = trace(src, pinned(b1), bind, name, produced=labels)
-  b2 = bound_sizes(dim.hi, {s for u in _walk(t1) for s in u.shape} | {b1})[0]
-  extent_labels: list = []
-  with _at_size(dim, b2):
-    t2 = trace(src, pinned(b2), bind, name, produced=extent_labels)
-  try:
-    batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
-  except CompileError:
-    # a dim some op mixes may still run to a size given at run time, in loops laid out at its bound
-    t2.batch = prove_extent_dim(dim, t2, t1, b2, b1, extent_labels)
-    return t2
-  with _at_size(dim, 1):
-    item = trace(src, pinned(1), bind, name)
-  item.batch = batch
-  _check_one_item(dim, item, t1, labels)
+  probes = [p for p in PROBE_SIZES if p not in declared]
+  if len(dims) == 2:
+    item = _trace_two(src, dims, pinned, bind, name, trace, probes)
+    dim = item.batch.dim
+  else:
+    (dim,) = dims
+    item = _trace_one(src, dim, lambda n: pinned({dim.name: n}), bind, name, trace, probes)
+    if item.batch is None:
+      return item
   names = [u.arg.name for u, a in zip(item.inputs, item.batch.inputs) if a >= 0]
   names += [n for n, a in zip(item.output_names or [], item.batch.outputs) if a >= 0]
   # a sequence's tensors and a narrow type's packed codes are not laid out item after item
@@ -161,6 +149,61 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
     what = "sequence or optional inputs or outputs" if item.containers else "inputs or outputs of a narrow type"
     raise CompileError(f"dim '{dim.name}' cannot have a range: the model has {what}, which take no range yet")
   return item
+
+
+def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -> Traced:
+  """One ranged dim: the item program with its BatchDim (traced at size 1) where it is a batch dim, else the program
+  at the bound with its extent (Traced.extent: frontends/extent_dims.py). The probes: a small prime no declared dim
+  has, and the bound an extent would be laid out at (a prime >= the range's top dividing no size of the first
+  probe's graph), which is then the program a dim some op mixes runs."""
+  from aot.frontends.extent_dims import bound_sizes, prove_extent_dim
+
+  b1, labels, bound_labels = probes[0], [], []
+  with _at_size(dim, b1):
+    t1 = trace(src, pinned(b1), bind, name, produced=labels)
+  b2 = bound_sizes(dim.hi, {s for u in _walk(t1) for s in u.shape} | {b1})[0]
+  with _at_size(dim, b2):
+    t2 = trace(src, pinned(b2), bind, name, produced=bound_labels)
+  try:
+    batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
+  except CompileError:
+    # a dim some op mixes may still run to a size given at run time, in loops laid out at its bound
+    t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels)
+    return t2
+  with _at_size(dim, 1):
+    item = trace(src, pinned(1), bind, name)
+  item.batch = batch
+  _check_one_item(dim, item, t1, labels)
+  return item
+
+
+def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[int]) -> Traced:
+  """Two ranged dims: one a batch dim, run item by item, the other run to its size in each item's program (traced at
+  item size 1 and the other's bound): each way round until one is proved, else the last refusal."""
+  from aot.frontends.extent_dims import bound_sizes, prove_extent_dim
+
+  refused = None
+  for items, ext in (dims, dims[::-1]):
+    b0, b1, b2 = probes[:3]
+    with _at_size(ext, b0):
+      probe = trace(src, pinned({items.name: 1, ext.name: b0}), bind, name)
+    bound = bound_sizes(ext.hi, {s for u in _walk(probe) for s in u.shape} | {b0, b1, b2})[0]
+    item_labels, labels = [], []
+    with _at_size(ext, bound):
+      item = trace(src, pinned({items.name: 1, ext.name: bound}), bind, name, produced=item_labels)
+    try:
+      item.extent = prove_extent_dim(ext, item, probe, bound, b0, item_labels)
+      with _at_size(items, b1):
+        t1 = trace(src, pinned({items.name: b1, ext.name: bound}), bind, name, produced=labels)
+      with _at_size(items, b2):
+        t2 = trace(src, pinned({items.name: b2, ext.name: bound}), bind, name)
+      item.batch = prove_batch_dim(items, t1, t2, b1, b2, labels)
+    except CompileError as e:
+      refused = e
+      continue
+    _check_one_item(items, item, t1, labels)
+    return item
+  raise refused
 
 
 @contextmanager

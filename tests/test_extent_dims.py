@@ -55,6 +55,26 @@ def test_attention_runs_at_every_sequence_length_of_the_range(tmp_path, target):
       m(np.zeros((1, 129, 256), np.float32))
 
 
+def test_a_batch_and_a_sequence_range_in_one_artifact(tmp_path):
+  # the batch runs item by item, each item's program to the sequence length of the call
+  model = transformer_with_sequence()
+  for vi in list(model.graph.input) + list(model.graph.output):
+    vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+  art = aot.compile_model(model, shapes={"batch": (1, 4), "sequence": (1, 64)}, out_dir=tmp_path / "a")
+  header = art.header_path.read_text()
+  assert "_NUM_DIMS 2" in header and '_DIM1_NAME "sequence"' in header and "_INPUT0_SHAPE {4, 64, 256}" in header
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    assert m.get_inputs()[0].shape == ["batch", "sequence", 256]
+    for b, n in ((1, 1), (3, 37), (4, 64)):
+      x = np.random.default_rng(n).standard_normal((b, n, 256)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape == (b, n, 256)
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    with pytest.raises(InputShapeError, match=r"dim 0 \('batch'\) is 5, outside 1\.\.4"):
+      m(np.zeros((5, 3, 256), np.float32))
+
+
 def test_the_same_outputs_bitwise_on_one_and_three_threads(tmp_path):
   model = transformer_with_sequence()
   art = aot.compile_model(model, shapes={"sequence": (1, 64)}, out_dir=tmp_path / "a")

@@ -22,6 +22,8 @@ class Traced:
   formats: dict | None = None  # narrow inputs and outputs (frontends/onnx.py): name -> (type name, logical shape)
   containers: list | None = None  # sequence/optional inputs and outputs as runs of C API tensors (frontends/onnx.py)
   batch: object = None  # a dim with a range, run as a loop over one-item runs (frontends/batch_dims.py BatchDim)
+  # a dim with a range whose loops run to the size a run is given (frontends/extent_dims.py; BatchDim, "extent")
+  extent: object = None
 
 
 @dataclass(eq=False)
@@ -69,6 +71,8 @@ class Schedule:
   containers: list = field(default_factory=list)
   # a dim with a range, run as a loop over one-item runs (frontends/batch_dims.py BatchDim); None: a static artifact
   batch: object = None
+  # a dim with a range whose loops run to the size a run is given (frontends/extent_dims.py; BatchDim, "extent")
+  extent: object = None
   # the index checks the run makes after its kernels (aot/core/ir.py: IndexCheck)
   checks: list[IndexCheckCall] = field(default_factory=list)
   # model inputs that are indices (checked or not: GPU targets drop the checks), by name: the smallest axis' size

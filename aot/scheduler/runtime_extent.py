@@ -32,7 +32,7 @@ def mark_runtime_ranges(sched: Schedule) -> None:
   done: dict[UOp, UOp] = {}
   for k in sched.kernels:
     if k.ast not in done:
-      done[k.ast] = runtime_marked(k.ast, sched.batch, f"kernel {k.name}")
+      done[k.ast] = runtime_marked(k.ast, sched.extent, f"kernel {k.name}")
     k.ast = done[k.ast]
 
 

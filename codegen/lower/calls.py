@@ -115,11 +115,11 @@ class LoopCall(Call):
 
   def render(self, arg, tramps: dict[str, str]) -> str:
     at = lambda b, s: f"({arg(b, s)} + {self.offsets[s]})" if s in self.offsets else arg(b, s)
-    extent = "(int)n_" if self.runtime_extent else str(self.extent)
+    extent = "(int)e_" if self.runtime_extent else str(self.extent)
     if not self.parallel:
-      args = [at(b, s) for s, b in self.args] + (["(int)n_"] if self.sized else [])
+      args = [at(b, s) for s, b in self.args] + (["(int)e_"] if self.sized else [])
       return f"  {self.fn}({', '.join(args)}, 0, {extent});"
-    ptrs = [f"(void *){at(b, s)}" for s, b in self.args] + (["(void *)(intptr_t)n_"] if self.sized else [])
+    ptrs = [f"(void *){at(b, s)}" for s, b in self.args] + (["(void *)(intptr_t)e_"] if self.sized else [])
     run = trampoline(tramps, self.fn, self.args, self.sized)
     return f"  {{ void *a[] = {{{', '.join(ptrs)}}}; aot_parallel(m->pool, {run}, a, {extent}); }}"
 

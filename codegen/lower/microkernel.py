@@ -74,7 +74,7 @@ class GemmCall(Call):
   pack_sized: bool = False
 
   def _size_arg(self) -> list[str]:
-    return ["(void *)(intptr_t)n_"] if self.pack_sized else []
+    return ["(void *)(intptr_t)e_"] if self.pack_sized else []
 
   @property
   def tasks(self) -> int:
@@ -130,7 +130,7 @@ class GemmCall(Call):
 
   def render(self, arg, tramps: dict) -> str:
     g, c, f = self.gemm, self.gemm.c, self.items
-    size = lambda x: "(int)n_" if self.bound and x == self.bound else str(x)
+    size = lambda x: "(int)e_" if self.bound and x == self.bound else str(x)
     batch, rows, cols, depth = str(c.B), size(c.a.size), size(c.b.size), size(c.K)
     if f is not None:
       batch, rows = ("1", f"(int)n_ * {c.a.size}") if f.rows else ("(int)n_", rows)

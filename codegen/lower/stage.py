@@ -251,7 +251,7 @@ def _lower_kernels(sched: Schedule, env: LowerEnv) -> tuple[list[Lowered], set[i
   env.scratch_made += made8
   env.producers.update({id(k.bufs[0]): k for k in narrowed})
   # a ranged dim's arena is planned by runs of whole kernels (codegen/render/run_dims.py item_segments): no budget
-  if sched.batch is None or not sched.batch.items:
+  if sched.batch is None:
     largest = max(b.nbytes for b in [*sched.inputs, *sched.outputs, *(k.bufs[0] for k in sched.kernels)])
     live = live_bytes(narrowed)
     env.scratch_budget = {id(k): ARENA_GOAL * largest - live[i] for i, k in enumerate(narrowed)}
@@ -289,16 +289,16 @@ def lower_schedule(
       owners.setdefault(names.setdefault(ast, f"{function_name(name, n)}{suffix}"), k)
   places = function_places(owners)
   optimized = {}
-  bound = sched.batch.bound if sched.batch is not None else 0
+  bound = sched.extent.bound if sched.extent is not None else 0
   for ast, fn in names.items():
     with working_on(places[fn]):
       # (a dense copy or an epilogue of a kernel with loops to a run-time size runs its loops of the bound so too)
-      optimized[ast] = optimize(runtime_marked(ast, sched.batch, f"function {fn}") if bound else ast)
+      optimized[ast] = optimize(runtime_marked(ast, sched.extent, f"function {fn}") if bound else ast)
   functions = {optimized[ast]: fn for ast, fn in names.items()}
   entries = [names[low.main()] if low.main() is not None else low.runtime_entry for low in lowered]
   # integer sums count as work too: a quantized model's are nearly all of it; counted only until there is enough
   # (a ranged dim's items all count: frontends/batch_dims.py, at its largest size)
-  items = sched.batch.dim.hi if sched.batch and sched.batch.items else 1
+  items = sched.batch.dim.hi if sched.batch else 1
   sums = accumulate(items * flop_count(k.ast, integer=True) for k in sched.kernels)
   threads = any(w >= MODEL_PARALLEL_MIN_WORK for w in sums)
   ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target, bound=bound)

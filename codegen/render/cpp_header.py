@@ -84,7 +84,7 @@ class Model {{
     return *this;
   }}
 
-{_run_dims(name, sched) if sched.batch else _run_overloads(name, cpp_tensors(name, sched))}
+{_run_dims(name, sched) if sched.batch or sched.extent else _run_overloads(name, cpp_tensors(name, sched))}
   /* the threads this instance runs its kernels on (at least 1) */
   void set_threads(int n) {{ check("{name}_set_threads", {name}_set_threads(m_, n)); }}
   /* the thread count in use ({name}_threads) */

@@ -41,9 +41,16 @@ def run_dims_args(sched: Schedule) -> list[str]:
   return args
 
 
+def ranged(sched: Schedule) -> list[tuple[object, str]]:
+  """The schedule's ranged dims (frontends/batch_dims.py BatchDim), each with its size's name in model.c: n_ for the
+  items' count, e_ for a dim run to a size given at run time."""
+  return [(d, v) for d, v in ((sched.batch, "n_"), (sched.extent, "e_")) if d is not None]
+
+
 def run_dims_decl(name: str, sched: Schedule) -> str:
-  d = sched.batch.dim
-  return f"""/* runs the model on inputs whose dim '{d.name}' is any size in {d.lo}..{d.hi} (the same in every input
+  ds = [d.dim for d, _ in ranged(sched)]
+  which = " and ".join(f"dim '{d.name}' is any size in {d.lo}..{d.hi}" for d in ds)
+  return f"""/* runs the model on inputs whose {which} (the same in every input
    that has it; every other dim as compiled): each tensor's data (dense row-major) then its shape (RANK int64_t),
    for the inputs then the outputs. An output's shape is written there (its pointer may be NULL); its buffer must
    hold that many elements ({name.upper()}_OUTPUTi_SIZE at the largest). A shape outside the range is
@@ -53,22 +60,27 @@ int {name}_run_dims({name}_model *m, {", ".join(run_dims_args(sched))});
 
 
 def run_dims_meta(P: str, sched: Schedule) -> list[str]:
-  """NAME.h's defines for the ranged dim: its name and bounds, and which axis of each input and output it is."""
-  d = sched.batch.dim
-  meta = [
-    f"#define {P}_NUM_DIMS 1",
-    f'#define {P}_DIM0_NAME "{d.name}"',
-    f"#define {P}_DIM0_MIN {d.lo}",
-    f"#define {P}_DIM0_MAX {d.hi}",
-  ]
-  for kind, axes in (("INPUT", sched.batch.inputs), ("OUTPUT", sched.batch.outputs)):
-    meta += [f"#define {P}_{kind}{i}_DIM0_AXIS {a}" for i, a in enumerate(axes)]
+  """NAME.h's defines for the ranged dims: each one's name and bounds, and which axis of each input and output it is."""
+  meta = [f"#define {P}_NUM_DIMS {len(ranged(sched))}"]
+  for j, (d, _) in enumerate(ranged(sched)):
+    meta += [
+      f'#define {P}_DIM{j}_NAME "{d.dim.name}"',
+      f"#define {P}_DIM{j}_MIN {d.dim.lo}",
+      f"#define {P}_DIM{j}_MAX {d.dim.hi}",
+    ]
+    for kind, axes in (("INPUT", d.inputs), ("OUTPUT", d.outputs)):
+      meta += [f"#define {P}_{kind}{i}_DIM{j}_AXIS {a}" for i, a in enumerate(axes)]
   return meta
 
 
-def largest(b: Buffer, axis: int, hi: int) -> tuple:
-  """The buffer's shape at the largest size of the dim (its one-item shape has 1 there)."""
-  return tuple(hi if i == axis else s for i, s in enumerate(b.shape))
+def largest(sched: Schedule, b: Buffer, kind: str, i: int) -> tuple:
+  """Input or output i's shape at the largest size of each ranged dim (an item's shape has 1 there, a bound's its
+  bound)."""
+  shape = list(b.shape)
+  for d, _ in ranged(sched):
+    if (a := (d.inputs if kind == "INPUT" else d.outputs)[i]) >= 0:
+      shape[a] = d.dim.hi
+  return tuple(shape)
 
 
 def _fail(status: str, fmt: str, *args: str) -> str:
@@ -78,49 +90,56 @@ def _fail(status: str, fmt: str, *args: str) -> str:
   return f"return aot_fail(m->error, {status}, {', '.join([_c_string(fmt), *args])});"
 
 
-def _input_checks(sched: Schedule, first: int) -> list[str]:
+def _input_checks(sched: Schedule) -> list[str]:
   """Each input's shape: NULL, a dim outside its range or unlike the first input's, another dim not as compiled."""
   from aot.codegen.render.host_cpu import _percent
 
-  (sins, _), dim = shape_names(sched), _percent(sched.batch.dim.name)
-  lo, hi = sched.batch.dim.lo, sched.batch.dim.hi
-  lines, n0 = [], _percent(sched.inputs[first].name)
-  for i, (b, s, a) in enumerate(zip(sched.inputs, sins, sched.batch.inputs)):
+  sins, _ = shape_names(sched)
+  # per input axis: the ranged dim there and its size's name
+  at = [{(d.inputs[i]): (d, v) for d, v in ranged(sched) if d.inputs[i] >= 0} for i in range(len(sched.inputs))]
+  firsts = {v: next(i for i, a in enumerate(d.inputs) if a >= 0) for d, v in ranged(sched)}
+  lines = []
+  for i, (b, s) in enumerate(zip(sched.inputs, sins)):
     bn = _percent(b.name)
     null = f"input {i} ('{bn}') shape is NULL"
     lines.append(f"  if (!{s}) {_fail('AOT_ERR_NULL_ARGUMENT', null)}")
     for j, size in enumerate(b.shape):
       got = f"(long long){s}[{j}]"
-      if j == a:
+      if j in at[i]:
+        d, v = at[i][j]
+        dim, lo, hi = _percent(d.dim.name), d.dim.lo, d.dim.hi
         outside = f"input '{bn}' dim {j} ('{dim}') is %lld, outside {lo}..{hi}"
         lines.append(f"  if ({s}[{j}] < {lo} || {s}[{j}] > {hi}) {_fail('AOT_ERR_INVALID_ARGUMENT', outside, got)}")
-        if i != first:
+        if i != firsts[v]:
+          n0 = _percent(sched.inputs[firsts[v]].name)
           unlike = f"input '{bn}' dim {j} ('{dim}') is %lld, but input '{n0}' has %lld"
-          lines.append(f"  if ({s}[{j}] != n_) {_fail('AOT_ERR_INVALID_ARGUMENT', unlike, got, '(long long)n_')}")
+          lines.append(f"  if ({s}[{j}] != {v}) {_fail('AOT_ERR_INVALID_ARGUMENT', unlike, got, f'(long long){v}')}")
+        else:
+          lines.append(f"  {v} = {s}[{j}];")
       else:
         want = f"input '{bn}' dim {j} is %lld, the model takes {size}"
         lines.append(f"  if ({s}[{j}] != {size}) {_fail('AOT_ERR_INVALID_ARGUMENT', want, got)}")
-    if i == first:
-      lines.append(f"  n_ = {s}[{a}];")
   return lines
 
 
 def run_dims_c(name: str, sched: Schedule) -> str:
   """run_dims_locked and NAME_run_dims, over model.c's run_locked (the one-item run)."""
-  bd = sched.batch
   ins, outs = param_names(sched)
   sins, souts = shape_names(sched)
-  first = next(i for i, a in enumerate(bd.inputs) if a >= 0)
   fills = []
-  for b, s, a in zip(sched.outputs, souts, bd.outputs):
-    dims = [("n_" if j == a else str(size)) for j, size in enumerate(b.shape)]
+  for i, (b, s) in enumerate(zip(sched.outputs, souts)):
+    dims = [str(size) for size in b.shape]
+    for d, v in ranged(sched):
+      if d.outputs[i] >= 0:
+        dims[d.outputs[i]] = v
     fills.append(f"  if ({s}) {{ {' '.join(f'{s}[{j}] = {x};' for j, x in enumerate(dims))} }}")
+  sizes = [v for _, v in ranged(sched)]
   return f"""static int run_dims_locked({name}_model *m, {", ".join(run_dims_args(sched))}) {{
   m->error[0] = 0;
-  int64_t n_ = 0;
-{chr(10).join(_input_checks(sched, first))}
+  int64_t {", ".join(f"{v} = 0" for v in sizes)};
+{chr(10).join(_input_checks(sched))}
 {chr(10).join(fills)}
-  return run_locked(m, {", ".join(ins + outs)}, n_);
+  return run_locked(m, {", ".join(ins + outs + sizes)});
 }}
 
 API int {name}_run_dims({name}_model *m, {", ".join(run_dims_args(sched))}) {{
@@ -140,8 +159,10 @@ def checks_bytes(sched: Schedule) -> int:
 
 
 def batch_arena(sched: Schedule, item_arena: int) -> int:
-  """The arena of an artifact with a ranged dim: the checks, then the one-item plan at the largest size."""
-  return checks_bytes(sched) + sched.batch.dim.hi * item_arena
+  """The arena of an artifact with a ranged dim: the checks, then the one-item plan at the largest size; beside a
+  dim run to a size given at run time, items run the whole program one after another (_folds): the one-item plan
+  once, every item's scratch in the same place."""
+  return checks_bytes(sched) + (1 if sched.extent else sched.batch.dim.hi) * item_arena
 
 
 def item_stride(sched: Schedule):
@@ -156,17 +177,26 @@ def item_stride(sched: Schedule):
 
 def scratch_item(sched: Schedule, b: Buffer) -> tuple[int, int]:
   """A scratch buffer's item 0 in the arena, and the bytes from one item to the next (the module's layout)."""
+  if sched.extent:
+    return checks_bytes(sched) + b.offset, 0
   return checks_bytes(sched) + sched.batch.dim.hi * b.offset, b.nbytes
 
 
 def item_pointer(sched: Schedule, b: Buffer, where: str) -> str:
-  """where (a buffer's pointer in the one-item program) at item b_."""
+  """where (a buffer's pointer in the one-item program) at item b_. An input's or output's items are dense at the
+  size of a dim run to a size given at run time (e_), the item program's buffers laid out at its bound."""
   if b.kind == "scratch":
     at, step = scratch_item(sched, b)
     return f"(A + {at} + b_ * {step})"
   if b.kind == "check":
     return f"({where} + b_ * {2 * len(sched.checks)})"
-  return f"({where} + b_ * {b.size})" if item_stride(sched)(b) else where
+  if not item_stride(sched)(b):
+    return where
+  e = sched.extent
+  axes = (e.inputs if b.kind == "input" else e.outputs) if e is not None else ()
+  if e is not None and axes[b.index] >= 0:
+    return f"({where} + b_ * {b.size // e.bound} * e_)"
+  return f"({where} + b_ * {b.size})"
 
 
 @dataclass
@@ -184,7 +214,7 @@ def item_segments(sched: Schedule, low) -> list[Segment]:
   item, out = item_stride(sched), []
   for lowered, calls in zip(low.lowered, low.kernel_calls):
     for call in calls:
-      if call.fold(item) is not None:
+      if _folds(sched, call, item):
         out.append(Segment(list(lowered.kernel.bufs)))
         out.append(Segment())
       else:
@@ -208,7 +238,7 @@ def item_statements(sched: Schedule, calls: list, render, each_call: bool = Fals
       loop.clear()
 
   for call in calls:
-    if (folded := call.fold(item)) is not None:
+    if _folds(sched, call, item) and (folded := call.fold(item)) is not None:
       close_loop()
       out.append(f"  {{ const int64_t b_ = 0; (void)b_;\n  {render(folded).strip()}\n  }}")
     else:
@@ -217,6 +247,12 @@ def item_statements(sched: Schedule, calls: list, render, each_call: bool = Fals
         close_loop()
   close_loop()
   return out
+
+
+def _folds(sched: Schedule, call, item) -> bool:
+  """Does a call run once over all items (Call.fold)? Not beside a dim run to a size given at run time: the items of
+  its inputs and outputs are then e_ rows apart, of its scratch the bound's."""
+  return sched.extent is None and call.fold(item) is not None
 
 
 def item_checks_c(sched: Schedule, check_c) -> str:
