@@ -4,8 +4,9 @@ NAME_run_dims). That is only right for a batch dim: one that no op mixes, so tha
 item alone, by the same computation. It is proved here, before anything is built, on the graph traced at two sizes
 (two primes no other dim has): a node's batch axis is the one whose size is the batch size in both, and every node
 keeps items apart by its op's rule (_RULES); a constant may depend on the size only as a broadcast along its batch
-axis. A dim that some op mixes (a sequence under attention, an image's height under a convolution) is a CompileError
-naming the first node that mixes it."""
+axis. A dim that some op mixes (a sequence under attention) may still run to its size in loops laid out at a bound
+(frontends/extent_dims.py), which names the first node it cannot take. Two ranged dims: a batch dim run item by item,
+and the other run to its size in each item's program."""
 
 from __future__ import annotations
 
@@ -121,8 +122,9 @@ def _bounds(d, what: str) -> tuple[int, int]:
 
 
 def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None, trace) -> Traced:
-  """The model traced at size 1 of its ranged dim, with how the artifact runs it (Traced.batch), once proved a batch
-  dim; without a range, the model traced as it is. trace: frontends/onnx.py's trace_onnx."""
+  """The model traced at size 1 of its batch dim, with how the artifact runs it (Traced.batch), once proved one, or
+  at the bound of a dim some op mixes (Traced.extent), or both; without a range, the model traced as it is. trace:
+  frontends/onnx.py's trace_onnx."""
   from aot.frontends.onnx import load_model
 
   if not any(_is_range(v) or isinstance(v, tuple) and any(map(_is_range, v)) for v in (shapes or {}).values()):

@@ -1,18 +1,18 @@
 """A dim with a range that ops mix (--shape sequence=1..256 where attention reduces over it): the artifact is the
-program traced at a bound P (the smallest prime >= the range's largest size that no other dim has), every buffer laid
-out at P, and the loops over the dim run to the size the run is given (RANGE.runtime) where they ran to P. That is
-only right when every element a loop computes at a size n < P reads elements below n of its sources along the dim
+program traced at a bound P (the smallest prime >= the range's top that divides no other dim's size), every buffer
+laid out at P, and the loops over the dim run to the size the run is given (RANGE.runtime) where they ran to P. That
+is only right when every element a loop computes at a size n < P reads elements below n of its sources along the dim
 and no value depends on n itself: the dim flows through elementwise ops, broadcasts, permutes, reshapes that keep it
 an axis of its own, reductions and contractions over it, and slices that start at 0 of a longer constant (a position
-table). It is proved here on the graph traced at P and at the next prime, walked in step as frontends/batch_dims.py
-does for a batch: a node's dim axes are those of size P and P' there, and every node keeps positions by its op's rule
-(_RULES); a constant that differs between the sizes must agree on the positions both have (a position table, an
-arange). Padding, flipping, gathering or slicing anything but a prefix along the dim, merging it with another dim, or
-a value computed from its size (a mean's 1/n) is a CompileError naming the first node that does it.
+table). It is proved here on the program and a probe at another size (frontends/batch_dims.py's), walked in step as
+that module does for a batch: a node's dim axes are those of the two sizes there, and every node keeps positions by
+its op's rule (_RULES); a constant that differs between the sizes must agree on the positions both have (a position
+table, an arange). Padding, flipping, gathering or slicing anything but a prefix along the dim, merging it with
+another dim, or a value computed from its size (a mean's 1/n) is a CompileError naming the first node that does it.
 
 Memory: the arena is the static plan at P (strides at the bound: every index stays a constant-coefficient sum, and
 a loop's bound is the only run-time value). Inputs and outputs are read and written in place when every axis before
-the dim is 1: their first n rows are the first n of the layout at P."""
+the dim is 1 (or the batch's, item by item): their first n rows are the first n of the layout at P."""
 
 from __future__ import annotations
 
