@@ -176,3 +176,19 @@ def test_what_a_run_time_size_cannot_reach_yet_is_refused_naming_the_node(case):
 def test_a_target_without_run_time_loops_says_so():
   with pytest.raises(CompileError, match="dim 'sequence' is not a batch dim.*c and llvm targets only"):
     aot.compile_model(transformer_with_sequence(), shapes={"sequence": (1, 16)}, target="cuda")
+
+
+def test_run_time_sizes_under_the_sanitizers(tmp_path):
+  # ASan/UBSan (tests/test_sanitize.py's driver, each tensor malloc'd at the size of the call): loops and matrix
+  # products run to the sizes given touch nothing past their buffers, at 1, at a partial tile and at the bounds
+  from test_sanitize import run_sanitized
+
+  model = transformer_with_sequence()
+  for vi in list(model.graph.input) + list(model.graph.output):
+    vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+  art = aot.compile_model(model, shapes={"batch": (1, 2), "sequence": (1, 40)}, out_dir=tmp_path / "a", sanitize=True)
+  sess = ort_session(model)
+  for b, n in ((1, 1), (2, 9), (2, 40)):
+    x = np.random.default_rng(n).standard_normal((b, n, 256)).astype(np.float32)
+    (got,) = run_sanitized(art, [x], tmp_path, sizes={"batch": b, "sequence": n})
+    np.testing.assert_allclose(got, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -22,13 +22,15 @@ SANITIZER_ENV = {
 }
 
 
-def driver_source(art, flaw: str | None = None) -> str:
+def driver_source(art, flaw: str | None = None, sizes: dict | None = None) -> str:
   """A C program: argv[1] is how many runs, argv[2..] the inputs' files then the outputs' files; each tensor lives in
   a malloc'd buffer of its size, so the sanitizer sees any access past its end. flaw: "short" makes the last
-  output's buffer one byte short, "leak" skips destroy (to show the sanitizers catch both)."""
+  output's buffer one byte short, "leak" skips destroy (to show the sanitizers catch both). sizes: an artifact with
+  ranged dims runs at these (NAME_run_dims, each tensor's shape after it; its buffers that size)."""
   n = art.name
   nbytes = lambda t: t.dtype.itemsize * int(np.prod(t.shape))
-  tensors = [("in", i, t) for i, t in enumerate(art.inputs)] + [("out", i, t) for i, t in enumerate(art.outputs)]
+  ins, outs = art.at_size(sizes)
+  tensors = [("in", i, t) for i, t in enumerate(ins)] + [("out", i, t) for i, t in enumerate(outs)]
   short = {len(tensors) - 1} if flaw == "short" else set()
   decls = "\n".join(
     f"  {api_type(t.dtype)} *{k}{i} = malloc({max(nbytes(t) - (j in short), 1)});"
@@ -43,6 +45,10 @@ def driver_source(art, flaw: str | None = None) -> str:
     for j, (_, i, t) in enumerate(tensors[len(art.inputs) :])
   )
   args = ", ".join(f"{k}{i}" for k, i, _ in tensors)
+  run = f"{n}_run(m, {args})"
+  if art.dims:
+    decls += "".join(f"\n  int64_t s{k}{i}[] = {{{', '.join(map(str, t.shape)) or '0'}}};" for k, i, t in tensors)
+    run = f"{n}_run_dims(m, {', '.join(f'{k}{i}, s{k}{i}' for k, i, _ in tensors)})"
   frees = " ".join(f"free({k}{i});" for k, i, _ in tensors)
   return f"""#include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +67,7 @@ int main(int argc, char **argv) {{
   {n}_model *m = NULL;
   if ({n}_create(&m) != AOT_OK) return 11;
   for (int it = 0; it < atoi(argv[1]); it++)
-    if ({n}_run(m, {args}) != AOT_OK) {{ fprintf(stderr, "run: %s\\n", {n}_last_error(m)); return 12; }}
+    if ({run} != AOT_OK) {{ fprintf(stderr, "run: %s\\n", {n}_last_error(m)); return 12; }}
 {writes}
   {"" if flaw == "leak" else f"{n}_destroy(m);"}
   {frees}
@@ -70,10 +76,12 @@ int main(int argc, char **argv) {{
 """
 
 
-def run_sanitized(art, xs: list[np.ndarray], tmp_path, flaw: str | None = None) -> list[np.ndarray]:
+def run_sanitized(
+  art, xs: list[np.ndarray], tmp_path, flaw: str | None = None, sizes: dict | None = None
+) -> list[np.ndarray]:
   """Outputs of the artifact on xs, from the sanitized driver: twice on 1 thread (the second run finds the arena as
-  the first left it), once on 2 threads, which must agree bitwise."""
-  (tmp_path / "driver.c").write_text(driver_source(art, flaw))
+  the first left it), once on 2 threads, which must agree bitwise. sizes: a ranged artifact's (driver_source)."""
+  (tmp_path / "driver.c").write_text(driver_source(art, flaw, sizes))
   prog = tmp_path / "driver"
   link = [f"-I{art.dir}", f"-L{art.dir}", f"-l{art.name}", f"-Wl,-rpath,{art.dir}"]
   p = subprocess.run(
@@ -93,7 +101,7 @@ def run_sanitized(art, xs: list[np.ndarray], tmp_path, flaw: str | None = None) 
     assert p.returncode == 0 and "Sanitizer" not in p.stderr and "runtime error" not in p.stderr, (
       f"{art.name} on {threads} threads (exit {p.returncode}):\n{p.stderr[-3000:]}"
     )
-    results.append([np.fromfile(f, dtype=t.dtype.np).reshape(t.shape) for f, t in zip(outs, art.outputs)])
+    results.append([np.fromfile(f, dtype=t.dtype.np).reshape(t.shape) for f, t in zip(outs, art.at_size(sizes)[1])])
   for a, b in zip(*results):
     np.testing.assert_array_equal(a, b)
   return results[0]
