@@ -75,6 +75,8 @@ class Schedule:
   extent: object = None
   # the index checks the run makes after its kernels (aot/core/ir.py: IndexCheck)
   checks: list[IndexCheckCall] = field(default_factory=list)
+  # a ranged dim's items each keep their scratch apart (codegen/render/run_dims.py items_apart; set when rendered)
+  items_apart: bool = True
   # model inputs that are indices (checked or not: GPU targets drop the checks), by name: the smallest axis' size
   indexed: dict[str, int] = field(default_factory=dict)
 

@@ -42,6 +42,14 @@ def render_steps(steps, contract: bool, arg) -> str:
   return f"aot_gemm_step s[] = {{{', '.join(step(s, op) for s, op in zip(steps, ops))}}}; "
 
 
+def _rows_of(x, M: int, row: int, bound: int) -> bool:
+  """Is an item stride x (run_dims.item_stride's: an int, or Rows of a dim run to a size given at run time) M rows
+  of row elements? Rows are, where M is that dim at its bound, bound: rows then run on from item to item."""
+  if isinstance(x, int):
+    return x == M * row and not (bound and M == bound)
+  return bool(bound) and M == bound and x.inner == row
+
+
 @dataclass(frozen=True)
 class ItemFold:
   """A contraction run once for all items of a ranged dim (codegen/render/run_dims.py), n_ of them at run time: their
@@ -87,11 +95,13 @@ class GemmCall(Call):
     # (a B packed panel by panel is packed inside the tasks, from one item's buffers)
     ca, cb, cc = (item(self.bufs[s]) if s is not None else None for s in (g.a.slot, g.b.slot, g.result))
     ldc = g.ldc or c.b.size
-    if c.B != 1 or self.pack is not None or g.a.pack is not None or cc is None or cc != c.a.size * ldc:
+    M = c.a.size
+    rows_of = lambda x, row: _rows_of(x, M, row, self.bound)
+    if c.B != 1 or self.pack is not None or g.a.pack is not None or cc is None or not rows_of(cc, ldc):
       return None
     ca, cb = (None if o.pack is not None else x for o, x in ((g.a, ca), (g.b, cb)))
     steps = [item(self.bufs[st.slot]) if st.slot is not None else None for st in g.steps]
-    M, (_, tile, row, k) = c.a.size, g.a.strides
+    _, tile, row, k = g.a.strides
     # rows: A's rows evenly apart across its tiles and items (one row's stride is the item's), B and the steps'
     # per-row operands shared
     row = row if M > 1 else ca or 0
@@ -101,11 +111,14 @@ class GemmCall(Call):
       and cb is None
       and not g.a.padded
       and (M == 1 or tile == g.tile[0] * row)
-      and ca == M * row
-      and all((x is None and m == 0) or x == M * m for x, m in zip(steps, step_m))
+      and rows_of(ca, row)
+      and all((x is None and m == 0) or (x is not None and rows_of(x, m)) for x, m in zip(steps, step_m))
     ):
       folded = [(st.strides[0], m, st.strides[2]) for st, m in zip(g.steps, step_m)]
       return replace(self, items=ItemFold(True, (g.a.strides[0], g.tile[0] * row, row, k), g.b.strides, tuple(folded)))
+    # (items e_ rows apart run as the gemm's batch only at the bound: a stride of Rows is no constant)
+    if any(not isinstance(x, (int, type(None))) for x in (ca, cb, *steps)) or self.bound == M:
+      return None
     batch = lambda x, strides: (x or 0, *strides[1:])
     steps = tuple(batch(x, st.strides) for st, x in zip(g.steps, steps))
     return replace(self, items=ItemFold(False, batch(ca, g.a.strides), batch(cb, g.b.strides), steps))
@@ -133,7 +146,7 @@ class GemmCall(Call):
     size = lambda x: "(int)e_" if self.bound and x == self.bound else str(x)
     batch, rows, cols, depth = str(c.B), size(c.a.size), size(c.b.size), size(c.K)
     if f is not None:
-      batch, rows = ("1", f"(int)n_ * {c.a.size}") if f.rows else ("(int)n_", rows)
+      batch, rows = ("1", f"(int)n_ * {rows}") if f.rows else ("(int)n_", rows)
     sized = self.bound in (c.a.size, c.b.size, c.K)
 
     def operand(o, strides) -> str:

@@ -159,44 +159,62 @@ def checks_bytes(sched: Schedule) -> int:
 
 
 def batch_arena(sched: Schedule, item_arena: int) -> int:
-  """The arena of an artifact with a ranged dim: the checks, then the one-item plan at the largest size; beside a
-  dim run to a size given at run time, items run the whole program one after another (_folds): the one-item plan
-  once, every item's scratch in the same place."""
-  return checks_bytes(sched) + (1 if sched.extent else sched.batch.dim.hi) * item_arena
+  """The arena of an artifact with a ranged dim: the checks, then the one-item plan at the largest size, or once
+  where the items run the whole program one after another, every item's scratch in one place (items_apart)."""
+  return checks_bytes(sched) + (sched.batch.dim.hi if sched.items_apart else 1) * item_arena
+
+
+@dataclass(frozen=True)
+class Rows:
+  """An item stride of inner elements times the run's size e_ of a dim run to a size given at run time: a buffer
+  whose outermost dim is that one, its items packed one after another at that size (an item's rows at the bound's
+  strides are a prefix), so that a contraction's rows run on over all items' rows (GemmCall.fold)."""
+
+  inner: int
 
 
 def item_stride(sched: Schedule):
-  """item(buffer): the elements from one item of it to the next; None for a buffer the items share (a constant, an
-  input or output without the dim), and for every buffer of a schedule without a ranged dim."""
-  bd = sched.batch
+  """item(buffer): the elements from one item of it to the next (an int, or Rows); None for a buffer the items
+  share (a constant, an input or output without the dim), and for every buffer of a schedule without a ranged
+  dim."""
+  bd, e = sched.batch, sched.extent
   if bd is None:
     return lambda b: None
   own = {id(b) for b, a in zip(sched.inputs + sched.outputs, bd.inputs + bd.outputs) if a >= 0}
-  return lambda b: b.size if b.kind in ("scratch", "check") or id(b) in own else None
+
+  def item(b: Buffer):
+    if not (b.kind in ("scratch", "check") or id(b) in own):
+      return None
+    # (outermost: every dim before the first of the bound's size is 1, and the bound occurs once)
+    lead = next((s for s in b.shape if s != 1), None)
+    if e is not None and b.kind != "check" and lead == e.bound and b.shape.count(e.bound) == 1:
+      return Rows(b.size // e.bound)
+    return b.size
+
+  return item
 
 
-def scratch_item(sched: Schedule, b: Buffer) -> tuple[int, int]:
-  """A scratch buffer's item 0 in the arena, and the bytes from one item to the next (the module's layout)."""
-  if sched.extent:
+def scratch_item(sched: Schedule, b: Buffer) -> tuple[int, int | str]:
+  """A scratch buffer's item 0 in the arena, and the bytes from one item to the next (the module's layout; an
+  expression of e_ for Rows)."""
+  if not sched.items_apart:
     return checks_bytes(sched) + b.offset, 0
-  return checks_bytes(sched) + sched.batch.dim.hi * b.offset, b.nbytes
+  step = item_stride(sched)(b)
+  step = f"{step.inner * b.dtype.itemsize} * e_" if isinstance(step, Rows) else b.nbytes
+  return checks_bytes(sched) + sched.batch.dim.hi * b.offset, step
 
 
 def item_pointer(sched: Schedule, b: Buffer, where: str) -> str:
-  """where (a buffer's pointer in the one-item program) at item b_. An input's or output's items are dense at the
-  size of a dim run to a size given at run time (e_), the item program's buffers laid out at its bound."""
+  """where (a buffer's pointer in the one-item program) at item b_."""
   if b.kind == "scratch":
     at, step = scratch_item(sched, b)
     return f"(A + {at} + b_ * {step})"
   if b.kind == "check":
     return f"({where} + b_ * {2 * len(sched.checks)})"
-  if not item_stride(sched)(b):
+  step = item_stride(sched)(b)
+  if step is None:
     return where
-  e = sched.extent
-  axes = (e.inputs if b.kind == "input" else e.outputs) if e is not None else ()
-  if e is not None and axes[b.index] >= 0:
-    return f"({where} + b_ * {b.size // e.bound} * e_)"
-  return f"({where} + b_ * {b.size})"
+  return f"({where} + b_ * {step.inner} * e_)" if isinstance(step, Rows) else f"({where} + b_ * {step})"
 
 
 @dataclass
@@ -250,9 +268,15 @@ def item_statements(sched: Schedule, calls: list, render, each_call: bool = Fals
 
 
 def _folds(sched: Schedule, call, item) -> bool:
-  """Does a call run once over all items (Call.fold)? Not beside a dim run to a size given at run time: the items of
-  its inputs and outputs are then e_ rows apart, of its scratch the bound's."""
-  return sched.extent is None and call.fold(item) is not None
+  """Does a call run once over all items (Call.fold)? Only where the items keep their scratch apart (items_apart)."""
+  return sched.items_apart and call.fold(item) is not None
+
+
+def items_apart(sched: Schedule, low) -> bool:
+  """Does each item keep its scratch apart, or (beside a dim run to a size given at run time, where no call folds
+  over the items) do the items run the whole program one after another, every item's scratch in one place?"""
+  item = item_stride(sched)
+  return sched.extent is None or any(c.fold(item) is not None for c in low.calls)
 
 
 def item_checks_c(sched: Schedule, check_c) -> str:
