@@ -668,7 +668,7 @@ def _unknown_model(models: str, onnx_args: list[str]) -> str | None:
   from aot.models.quantized import FORMS
 
   # (--dynamic's NAME:sequence: a bundled model with its sequence symbolic, aot/tools/dynamic_bench.py)
-  for name in [m.removesuffix(":sequence") for m in models.split(",") if m]:
+  for name in [m.removesuffix(":sequence").removesuffix(":batch+sequence") for m in models.split(",") if m]:
     if (problem := _unknown_bundled(name)) is not None:
       return f"--models: {problem}"
   for path in onnx_args:

@@ -12,44 +12,51 @@ from pathlib import Path
 import numpy as np
 
 # per model: the dim given a range, the range, and the sizes timed (the bounds, an odd prime between); NAME:sequence
-# has its axis 1 symbolic; real:NAME are the bench's real models (aot/tools/real_models.py, exported from torch with
-# a symbolic batch or sequence: the bench extra)
+# has its axis 1 symbolic, NAME:batch+sequence both; real:NAME are the bench's real models (aot/tools/real_models.py,
+# exported from torch with a symbolic batch or sequence: the bench extra). Two dims: their names, ranges and sizes
 DYNAMIC_MODELS = {
   "mlp": ("batch", (1, 64), (1, 7, 64)),
   "mnist": ("batch", (1, 64), (1, 7, 64)),
   "resnet18": ("batch", (1, 16), (1, 5, 16)),
   "transformer": ("batch", (1, 8), (1, 3, 8)),
   "transformer:sequence": ("sequence", (1, 128), (1, 61, 128)),
+  "transformer:batch+sequence": (("batch", "sequence"), ((1, 4), (1, 128)), ((1, 1), (3, 61), (4, 128))),
   "real:bert6": ("batch", (1, 8), (1, 3, 8)),
   "real:bert6:sequence": ("sequence", (1, 256), (1, 7, 61, 128, 256)),
+  "real:bert6:batch+sequence": (
+    ("batch", "sequence"),
+    ((1, 8), (1, 256)),
+    ((1, 1), (3, 7), (8, 61), (2, 256), (8, 256)),
+  ),
   "real:yolov8n": ("batch", (1, 4), (1, 3, 4)),
 }
 # a token id input's values: below the smallest vocabulary of the models above
 TOKEN_IDS = 1000
 
 
-def _input_at(info, dim: str, n: int) -> np.ndarray:
-  """A seeded input of onnxruntime's NodeArg info with dim at n (another symbolic dim at 1): token ids for an
-  integer one."""
-  rng, shape = np.random.default_rng(n), [n if d == dim else 1 if isinstance(d, str) else d for d in info.shape]
+def _input_at(info, at: dict) -> np.ndarray:
+  """A seeded input of onnxruntime's NodeArg info with its ranged dims at their sizes in at (another symbolic dim at
+  1): token ids for an integer one."""
+  shape = [at.get(d, 1) if isinstance(d, str) else d for d in info.shape]
+  rng = np.random.default_rng(sum(at.values()))
   if "int" in info.type:
     return rng.integers(0, TOKEN_IDS, shape).astype(np.int64)
   return rng.standard_normal(shape).astype(np.float32)
 
 
-def _model_path(name: str, dim: str, tmp: Path, models_dir: Path | None) -> Path:
+def _model_path(name: str, dims: tuple, tmp: Path, models_dir: Path | None) -> Path:
   from aot.models.onnx_forms import onnx_model, with_batch_dim
   from aot.tools.real_models import real_model_path
 
   base = name.removeprefix("real:").split(":")[0]
   if name.startswith("real:"):
-    return real_model_path(base, models_dir, batch=dim == "batch", sequence=dim == "sequence")
+    return real_model_path(base, models_dir, batch="batch" in dims, sequence="sequence" in dims)
   model = onnx_model(base)
-  if dim == "batch":
+  if "batch" in dims:
     model = with_batch_dim(model)
-  else:
+  if "sequence" in dims:
     for vi in list(model.graph.input) + list(model.graph.output):
-      vi.type.tensor_type.shape.dim[1].dim_param = dim
+      vi.type.tensor_type.shape.dim[1].dim_param = "sequence"
   path = tmp / f"{name.replace(':', '_')}.onnx"
   path.write_bytes(model.SerializeToString())
   return path
@@ -66,20 +73,25 @@ def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Pa
   rows = []
   with tempfile.TemporaryDirectory(prefix="aot_dynamic_bench_") as tmp:
     for name in names:
-      dim, (lo, hi), sizes = DYNAMIC_MODELS[name]
-      path = _model_path(name, dim, Path(tmp), models_dir)
+      dims, ranges, sizes = DYNAMIC_MODELS[name]
+      if isinstance(dims, str):
+        dims, ranges, sizes = (dims,), (ranges,), tuple((n,) for n in sizes)
+      path = _model_path(name, dims, Path(tmp), models_dir)
       t0 = time.perf_counter()
-      dyn_art = aot.compile_model(path, shapes={dim: (lo, hi)}, out_dir=Path(tmp) / f"{name}_dyn".replace(":", "_"))
+      folder = Path(tmp) / f"{name}_dyn".replace(":", "_").replace("+", "_")
+      dyn_art = aot.compile_model(path, shapes=dict(zip(dims, ranges)), out_dir=folder)
       dyn_s = time.perf_counter() - t0
       so = ort.SessionOptions()
       so.intra_op_num_threads = so.inter_op_num_threads = 1
       sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
       with aot.load(dyn_art, threads=1) as dyn:
         for n in sizes:
+          at = dict(zip(dims, n))
           t0 = time.perf_counter()
-          st_art = aot.compile_model(path, shapes={dim: n}, out_dir=Path(tmp) / f"{name}_{n}".replace(":", "_"))
+          st_dir = folder.with_name(f"{folder.name}_{'x'.join(map(str, n))}")
+          st_art = aot.compile_model(path, shapes=at, out_dir=st_dir)
           st_s = time.perf_counter() - t0
-          feed = {i.name: _input_at(i, dim, n) for i in sess.get_inputs()}
+          feed = {i.name: _input_at(i, at) for i in sess.get_inputs()}
           with aot.load(st_art, threads=1) as st:
             got, want = dyn(feed), sess.run(None, feed)[0]
             fns = {
@@ -91,8 +103,8 @@ def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Pa
           rows.append(
             {
               "model": name,
-              "range": f"{dim}={lo}..{hi}",
-              "size": n,
+              "range": ",".join(f"{d}={lo}..{hi}" for d, (lo, hi) in zip(dims, ranges)),
+              "size": "x".join(map(str, n)),
               "dynamic ms": round(t["dynamic"] * 1e3, 3),
               "static ms": round(t["static"] * 1e3, 3),
               "dyn/static": round(t["dynamic"] / t["static"], 3),
