@@ -192,3 +192,49 @@ def test_run_time_sizes_under_the_sanitizers(tmp_path):
     x = np.random.default_rng(n).standard_normal((b, n, 256)).astype(np.float32)
     (got,) = run_sanitized(art, [x], tmp_path, sizes={"batch": b, "sequence": n})
     np.testing.assert_allclose(got, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_masked_attention_with_mean_pooling_over_a_batch_of_sentences(tmp_path):
+  # a sentence-embedding service's model: token embeddings, attention whose padding keys the mask pushes to -1e4,
+  # and the mean over the mask's tokens (a sum over the sequence divided by the mask's count, not by the length)
+  emb = np.random.default_rng(4).standard_normal((50, 8)).astype(np.float32)
+  model = make(
+    [
+      oh.make_node("Gather", ["emb", "ids"], ["x"]),
+      oh.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+      oh.make_node("MatMul", ["x", "xt"], ["s"]),
+      oh.make_node("Unsqueeze", ["mask", "one"], ["m1"]),
+      oh.make_node("Sub", ["one_f", "m1"], ["pad"]),
+      oh.make_node("Mul", ["pad", "big"], ["bias"]),
+      oh.make_node("Add", ["s", "bias"], ["sb"]),
+      oh.make_node("Softmax", ["sb"], ["p"], axis=-1),
+      oh.make_node("MatMul", ["p", "x"], ["h"]),
+      oh.make_node("Unsqueeze", ["mask", "two"], ["m2"]),
+      oh.make_node("Mul", ["h", "m2"], ["hm"]),
+      oh.make_node("ReduceSum", ["hm", "one"], ["total"], keepdims=0),
+      oh.make_node("ReduceSum", ["m2", "one"], ["count"], keepdims=0),
+      oh.make_node("Div", ["total", "count"], ["y"]),
+    ],
+    [
+      oh.make_tensor_value_info("ids", TP.INT64, ["batch", "seq"]),
+      oh.make_tensor_value_info("mask", TP.FLOAT, ["batch", "seq"]),
+    ],
+    [oh.make_tensor_value_info("y", TP.FLOAT, ["batch", 8])],
+    [
+      numpy_helper.from_array(emb, "emb"),
+      numpy_helper.from_array(np.array([1]), "one"),
+      numpy_helper.from_array(np.array([2]), "two"),
+      numpy_helper.from_array(np.array(1.0, np.float32), "one_f"),
+      numpy_helper.from_array(np.array(-1e4, np.float32), "big"),
+    ],
+  )
+  art = aot.compile_model(model, shapes={"batch": (1, 6), "seq": (1, 30)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for b, n in ((1, 1), (4, 13), (6, 30)):
+      rng = np.random.default_rng(b * n)
+      ids, mask = rng.integers(0, 50, (b, n)), np.ones((b, n), np.float32)
+      mask[0, (n + 1) // 2 :] = 0
+      got, (want,) = m(ids, mask), sess.run(None, {"ids": ids, "mask": mask})
+      assert got.shape == (b, 8)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
