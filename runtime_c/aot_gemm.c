@@ -77,8 +77,9 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
    `accumulate`) and written with row stride ldc, whole, or in the EDGE variant its first mr rows and nr columns only:
    an edge tile is computed whole (A and B are read in whole tiles: padded, or zero-padded copies) and only its part
    inside C stored, where it went through a copy of the tile (a 7x7 image's 1x1 convs, 1 thread: 1280x49x320 0.239
-   -> 0.227 ms, MobileNetV2 0.97x). The full tiles' variant has no test in its loads and stores (with them the
-   whole models were 2-6% slower).
+   -> 0.227 ms, MobileNetV2 0.97x); its rows past mr read A's last row (rows past M need not be readable), where a
+   zero-padded copy of A's rows was made per column tile (7x384 @ 384x1536, 1 thread: 101 -> 46 us; 8 rows: 45).
+   The full tiles' variant has no test in its loads and stores (with them the whole models were 2-6% slower).
    With g set, the tile is final: g's steps for C's element (gb, gm, gn) at the tile's corner are applied before it is
    stored (the caller checks they can be: their operands are read for the whole tile). */
 #define MICROKERNEL(NAME, MR, NR, V, EDGE)                                                                \
@@ -91,7 +92,7 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
     const float *ai[MR];                                                                                   \
     const int whole = !(EDGE) || (mr == MR && nr == NR);                                                    \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
-      ai[i] = a + i * ar;                                                                                  \
+      ai[i] = a + ((EDGE) && i >= mr ? mr - 1 : i) * ar;                                                   \
       _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)                                                 \
         acc[i][j] = accumulate && whole ? *(const V *)(c + i * ldc + j * VW)                               \
                   : accumulate && i < mr ? edge_load(c + i * ldc + j * VW, nr - j * VW, VW, (V){0})      \
@@ -244,9 +245,10 @@ void aot_gemm_run(void *ctx, int start, int end) {
   const int mblocks = cdiv(g->M, g->mc), nblocks = cdiv(g->N, g->nc), vector_steps = steps_vectorise(g);
   int column_steps = 0;
   for (int k = 0; k < g->nsteps; k++) column_steps |= g->steps[k].p && g->steps[k].n == 1;
-  /* edge tiles of operands that end at M or N (and B tiles whose lanes are not contiguous) are read through
-     zero-padded copies of EDGE_KC steps of k at a time; the GEMV's edge is written through a full-size one */
-  float ea[EDGE_KC * 8] __attribute__((aligned(64))), eb[EDGE_KC * 32] __attribute__((aligned(64)));
+  /* edge tiles of B that end at N (and B tiles whose lanes are not contiguous) are read through zero-padded copies
+     of EDGE_KC steps of k at a time (an edge tile of A is read in place: the EDGE microkernel reads its last row for
+     the rows past M); the GEMV's edge is written through a full-size one */
+  float eb[EDGE_KC * 32] __attribute__((aligned(64)));
   float ec[32] __attribute__((aligned(64)));
   /* a panel task's B is the panel this thread packs, holding columns [n0, n0 + nc) from its start */
   aot_operand bo = g->b;
@@ -292,17 +294,12 @@ void aot_gemm_run(void *ctx, int start, int end) {
             bt = eb; bk = NR;
           }
           for (int m = m0; m < m1; m += MR) {
-            const int mr = min(m1 - m, MR), a_copy = mr < MR && !g->a.padded;
+            const int mr = min(m1 - m, MR);
             float *ct = c + (long)m * ldc + n;
-            for (int ka = kb; ka < kb + kbn; ka += a_copy ? EDGE_KC : kbn) {
-              const int kan = min(kb + kbn - ka, a_copy ? EDGE_KC : kbn);
-              const float *a_ = at(&g->a, b, m, MR) + (long)ka * g->a.k, *b_ = bt + (ka - kb) * bk;
-              long ar = g->a.row, ak = g->a.k;
-              if (a_copy) {
-                for (int k = 0; k < kan; k++)
-                  for (int i = 0; i < MR; i++) ea[k * MR + i] = i < mr ? a_[i * ar + (long)k * ak] : 0;
-                a_ = ea; ar = 1; ak = MR;
-              }
+            {
+              const int ka = kb, kan = kbn;
+              const float *a_ = at(&g->a, b, m, MR) + (long)ka * g->a.k, *b_ = bt;
+              const long ar = g->a.row, ak = g->a.k;
               /* the tile's last slice of k: it is final, and goes through the fused epilogue while in L1, where
                  the steps' operands may be read for the whole tile: an edge tile's rows past M would read a row
                  operand past its end, its columns past N a column operand (else they only reach dropped lanes) */
