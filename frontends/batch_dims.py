@@ -158,12 +158,12 @@ def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -
   at the bound with its extent (Traced.extent: frontends/extent_dims.py). The probes: a small prime no declared dim
   has, and the bound an extent would be laid out at (a prime >= the range's top dividing no size of the first
   probe's graph), which is then the program a dim some op mixes runs."""
-  from aot.frontends.extent_dims import bound_sizes, prove_extent_dim
+  from aot.frontends.extent_dims import bound_size, prove_extent_dim
 
   b1, labels, bound_labels = probes[0], [], []
   with _at_size(dim, b1):
     t1 = trace(src, pinned(b1), bind, name, produced=labels)
-  b2 = bound_sizes(dim.hi, {s for u in _walk(t1) for s in u.shape} | {b1})[0]
+  b2 = bound_size(dim.hi, {s for u in _walk(t1) for s in u.shape} | {b1})
   with _at_size(dim, b2):
     t2 = trace(src, pinned(b2), bind, name, produced=bound_labels)
   try:
@@ -182,14 +182,14 @@ def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -
 def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[int]) -> Traced:
   """Two ranged dims: one a batch dim, run item by item, the other run to its size in each item's program (traced at
   item size 1 and the other's bound): each way round until one is proved, else the last refusal."""
-  from aot.frontends.extent_dims import bound_sizes, prove_extent_dim
+  from aot.frontends.extent_dims import bound_size, prove_extent_dim
 
   refused = None
   for items, ext in (dims, dims[::-1]):
     b0, b1, b2 = probes[:3]
     with _at_size(ext, b0):
       probe = trace(src, pinned({items.name: 1, ext.name: b0}), bind, name)
-    bound = bound_sizes(ext.hi, {s for u in _walk(probe) for s in u.shape} | {b0, b1, b2})[0]
+    bound = bound_size(ext.hi, {s for u in _walk(probe) for s in u.shape} | {b0, b1, b2})
     item_labels, labels = [], []
     with _at_size(ext, bound):
       item = trace(src, pinned({items.name: 1, ext.name: bound}), bind, name, produced=item_labels)

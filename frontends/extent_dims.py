@@ -16,6 +16,7 @@ the dim is 1 (or the batch's, item by item): their first n rows are the first n 
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable
 
@@ -31,14 +32,11 @@ def _is_prime(n: int) -> bool:
   return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))
 
 
-def bound_sizes(hi: int, taken: set[int]) -> tuple[int, int]:
-  """The size the program is traced and laid out at, and a probe: primes that divide no other dim's size (a loop of
-  P is then the dim's and no other's), the smallest >= hi and the largest below it (a position table of hi rows
-  reaches both), else the next one above."""
-  fits = lambda p: _is_prime(p) and not any(s % p == 0 for s in taken if s)
-  p1 = next(p for p in range(max(hi, 2), 4 * hi + 8) if fits(p))
-  below = [p for p in range(p1 - 1, 1, -1) if fits(p)][:1]
-  return p1, below[0] if below else next(p for p in range(p1 + 1, 8 * hi + 16) if fits(p))
+def bound_size(hi: int, taken: set[int]) -> int:
+  """The size a dim run to a size given at run time is traced and laid out at: the smallest prime >= hi that divides
+  no other dim's size (a loop of that size is then the dim's and no other's). Above hi where small primes divide
+  the model's sizes (a detector's 320x320 has 2 and 5, its channels 3)."""
+  return next(p for p in itertools.count(max(hi, 2)) if _is_prime(p) and not any(s % p == 0 for s in taken if s))
 
 
 def prove_extent_dim(dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list) -> BatchDim:

@@ -238,3 +238,12 @@ def test_a_masked_attention_with_mean_pooling_over_a_batch_of_sentences(tmp_path
       got, (want,) = m(ids, mask), sess.run(None, {"ids": ids, "mask": mask})
       assert got.shape == (b, 8)
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_bound_is_a_prime_dividing_no_other_size_however_far_above_the_range():
+  # a detector's sizes (320 = 2^6 * 5, 3 channels, ...) can have every prime just above a small range as a factor:
+  # the search went up to 4 x the top and stopped with an internal error on a YOLOv8n batch range 1..4
+  from aot.frontends.extent_dims import bound_size
+
+  assert bound_size(4, {5 * 7 * 11 * 13 * 17 * 19 * 23, 320}) == 29
+  assert bound_size(128, {384, 1536, 512}) == 131
