@@ -221,25 +221,15 @@ def _at_size(dim: RunDim, size: int):
 def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, labels: list) -> BatchDim:
   """The inputs' and outputs' batch axes, once every node of the graph traced at b1 (t1) and at b2 (t2) is shown to
   keep the items of dim apart; else a CompileError naming the node (labels: the ONNX nodes' outputs in t1, in order)."""
-  n1, n2 = _walk(t1), _walk(t2)
-  if len(n1) != len(n2) or any(u.op is not v.op for u, v in zip(n1, n2)):
-    raise CompileError(f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it")
   axis: dict[UOp, int | None] = {}
-  # constants, and nodes computed from constants alone; those among them whose values differ between the sizes
-  # (a Shape's output, and what is computed from it): checked where they meet the inputs' data, by value
-  const: set[UOp] = set()
-  differs: dict[UOp, UOp] = {}
   # per node with a batch axis: how far apart along it one item's element is from the next item's (_step)
   step: dict[UOp, int | None] = {}
-  for u, v in zip(n1, n2):
+  differs: dict[UOp, UOp] = {}
+  for u, v, constant in in_step(dim, t1, t2, differs):
     axis[u] = a = _batch_axis(u.shape, v.shape, b1, b2)
-    srcs = _sources(u)
-    if _is_constant(u, const):
-      const.add(u)
-      # (an expand's shape differs by the batch: it broadcasts the same values to every item)
-      if any(s in differs for s in srcs) or (u.op is not Ops.EXPAND and _leaf_differs(u, v)):
-        differs[u] = v
+    if constant:
       continue
+    srcs = _sources(u)
     why = next((w for s in srcs if s in differs and (w := _same_values(s, differs[s], axis[s]))), None)
     if why is None and a in ("merged", "paired"):
       why = "merges it with another dim" if a == "merged" else "pairs its items with one another (two axes of it)"
@@ -259,6 +249,23 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
   return BatchDim(dim, inputs, _io_axes(dim, t1, axis, step, "output", b1))
+
+
+def in_step(dim: RunDim, t1: Traced, t2: Traced, differs: dict):
+  """The nodes of t1 and t2 in step, each with whether it is a constant (or computed from constants alone); those
+  whose values differ between the sizes (a Shape's output, and what is computed from it) go to differs (by t1's
+  node), to be checked where they meet the inputs' data, by value. The graphs must be the same at both sizes."""
+  n1, n2 = _walk(t1), _walk(t2)
+  if len(n1) != len(n2) or any(u.op is not v.op for u, v in zip(n1, n2)):
+    raise CompileError(f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it")
+  const: set[UOp] = set()
+  for u, v in zip(n1, n2):
+    if constant := _is_constant(u, const):
+      const.add(u)
+      # (an expand's shape differs by the size: it broadcasts the same values)
+      if any(s in differs for s in _sources(u)) or (u.op is not Ops.EXPAND and _leaf_differs(u, v)):
+        differs[u] = v
+    yield u, v, constant
 
 
 def _check_one_item(dim: RunDim, item: Traced, t1: Traced, labels: list) -> None:

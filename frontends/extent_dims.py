@@ -24,7 +24,7 @@ import numpy as np
 
 from aot.core.ir import GroupOp, Ops, UOp
 from aot.errors import CompileError
-from aot.frontends.batch_dims import BatchDim, RunDim, _is_constant, _leaf_differs, _node_of, _sources, _walk
+from aot.frontends.batch_dims import BatchDim, RunDim, _node_of, _sources, in_step
 from aot.scheduler.kernel import Traced
 
 
@@ -42,20 +42,13 @@ def bound_size(hi: int, taken: set[int]) -> int:
 def prove_extent_dim(dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list) -> BatchDim:
   """The inputs' and outputs' dim axes, once every node of the graph traced at p1 (t1) and p2 (t2) is shown to
   keep its positions along the dim (the module's rule); else a CompileError naming the node."""
-  n1, n2 = _walk(t1), _walk(t2)
-  if len(n1) != len(n2) or any(u.op is not v.op for u, v in zip(n1, n2)):
-    raise CompileError(f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it")
   axes: dict[UOp, tuple | str] = {}
-  const: set[UOp] = set()
   differs: dict[UOp, UOp] = {}
-  for u, v in zip(n1, n2):
+  for u, v, constant in in_step(dim, t1, t2, differs):
     axes[u] = a = _dim_axes(u.shape, v.shape, p1, p2)
-    srcs = _sources(u)
-    if _is_constant(u, const):
-      const.add(u)
-      if any(s in differs for s in srcs) or (u.op is not Ops.EXPAND and _leaf_differs(u, v)):
-        differs[u] = v
+    if constant:
       continue
+    srcs = _sources(u)
     why = next((w for s in srcs if s in differs and (w := _prefix_values(s, differs[s], axes[s]))), None)
     if why is None and isinstance(a, str):
       why = a

@@ -5,6 +5,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from onnx import helper as oh
 
 import aot
 from aot.models import get
@@ -83,6 +84,15 @@ def run(fn, *arrays):
       return model(*arrays)
     finally:
       model.close()
+
+
+def make(nodes, inputs, outputs, inits=()):
+  """An ONNX model (opset 18) of the graph's nodes, value infos and initializers, as the tests write them."""
+  m = oh.make_model(
+    oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)), opset_imports=[oh.make_opsetid("", 18)]
+  )
+  m.ir_version = 9
+  return m
 
 
 def ort_session(model, optimized_path=None):

@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import need, ort_session, outputs_on_threads
+from conftest import make, need, ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -19,14 +19,6 @@ from aot.models.onnx_forms import onnx_model, with_batch_dim
 from aot.options import DimRange
 
 W = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
-
-
-def make(nodes, inputs, outputs, inits=()):
-  m = oh.make_model(
-    oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)), opset_imports=[oh.make_opsetid("", 18)]
-  )
-  m.ir_version = 9
-  return m
 
 
 def x_info(name="x", shape=("batch", 6)):

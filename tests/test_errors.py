@@ -7,20 +7,13 @@ import re
 
 import numpy as np
 import pytest
+from conftest import make
 from onnx import TensorProto as TP
 from onnx import helper as oh
 
 import aot
 from aot import errors
 from aot.errors import AotError, CompileError, InternalError
-
-
-def make(nodes, inputs, outputs, inits=()):
-  m = oh.make_model(
-    oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)), opset_imports=[oh.make_opsetid("", 18)]
-  )
-  m.ir_version = 9
-  return m
 
 
 def relu_model():

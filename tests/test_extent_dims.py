@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ort_session, outputs_on_threads
+from conftest import make, ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -17,14 +17,6 @@ from aot.errors import CompileError, IndexRangeError, InputShapeError
 from aot.models.onnx_forms import onnx_model
 
 W = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
-
-
-def make(nodes, inputs, outputs, inits=()):
-  m = oh.make_model(
-    oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)), opset_imports=[oh.make_opsetid("", 18)]
-  )
-  m.ir_version = 9
-  return m
 
 
 def transformer_with_sequence():
