@@ -18,10 +18,6 @@ from aot.scheduler.kernel import Schedule
 ADDRESS_OPS = {Ops.ADD, Ops.MUL, Ops.LOAD, Ops.STORE, Ops.ACCUMULATE, Ops.CAST, Ops.SINK}
 
 
-def has_runtime_range(ast: UOp) -> bool:
-  return any(u.op is Ops.RANGE and u.runtime for u in ast.toposort())
-
-
 def size_var(batch) -> UOp:
   """The run's size of a ranged dim (frontends/batch_dims.py BatchDim), n_ in the kernels' C."""
   return UOp(Ops.VAR, dtypes.index, (), ("n_", batch.dim.lo, batch.dim.hi))

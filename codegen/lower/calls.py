@@ -104,8 +104,8 @@ class LoopCall(Call):
   ast: object = field(default=None, repr=False)
   # elements the pointer of a slot is advanced by (rebase_reads): the function reads from there on
   offsets: dict[int, int] = field(default_factory=dict)
-  # the function takes the run's size n_ of a dim run to a size given at run time (aot/scheduler/runtime_extent.py),
-  # and its outermost loop runs to it (extent is then its bound)
+  # the function takes the run's size of a dim run to a size given at run time (aot/scheduler/runtime_extent.py; e_
+  # in model.c, its parameter n_), and its outermost loop runs to it (extent is then its bound)
   sized: bool = False
   runtime_extent: bool = False
 
@@ -142,10 +142,10 @@ class CallContext:
   threads: bool
   min_work: int
   target: str
-  # the functions loop calls run, by their rebased AST (rebase_reads), and the name each function's calls took
   # the bound of a dim run to a size given at run time (aot/scheduler/runtime_extent.py), 0 for none: a
-  # contraction's M, N or K of that size is n_ at run time
+  # contraction's M, N or K of that size is the run's (e_ in model.c)
   bound: int = 0
+  # the functions loop calls run, by their rebased AST (rebase_reads), and the name each function's calls took
   shared: dict[UOp, str] = field(default_factory=dict)
   renamed: dict[str, str] = field(default_factory=dict)
   work: dict[UOp, int] = field(default_factory=dict)

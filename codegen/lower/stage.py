@@ -24,14 +24,14 @@ from aot.codegen.lower.pieces import ARENA_GOAL, PiecedLowered, scratch_pieces
 from aot.codegen.lower.qgemm import QGemmLowered
 from aot.codegen.lower.qpool import PoolLowered, lower_qpool
 from aot.codegen.lower.quant import lower_qgemm, narrow_int8_producers
-from aot.codegen.render.linearize import flop_count
+from aot.codegen.render.linearize import flop_count, takes_runtime_size
 from aot.codegen.render.opt import optimize
 from aot.core.dtype import dtypes
 from aot.core.ir import UOp
 from aot.errors import working_on
 from aot.scheduler.kernel import Buffer, Kernel, Schedule
 from aot.scheduler.memory import live_bytes
-from aot.scheduler.runtime_extent import has_runtime_range, runtime_marked
+from aot.scheduler.runtime_extent import runtime_marked
 
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
 PARALLEL_MIN_WORK = 1 << 16
@@ -168,7 +168,7 @@ def lower_runtime_sized(k: Kernel, env: LowerEnv) -> Lowered | None:
   """A kernel with loops to a run-time size (aot/scheduler/runtime_extent.py): its contractions on the microkernel
   where the dim is one of M, N and K alone (the call passes n_ there; its operands and C keep their strides at the
   bound), the rest as generated loops; no other fast path takes a size at run time yet."""
-  if not has_runtime_range(k.ast):
+  if not takes_runtime_size(k.ast):
     return None
   found = lowerable_contractions(k.ast, k.bufs, env.tile)
   if found and all(_runtime_sized(c) for c in found):

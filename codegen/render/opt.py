@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from aot.codegen.render.linearize import takes_runtime_size
 from aot.core.dtype import dtypes
 from aot.core.ir import LIBM, Ops, ReduceOp, UOp, prod
 from aot.core.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
@@ -141,7 +142,7 @@ def runtime_blocks(ast: UOp) -> UOp:
   """maxmin_blocks and wide_sums' blocks for an accumulator over one loop to a run-time size n_ (a softmax's row of
   keys): its whole blocks (n_ // b of them) each combined in a tree, then the rest (n_ % b terms) one by one, the two
   combined in order. Over the range's bound, a loop to n_ could not be cut in equal blocks, and a chain of selects or
-  float64 adds is latency-bound (a MiniLM-sized encoder's softmax over 256 keys 3.4x slower than in blocks)."""
+  float64 adds is latency-bound (a MiniLM-sized encoder's softmax over 256 keys: 1.39 ms a layer, 0.43 in blocks)."""
   mapping, fresh = {}, 1 + max(u.number for u in ast.toposort() if u.op is Ops.RANGE)
   for acc in [u for u in ast.toposort() if u.op is Ops.ACCUMULATE]:
     (inner, *more), op = acc.src[1:], acc.reduce_op
@@ -475,7 +476,7 @@ def optimize(ast: UOp) -> UOp:
   ast = wide_sums(graph_rewrite(ast, pm_decompose))
   # loops to a run-time size (aot/scheduler/runtime_extent.py) are not split, merged or unrolled: each of those takes
   # the loop's size as known
-  if any(u.op is Ops.RANGE and u.runtime for u in ast.toposort()):
+  if takes_runtime_size(ast):
     return graph_rewrite(runtime_blocks(ast), pm_inner_last)
   blocks = maxmin_blocks(ast)
   if blocks is not None:
