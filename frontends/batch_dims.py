@@ -211,11 +211,20 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
 @contextmanager
 def _at_size(dim: RunDim, size: int):
   """A model that does not trace at a size of its ranged dim cannot take the range (a shape the exporter wrote as a
-  constant: a Reshape to batch 1)."""
+  constant: a Reshape to batch 1). A size above the range is its bound (frontends/extent_dims.py bound_size): a
+  table of exactly the range's top rows does not reach it, and a lower top would."""
   try:
     yield
   except (CompileError, InternalError) as e:
-    raise CompileError(f"dim '{dim.name}' cannot have a range: the model does not compile at size {size} of it: {e}")
+    bound = (
+      f" ({size} is the prime the range is laid out at, the smallest >= {dim.hi} that no other dim's size is a "
+      f"multiple of: a model with a table of exactly {dim.hi} rows takes a range up to the largest such prime below)"
+      if size > dim.hi
+      else ""
+    )
+    raise CompileError(
+      f"dim '{dim.name}' cannot have a range: the model does not compile at size {size} of it{bound}: {e}"
+    )
 
 
 def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, labels: list) -> BatchDim:
