@@ -49,10 +49,6 @@ class BatchDim:
   runs: str = "items"
   bound: int = 0
 
-  @property
-  def items(self) -> bool:
-    return self.runs == "items"
-
 
 def ranged_dims(shapes: dict | None, graph: onnx.GraphProto) -> tuple[list[RunDim], Callable[[dict], dict]]:
   """The dims shapes gives a range to (at most two) and shapes with them pinned to sizes (by name). A range is a

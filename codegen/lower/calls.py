@@ -149,8 +149,9 @@ class CallContext:
   shared: dict[UOp, str] = field(default_factory=dict)
   renamed: dict[str, str] = field(default_factory=dict)
   work: dict[UOp, int] = field(default_factory=dict)
-  # (function, rebased or not, its slots' sizes) -> (rebased AST, offsets, extent, params): the layers of an encoder
-  # call one function each, and a layer norm's 128-step function took 20 ms a call to walk
+  # (function, rebased or not, its slots' sizes) -> (rebased AST, offsets, extent, params, (takes a run-time size,
+  # its threads' loop runs to it)): the layers of an encoder call one function each, and a layer norm's 128-step
+  # function took 20 ms a call to walk
   prepared: dict[tuple, tuple] = field(default_factory=dict)
 
   def flops(self, ast: UOp) -> int:
@@ -171,8 +172,9 @@ class CallContext:
     key = (ast, rebase, tuple(b.size for b in bufs))
     if key not in self.prepared:
       new, offsets = rebase_reads(ast, bufs) if rebase else (ast, {})
-      self.prepared[key] = (new, offsets, parallel_extent(new), [u.arg for u in kernel_params(new)])
-    ast, offsets, extent, slots = self.prepared[key]
+      sizes = (takes_runtime_size(new), runtime_outer(new))
+      self.prepared[key] = (new, offsets, parallel_extent(new), [u.arg for u in kernel_params(new)], sizes)
+    ast, offsets, extent, slots, (sized, runtime_extent) = self.prepared[key]
     if rebase:
       self.renamed[fn] = fn = self.shared.setdefault(ast, fn)
     args = [(s, out if s == 0 else bufs[s]) for s in slots]
@@ -185,8 +187,8 @@ class CallContext:
       role=role,
       parallel=parallel,
       offsets=offsets,
-      sized=takes_runtime_size(ast),
-      runtime_extent=runtime_outer(ast),
+      sized=sized,
+      runtime_extent=runtime_extent,
     )
 
   def rendered(self, functions: dict[UOp, str]) -> dict[UOp, str]:
