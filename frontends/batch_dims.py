@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Callable
 
@@ -204,23 +205,65 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
   raise refused
 
 
+# (the range's top, the size traced) while a graph is traced at a size above its range (its bound)
+_ABOVE_RANGE: ContextVar[tuple[int, int] | None] = ContextVar("above_range", default=None)
+
+
+def rows_past_table(start: int, end: int, step: int, rows: int) -> int:
+  """How many rows to add to a constant table of rows sliced [start:end:step] while the graph is traced at its
+  range's bound: a table of at least the range's top rows (BERT's 512 positions under sequence=1..512) sliced from 0
+  to the size reads no row past the top at any size the artifact runs, but stops short of the bound; 0 otherwise."""
+  above = _ABOVE_RANGE.get()
+  if above is None or (start, step) != (0, 1):
+    return 0
+  top, bound = above
+  return bound - rows if end == bound and top <= rows < bound else 0
+
+
+def rows_past_indices(indices: np.ndarray, rows: int) -> int:
+  """How many rows to add to a constant table of rows gathered at these constant indices while the graph is traced at
+  its range's bound: a table of at least the range's top rows gathered at an arange of the size (GPT-2's positions)
+  reads past its end only at positions past the top along the dim (an axis of the bound's size), which no size the
+  artifact runs computes; 0 otherwise (a bad index is the model's error)."""
+  above = _ABOVE_RANGE.get()
+  if above is None or indices.size == 0 or rows < above[0]:
+    return 0
+  top, bound = above
+  past = np.nonzero(indices >= rows)
+  if not past[0].size or int(indices.max()) >= rows + bound:
+    return 0
+  beyond_top = np.zeros(past[0].size, bool)
+  for axis, at in enumerate(past):
+    if indices.shape[axis] == bound:
+      beyond_top |= at >= top
+  return int(indices.max()) + 1 - rows if beyond_top.all() else 0
+
+
+def tracing_above_range() -> bool:
+  """Is the graph being traced at its range's bound (where rows_past_table and rows_past_indices may pad)?"""
+  return _ABOVE_RANGE.get() is not None
+
+
 @contextmanager
 def _at_size(dim: RunDim, size: int):
   """A model that does not trace at a size of its ranged dim cannot take the range (a shape the exporter wrote as a
   constant: a Reshape to batch 1). A size above the range is its bound (frontends/extent_dims.py bound_size): a
-  table of exactly the range's top rows does not reach it, and a lower top would."""
+  table of fewer rows than the bound is padded to it where it is sliced to the size (rows_past_table)."""
+  token = _ABOVE_RANGE.set((dim.hi, size) if size > dim.hi else None)
   try:
     yield
   except (CompileError, InternalError) as e:
     bound = (
       f" ({size} is the prime the range is laid out at, the smallest >= {dim.hi} that no other dim's size is a "
-      f"multiple of: a model with a table of exactly {dim.hi} rows takes a range up to the largest such prime below)"
+      "multiple of)"
       if size > dim.hi
       else ""
     )
     raise CompileError(
       f"dim '{dim.name}' cannot have a range: the model does not compile at size {size} of it{bound}: {e}"
     )
+  finally:
+    _ABOVE_RANGE.reset(token)
 
 
 def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, labels: list) -> BatchDim:

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from aot.core.ir import GroupOp, Ops, UOp
-from aot.errors import CompileError
+from aot.errors import CompileError, InvalidValueError
 from aot.frontends.batch_dims import BatchDim, RunDim, _node_of, _sources, in_step
 from aot.scheduler.kernel import Traced
 
@@ -91,7 +91,11 @@ def _prefix_values(u: UOp, v: UOp, a) -> str | None:
 
   if isinstance(a, str):
     return "computes a value from its size"
-  x, y = evaluate(u), evaluate(v)
+  try:
+    x, y = evaluate(u), evaluate(v)
+  except InvalidValueError as e:
+    # (constant indices past a table's end at a position the range reaches: batch_dims.rows_past_indices)
+    return f"reads a table past its end at a size in the range ({e})"
   common = tuple(slice(0, min(x.shape[i], y.shape[i])) if i in a else slice(None) for i in range(y.ndim))
   if x.ndim == y.ndim and np.array_equal(x[common], y[common], x.dtype.kind in "fc"):
     return None

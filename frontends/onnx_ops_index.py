@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from aot.core.dtype import dtypes, max_value, min_value
+from aot.frontends.batch_dims import rows_past_indices, tracing_above_range
 from aot.frontends.onnx import NeedsConstant, Unsupported, op
 from aot.frontends.onnx_ops_tensor import (
   _along,
@@ -28,7 +29,11 @@ from aot.frontends.tensor import Tensor
 # indices out of range are an error in ONNX (onnxruntime refuses them): a run given one fails, naming them
 @op("Gather")
 def gather(n, x, indices, axis=0):
-  return x.take(indices, _axis(axis, x.ndim), f"Gather node '{n.name}'", n.proto.input[1])
+  axis = _axis(axis, x.ndim)
+  if tracing_above_range() and (at := _maybe_const(n, indices)) is not None:
+    if (past := rows_past_indices(np.asarray(at), x.shape[axis])) and (table := _maybe_const(n, x)) is not None:
+      x = _const(np.pad(table, [(0, past if i == axis else 0) for i in range(x.ndim)]))
+  return x.take(indices, axis, f"Gather node '{n.name}'", n.proto.input[1])
 
 
 @op("GatherElements")

@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from aot.core.dtype import dtypes, to_dtype
 from aot.errors import InvalidValueError
 from aot.frontends import narrow
+from aot.frontends.batch_dims import rows_past_table
 from aot.frontends.onnx import NeedsConstant, Unsupported, onnx_dtype, op
 from aot.frontends.tensor import Tensor
 
@@ -272,6 +273,9 @@ def slice_(n, x, starts, ends, axes=None, steps=None):
     if st == 0:
       raise Unsupported("slice step 0")
     a = _axis(a, x.ndim)
+    if (past := rows_past_table(s, e, st, x.shape[a])) and (table := _maybe_const(n, x)) is not None:
+      # (one row more than the slice takes, so that it is a slice at every size the graph is traced at)
+      x = _const(np.pad(table, [(0, past + 1 if i == a else 0) for i in range(x.ndim)]))
     idx[a] = _onnx_slice(s, e, st, x.shape[a])
   return x[tuple(idx)]
 

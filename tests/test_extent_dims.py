@@ -119,20 +119,79 @@ def test_a_position_table_sliced_to_the_length_and_a_bad_token_id(tmp_path):
       numpy_helper.from_array(np.array([0]), "zero"),
     ],
   )
-  # (laid out at 47, the bound, a prime: the table's 50 rows reach it; a top of 50 would be laid out at 53, which
-  # they do not, and the refusal says why)
-  with pytest.raises(CompileError, match=r"does not compile at size 53 of it \(53 is the prime the range is laid out"):
-    aot.compile_model(model, shapes={"n": (1, 50)})
-  art = aot.compile_model(model, shapes={"n": (1, 47)}, out_dir=tmp_path / "a")
+  # (laid out at 53, the bound, a prime: the table's 50 rows stop short of it, and are padded to it where the graph is
+  # traced there, as no size of the range reads past row 50)
+  art = aot.compile_model(model, shapes={"n": (1, 50)}, out_dir=tmp_path / "a")
   sess = ort_session(model)
   with aot.load(art) as m:
-    for n in (1, 9, 47):
+    for n in (1, 9, 47, 50):
       ids = np.random.default_rng(n).integers(0, 10, n)
       np.testing.assert_allclose(m(ids), sess.run(None, {"ids": ids})[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputShapeError, match=r"is 51, outside 1\.\.50"):
+      m(np.zeros(51, np.int64))
     ids = np.arange(7) % 10
     ids[5] = 12
     with pytest.raises(IndexRangeError, match=r"input 'ids'\[5\] is 12"):
       m(ids)
+
+
+def position_ids_model(how: str):
+  """Token embeddings plus a 50-row position table gathered at position ids of the length: sliced from a buffer of
+  them (BERT's export), an arange of the length (GPT-2's), or an arange from 3 (past the table at lengths above 47)."""
+  length = [oh.make_node("Shape", ["ids"], ["len"], start=1, end=2), oh.make_node("Squeeze", ["len"], ["n"])]
+  positions = {
+    "sliced": [oh.make_node("Slice", ["buffer", "zero", "len", "one"], ["pid"])],
+    "arange": [oh.make_node("Range", ["zero0", "n", "one0"], ["pid"])],
+    "arange from 3": [
+      oh.make_node("Add", ["n", "three"], ["end"]),
+      oh.make_node("Range", ["three", "end", "one0"], ["pid"]),
+    ],
+  }[how]
+  rng = np.random.default_rng(4)
+  consts = {
+    "emb": rng.standard_normal((10, 4)).astype(np.float32),
+    "pos": rng.standard_normal((50, 4)).astype(np.float32),
+    "buffer": np.arange(50)[None],
+    "zero": np.array([0]),
+    "one": np.array([1]),
+    "zero0": np.array(0),
+    "one0": np.array(1),
+    "three": np.array(3),
+  }
+  nodes = [
+    *length,
+    *positions,
+    oh.make_node("Gather", ["emb", "ids"], ["e"]),
+    oh.make_node("Gather", ["pos", "pid"], ["p"]),
+    oh.make_node("Add", ["e", "p"], ["a"]),
+    oh.make_node("Softmax", ["a"], ["y"], axis=1),
+  ]
+  return make(
+    nodes,
+    [oh.make_tensor_value_info("ids", TP.INT64, [1, "n"])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [1, "n", 4])],
+    [numpy_helper.from_array(v, k) for k, v in consts.items()],
+  )
+
+
+@pytest.mark.parametrize("how", ["sliced", "arange"])
+def test_position_ids_of_the_length_take_a_range_up_to_the_tables_rows(tmp_path, how):
+  model = position_ids_model(how)
+  art = aot.compile_model(model, shapes={"n": (1, 50)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 2, 49, 50):
+      ids = np.random.default_rng(n).integers(0, 10, (1, n))
+      np.testing.assert_allclose(m(ids), sess.run(None, {"ids": ids})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_position_ids_past_the_table_at_a_size_of_the_range_are_refused():
+  # (from 3: the table's 50 rows end at length 47, and a range to 50 would read past them)
+  model = position_ids_model("arange from 3")
+  past = r"Add node 'a' reads a table past its end at a size in the range \(tensor 'pid'\[47\] is 50"
+  with pytest.raises(CompileError, match=past):
+    aot.compile_model(model, shapes={"n": (1, 50)})
+  aot.compile_model(model, shapes={"n": (1, 47)})
 
 
 # each: nodes after m = x @ w (n x 4), and what the refusal names
