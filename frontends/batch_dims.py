@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -161,13 +161,13 @@ def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -
   with _at_size(dim, b1):
     t1 = trace(src, pinned(b1), bind, name, produced=labels)
   b2 = bound_size(dim.hi, {s for u in _walk(t1) for s in u.shape} | {b1})
-  with _at_size(dim, b2):
+  with _at_size(dim, b2) as above:
     t2 = trace(src, pinned(b2), bind, name, produced=bound_labels)
   try:
     batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
   except CompileError:
     # a dim some op mixes may still run to a size given at run time, in loops laid out at its bound
-    t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels)
+    t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels, above.means)
     return t2
   with _at_size(dim, 1):
     item = trace(src, pinned(1), bind, name)
@@ -188,13 +188,14 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
       probe = trace(src, pinned({items.name: 1, ext.name: b0}), bind, name)
     bound = bound_size(ext.hi, {s for u in _walk(probe) for s in u.shape} | {b0, b1, b2})
     item_labels, labels = [], []
-    with _at_size(ext, bound):
+    with _at_size(ext, bound) as above:
       item = trace(src, pinned({items.name: 1, ext.name: bound}), bind, name, produced=item_labels)
     try:
-      item.extent = prove_extent_dim(ext, item, probe, bound, b0, item_labels)
-      with _at_size(items, b1):
+      item.extent = prove_extent_dim(ext, item, probe, bound, b0, item_labels, above.means)
+      # (the extent still at its bound: its tables padded as in the item's program)
+      with _above(ext, bound), _at_size(items, b1):
         t1 = trace(src, pinned({items.name: b1, ext.name: bound}), bind, name, produced=labels)
-      with _at_size(items, b2):
+      with _above(ext, bound), _at_size(items, b2):
         t2 = trace(src, pinned({items.name: b2, ext.name: bound}), bind, name)
       item.batch = prove_batch_dim(items, t1, t2, b1, b2, labels)
     except CompileError as e:
@@ -205,19 +206,25 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
   raise refused
 
 
-# (the range's top, the size traced) while a graph is traced at a size above its range (its bound)
-_ABOVE_RANGE: ContextVar[tuple[int, int] | None] = ContextVar("above_range", default=None)
+@dataclass
+class AboveRange:
+  """A ranged dim while the graph is traced at a size at or above its range's top (its bound): the top, and the means
+  the trace took over the dim (note_mean)."""
+
+  top: int
+  means: dict[float, int] = field(default_factory=dict)  # a mean's 1/count (as float32) -> count / bound
+
+
+# the ranged dims traced at or above their range's top, by the size they are traced at
+_ABOVE_RANGE: ContextVar[dict[int, AboveRange] | None] = ContextVar("above_range", default=None)
 
 
 def rows_past_table(start: int, end: int, step: int, rows: int) -> int:
   """How many rows to add to a constant table of rows sliced [start:end:step] while the graph is traced at its
   range's bound: a table of at least the range's top rows (BERT's 512 positions under sequence=1..512) sliced from 0
   to the size reads no row past the top at any size the artifact runs, but stops short of the bound; 0 otherwise."""
-  above = _ABOVE_RANGE.get()
-  if above is None or (start, step) != (0, 1):
-    return 0
-  top, bound = above
-  return bound - rows if end == bound and top <= rows < bound else 0
+  above = (_ABOVE_RANGE.get() or {}).get(end)
+  return end - rows if above and (start, step) == (0, 1) and above.top <= rows < end else 0
 
 
 def rows_past_indices(indices: np.ndarray, rows: int) -> int:
@@ -225,33 +232,53 @@ def rows_past_indices(indices: np.ndarray, rows: int) -> int:
   its range's bound: a table of at least the range's top rows gathered at an arange of the size (GPT-2's positions)
   reads past its end only at positions past the top along the dim (an axis of the bound's size), which no size the
   artifact runs computes; 0 otherwise (a bad index is the model's error)."""
-  above = _ABOVE_RANGE.get()
-  if above is None or indices.size == 0 or rows < above[0]:
-    return 0
-  top, bound = above
-  past = np.nonzero(indices >= rows)
-  if not past[0].size or int(indices.max()) >= rows + bound:
+  past = np.nonzero(indices >= rows) if indices.size else ()
+  if not past or not past[0].size:
     return 0
   beyond_top = np.zeros(past[0].size, bool)
-  for axis, at in enumerate(past):
-    if indices.shape[axis] == bound:
-      beyond_top |= at >= top
+  for bound, above in (_ABOVE_RANGE.get() or {}).items():
+    if rows < above.top or int(indices.max()) >= rows + bound:
+      continue
+    for axis, at in enumerate(past):
+      if indices.shape[axis] == bound:
+        beyond_top |= at >= above.top
   return int(indices.max()) + 1 - rows if beyond_top.all() else 0
 
 
 def tracing_above_range() -> bool:
-  """Is the graph being traced at its range's bound (where rows_past_table and rows_past_indices may pad)?"""
-  return _ABOVE_RANGE.get() is not None
+  """Is the graph being traced at a range's bound (where rows_past_table and rows_past_indices may pad)?"""
+  return bool(_ABOVE_RANGE.get())
+
+
+def note_mean(count: int) -> None:
+  """A mean over count elements (its 1/count a constant in the graph): over a dim traced above its range, a multiple
+  of its bound, it divides by the run's size (frontends/extent_dims.py _at_run_size)."""
+  for bound, above in (_ABOVE_RANGE.get() or {}).items():
+    if count % bound == 0:
+      above.means[float(np.float32(1.0 / count))] = count // bound
+
+
+@contextmanager
+def _above(dim: RunDim, size: int):
+  """The graph traced at this size of dim: an AboveRange while that is the range's top or above (its bound may be the
+  top itself, a prime), else None."""
+  above = AboveRange(dim.hi) if size >= dim.hi else None
+  token = _ABOVE_RANGE.set({**(_ABOVE_RANGE.get() or {}), size: above} if above else _ABOVE_RANGE.get())
+  try:
+    yield above
+  finally:
+    _ABOVE_RANGE.reset(token)
 
 
 @contextmanager
 def _at_size(dim: RunDim, size: int):
   """A model that does not trace at a size of its ranged dim cannot take the range (a shape the exporter wrote as a
   constant: a Reshape to batch 1). A size above the range is its bound (frontends/extent_dims.py bound_size): a
-  table of fewer rows than the bound is padded to it where it is sliced to the size (rows_past_table)."""
-  token = _ABOVE_RANGE.set((dim.hi, size) if size > dim.hi else None)
+  table of fewer rows than the bound is padded to it where it is sliced to the size (rows_past_table). Yields _above's
+  AboveRange."""
   try:
-    yield
+    with _above(dim, size) as above:
+      yield above
   except (CompileError, InternalError) as e:
     bound = (
       f" ({size} is the prime the range is laid out at, the smallest >= {dim.hi} that no other dim's size is a "
@@ -262,8 +289,6 @@ def _at_size(dim: RunDim, size: int):
     raise CompileError(
       f"dim '{dim.name}' cannot have a range: the model does not compile at size {size} of it{bound}: {e}"
     )
-  finally:
-    _ABOVE_RANGE.reset(token)
 
 
 def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, labels: list) -> BatchDim:

@@ -7,8 +7,10 @@ an axis of its own, reductions and contractions over it, and slices that start a
 table). It is proved here on the program and a probe at another size (frontends/batch_dims.py's), walked in step as
 that module does for a batch: a node's dim axes are those of the two sizes there, and every node keeps positions by
 its op's rule (_RULES); a constant that differs between the sizes must agree on the positions both have (a position
-table, an arange). Padding, flipping, gathering or slicing anything but a prefix along the dim, merging it with
-another dim, or a value computed from its size (a mean's 1/n) is a CompileError naming the first node that does it.
+table, an arange), or be a mean's 1/count over the dim (batch_dims.note_mean), which is then computed from the run's
+size (the VAR n_). Padding, flipping, gathering or slicing anything but a prefix along the dim, merging it with
+another dim, or another value of its size (the length read from Shape, as a value) is a CompileError naming the first
+node that does it.
 
 Memory: the arena is the static plan at P (strides at the bound: every index stays a constant-coefficient sum, and
 a loop's bound is the only run-time value). Inputs and outputs are read and written in place when every axis before
@@ -22,9 +24,12 @@ from typing import Callable
 
 import numpy as np
 
+from aot.core.dtype import dtypes
 from aot.core.ir import GroupOp, Ops, UOp
+from aot.core.rewrite import substitute
 from aot.errors import CompileError, InvalidValueError
 from aot.frontends.batch_dims import BatchDim, RunDim, _node_of, _sources, in_step
+from aot.frontends.tensor import Tensor
 from aot.scheduler.kernel import Traced
 
 
@@ -39,17 +44,26 @@ def bound_size(hi: int, taken: set[int]) -> int:
   return next(p for p in itertools.count(max(hi, 2)) if _is_prime(p) and not any(s % p == 0 for s in taken if s))
 
 
-def prove_extent_dim(dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list) -> BatchDim:
-  """The inputs' and outputs' dim axes, once every node of the graph traced at p1 (t1) and p2 (t2) is shown to
-  keep its positions along the dim (the module's rule); else a CompileError naming the node."""
+def prove_extent_dim(
+  dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list, means: dict[float, int]
+) -> BatchDim:
+  """The inputs' and outputs' dim axes, once every node of the graph traced at p1 (t1, the bound) and p2 (t2) is shown
+  to keep its positions along the dim (the module's rule); else a CompileError naming the node. means: the means the
+  trace at the bound took over the dim (batch_dims.AboveRange), whose 1/count t1 then computes from the run's size."""
   axes: dict[UOp, tuple | str] = {}
   differs: dict[UOp, UOp] = {}
+  of_size: dict[UOp, UOp] = {}  # a constant computed from the size (a mean's 1/n) -> it computed from the run's
   for u, v, constant in in_step(dim, t1, t2, differs):
     axes[u] = a = _dim_axes(u.shape, v.shape, p1, p2)
     if constant:
       continue
     srcs = _sources(u)
-    why = next((w for s in srcs if s in differs and (w := _prefix_values(s, differs[s], axes[s]))), None)
+    why = None
+    for s in (s for s in srcs if s in differs and s not in of_size):
+      if (why := _prefix_values(s, differs[s], axes[s])) and (run := _at_run_size(s, differs[s], p1, p2, dim, means)):
+        of_size[s], why = run, None
+      if why:
+        break
     if why is None and isinstance(a, str):
       why = a
     if why is None:
@@ -66,6 +80,9 @@ def prove_extent_dim(dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labe
       f"dim '{dim.name}' cannot have a range: the model has sequence, optional or narrow-typed "
       "inputs or outputs, which take no range yet"
     )
+  if of_size:
+    sink = substitute(UOp(Ops.SINK, dtypes.void, tuple(t1.outputs)), of_size)
+    t1.outputs = list(sink.src)
   inputs = _io_axes(dim, t1, axes, "input")
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
@@ -100,6 +117,24 @@ def _prefix_values(u: UOp, v: UOp, a) -> str | None:
   if x.ndim == y.ndim and np.array_equal(x[common], y[common], x.dtype.kind in "fc"):
     return None
   return "computes a value from its size"
+
+
+def _at_run_size(u: UOp, v: UOp, p1: int, p2: int, dim: RunDim, means: dict[float, int]) -> UOp | None:
+  """A mean's 1/count over the dim (a constant, broadcast) as computed from the run's size n_: 1 / (n_ x count / p1),
+  the constant a static compile folds at that size; None for any other constant."""
+  from aot.core.interpret import evaluate
+  from aot.scheduler.runtime_extent import size_var
+
+  if not u.dtype.is_float or u.shape != v.shape:
+    return None
+  x, y = evaluate(u), evaluate(v)
+  if x.size == 0 or np.any(x != x.flat[0]) or np.any(y != y.flat[0]):
+    return None
+  per_size = means.get(float(np.float32(x.flat[0])))
+  if per_size is None or not math.isclose(float(y.flat[0]) * p2 * per_size, 1.0, rel_tol=1e-6):
+    return None
+  count = Tensor(size_var(dim) * per_size).cast(u.dtype)
+  return (Tensor(1.0, u.dtype) / count).reshape((1,) * len(u.shape)).expand(u.shape).uop
 
 
 def _same_arg(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:

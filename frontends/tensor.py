@@ -404,7 +404,10 @@ class Tensor(TensorNN):
     return self._reduce(ReduceOp.MIN, axis, keepdim)
 
   def mean(self, axis=None, keepdim=False):
+    from aot.frontends.batch_dims import note_mean
+
     n = prod(self.shape[a] for a in _axes(axis, self.ndim))
+    note_mean(n)
     return self._float().sum(axis, keepdim) * (1.0 / n if n else math.nan)
 
   def var(self, axis=None, keepdim=False, correction=0):

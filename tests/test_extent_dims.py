@@ -194,10 +194,45 @@ def test_position_ids_past_the_table_at_a_size_of_the_range_are_refused():
   aot.compile_model(model, shapes={"n": (1, 47)})
 
 
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_a_mean_over_the_ranged_dim_divides_by_the_size_of_each_run(tmp_path, target):
+  # a self-attention's output averaged over the sequence and the width (1/(n x 6) with n the run's size), over a
+  # batch of sentences
+  nodes = [
+    oh.make_node("MatMul", ["x", "w"], ["m"]),
+    oh.make_node("Transpose", ["m"], ["mt"], perm=[0, 2, 1]),
+    oh.make_node("MatMul", ["m", "mt"], ["s"]),
+    oh.make_node("Softmax", ["s"], ["p"], axis=-1),
+    oh.make_node("MatMul", ["p", "m"], ["a"]),
+    oh.make_node("ReduceMean", ["a", "axes"], ["y"], keepdims=0),
+  ]
+  model = make(
+    nodes,
+    [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", "sequence", 6])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, ["batch"])],
+    [numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array([1, 2]), "axes")],
+  )
+  art = aot.compile_model(model, shapes={"batch": (1, 4), "sequence": (1, 40)}, target=target, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for b, n in ((1, 1), (3, 2), (4, 7), (2, 39), (4, 40)):
+      x = np.random.default_rng(n).standard_normal((b, n, 6)).astype(np.float32)
+      np.testing.assert_allclose(m(x), sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
 # each: nodes after m = x @ w (n x 4), and what the refusal names
 REFUSED = {
   "a pad along it": ([oh.make_node("Pad", ["m", "pads"], ["y"])], "Pad node", "pads"),
-  "a mean over it": ([oh.make_node("ReduceMean", ["m", "axes0"], ["y"])], "ReduceMean node", "from its size"),
+  "its size as a value": (
+    [
+      oh.make_node("Shape", ["x"], ["len"], start=0, end=1),
+      oh.make_node("Cast", ["len"], ["lenf"], to=TP.FLOAT),
+      oh.make_node("ReduceSum", ["m"], ["total"], keepdims=0),
+      oh.make_node("Mul", ["total", "lenf"], ["y"]),
+    ],
+    "Mul node",
+    "from its size",
+  ),
   "a flip of it": (
     [oh.make_node("Slice", ["m", "end", "start", "axes0", "step"], ["y"])],
     "Slice node",

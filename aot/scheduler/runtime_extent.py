@@ -18,9 +18,9 @@ from aot.scheduler.kernel import Schedule
 ADDRESS_OPS = {Ops.ADD, Ops.MUL, Ops.LOAD, Ops.STORE, Ops.ACCUMULATE, Ops.CAST, Ops.SINK}
 
 
-def size_var(batch) -> UOp:
-  """The run's size of a ranged dim (frontends/batch_dims.py BatchDim), n_ in the kernels' C."""
-  return UOp(Ops.VAR, dtypes.index, (), ("n_", batch.dim.lo, batch.dim.hi))
+def size_var(dim) -> UOp:
+  """The run's size of a ranged dim (frontends/batch_dims.py RunDim), n_ in the kernels' C."""
+  return UOp(Ops.VAR, dtypes.index, (), ("n_", dim.lo, dim.hi))
 
 
 def mark_runtime_ranges(sched: Schedule) -> None:
@@ -36,7 +36,7 @@ def runtime_marked(ast: UOp, batch, what: str) -> UOp:
   """ast with its loops of the bound's size made runtime ranges (those already are stay); a loop of a multiple of
   it (the dim merged with another) or a counter used other than as an address is an InternalError naming what.
   batch: the ranged dim (frontends/batch_dims.py BatchDim)."""
-  bound, n = batch.bound, size_var(batch)
+  bound, n = batch.bound, size_var(batch.dim)
   ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
   if any(r.size != bound and r.size % bound == 0 for r in ranges):
     raise InternalError(f"{what} runs the ranged dim merged with another dim in one loop")

@@ -381,7 +381,8 @@ pm_lower = (
         UPat(Ops.INDEX, src=(UPat(Ops.BUFFER, name="x"),), allow_any_len=True, name="i"),
         lambda ctx, i, x: _index_stage(ctx, i, ctx.buffer_of(x)),
       ),
-      (UPat(Ops.INDEX, src=(UPat(Ops.CONST, name="x"),), allow_any_len=True), lambda x: x),
+      # (a run-time size, VAR, is a scalar as a constant is: the same at every index)
+      (UPat(Ops.INDEX, src=(UPat((Ops.CONST, Ops.VAR), name="x"),), allow_any_len=True), lambda x: x),
       # movement ops are index arithmetic
       (UPat(Ops.INDEX, src=(UPat(GroupOp.Movement, name="x"),), allow_any_len=True, name="i"), _index_movement),
       (
