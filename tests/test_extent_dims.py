@@ -4,10 +4,11 @@ at sizes that leave partial tiles, with the kernel list of a static compile; wha
 is refused naming the node."""
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
-from conftest import make, ort_session, outputs_on_threads
+from conftest import make, need, ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -194,10 +195,9 @@ def test_position_ids_past_the_table_at_a_size_of_the_range_are_refused():
   aot.compile_model(model, shapes={"n": (1, 47)})
 
 
-@pytest.mark.parametrize("target", ["c", "llvm"])
-def test_a_mean_over_the_ranged_dim_divides_by_the_size_of_each_run(tmp_path, target):
-  # a self-attention's output averaged over the sequence and the width (1/(n x 6) with n the run's size), over a
-  # batch of sentences
+def attention_mean_model():
+  """A self-attention's output averaged over the sequence and the width (1/(n x 6) with n the run's size), over a
+  batch of sentences."""
   nodes = [
     oh.make_node("MatMul", ["x", "w"], ["m"]),
     oh.make_node("Transpose", ["m"], ["mt"], perm=[0, 2, 1]),
@@ -206,18 +206,60 @@ def test_a_mean_over_the_ranged_dim_divides_by_the_size_of_each_run(tmp_path, ta
     oh.make_node("MatMul", ["p", "m"], ["a"]),
     oh.make_node("ReduceMean", ["a", "axes"], ["y"], keepdims=0),
   ]
-  model = make(
+  return make(
     nodes,
     [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", "sequence", 6])],
     [oh.make_tensor_value_info("y", TP.FLOAT, ["batch"])],
     [numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array([1, 2]), "axes")],
   )
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_a_mean_over_the_ranged_dim_divides_by_the_size_of_each_run(tmp_path, target):
+  model = attention_mean_model()
   art = aot.compile_model(model, shapes={"batch": (1, 4), "sequence": (1, 40)}, target=target, out_dir=tmp_path / "a")
   sess = ort_session(model)
   with aot.load(art) as m:
     for b, n in ((1, 1), (3, 2), (4, 7), (2, 39), (4, 40)):
       x = np.random.default_rng(n).standard_normal((b, n, 6)).astype(np.float32)
       np.testing.assert_allclose(m(x), sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+CPP_APP = r"""
+#include <cstdio>
+#include <vector>
+#include "attn.hpp"
+int main() {
+  attn::Model m;
+  std::vector<float> x(ATTN_INPUT0_SIZE), y(ATTN_OUTPUT0_SIZE);
+  for (size_t i = 0; i < x.size(); i++) x[i] = (float)(i % 11) / 11.0f - 0.5f;
+  int64_t x_shape[3] = {3, 7, 6}, y_shape[1];
+  m.run(x.data(), x_shape, y.data(), y_shape);
+  std::printf("%lld %s %s\n", (long long)y_shape[0], ATTN_DIM0_NAME, ATTN_DIM1_NAME);
+  for (int i = 0; i < 3; i++) std::printf("%.7f\n", y[i]);
+  x_shape[1] = ATTN_DIM1_MAX + 1;
+  try { m.run(x.data(), x_shape, y.data(), y_shape); } catch (const attn::Error &e) { std::printf("%s\n", e.what()); }
+}
+"""
+
+
+def test_a_cpp_app_runs_a_batch_and_a_sequence_range(tmp_path):
+  # NAME.hpp's Model::run over NAME_run_dims: the shape of each tensor beside its data, a size outside a range thrown
+  model = attention_mean_model()
+  out = tmp_path / "attn"
+  aot.compile_model(model, shapes={"batch": (1, 4), "sequence": (1, 40)}, out_dir=out, name="attn")
+  (tmp_path / "app.cpp").write_text(CPP_APP)
+  subprocess.run(
+    [need("g++"), "-std=c++17", "app.cpp", f"-I{out}", f"-L{out}", "-lattn", f"-Wl,-rpath,{out}", "-o", "app"],
+    cwd=tmp_path,
+    check=True,
+  )
+  lines = subprocess.run(["./app"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+  assert lines[0] == "3 batch sequence"
+  x = ((np.arange(3 * 7 * 6) % 11) / 11 - 0.5).astype(np.float32).reshape(3, 7, 6)
+  want = ort_session(model).run(None, {"x": x})[0]
+  np.testing.assert_allclose(np.array(lines[1:4], float), want, rtol=1e-5, atol=1e-6)
+  assert lines[4] == "attn_run_dims: input 'x' dim 1 ('sequence') is 41, outside 1..40 (status 3)"
 
 
 # each: nodes after m = x @ w (n x 4), and what the refusal names
