@@ -232,7 +232,8 @@ def rows_past_indices(indices: np.ndarray, rows: int) -> int:
   its range's bound: a table of at least the range's top rows gathered at an arange of the size (GPT-2's positions)
   reads past its end only at positions past the top along the dim (an axis of the bound's size), which no size the
   artifact runs computes; 0 otherwise (a bad index is the model's error)."""
-  past = np.nonzero(indices >= rows) if indices.size else ()
+  # (a scalar index has no axis of the bound's size)
+  past = np.nonzero(indices >= rows) if indices.ndim else ()
   if not past or not past[0].size:
     return 0
   beyond_top = np.zeros(past[0].size, bool)

@@ -139,7 +139,12 @@ def test_a_position_table_sliced_to_the_length_and_a_bad_token_id(tmp_path):
 def position_ids_model(how: str):
   """Token embeddings plus a 50-row position table gathered at position ids of the length: sliced from a buffer of
   them (BERT's export), an arange of the length (GPT-2's), or an arange from 3 (past the table at lengths above 47)."""
-  length = [oh.make_node("Shape", ["ids"], ["len"], start=1, end=2), oh.make_node("Squeeze", ["len"], ["n"])]
+  # (the length as a scalar Gather of the shape, beside the slice's 1-element Shape)
+  length = [
+    oh.make_node("Shape", ["ids"], ["len"], start=1, end=2),
+    oh.make_node("Shape", ["ids"], ["shape"]),
+    oh.make_node("Gather", ["shape", "one0"], ["n"]),
+  ]
   positions = {
     "sliced": [oh.make_node("Slice", ["buffer", "zero", "len", "one"], ["pid"])],
     "arange": [oh.make_node("Range", ["zero0", "n", "one0"], ["pid"])],
