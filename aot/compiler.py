@@ -44,7 +44,7 @@ from aot.codegen.render.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch
 from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
 from aot.codegen.render.host_cpu import render_header, render_model_c, render_weights_asm
 from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
-from aot.codegen.render.run_dims import batch_arena, item_segments, items_apart
+from aot.codegen.render.run_dims import batch_arena, item_segments, items_apart, staged_io
 from aot.core.dtype import to_dtype
 from aot.core.ir import UOp
 from aot.cpu import cpu_target
@@ -252,6 +252,7 @@ def _render_cpu(
     arena = batch_arena(sched, memory_plan(segments, low.scratch))
   else:
     arena = memory_plan([s for x in low.lowered for s in x.segments()], low.scratch)
+    sched.staged, arena = staged_io(sched, arena)
   external = weights.finish()
   files = render_kernels(target, low.functions, low.places)
   protos = [f"void {fn}({', '.join(CRenderer().param_decls(ast))});" for ast, fn in low.functions.items()]

@@ -191,7 +191,7 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
     with _at_size(ext, bound) as above:
       item = trace(src, pinned({items.name: 1, ext.name: bound}), bind, name, produced=item_labels)
     try:
-      item.extent = prove_extent_dim(ext, item, probe, bound, b0, item_labels, above.means)
+      item.extent = prove_extent_dim(ext, item, probe, bound, b0, item_labels, above.means, staged=False)
       # (the extent still at its bound: its tables padded as in the item's program)
       with _above(ext, bound), _at_size(items, b1):
         t1 = trace(src, pinned({items.name: b1, ext.name: bound}), bind, name, produced=labels)

@@ -14,7 +14,8 @@ node that does it.
 
 Memory: the arena is the static plan at P (strides at the bound: every index stays a constant-coefficient sum, and
 a loop's bound is the only run-time value). Inputs and outputs are read and written in place when every axis before
-the dim is 1 (or the batch's, item by item): their first n rows are the first n of the layout at P."""
+the dim is 1 (or the batch's, item by item): their first n rows are the first n of the layout at P; one with other
+dims before it is copied to and from its layout at P in the arena, n rows of each (codegen/render/run_dims.py)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,13 @@ def bound_size(hi: int, taken: set[int]) -> int:
 
 
 def prove_extent_dim(
-  dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list, means: dict[float, int]
+  dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list, means: dict[float, int], staged: bool = True
 ) -> BatchDim:
   """The inputs' and outputs' dim axes, once every node of the graph traced at p1 (t1, the bound) and p2 (t2) is shown
   to keep its positions along the dim (the module's rule); else a CompileError naming the node. means: the means the
-  trace at the bound took over the dim (batch_dims.AboveRange), whose 1/count t1 then computes from the run's size."""
+  trace at the bound took over the dim (batch_dims.AboveRange), whose 1/count t1 then computes from the run's size.
+  staged: an input or output may have dims before the dim (its rows are copied to and from the layout at the bound:
+  codegen/render/run_dims.py staging); not where the program runs item by item (another dim's range)."""
   axes: dict[UOp, tuple | str] = {}
   differs: dict[UOp, UOp] = {}
   of_size: dict[UOp, UOp] = {}  # a constant computed from the size (a mean's 1/n) -> it computed from the run's
@@ -83,10 +86,10 @@ def prove_extent_dim(
   if of_size:
     sink = substitute(UOp(Ops.SINK, dtypes.void, tuple(t1.outputs)), of_size)
     t1.outputs = list(sink.src)
-  inputs = _io_axes(dim, t1, axes, "input")
+  inputs = _io_axes(dim, t1, axes, "input", staged)
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
-  return BatchDim(dim, inputs, _io_axes(dim, t1, axes, "output"), runs="extent", bound=p1)
+  return BatchDim(dim, inputs, _io_axes(dim, t1, axes, "output", staged), runs="extent", bound=p1)
 
 
 def _dim_axes(s1: tuple, s2: tuple, p1: int, p2: int) -> tuple | str:
@@ -216,18 +219,19 @@ _RULES: dict[Ops, Callable] = {
 }
 
 
-def _io_axes(dim: RunDim, t: Traced, axes: dict, side: str) -> tuple[int, ...]:
+def _io_axes(dim: RunDim, t: Traced, axes: dict, side: str, staged: bool) -> tuple[int, ...]:
   """Each input's or output's dim axis (-1 where it has none): at most one, with only dims of size 1 before it (its
   first n rows are then the layout's at the bound)."""
   out = []
   for i, u in enumerate(t.inputs if side == "input" else t.outputs):
     a = axes.get(u, ())
     name = u.arg.name if side == "input" else (t.output_names or [f"output {i}"] * (i + 1))[i]
-    if len(a) > 1 or (a and math.prod(u.shape[: a[0]]) != 1):
+    if len(a) > 1 or (a and not staged and math.prod(u.shape[: a[0]]) != 1):
+      before = "" if staged else ", with only dims of size 1 before it where another dim has a range"
       raise CompileError(
         f"dim '{dim.name}' cannot have a range: {side} '{name}' has it as axis {', '.join(map(str, a))} of "
-        f"{len(u.shape)}: a dim that varies at run time may be one axis of an input or output, with only dims of "
-        "size 1 before it, in this version"
+        f"{len(u.shape)}: a dim that varies at run time may be one axis of an input or output{before}, in this "
+        "version"
       )
     out.append(a[0] if a else -1)
   return tuple(out)

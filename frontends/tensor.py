@@ -651,11 +651,14 @@ class Tensor(TensorNN):
     """numpy.take / ONNX Gather: the axis is replaced by the indices' shape. checked_by, name: as gather's."""
     indices = indices if isinstance(indices, Tensor) else Tensor(np.asarray(indices, dtype=np.int64))
     axis = axis % self.ndim
-    flat = indices.reshape(-1)
-    pre, post = self.shape[:axis], self.shape[axis + 1 :]
-    idx = flat.reshape((1,) * len(pre) + (flat.shape[0],) + (1,) * len(post)).expand(pre + flat.shape + post)
+    pre, post, r = self.shape[:axis], self.shape[axis + 1 :], indices.ndim
+    # the indices' axes kept apart (not flattened into one, which would merge a ranged dim with the others): self
+    # broadcast along them, gathered along its own axis after them
+    data = self.reshape(pre + (1,) * r + self.shape[axis:]).expand(pre + indices.shape + self.shape[axis:])
+    idx = indices.reshape((1,) * len(pre) + indices.shape + (1,) + (1,) * len(post))
+    idx = idx.expand(pre + indices.shape + (1,) + post)
     check = checked_by and indices._index_check(self.shape[axis], checked_by, name)
-    return self._gather(axis, idx, check).reshape(pre + indices.shape + post)
+    return data._gather(axis + r, idx, check).reshape(pre + indices.shape + post)
 
 
 def _broadcast_shape(*shapes) -> tuple[int, ...]:

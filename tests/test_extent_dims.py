@@ -330,6 +330,64 @@ def test_run_time_sizes_under_the_sanitizers(tmp_path):
     np.testing.assert_allclose(got, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
+def pinned_batch_model():
+  """Three sentences (a batch pinned at 3) of any length: token ids and features in, attention within each sentence:
+  the ranged dim has a dim of 3 before it in every input and output."""
+  emb = np.random.default_rng(5).standard_normal((20, 6)).astype(np.float32)
+  return make(
+    [
+      oh.make_node("Gather", ["emb", "ids"], ["e"]),
+      oh.make_node("Add", ["x", "e"], ["xe"]),
+      oh.make_node("MatMul", ["xe", "w"], ["m"]),
+      oh.make_node("Transpose", ["m"], ["mt"], perm=[0, 2, 1]),
+      oh.make_node("MatMul", ["m", "mt"], ["s"]),
+      oh.make_node("Softmax", ["s"], ["p"], axis=-1),
+      oh.make_node("MatMul", ["p", "m"], ["y"]),
+    ],
+    [
+      oh.make_tensor_value_info("x", TP.FLOAT, [3, "sequence", 6]),
+      oh.make_tensor_value_info("ids", TP.INT64, [3, "sequence"]),
+    ],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [3, "sequence", 4])],
+    [numpy_helper.from_array(W, "w"), numpy_helper.from_array(emb, "emb")],
+  )
+
+
+def pinned_batch_feed(n: int) -> dict:
+  rng = np.random.default_rng(n)
+  return {"x": rng.standard_normal((3, n, 6)).astype(np.float32), "ids": rng.integers(0, 20, (3, n))}
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_inputs_and_outputs_with_a_pinned_dim_before_the_range_are_copied_at_the_bound(tmp_path, target):
+  # each of x, ids and y is 3 blocks of n rows for the caller and of the bound's rows for the kernels: copied into the
+  # arena before them and out after them (codegen/render/run_dims.py Staged)
+  model = pinned_batch_model()
+  art = aot.compile_model(model, shapes={"sequence": (1, 40)}, target=target, out_dir=tmp_path / "a")
+  static = aot.compile_model(model, shapes={"sequence": 40}, out_dir=tmp_path / "static")
+  assert art.num_kernels == static.num_kernels
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 2, 39, 40):
+      feed = pinned_batch_feed(n)
+      np.testing.assert_allclose(m(**feed), sess.run(None, feed)[0], rtol=1e-5, atol=1e-5)
+    feed["ids"][2, 38] = 25
+    with pytest.raises(IndexRangeError, match=r"input 'ids'\[2, 38\] is 25"):
+      m(**feed)
+
+
+def test_the_copies_at_the_bound_under_the_sanitizers(tmp_path):
+  from test_sanitize import run_sanitized
+
+  model = pinned_batch_model()
+  art = aot.compile_model(model, shapes={"sequence": (1, 40)}, out_dir=tmp_path / "a", sanitize=True)
+  sess = ort_session(model)
+  for n in (1, 9, 40):
+    feed = pinned_batch_feed(n)
+    (got,) = run_sanitized(art, [feed["x"], feed["ids"]], tmp_path, sizes={"sequence": n})
+    np.testing.assert_allclose(got, sess.run(None, feed)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_a_masked_attention_with_mean_pooling_over_a_batch_of_sentences(tmp_path):
   # a sentence-embedding service's model: token embeddings, attention whose padding keys the mask pushes to -1e4,
   # and the mean over the mask's tokens (a sum over the sequence divided by the mask's count, not by the length)

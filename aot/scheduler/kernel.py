@@ -79,6 +79,9 @@ class Schedule:
   items_apart: bool = True
   # model inputs that are indices (checked or not: GPU targets drop the checks), by name: the smallest axis' size
   indexed: dict[str, int] = field(default_factory=dict)
+  # inputs and outputs copied to and from the arena at a dim's bound (codegen/render/run_dims.py Staged; set when
+  # rendered)
+  staged: list = field(default_factory=list)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from aot.codegen.render.run_dims import (
   run_dims_c,
   run_dims_decl,
   run_dims_meta,
+  staging_c,
 )
 from aot.core.dtype import Narrow, narrow_of
 from aot.core.ir import IndexCheck
@@ -338,6 +339,8 @@ def render_model_c(
 
   # an index check's result lies in the run's own checks_ (a per-call stack array: _model_run)
   ptr |= {id(c.buffer): f"(checks_ + {2 * i})" for i, c in enumerate(sched.checks)}
+  # a staged input or output is read and written in the arena (run_dims.Staged)
+  ptr |= {id(st.buffer): f"(A + {st.offset})" for st in sched.staged}
 
   def arg(b: Buffer, slot: int) -> str:
     base = {"scratch": "A", "const": "W"}.get(b.kind)
@@ -448,7 +451,9 @@ def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> st
   const unsigned char *W = m->weights;
   (void)A; (void)W;
 {f"  {checks}{chr(10)}" if sched.checks else ""}\
-{"  double run_start_ = aot_profile_now();" + chr(10) if profile else ""}{chr(10).join(body)}
+{"  double run_start_ = aot_profile_now();" + chr(10) if profile else ""}\
+{"".join(line + chr(10) for line in staging_c(sched, "in"))}{chr(10).join(body)}
+{"".join(line + chr(10) for line in staging_c(sched, "out"))}\
   aot_pool_rest(m->pool);
 {f"  m->profile[{n}] += aot_profile_now() - run_start_;{chr(10)}" if profile else ""}\
 {item_checks_c(sched, _index_check_c) if sched.batch and sched.checks else _index_checks_c(sched)}

@@ -6,13 +6,18 @@ those one item after another.
 
 The arena holds each scratch buffer's items one after another (item b of a buffer the one-item plan puts at offset o
 is at checks_bytes + hi * o + b * its bytes: the plan's buffers scaled by the largest size, so no two overlap), after
-the index checks' results of every item (scratch_item)."""
+the index checks' results of every item (scratch_item).
+
+A dim run to a size given at run time reads and writes an input or output in place when every dim before it is 1;
+one with others before it is staged (Staged): copied into its layout at the bound in the arena, after the plan, before
+the kernels, and out of it after them, e_ rows of each block."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from aot.artifact import api_type, param_names
+from aot.core.ir import prod
 from aot.scheduler.kernel import Buffer, Schedule
 
 
@@ -288,3 +293,46 @@ def item_checks_c(sched: Schedule, check_c) -> str:
     const int64_t *checks_ = (const int64_t *)A + b_ * {2 * len(sched.checks)};
 {lines}  }}
   return status_;"""
+
+
+@dataclass(frozen=True)
+class Staged:
+  """An input or output of a dim run to a size given at run time with other dims before it (the module's docstring):
+  blocks of its rows, each a position's bytes, at offset in the arena at the bound's layout."""
+
+  buffer: Buffer
+  name: str  # its parameter in model.c
+  blocks: int  # the product of the dims before the dim
+  row_bytes: int  # one position's bytes: the product of the dims after it
+  offset: int
+
+
+def staged_io(sched: Schedule, arena: int) -> tuple[list[Staged], int]:
+  """The inputs and outputs to stage, placed after an arena of this size, and the arena with them."""
+  from aot.scheduler.memory import align_up
+
+  ext, staged = sched.extent, []
+  if ext is None or sched.batch is not None:
+    return staged, arena
+  names = param_names(sched)
+  for b, a, name in zip(sched.inputs + sched.outputs, ext.inputs + ext.outputs, names[0] + names[1]):
+    if a >= 0 and prod(b.shape[:a]) > 1:
+      staged.append(Staged(b, name, prod(b.shape[:a]), prod(b.shape[a + 1 :]) * b.dtype.itemsize, arena))
+      arena += align_up(b.nbytes)
+  return staged, arena
+
+
+def staging_c(sched: Schedule, side: str) -> list[str]:
+  """model.c's copies of the staged inputs into the arena (side "in", before the kernels) or of the staged outputs
+  out of it (side "out", after them): e_ rows of each block."""
+  bound, lines = sched.extent.bound if sched.extent else 0, []
+  for st in sched.staged:
+    if (st.buffer.kind == "input") != (side == "in"):
+      continue
+    at, caller = (
+      f"A + {st.offset} + o_ * {bound * st.row_bytes}",
+      f"(unsigned char *){st.name} + o_ * e_ * {st.row_bytes}",
+    )
+    dst, src = (at, caller) if side == "in" else (caller, at)
+    lines.append(f"  for (int64_t o_ = 0; o_ < {st.blocks}; o_++) memcpy({dst}, {src}, (size_t)e_ * {st.row_bytes});")
+  return lines
