@@ -46,7 +46,7 @@ from aot.codegen.render.host_cpu import render_header, render_model_c, render_we
 from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
 from aot.codegen.render.run_dims import batch_arena, item_segments, items_apart, staged_io
 from aot.core.dtype import to_dtype
-from aot.core.ir import UOp
+from aot.core.ir import UOp, prod
 from aot.cpu import cpu_target
 from aot.errors import BUG_REPORT, AotError, CompileError, InternalError, InvalidTypeError, places_of, working_on
 from aot.frontends.tensor import Tensor
@@ -328,12 +328,17 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   # a Metal host is built on macOS from its own sources, with no loop over a ranged dim's items yet
   if traced.batch is not None and opts.target == "metal":
     raise CompileError(f"a dim with a range ('{traced.batch.dim.name}') is for the c, llvm, cuda and hip targets")
-  # loops to a run-time size are rendered by the CPU targets' renderers so far
-  if traced.extent is not None and opts.target not in ("c", "llvm"):
-    raise CompileError(
-      f"dim '{traced.extent.dim.name}' is not a batch dim (an op mixes it), and such a dim takes a range on the c "
-      "and llvm targets only in this version"
-    )
+  # a GPU host passes a run-time size to its kernels, and copies an input's first rows, with no items around them
+  ext = traced.extent
+  if ext is not None and opts.target not in ("c", "llvm"):
+    tensors = zip(traced.inputs + traced.outputs, ext.inputs + ext.outputs)
+    before = any(a > 0 and prod(u.shape[:a]) > 1 for u, a in tensors)
+    if opts.target == "metal" or traced.batch is not None or before:
+      raise CompileError(
+        f"dim '{ext.dim.name}' is not a batch dim (an op mixes it), and such a dim takes a range on the cuda and hip "
+        "targets alone (no other range, no dim but 1 before it in an input or output), on the c and llvm targets "
+        "with either, and not on metal, in this version"
+      )
   return traced
 
 

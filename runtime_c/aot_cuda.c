@@ -129,7 +129,7 @@ int aot_gpu_download(aot_gpu *g, void *dst, aot_devptr src, size_t bytes, char *
 int aot_gpu_launch(aot_gpu *g, void *fn, unsigned grid, unsigned block, const aot_devptr *args, int nargs,
                    char *error) {
   CURRENT();
-  /* kernel parameters are passed by address; every one is a device pointer */
+  /* kernel parameters are passed by address; every one is 64 bits (a device pointer, or a run-time size) */
   CUdeviceptr values[nargs > 0 ? nargs : 1];
   void *params[nargs > 0 ? nargs : 1];
   for (int i = 0; i < nargs; i++) { values[i] = (CUdeviceptr)args[i]; params[i] = &values[i]; }

@@ -21,7 +21,8 @@ __attribute__((visibility("hidden"))) int aot_gpu_upload(aot_gpu *gpu, aot_devpt
     char *error);
 __attribute__((visibility("hidden"))) int aot_gpu_download(aot_gpu *gpu, void *dst, aot_devptr src, size_t bytes,
     char *error);
-/* queues fn on grid x block threads; args are its buffer parameters in order. Kernels run in the order launched */
+/* queues fn on grid x block threads; args are its parameters in order (buffers, then a run-time size where it takes
+   one), each 64 bits. Kernels run in the order launched */
 __attribute__((visibility("hidden"))) int aot_gpu_launch(aot_gpu *gpu, void *fn, unsigned grid, unsigned block,
                                                          const aot_devptr *args, int nargs, char *error);
 /* waits for every queued kernel */

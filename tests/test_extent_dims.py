@@ -14,6 +14,7 @@ from onnx import helper as oh
 from onnx import numpy_helper
 
 import aot
+from aot.codegen.render.gpu import KERNEL_SOURCE
 from aot.errors import CompileError, IndexRangeError, InputShapeError
 from aot.models.onnx_forms import onnx_model
 
@@ -309,9 +310,56 @@ def test_what_a_run_time_size_cannot_reach_yet_is_refused_naming_the_node(case):
     aot.compile_model(model, shapes={"n": (1, 16)})
 
 
-def test_a_target_without_run_time_loops_says_so():
-  with pytest.raises(CompileError, match="dim 'sequence' is not a batch dim.*c and llvm targets only"):
-    aot.compile_model(transformer_with_sequence(), shapes={"sequence": (1, 16)}, target="cuda")
+@pytest.mark.parametrize("target", ["cuda", "hip"])
+def test_gpu_kernels_run_to_the_size_they_are_given(tmp_path, target):
+  # the CUDA and HIP kernel source on the CPU (tests/test_gpu.py's shim): a grid laid out at the bound whose threads
+  # past the size do nothing, loops to it, and a cooperative block's strided turns past it (the mean over the
+  # sequence and width: 1 output reducing up to 1604 elements)
+  art = aot.compile_model(
+    transformer_with_sequence(), shapes={"sequence": (1, 40)}, target=target, emulate=True, out_dir=tmp_path / "t"
+  )
+  sess = ort_session(transformer_with_sequence())
+  with aot.load(art) as m:
+    for n in (1, 17, 40):
+      x = np.random.default_rng(n).standard_normal((1, n, 256)).astype(np.float32)
+      np.testing.assert_allclose(m(x), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+  model = attention_mean_model()
+  shapes = {"batch": 1, "sequence": (1, 400)}
+  art = aot.compile_model(model, shapes=shapes, target=target, emulate=True, out_dir=tmp_path / "m")
+  assert "AOT_BARRIER" in (art.dir / "src" / KERNEL_SOURCE[target]).read_text()
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 170, 400):
+      x = np.random.default_rng(n).standard_normal((1, n, 6)).astype(np.float32)
+      np.testing.assert_allclose(m(x), sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+  # a cooperative block per position (each sums 2048 features): the blocks past the size return at once
+  model = make(
+    [oh.make_node("ReduceSum", ["x", "last"], ["s"], keepdims=0), oh.make_node("Softmax", ["s"], ["y"], axis=1)],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1, "sequence", 2048])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, [1, "sequence"])],
+    [numpy_helper.from_array(np.array([2]), "last")],
+  )
+  art = aot.compile_model(model, shapes={"sequence": (1, 40)}, target=target, emulate=True, out_dir=tmp_path / "s")
+  assert "return;" in (art.dir / "src" / KERNEL_SOURCE[target]).read_text()
+  with aot.load(art) as m:
+    for n in (1, 40):
+      x = np.random.default_rng(n).standard_normal((1, n, 2048)).astype(np.float32)
+      total = x.sum(2, dtype=np.float64)
+      want = np.exp(total - total.max()) / np.exp(total - total.max()).sum()
+      np.testing.assert_allclose(m(x), want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+  "target,shapes,model",
+  [
+    ("metal", {"sequence": (1, 16)}, lambda: transformer_with_sequence()),
+    ("cuda", {"batch": (1, 4), "sequence": (1, 16)}, lambda: attention_mean_model()),
+    ("hip", {"sequence": (1, 16)}, lambda: pinned_batch_model()),
+  ],
+)
+def test_what_a_gpu_target_takes_of_a_run_time_size_is_said(target, shapes, model):
+  with pytest.raises(CompileError, match="dim 'sequence' is not a batch dim.*cuda and hip targets alone.*not on metal"):
+    aot.compile_model(model(), shapes=shapes, target=target)
 
 
 def test_run_time_sizes_under_the_sanitizers(tmp_path):

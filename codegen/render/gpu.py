@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from aot.codegen.render.c import CRenderer, abs_with, fma_with
-from aot.codegen.render.linearize import kernel_params, linearize
+from aot.codegen.render.linearize import kernel_params, linearize, takes_runtime_size
 from aot.core.dtype import DType, dtypes
 from aot.core.ir import LIBM, Ops, UOp, prod
 from aot.errors import CompileError
@@ -46,6 +46,7 @@ class Launch:
   block: int  # threads per block
   cooperative: bool  # one block per output, reductions split across the block
   outputs: int  # output elements (the flattened output loops)
+  sized: bool = False  # takes the run's size of a dim run to a size given at run time (its last argument)
 
 
 def _top_level_reductions(ast: UOp) -> list[int]:
@@ -64,9 +65,10 @@ def _top_level_reductions(ast: UOp) -> list[int]:
 def plan_launch(ast: UOp) -> Launch:
   outputs = prod(r.size for r in ast.toposort() if r.op is Ops.RANGE and r.kind != "reduce")
   reductions = _top_level_reductions(ast)
+  sized = takes_runtime_size(ast)
   if reductions and max(reductions) >= COOP_MIN_REDUCE and outputs <= COOP_MAX_OUTPUTS:
-    return Launch(outputs, COOP_THREADS, True, outputs)
-  return Launch(max(1, math.ceil(outputs / BLOCK_THREADS)), BLOCK_THREADS, False, outputs)
+    return Launch(outputs, COOP_THREADS, True, outputs, sized)
+  return Launch(max(1, math.ceil(outputs / BLOCK_THREADS)), BLOCK_THREADS, False, outputs, sized)
 
 
 def _unflatten(flat: str, ranges: list[UOp]) -> dict[UOp, str]:
@@ -94,7 +96,10 @@ class GPURenderer(CRenderer):
   prelude = ""
 
   def param_decls(self, ast: UOp) -> list[str]:
-    return [self.buffer_param(p.slot, p.dtype) for p in kernel_params(ast)] + list(self.extra_params)
+    # n_size: the size of a dim that runs to a size given at run time (aot/scheduler/runtime_extent.py), passed as
+    # the launch's pointer-wide arguments are
+    sized = ["unsigned long long n_size"] if takes_runtime_size(ast) else []
+    return [self.buffer_param(p.slot, p.dtype) for p in kernel_params(ast)] + sized + list(self.extra_params)
 
   def buffer_param(self, slot: int, dt: DType) -> str:
     return f"{'' if slot == 0 else 'const '}{self.buffer_space}{dt.cname} *{self.restrict} d{slot}"
@@ -107,6 +112,8 @@ class GPURenderer(CRenderer):
       body.step(i, kind, u)
     body.finish()
     head = [f"{self.kernel_prefix} {name}({', '.join(self.param_decls(ast))}) {{"]
+    # (block-uniform: it may cross phases)
+    head += ["  const int n_ = (int)n_size;"] if takes_runtime_size(ast) else []
     decls = [f"  {self.shared_space} {a.dtype.cname} {p}[{body.launch.block}];" for a, p in body.part.items()]
     text = "\n".join(head + decls + body.lines + ["}"])
     if not self.type_names:
@@ -149,14 +156,18 @@ class _Body:
     return self.rd.literal(u.dtype, u.arg) if u.op is Ops.CONST else self.names[u]
 
   def begin(self):
-    """The output index: a cooperative block's is its block id; a thread's, its place in the grid, guarded."""
+    """The output index: a cooperative block's is its block id; a thread's, its place in the grid, guarded. The grid
+    covers a run-time sized output loop to its bound: the threads (or blocks) past the run's size n_ do nothing."""
     rd, launch = self.rd, self.launch
+    within = "".join(f" && {self.out_index[r]} < n_" for r in self.out_index if r.runtime)
     if launch.cooperative:
       self.emit(f"const int gid = (int){rd.block_id};")
+      if within:
+        self.emit(f"if (!(1{within})) return;")
       return
     self.open(f"AOT_PHASE_BEGIN({launch.block})")
     self.emit(f"const int gid = (int)({rd.block_id} * {launch.block}u + {rd.thread_id});")
-    self.open(f"if (gid < {launch.outputs}) {{")
+    self.open(f"if (gid < {launch.outputs}{within}) {{")
 
   def finish(self):
     if not self.launch.cooperative:
@@ -205,8 +216,12 @@ class _Body:
       self.open(f"for (int {fv} = (int){self.rd.thread_id}; {fv} < {trips}; {fv} += {self.launch.block}) {{")
     if u in self.flat:
       self.emit(f"const int {self.names[u]} = {self.flat[u]};")
+      # (a run-time sized loop flattened at its bound: the turns past the run's size add nothing)
+      if u.runtime:
+        self.emit(f"if ({self.names[u]} >= n_) continue;")
     else:
-      self.open(f"for (int {self.names[u]} = 0; {self.names[u]} < {u.size}; {self.names[u]}++) {{")
+      hi = "n_" if u.runtime else u.size
+      self.open(f"for (int {self.names[u]} = 0; {self.names[u]} < {hi}; {self.names[u]}++) {{")
 
   def reduce_end(self, u: UOp):
     self.reduce_depth -= 1

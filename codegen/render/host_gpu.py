@@ -21,7 +21,7 @@ from aot.codegen.render.host_cpu import (
   render_weights_asm,
   version_c,
 )
-from aot.codegen.render.run_dims import item_stride, run_dims_c, scratch_item
+from aot.codegen.render.run_dims import item_stride, ranged, run_dims_c, scratch_item
 from aot.scheduler.kernel import Buffer, Schedule
 
 
@@ -46,7 +46,7 @@ def render_gpu_model_c(
         _gpu_destroy(name, io),
         _gpu_create(name, len(functions), io, external_weights),
         _gpu_launch_all(name, sched, launches, functions),
-        "" if sched.batch else _gpu_run_device(name, sched),
+        "" if sched.batch or sched.extent else _gpu_run_device(name, sched),
         _gpu_run(name, sched),
         _gpu_set_threads(name),
         _gpu_last_error(name),
@@ -181,15 +181,17 @@ def _gpu_launch_all(
     return f"io[{slot[id(b)]}]" + (f" + (aot_devptr)b_ * {b.nbytes}ULL" if item(b) else "")
 
   fn_index = {f: i for i, f in enumerate(functions)}
-  # a ranged dim's items: each kernel launched for every item before the next kernel (the arena is planned so)
+  # a ranged dim's items: each kernel launched for every item before the next kernel (the arena is planned so); a
+  # dim run to a size given at run time: its size after the buffers, to the kernels that take it
   over = "  for (int64_t b_ = 0; b_ < n_; b_++)\n" if sched.batch else ""
+  args = lambda bufs, l: [ptr(b) for b in bufs] + (["(aot_devptr)e_"] if l.sized else [])
   body = [
-    f"{over}  {{ const aot_devptr a[] = {{{', '.join(ptr(b) for b in bufs)}}};\n"
-    f"    if ((st = aot_gpu_launch(m->gpu, m->fn[{fn_index[fn]}], {l.grid}u, {l.block}u, a, {len(bufs)}, "
+    f"{over}  {{ const aot_devptr a[] = {{{', '.join(args(bufs, l))}}};\n"
+    f"    if ((st = aot_gpu_launch(m->gpu, m->fn[{fn_index[fn]}], {l.grid}u, {l.block}u, a, {len(args(bufs, l))}, "
     f"m->error)) != AOT_OK) return st; }}"
     for fn, bufs, l in launches
   ]
-  items = ", int64_t n_" if sched.batch else ""
+  items = _sizes(sched)
   return f"""static int launch_all({name}_model *m, const aot_devptr *io{items}) {{
   const aot_devptr A = m->arena, W = m->weights;
   int st;
@@ -199,11 +201,15 @@ def _gpu_launch_all(
 }}"""
 
 
+def _sizes(sched: Schedule) -> str:
+  """The parameters a ranged dim's size comes in (run_dims.ranged: n_ items, e_ a dim run to a size)."""
+  return "".join(f", int64_t {v}" for _, v in ranged(sched))
+
+
 def _gpu_entry(name: str, sched: Schedule, entry: str) -> str:
   """The opening of run's and run_device's body (run under the instance's lock): the NULL checks (and a ranged dim's
   size, from NAME_run_dims)."""
-  items = ", int64_t n_" if sched.batch else ""
-  return f"""static int {entry}_locked({name}_model *m, {", ".join(api_args(sched))}{items}) {{
+  return f"""static int {entry}_locked({name}_model *m, {", ".join(api_args(sched))}{_sizes(sched)}) {{
 {chr(10).join(null_checks(sched))}
   m->error[0] = 0;"""
 
@@ -234,7 +240,15 @@ def _gpu_run(name: str, sched: Schedule) -> str:
   """Host pointers: the inputs are copied to the model's device io buffers, the outputs copied back after."""
   ins, outs = param_names(sched)
   item = item_stride(sched)
-  size = lambda b: f"{b.nbytes}ULL" + (" * (size_t)n_" if item(b) else "")
+  # (the first e_ rows of a tensor laid out at a dim's bound: trace_stage refuses one with other dims before it)
+  ext = sched.extent
+  at_bound = {id(b) for b, a in zip(sched.inputs + sched.outputs, ext.inputs + ext.outputs) if a >= 0} if ext else ()
+
+  def size(b: Buffer) -> str:
+    if id(b) in at_bound:
+      return f"{b.nbytes // ext.bound}ULL * (size_t)e_"
+    return f"{b.nbytes}ULL" + (" * (size_t)n_" if item(b) else "")
+
   up = [
     f"  if ((st = aot_gpu_upload(m->gpu, m->io[{i}], {n}, {size(b)}, m->error)) != AOT_OK) return st;"
     for i, (b, n) in enumerate(zip(sched.inputs, ins))
@@ -244,11 +258,12 @@ def _gpu_run(name: str, sched: Schedule) -> str:
     for i, (b, n) in enumerate(zip(sched.outputs, outs))
   ]
   # a ranged dim's artifact is called through NAME_run_dims, which checks the shapes and passes the size
-  public = run_dims_c(name, sched) if sched.batch else _gpu_locked(name, sched, "run")
+  public = run_dims_c(name, sched) if sched.batch or sched.extent else _gpu_locked(name, sched, "run")
+  sizes = "".join(f", {v}" for _, v in ranged(sched))
   return f"""{_gpu_entry(name, sched, "run")}
   int st;
 {chr(10).join(up)}
-  if ((st = launch_all(m, m->io{", n_" if sched.batch else ""})) != AOT_OK) return st;
+  if ((st = launch_all(m, m->io{sizes})) != AOT_OK) return st;
 {chr(10).join(down)}
   (void)st;
   return AOT_OK;
@@ -296,7 +311,13 @@ def render_gpu_host(
   """model.c, the files linking the weights and device code in, and NAME.h of a GPU build (not emulated)."""
   model = render_gpu_model_c(name, sched, launches, functions, target, external)
   header = render_header(
-    name, sched, arena, len(sched.kernels), target, weights_bytes=weights_bytes, run_device=not sched.batch
+    name,
+    sched,
+    arena,
+    len(sched.kernels),
+    target,
+    weights_bytes=weights_bytes,
+    run_device=not (sched.batch or sched.extent),
   )
   cpp = render_cpp_header(name, sched)
   return {**LINK_DEVICE_CODE[target](name, target, model, external), f"{name}.h": header, f"{name}.hpp": cpp}
@@ -352,9 +373,15 @@ def render_emulated_host(
   function behind a wrapper the CPU targets' model.c calls like one of its own kernels."""
   emulate_cpp, protos = _emulated_wrappers(functions, launch, target)
   calls = [
-    LoopCall(fn=f"{functions[k.ast]}_blocks", args=list(enumerate(k.bufs)), extent=grid, parallel=grid > 1)
+    LoopCall(
+      fn=f"{functions[k.ast]}_blocks",
+      args=list(enumerate(k.bufs)),
+      extent=l.grid,
+      parallel=l.grid > 1,
+      sized=l.sized,
+    )
     for k in sched.kernels
-    for grid in [launch[k.ast].grid]
+    for l in [launch[k.ast]]
   ]
   model_c = render_model_c(name, sched, calls, protos, external, each_call=True)
   model = "#include <stdint.h>\n#include <stdbool.h>\n" + model_c
