@@ -652,12 +652,16 @@ class Tensor(TensorNN):
     indices = indices if isinstance(indices, Tensor) else Tensor(np.asarray(indices, dtype=np.int64))
     axis = axis % self.ndim
     pre, post, r = self.shape[:axis], self.shape[axis + 1 :], indices.ndim
-    # the indices' axes kept apart (not flattened into one, which would merge a ranged dim with the others): self
-    # broadcast along them, gathered along its own axis after them
+    check = checked_by and indices._index_check(self.shape[axis], checked_by, name)
+    if r <= 1:
+      flat = indices.reshape(-1)
+      idx = flat.reshape((1,) * len(pre) + flat.shape + (1,) * len(post)).expand(pre + flat.shape + post)
+      return self._gather(axis, idx, check).reshape(pre + indices.shape + post)
+    # several axes of indices kept apart (not flattened into one, which would merge a ranged dim with the others):
+    # self broadcast along them, gathered along its own axis after them
     data = self.reshape(pre + (1,) * r + self.shape[axis:]).expand(pre + indices.shape + self.shape[axis:])
     idx = indices.reshape((1,) * len(pre) + indices.shape + (1,) + (1,) * len(post))
     idx = idx.expand(pre + indices.shape + (1,) + post)
-    check = checked_by and indices._index_check(self.shape[axis], checked_by, name)
     return data._gather(axis + r, idx, check).reshape(pre + indices.shape + post)
 
 
