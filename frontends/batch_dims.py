@@ -217,6 +217,14 @@ class AboveRange:
 
 # the ranged dims traced at or above their range's top, by the size they are traced at
 _ABOVE_RANGE: ContextVar[dict[int, AboveRange] | None] = ContextVar("above_range", default=None)
+# set while the graph is traced at a size of a ranged dim (_at_size)
+_FOR_RANGE: ContextVar[bool] = ContextVar("for_range", default=False)
+
+
+def tracing_for_range() -> bool:
+  """Is the graph being traced at a size of a ranged dim? Its form must then not depend on the size (a reduction over
+  a whole tensor is not cut into parts by its length: frontends/onnx_ops_quant.py _whole)."""
+  return _FOR_RANGE.get()
 
 
 def rows_past_table(start: int, end: int, step: int, rows: int) -> int:
@@ -277,6 +285,7 @@ def _at_size(dim: RunDim, size: int):
   constant: a Reshape to batch 1). A size above the range is its bound (frontends/extent_dims.py bound_size): a
   table of fewer rows than the bound is padded to it where it is sliced to the size (rows_past_table). Yields _above's
   AboveRange."""
+  token = _FOR_RANGE.set(True)
   try:
     with _above(dim, size) as above:
       yield above
@@ -290,6 +299,8 @@ def _at_size(dim: RunDim, size: int):
     raise CompileError(
       f"dim '{dim.name}' cannot have a range: the model does not compile at size {size} of it{bound}: {e}"
     )
+  finally:
+    _FOR_RANGE.reset(token)
 
 
 def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, labels: list) -> BatchDim:

@@ -289,6 +289,10 @@ RANGE_MIN_GROUPS = 4
 def _whole(x: Tensor, op: str) -> Tensor:
   """x reduced to a scalar by op ("min" or "max"), in parts when it is large enough (RANGE_PARTS); the same value as
   one reduction over x: min and max are exact in any order, and NaN-aware (a NaN anywhere is the result)."""
+  from aot.frontends.batch_dims import tracing_for_range
+
+  if tracing_for_range():
+    return _whole_by_rows(x, op)
   flat = x.reshape(-1)
   group = RANGE_PARTS * RANGE_FOLDS * RANGE_LANES
   n = flat.shape[0] // group * group
@@ -302,6 +306,21 @@ def _whole(x: Tensor, op: str) -> Tensor:
   if n < flat.shape[0]:
     whole = _pick(whole, getattr(flat.shrink([(n, flat.shape[0])]), op)(), op)
   return whole
+
+
+def _whole_by_rows(x: Tensor, op: str) -> Tensor:
+  """_whole with a ranged dim in x: its axes as they are (parts of the flat tensor would merge the dim with the
+  others), each row's last axis folded from RANGE_FOLDS slices and reduced in RANGE_LANES lanes where it is long
+  enough, then the partials of every row."""
+  last, group = x.shape[-1] if x.ndim else 1, RANGE_FOLDS * RANGE_LANES
+  if x.ndim < 2 or last % group or last < group * RANGE_MIN_GROUPS:
+    return getattr(x, op)()
+  slices = x.reshape(x.shape[:-1] + (RANGE_FOLDS, last // RANGE_FOLDS))
+  folded = slices[..., 0, :]
+  for i in range(1, RANGE_FOLDS):
+    folded = _pick(folded, slices[..., i, :], op)
+  lanes = folded.reshape(x.shape[:-1] + (last // group, RANGE_LANES))
+  return getattr(getattr(lanes, op)(axis=-2).contiguous(), op)()
 
 
 def _pick(a: Tensor, b: Tensor, op: str) -> Tensor:

@@ -378,6 +378,27 @@ def test_run_time_sizes_under_the_sanitizers(tmp_path):
     np.testing.assert_allclose(got, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_dynamically_quantized_encoder_runs_its_int8_products_to_the_size(tmp_path):
+  # onnxruntime's quantize_dynamic of the transformer over a sequence range: each activation's scale a min and max
+  # over its rows up to the size, its products on the int8 microkernel with the run's rows (M = e_)
+  from aot.models.quantized import quantized
+
+  model = quantized(transformer_with_sequence(), "dynamic")
+  art = aot.compile_model(model, shapes={"sequence": (1, 128)}, out_dir=tmp_path / "dyn")
+  static = aot.compile_model(model, shapes={"sequence": 128}, out_dir=tmp_path / "static")
+  assert art.num_kernels == static.num_kernels
+  assert "aot_qgemm g = {(int)e_," in (art.dir / "src" / "model.c").read_text()
+  sess = ort_session(model)
+  with aot.load(art) as m, aot.load(static) as st:
+    for n in (1, 61, 128):
+      x = np.random.default_rng(n).standard_normal((1, n, 256)).astype(np.float32)
+      got, want = m(x), sess.run(None, {"x": x})[0]
+      # (within two quantization steps: a float sum ordered otherwise moves a value across a rounding boundary, as
+      # a static compile at these sizes does too)
+      assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max(), n
+    assert np.array_equal(got, st(x))
+
+
 def pinned_batch_model():
   """Three sentences (a batch pinned at 3) of any length: token ids and features in, attention within each sentence:
   the ranged dim has a dim of 3 before it in every input and output."""

@@ -53,6 +53,9 @@ class QGemmCall(Call):
 
   q: QGemm
   bufs: list
+  # the bound of a dim run to a size given at run time (aot/scheduler/runtime_extent.py; 0: none): an M of that size
+  # is the run's, e_ in model.c (codegen/lower/stage.py lower_runtime_sized)
+  bound: int = 0
 
   @property
   def tasks(self) -> int:
@@ -70,8 +73,9 @@ class QGemmCall(Call):
     q, b = self.q, self.bufs
     ptr = lambda ty, s: f"(const {ty} *){arg(b[s], s)}" if s is not None else "NULL"
     c = f"({arg(b[q.c_slot], q.c_slot)} + {q.c_offset})" if q.c_offset else arg(b[q.c_slot], q.c_slot)
+    rows = "(int)e_" if self.bound and q.M == self.bound else str(q.M)
     desc = (
-      f"{q.M}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
+      f"{rows}, {q.N}, {q.K}, (const uint8_t *){arg(b[q.a_slot], q.a_slot)} + {q.a_offset}, {q.lda}, "
       f"{int(q.a_signed)}, {q.a_zero}, (const int8_t *){arg(b[q.b_slot], q.b_slot)}, "
       f"{ptr('int32_t', q.col_sum_slot)}, {ptr('int32_t', q.bias_slot)}, {ptr('float', q.scale_slot)}, "
       f"{q.scale_step}, {q.out_type}, {q.out_zero}, (void *){c}, {q.ldc[0]}, "
@@ -126,7 +130,8 @@ class QGemmLowered(Lowered):
         calls.append(ctx.loop(q.dense, bufs, bufs[q.a_slot], "operand"))
       if q.im2col is not None:
         calls.append(q.im2col.call(bufs, ctx.parallel(q.im2col.tasks, q.M * q.K), "operand"))
-      calls.append(QGemmCall(q=q, bufs=bufs, role="int8 contraction", parallel=ctx.parallel(q.tasks, q.work)))
+      parallel = ctx.parallel(q.tasks, q.work)
+      calls.append(QGemmCall(q=q, bufs=bufs, role="int8 contraction", parallel=parallel, bound=ctx.bound))
     if self.epilogue is not None:
       calls.append(ctx.loop(self.epilogue, bufs, bufs[0], "epilogue", rebase=True))
     return calls

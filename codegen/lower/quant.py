@@ -299,10 +299,17 @@ def _runtime_zero(load: UOp, bufs: list, slot) -> tuple[int, dict, UOp]:
   A's copy read. A read back from int32 x8 - zero is that less its minimum (0..255 whatever x8's type; A's zero point
   minus the minimum): one integer reduction, not the producer's float range again. (A's zero point as a constant,
   QGemm's runtime fields, the load of it.)"""
-  every = UOp(Ops.RANGE, dtypes.index, (), (0, bufs[load.src[0].arg].size, "reduce"))
-  v = UOp(Ops.LOAD, dtypes.int32, (load.src[0], every, UOp.const(dtypes.bool, True)))
+  # one loop per dim of the buffer (a dim run to a size given at run time is then a loop of its own: its rows past
+  # the size are not the run's)
+  buf = bufs[load.src[0].arg]
+  dims = [d for d in (buf.shape if prod(buf.shape) == buf.size else (buf.size,)) if d > 1] or [1]
+  every = [UOp(Ops.RANGE, dtypes.index, (), (i, d, "reduce")) for i, d in enumerate(dims)]
+  at = UOp.const(dtypes.index, 0)
+  for r, stride in zip(every, [prod(dims[i + 1 :]) for i in range(len(dims))]):
+    at = at + r * UOp.const(dtypes.index, stride) if stride != 1 else at + r
+  v = UOp(Ops.LOAD, dtypes.int32, (load.src[0], at, UOp.const(dtypes.bool, True)))
   zero = UOp(
-    Ops.SUB, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp(Ops.ACCUMULATE, dtypes.int32, (v, every), ReduceOp.MIN))
+    Ops.SUB, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp(Ops.ACCUMULATE, dtypes.int32, (v, *every), ReduceOp.MIN))
   )
   zero_slot = slot(Buffer("scratch", dtypes.int32, 1, "qgemm zero"))
   zero_ast = UOp(

@@ -21,13 +21,13 @@ from aot.codegen.lower.contract import (
 from aot.codegen.lower.direct import DirectLowered, lower_depthwise
 from aot.codegen.lower.microkernel import GemmLowered
 from aot.codegen.lower.pieces import ARENA_GOAL, PiecedLowered, scratch_pieces
-from aot.codegen.lower.qgemm import QGemmLowered
+from aot.codegen.lower.qgemm import QGemm, QGemmLowered
 from aot.codegen.lower.qpool import PoolLowered, lower_qpool
 from aot.codegen.lower.quant import lower_qgemm, narrow_int8_producers
 from aot.codegen.render.linearize import flop_count, takes_runtime_size
 from aot.codegen.render.opt import optimize
 from aot.core.dtype import dtypes
-from aot.core.ir import UOp
+from aot.core.ir import Ops, UOp
 from aot.errors import working_on
 from aot.scheduler.kernel import Buffer, Kernel, Schedule
 from aot.scheduler.memory import live_bytes
@@ -91,8 +91,10 @@ class LowerEnv:
 
 def lower_int8_gemm(k: Kernel, env: LowerEnv) -> Lowered | None:
   found = lower_qgemm(k.ast, k.bufs, env.producers, env.qresults)
-  if found is None:
-    return None
+  return None if found is None else _int8_lowered(k, env, found)
+
+
+def _int8_lowered(k: Kernel, env: LowerEnv, found: tuple) -> Lowered:
   bufs, made, qgemms, epilogue = found
   for b in made:
     env.keep(b)
@@ -165,9 +167,10 @@ def lower_loops(k: Kernel, env: LowerEnv) -> Lowered:
 
 
 def lower_runtime_sized(k: Kernel, env: LowerEnv) -> Lowered | None:
-  """A kernel with loops to a run-time size (aot/scheduler/runtime_extent.py): its contractions on the microkernel
-  where the dim is one of M, N and K alone (the call passes n_ there; its operands and C keep their strides at the
-  bound), the rest as generated loops; no other fast path takes a size at run time yet."""
+  """A kernel with loops to a run-time size (aot/scheduler/runtime_extent.py): its float contractions on the
+  microkernel where the dim is one of M, N and K alone, its int8 ones on the int8 microkernel where it is their M
+  (the call passes e_ there; operands and C keep their strides at the bound), the rest as generated loops; no other
+  fast path takes a size at run time yet."""
   if not takes_runtime_size(k.ast):
     return None
   found = lowerable_contractions(k.ast, k.bufs, env.tile)
@@ -175,7 +178,15 @@ def lower_runtime_sized(k: Kernel, env: LowerEnv) -> Lowered | None:
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, env.tile, env.make_buffer, found=found)
     if gemms:
       return _released(k, _gemm_lowered(Kernel(k.name, k.ast, bufs, k.shape), last, gemms))
+  bound = next(r.size for r in k.ast.toposort() if r.op is Ops.RANGE and r.runtime)
+  if (q := lower_qgemm(k.ast, k.bufs, env.producers, env.qresults)) and all(_rows_runtime(g, bound) for g in q[2]):
+    return _int8_lowered(k, env, q)
   return _released(k, Lowered(Kernel(k.name, k.ast, k.bufs, k.shape), [k.ast]))
+
+
+def _rows_runtime(q: QGemm, bound: int) -> bool:
+  """Is an int8 contraction's run-time dim its rows alone (M, A's rows read in place or from its copy)?"""
+  return q.M == bound and bound not in (q.N, q.K) and q.im2col is None
 
 
 def _runtime_sized(c) -> bool:
@@ -188,7 +199,7 @@ def _runtime_sized(c) -> bool:
 
 # each kernel goes to the first rule that takes it
 LOWERINGS = (
-  # loops to a run-time size first: the float microkernel takes one as M, N or K, no other fast path yet
+  # loops to a run-time size first: the float microkernel takes one as M, N or K, the int8 one as M
   lower_runtime_sized,
   # int8 contractions first: their int32 sums are contractions the float microkernel would take too
   lower_int8_gemm,
