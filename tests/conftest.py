@@ -1,6 +1,7 @@
 import functools
 import os
 import shutil
+import subprocess
 import tempfile
 
 import numpy as np
@@ -19,6 +20,14 @@ os.environ.setdefault("AOT_OVERSUBSCRIBE", "1")
 TARGETS = ("c", "llvm")
 # the C compilers the c target is tested under (.ci/run installs them): gcc, Debian 12's default clang and clang-19
 COMPILERS = ("gcc", "clang-14", "clang-19")
+
+
+def run_cpp_app(source: str, art_dir, lib: str, tmp_path) -> list[str]:
+  """The lines a C++17 program prints, built from source against the artifact in art_dir (its lib, NAME.hpp)."""
+  (tmp_path / "app.cpp").write_text(source)
+  flags = [f"-I{art_dir}", f"-L{art_dir}", f"-l{lib}", f"-Wl,-rpath,{art_dir}"]
+  subprocess.run([need("g++"), "-std=c++17", "app.cpp", *flags, "-o", "appxx"], cwd=tmp_path, check=True)
+  return subprocess.run(["./appxx"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
 
 
 def need(compiler: str) -> str:

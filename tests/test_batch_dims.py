@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import make, need, ort_session, outputs_on_threads
+from conftest import make, need, ort_session, outputs_on_threads, run_cpp_app
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -105,14 +105,23 @@ def test_a_size_outside_the_range_or_unlike_another_inputs_is_refused(tmp_path):
       m(ok, np.ones((3, 5), np.float32))
 
 
-def test_a_mean_over_the_batch_divides_by_the_size_of_each_run(tmp_path):
-  # (the dim is then no batch dim: it runs to the call's size in one program, frontends/extent_dims.py)
-  model = make(
-    [oh.make_node("MatMul", ["x", "w"], ["m"]), oh.make_node("ReduceMean", ["m", "axes0"], ["y"], keepdims=1)],
-    [x_info()],
-    [y_info(shape=(1, 4))],
-    [numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array([0]), "axes0")],
-  )
+# each: nodes after m = x @ w, and the output's shape. The dim is then no batch dim: it runs to the call's size in one
+# program (frontends/extent_dims.py)
+EXTENTS = {
+  "a mean over the batch": ([oh.make_node("ReduceMean", ["m", "axes0"], ["y"], keepdims=1)], (1, 4)),
+  # (copied out of the bound's layout, 4 rows of n: codegen/render/run_dims.py Staged)
+  "an output whose items are not one after another": (
+    [oh.make_node("Transpose", ["m"], ["y"], perm=[1, 0])],
+    (4, "batch"),
+  ),
+}
+
+
+@pytest.mark.parametrize("case", EXTENTS)
+def test_a_dim_an_op_mixes_runs_to_the_size_of_each_call(tmp_path, case):
+  nodes, shape = EXTENTS[case]
+  inits = [numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array([0]), "axes0")]
+  model = make([oh.make_node("MatMul", ["x", "w"], ["m"]), *nodes], [x_info()], [y_info(shape=shape)], inits)
   art = aot.compile_model(model, shapes={"batch": (1, 8)}, out_dir=tmp_path / "a")
   assert json.loads((art.dir / f"{art.name}.json").read_text())["dims"][0]["runs"] == "extent"
   with aot.load(art) as m:
@@ -228,23 +237,6 @@ def test_the_batch_inside_a_merged_axis_and_a_shape_read_for_its_last_dim_run(tm
       np.testing.assert_allclose(m(feed), sess.run(None, feed)[0], rtol=1e-5, atol=1e-6)
 
 
-def test_an_output_whose_items_are_not_one_after_another_runs_to_the_size_and_is_copied_out(tmp_path):
-  # (no batch dim: the dim runs to the call's size in one program, the output copied from the bound's layout, 4 rows
-  # of n: frontends/extent_dims.py, codegen/render/run_dims.py Staged)
-  model = make(
-    [oh.make_node("MatMul", ["x", "w"], ["m"]), oh.make_node("Transpose", ["m"], ["y"], perm=[1, 0])],
-    [x_info()],
-    [y_info("y", (4, "batch"))],
-    [numpy_helper.from_array(W, "w")],
-  )
-  art = aot.compile_model(model, shapes={"batch": (1, 8)}, out_dir=tmp_path / "a")
-  assert json.loads((art.dir / f"{art.name}.json").read_text())["dims"][0]["runs"] == "extent"
-  with aot.load(art) as m:
-    for n in (1, 5, 8):
-      feed = feed_at(ort_session(model), n)
-      np.testing.assert_allclose(m(feed["x"]), ort_session(model).run(None, feed)[0], rtol=1e-5, atol=1e-6)
-
-
 def test_bad_ranges_and_two_ranges_are_refused():
   model = make([oh.make_node("MatMul", ["x", "w"], ["y"])], [x_info()], [y_info()], [numpy_helper.from_array(W, "w")])
   with pytest.raises(CompileError, match="the range 5..2 is not one"):
@@ -336,13 +328,7 @@ def test_the_c_api_takes_each_inputs_shape_and_writes_each_outputs(tmp_path):
   np.testing.assert_allclose(np.array(lines[1:31], float).reshape(3, 10), want, rtol=1e-4, atol=1e-5)
   assert lines[31] == "3 input 'x' dim 0 ('batch') is 9, outside 1..8"
   # the C++ class over it: Model::run with each tensor's shape, a failure thrown
-  (tmp_path / "app.cpp").write_text(CPP_APP)
-  subprocess.run(
-    [need("g++"), "-std=c++17", "app.cpp", f"-I{out}", f"-L{out}", "-lmlp_b", f"-Wl,-rpath,{out}", "-o", "appxx"],
-    cwd=tmp_path,
-    check=True,
-  )
-  lines = subprocess.run(["./appxx"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+  lines = run_cpp_app(CPP_APP, out, "mlp_b", tmp_path)
   want = ort_session(model).run(None, {"x": np.full((2, 784), 0.25, np.float32)})[0]
   assert lines[0].split()[0] == "2"
   np.testing.assert_allclose([float(v) for v in lines[0].split()[1:]], [want[0, 0], want[1, 0]], rtol=1e-4, atol=1e-5)

@@ -4,11 +4,10 @@ at sizes that leave partial tiles, with the kernel list of a static compile; wha
 is refused naming the node."""
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
-from conftest import make, need, ort_session, outputs_on_threads
+from conftest import make, ort_session, outputs_on_threads, run_cpp_app
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -254,13 +253,7 @@ def test_a_cpp_app_runs_a_batch_and_a_sequence_range(tmp_path):
   model = attention_mean_model()
   out = tmp_path / "attn"
   aot.compile_model(model, shapes={"batch": (1, 4), "sequence": (1, 40)}, out_dir=out, name="attn")
-  (tmp_path / "app.cpp").write_text(CPP_APP)
-  subprocess.run(
-    [need("g++"), "-std=c++17", "app.cpp", f"-I{out}", f"-L{out}", "-lattn", f"-Wl,-rpath,{out}", "-o", "app"],
-    cwd=tmp_path,
-    check=True,
-  )
-  lines = subprocess.run(["./app"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+  lines = run_cpp_app(CPP_APP, out, "attn", tmp_path)
   assert lines[0] == "3 batch sequence"
   x = ((np.arange(3 * 7 * 6) % 11) / 11 - 0.5).astype(np.float32).reshape(3, 7, 6)
   want = ort_session(model).run(None, {"x": x})[0]
