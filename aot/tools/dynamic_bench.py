@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 # per model: the dim given a range, the range, and the sizes timed (the bounds, an odd prime between); NAME:sequence
-# has its axis 1 symbolic, NAME:batch+sequence both; real:NAME are the bench's real models (aot/tools/real_models.py,
+# has its axis 1 symbolic, NAME:batch+sequence both, NAME:dynamic:... is onnxruntime's quantize_dynamic of it
+# (models/quantized.py); real:NAME are the bench's real models (aot/tools/real_models.py,
 # exported from torch with a symbolic batch or sequence: the bench extra). Two dims: their names, ranges and sizes
 DYNAMIC_MODELS = {
   "mlp": ("batch", (1, 64), (1, 7, 64)),
@@ -20,6 +21,7 @@ DYNAMIC_MODELS = {
   "transformer": ("batch", (1, 8), (1, 3, 8)),
   "transformer:sequence": ("sequence", (1, 128), (1, 61, 128)),
   "transformer:batch+sequence": (("batch", "sequence"), ((1, 4), (1, 128)), ((1, 1), (3, 61), (4, 128))),
+  "transformer:dynamic:sequence": ("sequence", (1, 128), (1, 61, 128)),
   "real:bert6": ("batch", (1, 8), (1, 3, 8)),
   "real:bert6:sequence": ("sequence", (1, 256), (1, 7, 61, 128, 256)),
   "real:bert6:batch+sequence": (
@@ -56,6 +58,10 @@ def _model_path(name: str, dims: tuple, tmp: Path, models_dir: Path | None) -> P
   if "sequence" in dims:
     for vi in list(model.graph.input) + list(model.graph.output):
       vi.type.tensor_type.shape.dim[1].dim_param = "sequence"
+  if ":dynamic:" in name:
+    from aot.models.quantized import quantized
+
+    model = quantized(model, "dynamic")
   path = tmp / f"{name.replace(':', '_')}.onnx"
   path.write_bytes(model.SerializeToString())
   return path
