@@ -328,16 +328,16 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   # a Metal host is built on macOS from its own sources, with no loop over a ranged dim's items yet
   if traced.batch is not None and opts.target == "metal":
     raise CompileError(f"a dim with a range ('{traced.batch.dim.name}') is for the c, llvm, cuda and hip targets")
-  # a GPU host passes a run-time size to its kernels, and copies an input's first rows, with no items around them
+  # a GPU host passes a run-time size to its kernels and copies an input's first rows: no staging (run_dims.Staged)
   ext = traced.extent
   if ext is not None and opts.target not in ("c", "llvm"):
     tensors = zip(traced.inputs + traced.outputs, ext.inputs + ext.outputs)
     before = any(a > 0 and prod(u.shape[:a]) > 1 for u, a in tensors)
-    if opts.target == "metal" or traced.batch is not None or before:
+    if opts.target == "metal" or before:
       raise CompileError(
         f"dim '{ext.dim.name}' is not a batch dim (an op mixes it), and such a dim takes a range on the cuda and hip "
-        "targets alone (no other range, no dim but 1 before it in an input or output), on the c and llvm targets "
-        "with either, and not on metal, in this version"
+        "targets where no input or output has a dim but 1 before it, on the c and llvm targets where one has, and "
+        "not on metal, in this version"
       )
   return traced
 

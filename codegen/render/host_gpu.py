@@ -21,7 +21,7 @@ from aot.codegen.render.host_cpu import (
   render_weights_asm,
   version_c,
 )
-from aot.codegen.render.run_dims import item_stride, ranged, run_dims_c, scratch_item
+from aot.codegen.render.run_dims import Rows, item_stride, ranged, run_dims_c, scratch_item
 from aot.scheduler.kernel import Buffer, Schedule
 
 
@@ -170,15 +170,16 @@ def _gpu_launch_all(
   item = item_stride(sched)
 
   def ptr(b: Buffer) -> str:
-    # a ranged dim's item b_ (codegen/render/run_dims.py: each buffer's items one after another)
+    # a ranged dim's item b_ (codegen/render/run_dims.py: each buffer's items one after another, packed at the size
+    # e_ of a dim run to a size given at run time where that is their outermost: Rows)
     if b.kind == "scratch" and sched.batch:
       at, step = scratch_item(sched, b)
-      return f"A + {at}ULL + (aot_devptr)b_ * {step}ULL"
+      return f"A + {at}ULL + (aot_devptr)b_ * " + (f"(aot_devptr){step}" if isinstance(step, str) else f"{step}ULL")
     if b.kind == "scratch":
       return f"A + {b.offset}ULL"
     if b.kind == "const":
       return f"W + {b.offset}ULL"
-    return f"io[{slot[id(b)]}]" + (f" + (aot_devptr)b_ * {b.nbytes}ULL" if item(b) else "")
+    return f"io[{slot[id(b)]}]" + (f" + (aot_devptr)b_ * {_item_bytes(b, item(b))}" if item(b) else "")
 
   fn_index = {f: i for i, f in enumerate(functions)}
   # a ranged dim's items: each kernel launched for every item before the next kernel (the arena is planned so); a
@@ -204,6 +205,11 @@ def _gpu_launch_all(
 def _sizes(sched: Schedule) -> str:
   """The parameters a ranged dim's size comes in (run_dims.ranged: n_ items, e_ a dim run to a size)."""
   return "".join(f", int64_t {v}" for _, v in ranged(sched))
+
+
+def _item_bytes(b: Buffer, step) -> str:
+  """An input's or output's bytes from one item to the next (item_stride's step: Rows, packed at the size e_)."""
+  return f"{step.inner * b.dtype.itemsize}ULL * (aot_devptr)e_" if isinstance(step, Rows) else f"{b.nbytes}ULL"
 
 
 def _gpu_entry(name: str, sched: Schedule, entry: str) -> str:
@@ -245,9 +251,11 @@ def _gpu_run(name: str, sched: Schedule) -> str:
   at_bound = {id(b) for b, a in zip(sched.inputs + sched.outputs, ext.inputs + ext.outputs) if a >= 0} if ext else ()
 
   def size(b: Buffer) -> str:
+    if item(b):
+      return f"{_item_bytes(b, item(b))} * (size_t)n_"
     if id(b) in at_bound:
       return f"{b.nbytes // ext.bound}ULL * (size_t)e_"
-    return f"{b.nbytes}ULL" + (" * (size_t)n_" if item(b) else "")
+    return f"{b.nbytes}ULL"
 
   up = [
     f"  if ((st = aot_gpu_upload(m->gpu, m->io[{i}], {n}, {size(b)}, m->error)) != AOT_OK) return st;"
