@@ -46,14 +46,14 @@ from aot.codegen.render.host_cpu import render_header, render_model_c, render_we
 from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
 from aot.codegen.render.run_dims import batch_arena, item_segments, items_apart, staged_io
 from aot.core.dtype import to_dtype
-from aot.core.ir import UOp, prod
+from aot.core.ir import UOp
 from aot.cpu import cpu_target
 from aot.errors import BUG_REPORT, AotError, CompileError, InternalError, InvalidTypeError, places_of, working_on
 from aot.frontends.tensor import Tensor
 from aot.options import TARGETS, CompileOptions
 from aot.scheduler.kernel import Buffer, Schedule, Traced
 from aot.scheduler.memory import align_up, memory_plan
-from aot.scheduler.runtime_extent import mark_runtime_ranges
+from aot.scheduler.runtime_extent import blocks_before, mark_runtime_ranges
 from aot.scheduler.schedule import schedule, without_checks
 
 __all__ = ["TARGETS", "CompileOptions", "bugs_as_internal_errors", "compile_model", "render", "resolve", "trace"]
@@ -332,7 +332,7 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   ext = traced.extent
   if ext is not None and opts.target not in ("c", "llvm"):
     tensors = zip(traced.inputs + traced.outputs, ext.inputs + ext.outputs)
-    before = any(a > 0 and prod(u.shape[:a]) > 1 for u, a in tensors)
+    before = any(blocks_before(u.shape, a) > 1 for u, a in tensors)
     if opts.target == "metal" or before:
       raise CompileError(
         f"dim '{ext.dim.name}' is not a batch dim (an op mixes it), and such a dim takes a range on the cuda and hip "

@@ -32,6 +32,7 @@ from aot.errors import CompileError, InvalidValueError
 from aot.frontends.batch_dims import BatchDim, RunDim, _node_of, _sources, in_step
 from aot.frontends.tensor import Tensor
 from aot.scheduler.kernel import Traced
+from aot.scheduler.runtime_extent import blocks_before, size_var
 
 
 def _is_prime(n: int) -> bool:
@@ -126,7 +127,6 @@ def _at_run_size(u: UOp, v: UOp, p1: int, p2: int, dim: RunDim, means: dict[floa
   """A mean's 1/count over the dim (a constant, broadcast) as computed from the run's size n_: 1 / (n_ x count / p1),
   the constant a static compile folds at that size; None for any other constant."""
   from aot.core.interpret import evaluate
-  from aot.scheduler.runtime_extent import size_var
 
   if not u.dtype.is_float or u.shape != v.shape:
     return None
@@ -226,7 +226,7 @@ def _io_axes(dim: RunDim, t: Traced, axes: dict, side: str, staged: bool) -> tup
   for i, u in enumerate(t.inputs if side == "input" else t.outputs):
     a = axes.get(u, ())
     name = u.arg.name if side == "input" else (t.output_names or [f"output {i}"] * (i + 1))[i]
-    if len(a) > 1 or (a and not staged and math.prod(u.shape[: a[0]]) != 1):
+    if len(a) > 1 or (a and not staged and blocks_before(u.shape, a[0]) != 1):
       before = "" if staged else ", with only dims of size 1 before it where another dim has a range"
       raise CompileError(
         f"dim '{dim.name}' cannot have a range: {side} '{name}' has it as axis {', '.join(map(str, a))} of "

@@ -8,7 +8,7 @@ here."""
 from __future__ import annotations
 
 from aot.core.dtype import dtypes
-from aot.core.ir import Ops, UOp
+from aot.core.ir import Ops, UOp, prod
 from aot.core.rewrite import substitute
 from aot.errors import InternalError
 from aot.scheduler.kernel import Schedule
@@ -16,6 +16,12 @@ from aot.scheduler.kernel import Schedule
 # what an index holding a runtime loop counter may be: a sum of terms times constants, read as an address (or cast to
 # a value: an arange's position)
 ADDRESS_OPS = {Ops.ADD, Ops.MUL, Ops.LOAD, Ops.STORE, Ops.ACCUMULATE, Ops.CAST, Ops.SINK}
+
+
+def blocks_before(shape: tuple, axis: int) -> int:
+  """The blocks a tensor's rows along the dim at axis come in (the product of the dims before it): at 1, its first n
+  rows are its layout's at the bound, read and written in place; else copied (codegen/render/run_dims.py Staged)."""
+  return prod(shape[:axis]) if axis >= 0 else 1
 
 
 def size_var(dim) -> UOp:

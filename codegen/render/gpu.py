@@ -113,7 +113,7 @@ class GPURenderer(CRenderer):
     body.finish()
     head = [f"{self.kernel_prefix} {name}({', '.join(self.param_decls(ast))}) {{"]
     # (block-uniform: it may cross phases)
-    head += ["  const int n_ = (int)n_size;"] if takes_runtime_size(ast) else []
+    head += ["  const int n_ = (int)n_size;"] if body.launch.sized else []
     decls = [f"  {self.shared_space} {a.dtype.cname} {p}[{body.launch.block}];" for a, p in body.part.items()]
     text = "\n".join(head + decls + body.lines + ["}"])
     if not self.type_names:

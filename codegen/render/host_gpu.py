@@ -21,7 +21,7 @@ from aot.codegen.render.host_cpu import (
   render_weights_asm,
   version_c,
 )
-from aot.codegen.render.run_dims import Rows, item_stride, ranged, run_dims_c, scratch_item
+from aot.codegen.render.run_dims import item_bytes, item_stride, ranged, run_dims_c, scratch_item
 from aot.scheduler.kernel import Buffer, Schedule
 
 
@@ -174,12 +174,12 @@ def _gpu_launch_all(
     # e_ of a dim run to a size given at run time where that is their outermost: Rows)
     if b.kind == "scratch" and sched.batch:
       at, step = scratch_item(sched, b)
-      return f"A + {at}ULL + (aot_devptr)b_ * " + (f"(aot_devptr){step}" if isinstance(step, str) else f"{step}ULL")
+      return f"A + {at}ULL + (aot_devptr)b_ * {_devptr(step)}"
     if b.kind == "scratch":
       return f"A + {b.offset}ULL"
     if b.kind == "const":
       return f"W + {b.offset}ULL"
-    return f"io[{slot[id(b)]}]" + (f" + (aot_devptr)b_ * {_item_bytes(b, item(b))}" if item(b) else "")
+    return f"io[{slot[id(b)]}]" + (f" + (aot_devptr)b_ * {_devptr(item_bytes(b, item(b)))}" if item(b) else "")
 
   fn_index = {f: i for i, f in enumerate(functions)}
   # a ranged dim's items: each kernel launched for every item before the next kernel (the arena is planned so); a
@@ -207,9 +207,9 @@ def _sizes(sched: Schedule) -> str:
   return "".join(f", int64_t {v}" for _, v in ranged(sched))
 
 
-def _item_bytes(b: Buffer, step) -> str:
-  """An input's or output's bytes from one item to the next (item_stride's step: Rows, packed at the size e_)."""
-  return f"{step.inner * b.dtype.itemsize}ULL * (aot_devptr)e_" if isinstance(step, Rows) else f"{b.nbytes}ULL"
+def _devptr(nbytes: int | str) -> str:
+  """A byte count (run_dims.item_bytes': a number, or an expression of e_) in device-pointer arithmetic."""
+  return f"(aot_devptr){nbytes}" if isinstance(nbytes, str) else f"{nbytes}ULL"
 
 
 def _gpu_entry(name: str, sched: Schedule, entry: str) -> str:
@@ -252,7 +252,7 @@ def _gpu_run(name: str, sched: Schedule) -> str:
 
   def size(b: Buffer) -> str:
     if item(b):
-      return f"{_item_bytes(b, item(b))} * (size_t)n_"
+      return f"{_devptr(item_bytes(b, item(b)))} * (size_t)n_"
     if id(b) in at_bound:
       return f"{b.nbytes // ext.bound}ULL * (size_t)e_"
     return f"{b.nbytes}ULL"

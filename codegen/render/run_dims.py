@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from aot.artifact import api_type, param_names
 from aot.core.ir import prod
 from aot.scheduler.kernel import Buffer, Schedule
+from aot.scheduler.runtime_extent import blocks_before
 
 
 def shape_names(sched: Schedule) -> tuple[list[str], list[str]]:
@@ -204,9 +205,12 @@ def scratch_item(sched: Schedule, b: Buffer) -> tuple[int, int | str]:
   expression of e_ for Rows)."""
   if not sched.items_apart:
     return checks_bytes(sched) + b.offset, 0
-  step = item_stride(sched)(b)
-  step = f"{step.inner * b.dtype.itemsize} * e_" if isinstance(step, Rows) else b.nbytes
-  return checks_bytes(sched) + sched.batch.dim.hi * b.offset, step
+  return checks_bytes(sched) + sched.batch.dim.hi * b.offset, item_bytes(b, item_stride(sched)(b))
+
+
+def item_bytes(b: Buffer, step) -> int | str:
+  """The bytes from one item of b to the next, for item_stride's step: an expression of e_ for Rows."""
+  return f"{step.inner * b.dtype.itemsize} * e_" if isinstance(step, Rows) else b.nbytes
 
 
 def item_pointer(sched: Schedule, b: Buffer, where: str) -> str:
@@ -316,8 +320,8 @@ def staged_io(sched: Schedule, arena: int) -> tuple[list[Staged], int]:
     return staged, arena
   names = param_names(sched)
   for b, a, name in zip(sched.inputs + sched.outputs, ext.inputs + ext.outputs, names[0] + names[1]):
-    if a >= 0 and prod(b.shape[:a]) > 1:
-      staged.append(Staged(b, name, prod(b.shape[:a]), prod(b.shape[a + 1 :]) * b.dtype.itemsize, arena))
+    if (blocks := blocks_before(b.shape, a)) > 1:
+      staged.append(Staged(b, name, blocks, prod(b.shape[a + 1 :]) * b.dtype.itemsize, arena))
       arena += align_up(b.nbytes)
   return staged, arena
 
