@@ -105,9 +105,9 @@ def resolve(what, example_inputs=None, name: str | None = None, shapes=None, bin
   an onnx.ModelProto."""
   if _is_onnx(what):
     from aot.frontends.batch_dims import trace_batched
-    from aot.frontends.onnx import trace_onnx
+    from aot.frontends.onnx import load_checked, trace_onnx
 
-    return trace_batched(what, shapes, bind, name, trace_onnx)
+    return trace_batched(load_checked(what), shapes, bind, name, trace_onnx)
   if isinstance(what, str) and what.startswith("models:"):
     from aot.models import get
 

@@ -121,12 +121,10 @@ def _bounds(d, what: str) -> tuple[int, int]:
 def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None, trace) -> Traced:
   """The model traced at size 1 of its batch dim, with how the artifact runs it (Traced.batch), once proved one, or
   at the bound of a dim some op mixes (Traced.extent), or both; without a range, the model traced as it is. trace:
-  frontends/onnx.py's trace_onnx."""
-  from aot.frontends.onnx import load_model
-
+  frontends/onnx.py's trace_onnx, src its LoadedOnnx."""
   if not any(_is_range(v) or isinstance(v, tuple) and any(map(_is_range, v)) for v in (shapes or {}).values()):
     return trace(src, shapes, bind, name)
-  graph = load_model(src).graph
+  graph = src.model.graph
   dims, pinned = ranged_dims(shapes, graph)
   if not dims:
     return trace(src, pinned({}), bind, name)
@@ -385,9 +383,10 @@ def _leaf_differs(u: UOp, v: UOp) -> bool:
     if u.arg is v.arg:
       return False
     # (every constant compared, weights too: one the frontend folded from the batch size has a weight's size; a
-    # comparison reads the weights twice, a fraction of a second for a GB)
+    # comparison reads the weights twice, a fraction of a second for a GB, unless both traces hold the one array
+    # the model's initializer was read into: frontends/onnx.py LoadedOnnx.arrays)
     x, y = u.arg.data.array, v.arg.data.array
-    return x.shape != y.shape or not np.array_equal(x, y, x.dtype.kind in "fc")
+    return x is not y and (x.shape != y.shape or not np.array_equal(x, y, x.dtype.kind in "fc"))
   return _arg(u) != _arg(v)
 
 

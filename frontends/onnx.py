@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from aot.core.dtype import NARROW, DType, Narrow, dtypes, to_dtype
+from aot.core.dtype import DType, Narrow, dtypes, to_dtype
 from aot.core.ir import Ops
 from aot.errors import AotError, CompileError, InternalError, NeedsConstant, Unsupported
 from aot.frontends import narrow
 from aot.frontends.onnx_infer import weightless
+from aot.frontends.onnx_load import all_graphs, external_array, is_external, load_model, onnx_narrow
 from aot.frontends.tensor import Tensor, function
 from aot.scheduler.kernel import Traced
 
@@ -56,12 +56,6 @@ def lookup(op_type: str, domain: str, opset: int) -> Callable | None:
     if since <= opset:
       return fn
   return None
-
-
-def onnx_narrow(elem_type: int) -> Narrow | None:
-  """The narrow storage type (aot/core/dtype.py: NARROW) an ONNX element type is, if it is one."""
-  name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else ""
-  return next((f for f in NARROW.values() if f.onnx == name), None)
 
 
 def onnx_type(elem_type: int) -> DType | Narrow:
@@ -173,10 +167,13 @@ class Tracer:
   needs_inputs: set = field(default_factory=set)
   functions: dict = field(default_factory=dict)
   produced: list | None = None  # (label, output UOps) of each main-graph node: frontends/batch_dims.py names them
+  arrays: dict = field(default_factory=dict)  # the initializers' values read so far (LoadedOnnx.arrays)
 
   def run_graph(self, g: onnx.GraphProto, env: dict, opset: int) -> list:
     for init in g.initializer:
-      env[init.name] = narrow.from_array(external_array(init, self.base_dir))
+      if (read := self.arrays.get(id(init))) is None:
+        read = self.arrays[id(init)] = (init, external_array(init, self.base_dir))
+      env[init.name] = narrow.from_array(read[1])
     for node in g.node:
       ins = [None if n == "" else env.get(n, _missing(n)) for n in node.input]
       if any(x is POISON for x in ins):
@@ -314,162 +311,15 @@ def _bind_attrs(n: onnx.NodeProto, attrs: dict) -> onnx.NodeProto:
   return new
 
 
-# *** loading ***
-
-
-def load_model(src) -> onnx.ModelProto:
-  """The model without its external weights: initializers stored outside the file stay there and are mapped when the
-  graph is traced (external_array); a Constant node's external tensor is read now."""
-  if isinstance(src, onnx.ModelProto):
-    return src
-  path = Path(src)
-  if not path.exists():
-    raise FileNotFoundError(f"{path}: no such file")
-  try:
-    model = onnx.load(str(path), load_external_data=False)
-  except Exception as e:
-    why = str(e).splitlines()[0] if str(e) else "truncated or corrupt"
-    raise CompileError(f"{path}: not a readable ONNX model ({type(e).__name__}: {why})")
-  try:
-    for g in _all_graphs(model.graph):
-      for t in g.initializer:
-        if _is_external(t):
-          _external_extent(t, path.parent)
-      for n in g.node:
-        for a in n.attribute:
-          if a.type == onnx.AttributeProto.TENSOR and _is_external(a.t):
-            file, offset, nbytes = _external_extent(a.t, path.parent)
-            a.t.CopyFrom(_exact(a.t, file, offset, nbytes))
-            onnx.external_data_helper.load_external_data_for_tensor(a.t, str(file.parent))
-  except CompileError as e:
-    raise CompileError(f"{path}: {e}")
-  except Exception as e:
-    raise CompileError(f"{path}: cannot load external weights: {e}")
-  return model
-
-
-def _is_external(t: onnx.TensorProto) -> bool:
-  return t.data_location == onnx.TensorProto.EXTERNAL
-
-
-# element types whose external bytes are the numpy array itself (little-endian, one item per element): these are
-# memory-mapped; the others (bfloat16, float8, 4-bit, strings) are read and converted by onnx
-_MAPPED_TYPES = {
-  onnx.TensorProto.FLOAT,
-  onnx.TensorProto.DOUBLE,
-  onnx.TensorProto.FLOAT16,
-  onnx.TensorProto.BOOL,
-  onnx.TensorProto.INT8,
-  onnx.TensorProto.INT16,
-  onnx.TensorProto.INT32,
-  onnx.TensorProto.INT64,
-  onnx.TensorProto.UINT8,
-  onnx.TensorProto.UINT16,
-  onnx.TensorProto.UINT32,
-  onnx.TensorProto.UINT64,
-}
-
-
-def _external_extent(t: onnx.TensorProto, base: Path) -> tuple[Path, int, int]:
-  """(file, offset, bytes) of an external initializer, checked against the file's size. A missing offset is the
-  file's start and a missing length the tensor's own size, as onnxruntime reads them (onnx.load reads the rest of
-  the file: the same bytes when nothing follows them)."""
-  info = onnx.external_data_helper.ExternalDataInfo(t)
-  file = _external_file(t.name, info.location, base)
-  if not file.is_file():
-    raise CompileError(f"initializer '{t.name}': its external data {file} does not exist")
-  offset = info.offset or 0
-  nbytes = info.length if info.length is not None else _tensor_bytes(t)
-  size = file.stat().st_size
-  if offset + nbytes > size:
-    raise CompileError(
-      f"initializer '{t.name}': needs bytes {offset}..{offset + nbytes} of {file}, which holds {size} (truncated?)"
-    )
-  return file, offset, nbytes
-
-
-def _exact(t: onnx.TensorProto, file: Path, offset: int, nbytes: int) -> onnx.TensorProto:
-  """A copy of t naming the bytes _external_extent found and checked, for onnx to read and convert: its reader would
-  take the rest of the file for a missing length, and refuses a location that passes through a link."""
-  out = onnx.TensorProto()
-  out.CopyFrom(t)
-  del out.external_data[:]
-  for key, value in (("location", file.name), ("offset", offset), ("length", nbytes)):
-    out.external_data.add(key=key, value=str(value))
-  return out
-
-
-def _tensor_bytes(t: onnx.TensorProto) -> int:
-  """The bytes of t's data as ONNX stores it: the 4- and 2-bit types packed, the others one item per element."""
-  n = math.prod(t.dims)
-  if f := onnx_narrow(t.data_type):
-    return f.nbytes(n)
-  return n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-
-
-# links one external data location may pass through before it is taken for a loop (Linux's own limit)
-EXTERNAL_LINKS_MAX = 40
-
-
-def _external_file(tensor: str, location: str, base: Path) -> Path:
-  """The file an external data location names, which must lie in the model's folder or below it, as onnx and
-  onnxruntime require: an absolute location, a `..` above the folder or a link inside it to a file outside is
-  refused. Decided from the location's text and the links met on the way, each inside the folder: nothing outside
-  it is opened or stat'ed first, so a model cannot make the compiler read a file elsewhere or say its size."""
-  root = Path(os.path.realpath(base))
-  refuse = f"initializer '{tensor}': external data location {location!r} is refused: it "
-  where = f"outside the model's folder {root} (onnx and onnxruntime require external data inside it)"
-  if not location:
-    raise CompileError(f"initializer '{tensor}' is external but has no location")
-  if PurePosixPath(location).is_absolute():
-    raise CompileError(refuse + f"is an absolute path, which may name a file {where}")
-  parts, below, links = list(PurePosixPath(location).parts), [], 0
-  while parts:
-    part = parts.pop(0)
-    if part == "..":
-      if not below:
-        raise CompileError(refuse + f"leads {where}")
-      below.pop()
-    elif part != ".":
-      here = root.joinpath(*below, part)
-      if not here.is_symlink():
-        below.append(part)
-        continue
-      links += 1
-      target = PurePosixPath(os.readlink(here))
-      if links > EXTERNAL_LINKS_MAX:
-        raise CompileError(refuse + f"passes through more than {EXTERNAL_LINKS_MAX} links (a loop?)")
-      if target.is_absolute():
-        if not target.is_relative_to(root):
-          raise CompileError(refuse + f"passes through the link {here.relative_to(root)}, which leads {where}")
-        below, target = [], target.relative_to(root)
-      parts = list(target.parts) + parts
-  return root.joinpath(*below)
-
-
-def external_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
-  """An initializer's value; external data of a plain numeric type is a read-only memory map of its file, so weights
-  are paged in as the compiler reads them and never copied into the heap."""
-  if not _is_external(t):
-    return numpy_helper.to_array(t)
-  if base is None:
-    raise CompileError(f"initializer '{t.name}' has external data: compile the model from its file")
-  file, offset, nbytes = _external_extent(t, base)
-  if t.data_type not in _MAPPED_TYPES or math.prod(t.dims) == 0:
-    return numpy_helper.to_array(_exact(t, file, offset, nbytes), str(file.parent))
-  dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
-  if nbytes != math.prod(t.dims) * dtype.itemsize:
-    raise CompileError(f"initializer '{t.name}': {nbytes} bytes of external data for {math.prod(t.dims)} {dtype} items")
-  return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=tuple(t.dims))
-
-
 def checker_complaint(model: onnx.ModelProto, path: Path | None = None) -> str | None:
   """The first line of what onnx's checker finds wrong with the model (it stops at the first problem), if anything.
   A model with external data is checked from its file (path): in memory, the checker looks for the data in the current
-  folder; with the weights outside it, the file is small."""
-  external = path is not None and any(_is_external(t) for g in _all_graphs(model.graph) for t in g.initializer)
+  folder; with the weights outside it, the file is small. One in memory is checked without its big weights (typed
+  inputs in their place, frontends/onnx_infer.py): the checker serialises what it is given, 0.35 s of a 54 MB
+  encoder's compile, and reads no weight's values."""
+  external = path is not None and any(is_external(t) for g in all_graphs(model.graph) for t in g.initializer)
   try:
-    onnx.checker.check_model(str(path) if external else model)
+    onnx.checker.check_model(str(path) if external else weightless(model, value_info=True))
   except onnx.checker.ValidationError as e:
     # a graph output without a declared shape is common in hand-built models and harmless: shapes are inferred here
     if "Field 'shape' of 'type' is required" not in str(e):
@@ -510,26 +360,13 @@ def graph_cycle(g: onnx.GraphProto) -> list[str] | None:
   return None
 
 
-def _all_graphs(g: onnx.GraphProto):
-  yield g
-  for n in g.node:
-    for a in n.attribute:
-      if a.type == onnx.AttributeProto.GRAPH:
-        yield from _all_graphs(a.g)
-      if a.type == onnx.AttributeProto.GRAPHS:
-        for sg in a.graphs:
-          yield from _all_graphs(sg)
-
-
 def model_problems(model: onnx.ModelProto, path: Path | None = None) -> list[str]:
   """Everything found wrong with the model before tracing it, all at once: every unsupported op, every cycle, then
   onnx's checker (which names only the first problem it meets, and would hide the others)."""
   problems = opset_problems(model)
   if bad := unsupported_ops(model):
     problems.append(f"unsupported ONNX operators: {', '.join(bad)}")
-  cycles = [
-    f"graph '{g.name}' has a cycle: {' -> '.join(c)}" for g in _all_graphs(model.graph) if (c := graph_cycle(g))
-  ]
+  cycles = [f"graph '{g.name}' has a cycle: {' -> '.join(c)}" for g in all_graphs(model.graph) if (c := graph_cycle(g))]
   problems += cycles
   complaint = checker_complaint(model, path)
   # the checker's objection to a cycle is that the nodes are not in order, which the cycle already says
@@ -560,7 +397,7 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
   tracer = Tracer(model)
   local = {(f.domain, f.name) for f in model.functions}
   bad = []
-  for n in [n for g in _all_graphs(model.graph) for n in g.node] + [n for f in model.functions for n in f.node]:
+  for n in [n for g in all_graphs(model.graph) for n in g.node] + [n for f in model.functions for n in f.node]:
     if (n.domain, n.op_type) in local:
       continue
     if lookup(n.op_type, n.domain, tracer.opset_of(n.domain, 1)) is None:
@@ -580,7 +417,7 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
   overrides with what it computes), a dim it infers must be the traced one."""
   # onnx's inference (1.23) keeps a ceil_mode pool's last window where it would start in the right padding;
   # onnxruntime and onnx's own reference evaluator drop it (found by aot/tools/fuzz.py): there it is no check
-  if any(a.name == "ceil_mode" and a.i for g in _all_graphs(model.graph) for n in g.node for a in n.attribute):
+  if any(a.name == "ceil_mode" and a.i for g in all_graphs(model.graph) for n in g.node for a in n.attribute):
     return
   m = weightless(model)
   for vi in m.graph.input:
@@ -607,19 +444,45 @@ def check_inferred_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]
       )
 
 
-def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None, produced=None):
-  """The ONNX model as a traced Tensor program: (outputs, inputs) UOps ready for the scheduler (Tracer.produced)."""
-  import aot.frontends.onnx_ops  # noqa: F401  (registers the op table)
-  from aot.artifact import c_name
+@dataclass
+class LoadedOnnx:
+  """An ONNX model read, fused and checked, ready to trace: a compile with a ranged dim traces it four times
+  (frontends/batch_dims.py), and onnx's checker serialises the whole model on each call (0.35 s for a 54 MB
+  encoder's weights)."""
+
+  model: onnx.ModelProto
+  folder: Path | None  # where its external weights are, for a model read from a file
+  name: str  # the artifact's name unless the caller gives one: the file's stem, or the graph's name
+  # each initializer's value, read once for every trace: by the id of its TensorProto, kept with it (protobuf makes
+  # a message's Python object on access and may free it: an id alone could be another's later)
+  arrays: dict[int, tuple[onnx.TensorProto, np.ndarray]] = field(default_factory=dict)
+
+
+def load_checked(src) -> LoadedOnnx:
+  """The model of a file or a ModelProto, as it is traced, once everything found wrong with it is reported."""
+  import aot.frontends.onnx_ops  # noqa: F401  (registers the op table: what is unsupported)
   from aot.frontends.onnx_qdq import fuse_qdq
   from aot.frontends.onnx_skip_ln import fuse_skip_layer_norm
 
+  if isinstance(src, LoadedOnnx):
+    return src
   # QDQ groups run as onnxruntime runs them: as integer contractions (frontends/onnx_qdq.py, codegen/lower/quant.py)
   model = fuse_qdq(load_model(src), in_place=not isinstance(src, onnx.ModelProto))
   # Add + LayerNormalization as onnxruntime fuses and computes it (frontends/onnx_skip_ln.py)
   model = fuse_skip_layer_norm(model, in_place=model is not src)
-  if problems := model_problems(model, Path(src) if isinstance(src, (str, Path)) else None):
+  path = Path(src) if isinstance(src, (str, Path)) else None
+  if problems := model_problems(model, path):
     raise CompileError("; ".join(problems))
+  return LoadedOnnx(model, path.parent if path else None, path.stem if path else model.graph.name or "model")
+
+
+def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None, produced=None):
+  """The ONNX model (a file, a ModelProto or a LoadedOnnx) as a traced Tensor program: (outputs, inputs) UOps ready
+  for the scheduler (Tracer.produced)."""
+  from aot.artifact import c_name
+
+  loaded = load_checked(src)
+  model = loaded.model
   g = model.graph
   ins = _GraphInputs(dict(shapes or {}), dict(bind or {}))
   inits = {i.name for i in g.initializer}
@@ -627,7 +490,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
     if vi.name not in inits:
       ins.add(vi)
   ins.raise_problems()
-  tracer = Tracer(model, Path(src).parent if isinstance(src, (str, Path)) else None, produced=produced)
+  tracer = Tracer(model, loaded.folder, produced=produced, arrays=loaded.arrays)
   outs = tracer.run_graph(g, ins.env, tracer.opset_of("", 1))
   if tracer.errors:
     raise CompileError(
@@ -636,7 +499,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
   flat = _flat_outputs(outs, g.output, ins.containers, ins.formats)
   formats, inputs = ins.formats, ins.inputs
   check_inferred_shapes(model, {t.uop.arg.name: formats.get(t.uop.arg.name, (None, t.shape))[1] for t in inputs}, outs)
-  name = name or (Path(src).stem if isinstance(src, (str, Path)) else g.name or "model")
+  name = name or loaded.name
   return Traced(
     c_name(name), [t.uop for _, t in flat], [t.uop for t in inputs], [n for n, _ in flat], formats, ins.containers
   )

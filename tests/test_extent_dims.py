@@ -504,3 +504,24 @@ def test_the_bound_is_a_prime_dividing_no_other_size_however_far_above_the_range
 
   assert bound_size(4, {5 * 7 * 11 * 13 * 17 * 19 * 23, 320}) == 29
   assert bound_size(128, {384, 1536, 512}) == 131
+
+
+def test_a_model_traced_at_four_sizes_is_read_and_checked_once(tmp_path, monkeypatch):
+  # two ranges trace the graph four times; onnx's checker serialises the whole model on each call and the weights
+  # were read again for each trace: 1.5 s of a 54 MB encoder's 3.7 s compile, now once
+  import onnx
+
+  import aot.frontends.onnx as frontend
+
+  model = transformer_with_sequence()
+  for vi in list(model.graph.input) + list(model.graph.output):
+    vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+  path = tmp_path / "t.onnx"
+  path.write_bytes(model.SerializeToString())
+  checks, reads = [], []
+  check, read = onnx.checker.check_model, frontend.external_array
+  monkeypatch.setattr(onnx.checker, "check_model", lambda m, *a, **k: checks.append(1) or check(m, *a, **k))
+  monkeypatch.setattr(frontend, "external_array", lambda t, base: reads.append(t.name) or read(t, base))
+  art = aot.compile_model(path, shapes={"batch": (1, 4), "sequence": (1, 64)}, out_dir=tmp_path / "a", cache=False)
+  assert art.num_kernels > 0 and len(checks) == 1
+  assert sorted(reads) == sorted(t.name for t in model.graph.initializer)
