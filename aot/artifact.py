@@ -11,6 +11,7 @@ from pathlib import Path
 
 from aot.core.dtype import DType, Narrow, dtypes, narrow_of, to_dtype
 from aot.core.ir import file_mapping
+from aot.dim_size import size_of
 from aot.errors import ArtifactError
 from aot.scheduler.kernel import Buffer, Schedule
 
@@ -178,9 +179,7 @@ class Artifact:
     """The inputs and outputs with each ranged dim (dims: frontends/batch_dims.py) at its size in sizes (by name), by
     default its largest; a static artifact's as they are."""
     n = {d["name"]: (sizes or {}).get(d["name"], d["max"]) for d in self.dims}
-    at = lambda t: TensorInfo(
-      t.name, tuple(n.get(d, d) if isinstance(d, str) else d for d in t.shape), t.dtype, t.narrow
-    )
+    at = lambda t: TensorInfo(t.name, tuple(size_of(d, n) for d in t.shape), t.dtype, t.narrow)
     return [at(t) for t in self.inputs], [at(t) for t in self.outputs]
 
   @property
@@ -340,8 +339,13 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
   dims = [d for d in (sched.batch, sched.extent) if d is not None]
 
   def t(b: Buffer, side: str, i: int) -> dict:
-    named = {(d.inputs if side == "input" else d.outputs)[i]: d.dim.name for d in dims}
-    if any(a >= 0 for a in named):
+    # (an output's axis that windows derived from a dim run to a size is named by their form: aot/dim_size.py)
+    named = {
+      a: d.size_at(b.shape[a]).text(d.dim.name) if d.runs == "extent" else d.dim.name
+      for d in dims
+      if (a := (d.inputs if side == "input" else d.outputs)[i]) >= 0
+    }
+    if named:
       # a ranged dim is named in the shape, as ONNX and onnxruntime write a symbolic one
       return {"name": b.name, "shape": [named.get(a, s) for a, s in enumerate(b.shape)], "dtype": b.dtype.name}
     if b.name not in sched.formats:

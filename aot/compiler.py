@@ -331,6 +331,12 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   # a GPU host passes a run-time size to its kernels and copies an input's first rows: no staging (run_dims.Staged)
   ext = traced.extent
   if ext is not None and opts.target not in ("c", "llvm"):
+    # (a GPU kernel's guards compare with the run's size itself: frontends/extent_dims.py's derived sizes are CPU's)
+    if len(ext.sizes) > 1 or ext.gates:
+      raise CompileError(
+        f"dim '{ext.dim.name}' reaches convolutions, pools or pads, which take a range on the c and llvm targets, "
+        "not on GPUs, in this version"
+      )
     tensors = zip(traced.inputs + traced.outputs, ext.inputs + ext.outputs)
     before = any(blocks_before(u.shape, a) > 1 for u, a in tensors)
     if opts.target == "metal" or before:

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from aot.core.ir import GroupOp, Ops, UOp
+from aot.dim_size import DimSize
 from aot.errors import CompileError, InternalError
 from aot.options import DimRange
 from aot.scheduler.kernel import Traced
@@ -49,6 +50,14 @@ class BatchDim:
   outputs: tuple[int, ...]
   runs: str = "items"
   bound: int = 0
+  # runs "extent": each size of its axes at the bound -> its form in the run's size (the dim's own, and those pads
+  # and windows derive from it: aot/dim_size.py), and the constants a pad's bounds are compared with -> theirs
+  sizes: tuple[tuple[int, DimSize], ...] = ()
+  gates: tuple[tuple[int, DimSize | None], ...] = ()
+
+  def size_at(self, bound_size: int) -> DimSize | None:
+    """The form of an axis of this size at the bound, if it is one of the dim's."""
+    return dict(self.sizes).get(bound_size)
 
 
 def ranged_dims(shapes: dict | None, graph: onnx.GraphProto) -> tuple[list[RunDim], Callable[[dict], dict]]:
@@ -153,19 +162,35 @@ def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -
   at the bound with its extent (Traced.extent: frontends/extent_dims.py). The probes: a small prime no declared dim
   has, and the bound an extent would be laid out at (a prime >= the range's top dividing no size of the first
   probe's graph), which is then the program a dim some op mixes runs."""
-  from aot.frontends.extent_dims import bound_size, prove_extent_dim
+  from aot.frontends.extent_dims import OtherBound, bound_size, prove_extent_dim
 
-  b1, labels, bound_labels = probes[0], [], []
-  with _at_size(dim, b1):
+  # (a size in the range where there is one: windows along the dim may not fit below it)
+  b1, labels, bound_labels = next((p for p in probes if dim.lo <= p < dim.hi), probes[0]), [], []
+  with _at_size(dim, b1) as probe:
     t1 = trace(src, pinned(b1), bind, name, produced=labels)
-  b2 = bound_size(dim.hi, {s for u in _walk(t1) for s in u.shape} | {b1})
-  with _at_size(dim, b2) as above:
+  taken = {s for u in _walk(t1) for s in u.shape} | {b1}
+  b2 = bound_size(dim.hi, taken)
+  with _at_size(dim, b2) as at:
     t2 = trace(src, pinned(b2), bind, name, produced=bound_labels)
   try:
     batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
   except CompileError:
     # a dim some op mixes may still run to a size given at run time, in loops laid out at its bound
-    t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels, above.means)
+    try:
+      t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels, at, probe)
+    except OtherBound as e:
+      # (windows along it: their sizes and reach at the bound depend on which bound; the next one that fits, prime
+      # or not: windows of stride 2 want an even size. A loop of it is still the dim's, no other size a multiple)
+      unfit = e.unfit
+      b2 = next(
+        (b for b in range(b2 + 1, 64 * b2) if not any(s % b == 0 for s in taken if s) and unfit(b) is None), None
+      )
+      if b2 is None:
+        raise
+      bound_labels = []
+      with _at_size(dim, b2) as at:
+        t2 = trace(src, pinned(b2), bind, name, produced=bound_labels)
+      t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels, at, probe)
     return t2
   with _at_size(dim, 1):
     item = trace(src, pinned(1), bind, name)
@@ -182,14 +207,14 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
   refused = None
   for items, ext in (dims, dims[::-1]):
     b0, b1, b2 = probes[:3]
-    with _at_size(ext, b0):
+    with _at_size(ext, b0) as probe_at:
       probe = trace(src, pinned({items.name: 1, ext.name: b0}), bind, name)
     bound = bound_size(ext.hi, {s for u in _walk(probe) for s in u.shape} | {b0, b1, b2})
     item_labels, labels = [], []
-    with _at_size(ext, bound) as above:
+    with _at_size(ext, bound) as at:
       item = trace(src, pinned({items.name: 1, ext.name: bound}), bind, name, produced=item_labels)
     try:
-      item.extent = prove_extent_dim(ext, item, probe, bound, b0, item_labels, above.means, staged=False)
+      item.extent = prove_extent_dim(ext, item, probe, bound, b0, item_labels, at, probe_at, staged=False)
       # (the extent still at its bound: its tables padded as in the item's program)
       with _above(ext, bound), _at_size(items, b1):
         t1 = trace(src, pinned({items.name: b1, ext.name: bound}), bind, name, produced=labels)
@@ -213,16 +238,37 @@ class AboveRange:
   means: dict[float, int] = field(default_factory=dict)  # a mean's 1/count (as float32) -> count / bound
 
 
+@dataclass
+class SizeTrace:
+  """What the graph traced at a size of a ranged dim noted: above, where the size is at or above the range's top, and
+  the windows it built (note_windows)."""
+
+  above: AboveRange | None
+  windows: dict[UOp, Windows] = field(default_factory=dict)  # by the windows' output
+  inside: set[UOp] = field(default_factory=set)  # the nodes they are built of, between source and output
+
+
+@dataclass(frozen=True)
+class Windows:
+  """Sliding windows over a tensor's last axes (frontends/tensor_nn.py _windows): the tensor, and per window axis its
+  kernel, stride and dilation; the output is (..., O1..On, K1..Kn), window (o, k) reading element o*s + k*d."""
+
+  source: UOp
+  kernel: tuple[int, ...]
+  stride: tuple[int, ...]
+  dilation: tuple[int, ...]
+
+
 # the ranged dims traced at or above their range's top, by the size they are traced at
 _ABOVE_RANGE: ContextVar[dict[int, AboveRange] | None] = ContextVar("above_range", default=None)
 # set while the graph is traced at a size of a ranged dim (_at_size)
-_FOR_RANGE: ContextVar[bool] = ContextVar("for_range", default=False)
+_FOR_RANGE: ContextVar[SizeTrace | None] = ContextVar("for_range", default=None)
 
 
 def tracing_for_range() -> bool:
   """Is the graph being traced at a size of a ranged dim? Its form must then not depend on the size (a reduction over
   a whole tensor is not cut into parts by its length: frontends/onnx_ops_quant.py _whole)."""
-  return _FOR_RANGE.get()
+  return _FOR_RANGE.get() is not None
 
 
 def rows_past_table(start: int, end: int, step: int, rows: int) -> int:
@@ -257,6 +303,20 @@ def tracing_above_range() -> bool:
   return bool(_ABOVE_RANGE.get())
 
 
+def note_windows(windows: Windows, out: UOp) -> None:
+  """Windows built while the graph is traced at a size of a ranged dim: the movement ops they are made of merge the
+  axis with copies of itself (a trick of index arithmetic whose steps depend on the size), which the proof takes
+  whole, as one op, from windows.source to out (frontends/extent_dims.py)."""
+  if (at := _FOR_RANGE.get()) is None:
+    return
+  todo = list(out.src)
+  while todo:
+    if (u := todo.pop()) is not windows.source and u not in at.inside:
+      at.inside.add(u)
+      todo += u.src
+  at.windows[out] = windows
+
+
 def note_mean(count: int) -> None:
   """A mean over count elements (its 1/count a constant in the graph): over a dim traced above its range, a multiple
   of its bound, it divides by the run's size (frontends/extent_dims.py _at_run_size)."""
@@ -282,11 +342,13 @@ def _at_size(dim: RunDim, size: int):
   """A model that does not trace at a size of its ranged dim cannot take the range (a shape the exporter wrote as a
   constant: a Reshape to batch 1). A size above the range is its bound (frontends/extent_dims.py bound_size): a
   table of fewer rows than the bound is padded to it where it is sliced to the size (rows_past_table). Yields _above's
-  AboveRange."""
-  token = _FOR_RANGE.set(True)
+  SizeTrace."""
+  at = SizeTrace(None)
+  token = _FOR_RANGE.set(at)
   try:
     with _above(dim, size) as above:
-      yield above
+      at.above = above
+      yield at
   except (CompileError, InternalError) as e:
     bound = (
       f" ({size} is the prime the range is laid out at, the smallest >= {dim.hi} that no other dim's size is a "
@@ -334,19 +396,31 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
   return BatchDim(dim, inputs, _io_axes(dim, t1, axis, step, "output", b1))
 
 
-def in_step(dim: RunDim, t1: Traced, t2: Traced, differs: dict):
+def in_step(dim: RunDim, t1: Traced, t2: Traced, differs: dict, skip: tuple[set, set] = (set(), set())):
   """The nodes of t1 and t2 in step, each with whether it is a constant (or computed from constants alone); those
   whose values differ between the sizes (a Shape's output, and what is computed from it) go to differs (by t1's
-  node), to be checked where they meet the inputs' data, by value. The graphs must be the same at both sizes."""
-  n1, n2 = _walk(t1), _walk(t2)
-  if len(n1) != len(n2) or any(u.op is not v.op for u, v in zip(n1, n2)):
+  node), to be checked where they meet the inputs' data, by value. The graphs must be the same at both sizes, but for
+  the nodes skipped in each (the steps of windows, which depend on the size: SizeTrace.inside)."""
+  n1, n2 = _walk(t1), [v for v in _walk(t2) if v not in skip[1]]
+  kept = [u for u in n1 if u not in skip[0]]
+  if len(kept) != len(n2) or any(u.op is not v.op for u, v in zip(kept, n2)):
     raise CompileError(f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it")
   const: set[UOp] = set()
-  for u, v in zip(n1, n2):
-    if constant := _is_constant(u, const):
+  varied: set[UOp] = set()  # skipped constants computed from one that differs
+  step = dict(zip(kept, n2))
+  for u in n1:
+    constant = _is_constant(u, const)
+    from_differing = any(s in differs or s in varied for s in _sources(u))
+    if u in skip[0]:
+      if constant:
+        const.add(u)
+        varied |= {u} if from_differing else set()
+      continue
+    v = step[u]
+    if constant:
       const.add(u)
       # (an expand's shape differs by the size: it broadcasts the same values)
-      if any(s in differs for s in _sources(u)) or (u.op is not Ops.EXPAND and _leaf_differs(u, v)):
+      if from_differing or (u.op is not Ops.EXPAND and _leaf_differs(u, v)):
         differs[u] = v
     yield u, v, constant
 

@@ -28,8 +28,9 @@ import numpy as np
 from aot.core.dtype import dtypes
 from aot.core.ir import GroupOp, Ops, UOp
 from aot.core.rewrite import substitute
+from aot.dim_size import DimSize
 from aot.errors import CompileError, InvalidValueError
-from aot.frontends.batch_dims import BatchDim, RunDim, _node_of, _sources, in_step
+from aot.frontends.batch_dims import BatchDim, RunDim, SizeTrace, Windows, _node_of, _sources, in_step
 from aot.frontends.tensor import Tensor
 from aot.scheduler.kernel import Traced
 from aot.scheduler.runtime_extent import blocks_before, size_var
@@ -47,38 +48,61 @@ def bound_size(hi: int, taken: set[int]) -> int:
 
 
 def prove_extent_dim(
-  dim: RunDim, t1: Traced, t2: Traced, p1: int, p2: int, labels: list, means: dict[float, int], staged: bool = True
+  dim: RunDim,
+  t1: Traced,
+  t2: Traced,
+  p1: int,
+  p2: int,
+  labels: list,
+  at1: SizeTrace,
+  at2: SizeTrace,
+  staged: bool = True,
 ) -> BatchDim:
   """The inputs' and outputs' dim axes, once every node of the graph traced at p1 (t1, the bound) and p2 (t2) is shown
-  to keep its positions along the dim (the module's rule); else a CompileError naming the node. means: the means the
-  trace at the bound took over the dim (batch_dims.AboveRange), whose 1/count t1 then computes from the run's size.
-  staged: an input or output may have dims before the dim (its rows are copied to and from the layout at the bound:
-  codegen/render/run_dims.py staging); not where the program runs item by item (another dim's range)."""
+  to keep its positions along the dim (the module's rule); else a CompileError naming the node. at1, at2: what the
+  traces noted (batch_dims.SizeTrace): the windows they slid, each taken whole, and at the bound the means over the
+  dim, whose 1/count t1 then computes from the run's size. staged: an input or output may have dims before the dim
+  (its rows are copied to and from the layout at the bound: codegen/render/run_dims.py staging); not where the
+  program runs item by item (another dim's range)."""
   axes: dict[UOp, tuple | str] = {}
   differs: dict[UOp, UOp] = {}
   of_size: dict[UOp, UOp] = {}  # a constant computed from the size (a mean's 1/n) -> it computed from the run's
-  for u, v, constant in in_step(dim, t1, t2, differs):
-    axes[u] = a = _dim_axes(u.shape, v.shape, p1, p2)
+  sizes = _DimSizes(dim, p1, p2)
+  means = at1.above.means if at1.above else {}
+  for u, v, constant in in_step(dim, t1, t2, differs, (at1.inside, at2.inside)):
+    if u.op is Ops.PAD and isinstance(axes[u.src[0]], tuple):
+      sizes.pad(u, v, axes[u.src[0]])
+    if (w := at1.windows.get(u)) is not None and isinstance(axes.get(w.source), tuple):
+      sizes.windows(u, w, axes[w.source], _node_of(u, labels))
+    axes[u] = a = sizes.axes(u.shape, v.shape)
     if constant:
       continue
     srcs = _sources(u)
     why = None
     for s in (s for s in srcs if s in differs and s not in of_size):
-      if (why := _prefix_values(s, differs[s], axes[s])) and (run := _at_run_size(s, differs[s], p1, p2, dim, means)):
+      why = _prefix_values(s, differs[s], axes[s])
+      if why and (run := _at_run_size(s, differs[s], p1, p2, dim, means)):
         of_size[s], why = run, None
       if why:
         break
     if why is None and isinstance(a, str):
       why = a
-    if why is None:
+    if u in at1.windows:
+      pass  # (windows are taken whole, their steps skipped)
+    elif why is None and any(s in at1.inside for s in srcs):
+      why = "reads a step of windows over it"
+    elif why is None:
       src_axes = [() if isinstance(axes[s], str) else axes[s] for s in srcs]
       why = _RULES.get(u.op, _same_arg)(u, v, a, src_axes, dim)
     if why:
       raise CompileError(
         f"dim '{dim.name}' cannot have a range: {_node_of(u, labels)} {why}; a dim that varies at run time may reach "
-        "elementwise ops, reductions and matrix products, and be sliced from position 0, in this version: pin it "
-        f"(--shape {dim.name}=N)"
+        "elementwise ops, reductions, matrix products, convolutions and pools, and be sliced from position 0, in this "
+        f"version: pin it (--shape {dim.name}=N)"
       )
+  sizes.static = {x for u, a in axes.items() if isinstance(a, tuple) for i, x in enumerate(u.shape) if i not in a}
+  if (why := sizes.unfit(p1)) is not None:
+    raise OtherBound(f"dim '{dim.name}' cannot have a range: {why}", sizes.unfit)
   if t1.containers or any(n in (t1.formats or {}) for n in [u.arg.name for u in t1.inputs] + (t1.output_names or [])):
     raise CompileError(
       f"dim '{dim.name}' cannot have a range: the model has sequence, optional or narrow-typed "
@@ -90,19 +114,88 @@ def prove_extent_dim(
   inputs = _io_axes(dim, t1, axes, "input", staged)
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
-  return BatchDim(dim, inputs, _io_axes(dim, t1, axes, "output", staged), runs="extent", bound=p1)
+  outputs = _io_axes(dim, t1, axes, "output", staged)
+  return BatchDim(
+    dim, inputs, outputs, runs="extent", bound=p1, sizes=tuple(sizes.forms.items()), gates=tuple(sizes.gates.items())
+  )
 
 
-def _dim_axes(s1: tuple, s2: tuple, p1: int, p2: int) -> tuple | str:
-  """The axes whose size is the dim's at both sizes; a string if the shapes differ otherwise."""
-  if len(s1) != len(s2):
-    return "changes its rank with it"
-  diff = [i for i, (x, y) in enumerate(zip(s1, s2)) if x != y]
-  if any(s1[i] - s2[i] == p1 - p2 for i in diff if (s1[i], s2[i]) != (p1, p2)):
-    return "pads or slices it"
-  if any((s1[i], s2[i]) != (p1, p2) for i in diff):
-    return "merges it with another dim"
-  return tuple(diff)
+class _DimSizes:
+  """The sizes the dim's axes have at the bound, each with its form in the run's size (aot/dim_size.py): the dim's
+  own, and those pads and windows derive from it; and the constants a pad's bounds are compared with."""
+
+  def __init__(self, dim: RunDim, p1: int, p2: int):
+    self.dim, self.p1, self.p2 = dim, p1, p2
+    self.forms: dict[int, DimSize] = {p1: DimSize()}
+    # a pad's upper bound at p1 (its low pad plus the padded axis' size) -> its form; its lower bound -> None, kept
+    self.gates: dict[int, DimSize | None] = {}
+    # strided windows: their input's form, the window's span, its stride and the input's right pad. At the bound
+    # every window must reach the end of its input, its pad too: a tap the bound's windows never take (or a pad's
+    # bound they never cross) is simplified away there, and would be missed at another size
+    self.reach: list[tuple[DimSize, int, int, int]] = []
+    self.static: set[int] = set()  # the sizes of the program's other dims
+
+  def axes(self, s1: tuple, s2: tuple) -> tuple | str:
+    """The axes whose sizes are the dim's or derived from it in both traces; a string if the shapes differ
+    otherwise."""
+    if len(s1) != len(s2):
+      return "changes its rank with it"
+    diff = [i for i, (x, y) in enumerate(zip(s1, s2)) if x != y]
+    if any(s1[i] not in self.forms or self.forms[s1[i]].at(self.p2) != s2[i] for i in diff):
+      slices = any(s1[i] - s2[i] == self.p1 - self.p2 for i in diff)
+      return "pads or slices it" if slices else "merges it with another dim"
+    return tuple(diff)
+
+  def pad(self, u: UOp, v: UOp, src_axes: tuple) -> None:
+    for i in src_axes:
+      (lo, hi), form = u.arg[0][i], self.forms[u.src[0].shape[i]]
+      if (lo, hi) != (0, 0):
+        self._add(form.padded(lo + hi), u)
+        self.gates[lo + form.at(self.p1)], self.gates[lo] = form.padded(lo), None
+
+  def windows(self, u: UOp, w: Windows, src_axes: tuple, node: str) -> None:
+    pre = len(w.source.shape) - len(w.kernel)
+    for i in (i for i in src_axes if i >= pre):
+      K, s, d = w.kernel[i - pre], w.stride[i - pre], w.dilation[i - pre]
+      out = self.forms[w.source.shape[i]].windowed(-d * (K - 1) - 1, s)
+      if out.at(self.dim.lo) < 1:
+        raise CompileError(
+          f"dim '{self.dim.name}' cannot have a range: {node} slides windows of {K} over it, which leave nothing at "
+          f"its size {self.dim.lo}: raise the range's low end"
+        )
+      self._add(out, u)
+      if s > 1:
+        hi = w.source.arg[0][i][1] if w.source.op is Ops.PAD else 0
+        self.reach.append((self.forms[w.source.shape[i]], d * (K - 1) + 1, s, hi))
+
+  def _add(self, form: DimSize, u: UOp) -> None:
+    x = form.at(self.p1)
+    if self.forms.setdefault(x, form) != form:
+      raise CompileError(
+        f"dim '{self.dim.name}' cannot have a range: two sizes derived from it, {self.forms[x].text(self.dim.name)} "
+        f"and {form.text(self.dim.name)}, are both {x} at its bound {self.p1}: pick another top of the range"
+      )
+
+  def unfit(self, bound: int) -> str | None:
+    """Why the program laid out at this bound would not run right at every size (None: it would): a derived size
+    that is another dim's too (its loops would run to the form), or strided windows that stop short of the end of
+    their input there (self.reach)."""
+    at = {f.at(bound): f for f in self.forms.values()}
+    if len(at) < len(self.forms) or any(x in self.static for x, f in at.items() if f != DimSize()):
+      return f"sizes derived from it coincide with each other or another dim's at its bound {bound}"
+    for padded, span, s, hi in self.reach:
+      if (padded.at(bound) - span) % s >= max(hi, 1):
+        return f"windows of stride {s} stop short of the end of their input at its bound {bound}"
+    return None
+
+
+class OtherBound(CompileError):
+  """The program traced at a range's bound would not run right at every size of it (_DimSizes.unfit), where another
+  bound may: fits(bound) says why one does not (None where it does)."""
+
+  def __init__(self, message: str, unfit):
+    super().__init__(message)
+    self.unfit = unfit
 
 
 def _prefix_values(u: UOp, v: UOp, a) -> str | None:
@@ -171,8 +264,7 @@ def _window(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:
   the dim's size, or of the dim to a size every run has (the first token)."""
   (sa,) = srcs
   if u.op is Ops.PAD:
-    if any(u.arg[0][i] != (0, 0) for i in sa):
-      return "pads it"
+    # (along the dim: its bounds are compared with the run's size, aot/scheduler/runtime_extent.py)
     return _same_arg(u, v, a, srcs, dim)
   for i, ((lo, hi), (lo2, hi2)) in enumerate(zip(u.arg, v.arg)):
     if i in sa and i in a and (lo, lo2) == (0, 0):

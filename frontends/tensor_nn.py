@@ -79,9 +79,12 @@ class TensorNN:
         )
         x = x.reshape(head + (K, O) + tail)
     # axes are now (..., K1, O1, K2, O2, ...): put the windows last
-    return x.permute(
-      tuple(range(pre)) + tuple(pre + 2 * i + 1 for i in range(n)) + tuple(pre + 2 * i for i in range(n))
-    )
+    out = x.permute(tuple(range(pre)) + tuple(pre + 2 * i + 1 for i in range(n)) + tuple(pre + 2 * i for i in range(n)))
+    from aot.frontends.batch_dims import Windows, note_windows
+
+    # (the movement ops between are taken whole by the proof of a ranged dim: frontends/extent_dims.py)
+    note_windows(Windows(self.uop, tuple(kernel), tuple(stride), tuple(dilation)), out.uop)
+    return out
 
   def _pad_spatial(self, padding, n: int, value=0.0) -> Tensor:
     pads = _spatial_pads(padding, n)

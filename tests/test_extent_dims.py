@@ -263,7 +263,6 @@ def test_a_cpp_app_runs_a_batch_and_a_sequence_range(tmp_path):
 
 # each: nodes after m = x @ w (n x 4), and what the refusal names
 REFUSED = {
-  "a pad along it": ([oh.make_node("Pad", ["m", "pads"], ["y"])], "Pad node", "pads"),
   "its size as a value": (
     [
       oh.make_node("Shape", ["x"], ["len"], start=0, end=1),

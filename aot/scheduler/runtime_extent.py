@@ -10,7 +10,8 @@ from __future__ import annotations
 from aot.core.dtype import dtypes
 from aot.core.ir import Ops, UOp, prod
 from aot.core.rewrite import substitute
-from aot.errors import InternalError
+from aot.dim_size import DimSize
+from aot.errors import CompileError, InternalError
 from aot.scheduler.kernel import Schedule
 
 # what an index holding a runtime loop counter may be: a sum of terms times constants, read as an address (or cast to
@@ -38,23 +39,51 @@ def mark_runtime_ranges(sched: Schedule) -> None:
     k.ast = done[k.ast]
 
 
+def size_uop(form: DimSize, n: UOp) -> UOp:
+  """A size derived from the dim (aot/dim_size.py) as an index expression of its run's size n."""
+  if form.q == 1:
+    return n + (form.b + form.e) if form.b + form.e else n
+  return (n + form.b) // form.q + form.e
+
+
 def runtime_marked(ast: UOp, batch, what: str) -> UOp:
-  """ast with its loops of the bound's size made runtime ranges (those already are stay); a loop of a multiple of
-  it (the dim merged with another) or a counter used other than as an address is an InternalError naming what.
-  batch: the ranged dim (frontends/batch_dims.py BatchDim)."""
+  """ast with its loops of the dim's sizes at the bound made runtime ranges (those already are stay), to the forms
+  of those sizes at the run's; a pad's bound compared with a counter, the form of its constant. A loop of a multiple
+  of the bound (the dim merged with another), a counter used other than as an address or compared with another
+  constant is an InternalError naming what. batch: the ranged dim (frontends/batch_dims.py BatchDim)."""
   bound, n = batch.bound, size_var(batch.dim)
   ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
   if any(r.size != bound and r.size % bound == 0 for r in ranges):
     raise InternalError(f"{what} runs the ranged dim merged with another dim in one loop")
-  mapping = {r: UOp(Ops.RANGE, r.dtype, (), (*r.arg, n)) for r in ranges if r.size == bound and not r.runtime}
+  mapping = {
+    r: UOp(Ops.RANGE, r.dtype, (), (*r.arg, size_uop(form, n)))
+    for r in ranges
+    if not r.runtime and (form := batch.size_at(r.size)) is not None
+  }
   ast = substitute(ast, mapping) if mapping else ast
   counted = {r for r in ast.toposort() if r.op is Ops.RANGE and r.runtime}
+  gates, compared = dict(batch.gates), {}
   for u in ast.toposort():
     if u in counted or not any(s in counted for s in u.src):
       continue
+    if u.op is Ops.CMPLT and u.src[0] in counted and n in u.src[1].toposort():
+      continue  # (marked before)
+    if u.op is Ops.CMPLT and u.src[0] in counted and u.src[1].op is Ops.CONST and int(u.src[1].arg) in gates:
+      # (a pad's bound: its lower one stays, its upper one is the padded axis' form at the run's size)
+      if (form := gates[int(u.src[1].arg)]) is not None:
+        compared[u] = u.replace(src=(u.src[0], size_uop(form, n)))
+      continue
+    if u.op in (Ops.MOD, Ops.IDIV):
+      # (windows over windows, fused in one kernel, can leave their index arithmetic unsimplified at the bound)
+      raise CompileError(
+        f"dim '{batch.dim.name}' cannot have a range: {what} divides its positions ({u.op.name}), as windows over "
+        f"windows computed in one kernel may: a run-time size cannot take that in this version: pin it "
+        f"(--shape {batch.dim.name}=N)"
+      )
     if u.op not in ADDRESS_OPS or (u.op is Ops.MUL and not any(s.op is Ops.CONST for s in u.src)):
       raise InternalError(f"{what} uses the ranged dim's loop counter in {u.op.name}, not an address")
     # (a loaded value and what is computed from it no longer carry the counter)
     if u.op not in (Ops.LOAD, Ops.ACCUMULATE, Ops.STORE, Ops.SINK, Ops.CAST):
       counted.add(u)
-  return ast
+  # (only the comparisons with a counter: the same constant elsewhere is another value)
+  return substitute(ast, compared) if compared else ast

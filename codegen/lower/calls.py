@@ -105,9 +105,10 @@ class LoopCall(Call):
   # elements the pointer of a slot is advanced by (rebase_reads): the function reads from there on
   offsets: dict[int, int] = field(default_factory=dict)
   # the function takes the run's size of a dim run to a size given at run time (aot/scheduler/runtime_extent.py; e_
-  # in model.c, its parameter n_), and its outermost loop runs to it (extent is then its bound)
+  # in model.c, its parameter n_), and its outermost loop runs to it or a size derived from it (runtime_extent, that
+  # size in C; extent is then its bound)
   sized: bool = False
-  runtime_extent: bool = False
+  runtime_extent: str = ""
 
   @property
   def tasks(self) -> int:
@@ -115,7 +116,7 @@ class LoopCall(Call):
 
   def render(self, arg, tramps: dict[str, str]) -> str:
     at = lambda b, s: f"({arg(b, s)} + {self.offsets[s]})" if s in self.offsets else arg(b, s)
-    extent = "(int)e_" if self.runtime_extent else str(self.extent)
+    extent = self.runtime_extent or str(self.extent)
     if not self.parallel:
       args = [at(b, s) for s, b in self.args] + (["(int)e_"] if self.sized else [])
       return f"  {self.fn}({', '.join(args)}, 0, {extent});"
@@ -145,6 +146,8 @@ class CallContext:
   # the bound of a dim run to a size given at run time (aot/scheduler/runtime_extent.py), 0 for none: a
   # contraction's M, N or K of that size is the run's (e_ in model.c)
   bound: int = 0
+  # its sizes at the bound -> their forms in the run's (frontends/batch_dims.py BatchDim.sizes)
+  sizes: dict = field(default_factory=dict)
   # the functions loop calls run, by their rebased AST (rebase_reads), and the name each function's calls took
   shared: dict[UOp, str] = field(default_factory=dict)
   renamed: dict[str, str] = field(default_factory=dict)
@@ -174,7 +177,7 @@ class CallContext:
       new, offsets = rebase_reads(ast, bufs) if rebase else (ast, {})
       sizes = (takes_runtime_size(new), runtime_outer(new))
       self.prepared[key] = (new, offsets, parallel_extent(new), [u.arg for u in kernel_params(new)], sizes)
-    ast, offsets, extent, slots, (sized, runtime_extent) = self.prepared[key]
+    ast, offsets, extent, slots, (sized, outer) = self.prepared[key]
     if rebase:
       self.renamed[fn] = fn = self.shared.setdefault(ast, fn)
     args = [(s, out if s == 0 else bufs[s]) for s in slots]
@@ -188,7 +191,7 @@ class CallContext:
       parallel=parallel,
       offsets=offsets,
       sized=sized,
-      runtime_extent=runtime_extent,
+      runtime_extent=self.sizes[outer].c("(int)e_") if outer else "",
     )
 
   def rendered(self, functions: dict[UOp, str]) -> dict[UOp, str]:

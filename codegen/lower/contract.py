@@ -213,10 +213,12 @@ def _row_order(expr: UOp, rows: set) -> tuple[UOp, ...]:
   conv + 2x1 pool took each pooled column's two rows innermost: a copy loop of 2)."""
   ordered = tuple(sorted(rows, key=lambda r: r.number))
   loads = [u for u in expr.toposort() if u.op is Ops.LOAD]
-  if not any(r.kind == "reduce" for r in rows) or len(loads) != 1:
-    return ordered
-  terms = linear(loads[0].src[1])[0]
-  return tuple(sorted(ordered, key=lambda r: -terms.get(r, 0)))
+  if any(r.kind == "reduce" for r in rows) and len(loads) == 1:
+    terms = linear(loads[0].src[1])[0]
+    ordered = tuple(sorted(ordered, key=lambda r: -terms.get(r, 0)))
+  # a loop to a run-time size first (aot/scheduler/runtime_extent.py): the rows it runs are then the first of the
+  # side's, a prefix of the matrix at the bound's strides
+  return tuple(sorted(ordered, key=lambda r: not r.runtime))
 
 
 def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:

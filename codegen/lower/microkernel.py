@@ -3,12 +3,12 @@ contractions codegen/lower/contract.py found, and the call that runs one of them
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered, copies_in_place, distinct_bytes, globals_read
 from aot.codegen.lower.contract import STEP_MUL_ADD, STEP_OPS, Gemm
 from aot.codegen.render.linearize import kernel_params, takes_runtime_size
-from aot.core.ir import Ops, UOp
+from aot.core.ir import Ops, UOp, prod
 from aot.scheduler.kernel import Buffer
 
 
@@ -79,6 +79,8 @@ class GemmCall(Call):
   # the bound of a dim run to a size given at run time (aot/scheduler/runtime_extent.py; 0: none): an M, N or K of
   # that size is n_, C's rows and batches kept as far apart as at the bound
   bound: int = 0
+  # the dim's sizes at the bound -> their forms in the run's (CallContext.sizes): an M, N or K of one is its form of e_
+  sizes: dict = field(default_factory=dict)
   pack_sized: bool = False
 
   def _size_arg(self) -> list[str]:
@@ -141,13 +143,19 @@ class GemmCall(Call):
       gemm_task_work(g),
     )
 
+  def _size(self, ranges) -> str:
+    """M, N or K: at a run's size, the form of its outermost range's (stage.py _runtime_sized) times the rest."""
+    if not ranges or not ranges[0].runtime:
+      return str(prod(r.size for r in ranges))
+    rest = prod(r.size for r in ranges[1:])
+    return self.sizes[ranges[0].size].c("(int)e_") + (f" * {rest}" if rest > 1 else "")
+
   def render(self, arg, tramps: dict) -> str:
     g, c, f = self.gemm, self.gemm.c, self.items
-    size = lambda x: "(int)e_" if self.bound and x == self.bound else str(x)
-    batch, rows, cols, depth = str(c.B), size(c.a.size), size(c.b.size), size(c.K)
+    batch, rows, cols, depth = str(c.B), self._size(c.a.rows), self._size(c.b.rows), self._size(c.k)
     if f is not None:
       batch, rows = ("1", f"(int)n_ * {rows}") if f.rows else ("(int)n_", rows)
-    sized = self.bound in (c.a.size, c.b.size, c.K)
+    sized = any(r.runtime for r in (*c.a.rows, *c.b.rows, *c.k))
 
     def operand(o, strides) -> str:
       where = "NULL" if o.pack is not None else f"{arg(self.bufs[o.slot], o.slot)} + {o.offset}"
@@ -241,6 +249,7 @@ class GemmLowered(Lowered):
           parallel=parallel,
           split_work=ctx.min_work if ctx.threads else 0,
           bound=ctx.bound,
+          sizes=ctx.sizes,
           pack_sized=pack_sized,
         )
       )

@@ -190,11 +190,10 @@ def _rows_runtime(q: QGemm, bound: int) -> bool:
 
 
 def _runtime_sized(c) -> bool:
-  """Is a contraction's run-time dim one of its M, N or K on its own (not its batch, nor merged with another range,
-  nor a slice of an output range)?"""
-  runtime = lambda rs: any(r.runtime for r in rs)
-  sides = (c.a.rows, c.b.rows, c.k)
-  return not runtime(c.batch) and not c.bounds and all(len(rs) == 1 for rs in sides if runtime(rs))
+  """Is each loop of a contraction to a run-time size the outermost range of its M, N or K (not in its batch, nor a
+  slice of an output range)? Its rows at a run's size are then a prefix of that side's at the bound."""
+  inner = (r for rs in (c.a.rows, c.b.rows, c.k) for r in rs[1:])
+  return not c.bounds and not any(r.runtime for r in (*c.batch, *inner))
 
 
 # each kernel goes to the first rule that takes it
@@ -312,7 +311,8 @@ def lower_schedule(
   items = sched.batch.dim.hi if sched.batch else 1
   sums = accumulate(items * flop_count(k.ast, integer=True) for k in sched.kernels)
   threads = any(w >= MODEL_PARALLEL_MIN_WORK for w in sums)
-  ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target, bound=bound)
+  sizes = dict(sched.extent.sizes) if sched.extent is not None else {}
+  ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target, bound=bound, sizes=sizes)
   kernel_calls = []
   for low in lowered:
     with working_on(kernel_place(low.kernel)):

@@ -252,9 +252,10 @@ def takes_runtime_size(ast: UOp) -> bool:
   return any((u.op is Ops.RANGE and u.runtime) or u.op is Ops.VAR for u in ast.toposort())
 
 
-def runtime_outer(ast: UOp) -> bool:
-  """Is the loop split across threads one to a size given at run time (its callers pass n_ as the extent)?"""
-  return any(r.op is Ops.RANGE and is_outer(r) and r.runtime for r in ast.toposort())
+def runtime_outer(ast: UOp) -> int:
+  """The bound's size of the loop split across threads where it runs to a size given at run time (its callers pass
+  that size's form of e_ as the extent); 0 where it does not."""
+  return next((r.size for r in ast.toposort() if r.op is Ops.RANGE and is_outer(r) and r.runtime), 0)
 
 
 def parallel_extent(ast: UOp) -> int:

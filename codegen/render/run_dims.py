@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from aot.artifact import api_type, param_names
 from aot.core.ir import prod
+from aot.dim_size import DimSize
 from aot.scheduler.kernel import Buffer, Schedule
 from aot.scheduler.runtime_extent import blocks_before
 
@@ -85,7 +86,7 @@ def largest(sched: Schedule, b: Buffer, kind: str, i: int) -> tuple:
   shape = list(b.shape)
   for d, _ in ranged(sched):
     if (a := (d.inputs if kind == "INPUT" else d.outputs)[i]) >= 0:
-      shape[a] = d.dim.hi
+      shape[a] = d.size_at(b.shape[a]).at(d.dim.hi) if d.runs == "extent" else d.dim.hi
   return tuple(shape)
 
 
@@ -136,8 +137,9 @@ def run_dims_c(name: str, sched: Schedule) -> str:
   for i, (b, s) in enumerate(zip(sched.outputs, souts)):
     dims = [str(size) for size in b.shape]
     for d, v in ranged(sched):
-      if d.outputs[i] >= 0:
-        dims[d.outputs[i]] = v
+      if (a := d.outputs[i]) >= 0:
+        # (a dim run to a size may reach an output through windows: its size there is their form of e_)
+        dims[a] = d.size_at(b.shape[a]).c(v) if d.runs == "extent" else v
     fills.append(f"  if ({s}) {{ {' '.join(f'{s}[{j}] = {x};' for j, x in enumerate(dims))} }}")
   sizes = [v for _, v in ranged(sched)]
   return f"""static int run_dims_locked({name}_model *m, {", ".join(run_dims_args(sched))}) {{
@@ -309,6 +311,8 @@ class Staged:
   blocks: int  # the product of the dims before the dim
   row_bytes: int  # one position's bytes: the product of the dims after it
   offset: int
+  rows: DimSize  # the rows of a block: the dim's, or their form where windows derived its axis (aot/dim_size.py)
+  bound_rows: int  # those at the bound, a block's in the arena
 
 
 def staged_io(sched: Schedule, arena: int) -> tuple[list[Staged], int]:
@@ -321,7 +325,8 @@ def staged_io(sched: Schedule, arena: int) -> tuple[list[Staged], int]:
   names = param_names(sched)
   for b, a, name in zip(sched.inputs + sched.outputs, ext.inputs + ext.outputs, names[0] + names[1]):
     if (blocks := blocks_before(b.shape, a)) > 1:
-      staged.append(Staged(b, name, blocks, prod(b.shape[a + 1 :]) * b.dtype.itemsize, arena))
+      row_bytes = prod(b.shape[a + 1 :]) * b.dtype.itemsize
+      staged.append(Staged(b, name, blocks, row_bytes, arena, ext.size_at(b.shape[a]), b.shape[a]))
       arena += align_up(b.nbytes)
   return staged, arena
 
@@ -329,14 +334,17 @@ def staged_io(sched: Schedule, arena: int) -> tuple[list[Staged], int]:
 def staging_c(sched: Schedule, side: str) -> list[str]:
   """model.c's copies of the staged inputs into the arena (side "in", before the kernels) or of the staged outputs
   out of it (side "out", after them): e_ rows of each block."""
-  bound, lines = sched.extent.bound if sched.extent else 0, []
+  lines = []
   for st in sched.staged:
     if (st.buffer.kind == "input") != (side == "in"):
       continue
+    rows = st.rows.c("e_")
     at, caller = (
-      f"A + {st.offset} + o_ * {bound * st.row_bytes}",
-      f"(unsigned char *){st.name} + o_ * e_ * {st.row_bytes}",
+      f"A + {st.offset} + o_ * {st.bound_rows * st.row_bytes}",
+      f"(unsigned char *){st.name} + o_ * {rows} * {st.row_bytes}",
     )
     dst, src = (at, caller) if side == "in" else (caller, at)
-    lines.append(f"  for (int64_t o_ = 0; o_ < {st.blocks}; o_++) memcpy({dst}, {src}, (size_t)e_ * {st.row_bytes});")
+    lines.append(
+      f"  for (int64_t o_ = 0; o_ < {st.blocks}; o_++) memcpy({dst}, {src}, (size_t){rows} * {st.row_bytes});"
+    )
   return lines

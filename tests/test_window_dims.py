@@ -1,0 +1,173 @@
+"""Convolutions, pools and pads along a dim with a range (an OCR line's width, a sequence under 1-D convolutions):
+one artifact laid out at a bound, each window's output run to its size at the call's (a stride-2 pool's
+n // 2), each pad's bound compared with the call's size; checked against onnxruntime at the range's ends,
+at primes and at sizes a stride leaves a remainder of, with the kernel list of a static compile; what the run-time
+size cannot take yet is refused naming why."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import make, ort_session
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper
+
+import aot
+from aot.errors import CompileError
+
+RNG = np.random.default_rng(0)
+
+
+def weight(*shape):
+  return (RNG.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+
+def conv1d_stack():
+  """Over a sequence of 8 channels: a 'same' conv, a max pool of 2, a conv of stride 2 and pad 1, an average pool of 3
+  with pads, a ReLU: its output's length (n + 2) // 4, derived from the input's by four windows."""
+  nodes = [
+    oh.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1]),
+    oh.make_node("Relu", ["c1"], ["r1"]),
+    oh.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2], strides=[2]),
+    oh.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1], strides=[2]),
+    oh.make_node("AveragePool", ["c2"], ["p2"], kernel_shape=[3], pads=[1, 1], count_include_pad=1),
+    oh.make_node("Relu", ["p2"], ["y"]),
+  ]
+  inits = [numpy_helper.from_array(weight(16, 8, 3), "w1"), numpy_helper.from_array(weight(24, 16, 3), "w2")]
+  return make(
+    nodes,
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1, 8, "sequence"])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    inits,
+  )
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_convolutions_and_pools_run_to_the_sizes_their_windows_leave(tmp_path, target):
+  model = conv1d_stack()
+  art = aot.compile_model(model, shapes={"sequence": (2, 90)}, out_dir=tmp_path / "dyn", target=target)
+  static = aot.compile_model(model, shapes={"sequence": 61}, out_dir=tmp_path / "static")
+  assert art.num_kernels == static.num_kernels
+  manifest = json.loads((art.dir / f"{art.name}.json").read_text())
+  assert manifest["outputs"][0]["shape"] == [1, 24, "(sequence+2)//4"]
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    # the ends, primes, and each remainder of the total stride 4
+    for n in (2, 3, 4, 5, 13, 61, 87, 88, 89, 90):
+      x = RNG.standard_normal((1, 8, n)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def line_recognizer():
+  """A text-line recogniser's shape without its recurrence, over images 8 high and of any width: 3x3 convs with pads,
+  pools of 2x2 and 2x1, the height pooled away, per column classes (a MatMul) and their softmax: [1, width // 4, 5]."""
+  nodes = [
+    oh.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+    oh.make_node("Relu", ["c1"], ["r1"]),
+    oh.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+    oh.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+    oh.make_node("Relu", ["c2"], ["r2"]),
+    oh.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+    oh.make_node("MaxPool", ["p2"], ["p3"], kernel_shape=[2, 1], strides=[2, 1]),
+    oh.make_node("Squeeze", ["p3", "h"], ["sq"]),
+    oh.make_node("Transpose", ["sq"], ["cols"], perm=[0, 2, 1]),
+    oh.make_node("MatMul", ["cols", "fc"], ["logits"]),
+    oh.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+  ]
+  inits = [
+    numpy_helper.from_array(weight(12, 3, 3, 3), "w1"),
+    numpy_helper.from_array(weight(16, 12, 3, 3), "w2"),
+    numpy_helper.from_array(weight(16, 5), "fc"),
+    numpy_helper.from_array(np.array([2]), "h"),
+  ]
+  return make(
+    nodes,
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1, 3, 8, "width"])],
+    [oh.make_tensor_value_info("probs", TP.FLOAT, [1, "time", 5])],
+    inits,
+  )
+
+
+def test_a_line_recognizer_reads_lines_of_every_width_of_its_range(tmp_path):
+  # the image's rows are copied in at the bound's layout (3 x 8 blocks before the width), the classes written in
+  # place, width // 4 rows of them
+  model = line_recognizer()
+  art = aot.compile_model(model, shapes={"width": (16, 120)}, out_dir=tmp_path / "dyn")
+  assert art.num_kernels == aot.compile_model(model, shapes={"width": 64}, out_dir=tmp_path / "static").num_kernels
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    assert m.get_outputs()[0].shape == [1, "width//4", 5]
+    for n in (16, 17, 18, 19, 37, 64, 119, 120):
+      x = RNG.standard_normal((1, 3, 8, n)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape == (1, n // 4, 5)
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_windows_along_the_range_under_the_sanitizers(tmp_path):
+  # each tensor malloc'd at the call's size: the derived sizes' loops and copies touch nothing past them
+  from test_sanitize import run_sanitized
+
+  model = line_recognizer()
+  art = aot.compile_model(model, shapes={"width": (16, 40)}, out_dir=tmp_path / "a", sanitize=True)
+  sess = ort_session(model)
+  for n in (16, 23, 40):
+    x = RNG.standard_normal((1, 3, 8, n)).astype(np.float32)
+    (got,) = run_sanitized(art, [x], tmp_path, sizes={"width": n})
+    np.testing.assert_allclose(got, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-6)
+
+
+def test_a_pad_along_the_range_is_compared_with_the_size_of_each_call(tmp_path):
+  model = make(
+    [oh.make_node("MatMul", ["x", "w"], ["m"]), oh.make_node("Pad", ["m", "pads", "value"], ["y"])],
+    [oh.make_tensor_value_info("x", TP.FLOAT, ["n", 6])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    [
+      numpy_helper.from_array(weight(6, 4), "w"),
+      numpy_helper.from_array(np.array([1, 0, 2, 0]), "pads"),
+      numpy_helper.from_array(np.array(2.0, np.float32), "value"),
+    ],
+  )
+  art = aot.compile_model(model, shapes={"n": (1, 16)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 7, 16):
+      x = RNG.standard_normal((n, 6)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape == (n + 3, 4)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def pool_model(*pools):
+  nodes = [
+    oh.make_node(op, [f"t{i}"], [f"t{i + 1}"], kernel_shape=[k], strides=[s], pads=[lo, hi])
+    for i, (op, k, s, lo, hi) in enumerate(pools)
+  ]
+  nodes[-1].output[0] = "y"
+  return make(
+    [oh.make_node("Identity", ["x"], ["t0"]), *nodes],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1, 4, "n"])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+  )
+
+
+@pytest.mark.parametrize(
+  "pools, why",
+  [
+    # a window of 5 does not fit a sequence of 2: the range's low end is too low
+    ([("MaxPool", 5, 1, 0, 0)], r"windows of 5 over it, which leave nothing at its size 2: raise the range's low end"),
+    # a pool of stride 3 over another, computed in one kernel, divides its positions
+    ([("AveragePool", 3, 2, 2, 1), ("AveragePool", 2, 2, 1, 0)], r"divides its positions \(MOD\)"),
+  ],
+)
+def test_what_windows_along_the_range_cannot_take_yet_is_refused_saying_why(pools, why):
+  with pytest.raises(CompileError, match=rf"dim 'n' cannot have a range: .*{why}"):
+    aot.compile_model(pool_model(*pools), shapes={"n": (2, 30)})
+
+
+def test_a_gpu_target_says_windows_along_the_range_are_for_the_cpu():
+  with pytest.raises(CompileError, match=r"dim 'sequence' reaches convolutions, pools or pads, .* not on GPUs"):
+    aot.compile_model(conv1d_stack(), shapes={"sequence": (2, 90)}, target="cuda")
