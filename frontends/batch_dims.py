@@ -370,7 +370,7 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
   # per node with a batch axis: how far apart along it one item's element is from the next item's (_step)
   step: dict[UOp, int | None] = {}
   differs: dict[UOp, UOp] = {}
-  for u, v, constant in in_step(dim, t1, t2, differs):
+  for u, v, constant in in_step(dim, t1, t2, differs, labels=labels):
     axis[u] = a = _batch_axis(u.shape, v.shape, b1, b2)
     if constant:
       continue
@@ -396,15 +396,23 @@ def prove_batch_dim(dim: RunDim, t1: Traced, t2: Traced, b1: int, b2: int, label
   return BatchDim(dim, inputs, _io_axes(dim, t1, axis, step, "output", b1))
 
 
-def in_step(dim: RunDim, t1: Traced, t2: Traced, differs: dict, skip: tuple[set, set] = (set(), set())):
+def in_step(
+  dim: RunDim, t1: Traced, t2: Traced, differs: dict, skip: tuple[set, set] = (set(), set()), labels: list = ()
+):
   """The nodes of t1 and t2 in step, each with whether it is a constant (or computed from constants alone); those
   whose values differ between the sizes (a Shape's output, and what is computed from it) go to differs (by t1's
   node), to be checked where they meet the inputs' data, by value. The graphs must be the same at both sizes, but for
-  the nodes skipped in each (the steps of windows, which depend on the size: SizeTrace.inside)."""
+  the nodes skipped in each (the steps of windows, which depend on the size: SizeTrace.inside); else a CompileError
+  naming the first node built otherwise (labels: t1's, as prove_batch_dim takes them)."""
   n1, n2 = _walk(t1), [v for v in _walk(t2) if v not in skip[1]]
   kept = [u for u in n1 if u not in skip[0]]
   if len(kept) != len(n2) or any(u.op is not v.op for u, v in zip(kept, n2)):
-    raise CompileError(f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it")
+    at = next((i for i, (u, v) in enumerate(zip(kept, n2)) if u.op is not v.op), min(len(kept), len(n2)) - 1)
+    raise CompileError(
+      f"dim '{dim.name}' cannot have a range: the model's graph is not the same at every size of it: "
+      f"{_node_of(kept[at], labels)} is built otherwise at another size (a recurrence over the dim is unrolled "
+      f"over its steps, one per position); pin it (--shape {dim.name}=N)"
+    )
   const: set[UOp] = set()
   varied: set[UOp] = set()  # skipped constants computed from one that differs
   step = dict(zip(kept, n2))

@@ -69,7 +69,7 @@ def prove_extent_dim(
   of_size: dict[UOp, UOp] = {}  # a constant computed from the size (a mean's 1/n) -> it computed from the run's
   sizes = _DimSizes(dim, p1, p2)
   means = at1.above.means if at1.above else {}
-  for u, v, constant in in_step(dim, t1, t2, differs, (at1.inside, at2.inside)):
+  for u, v, constant in in_step(dim, t1, t2, differs, (at1.inside, at2.inside), labels):
     if u.op is Ops.PAD and isinstance(axes[u.src[0]], tuple):
       sizes.pad(u, v, axes[u.src[0]])
     if (w := at1.windows.get(u)) is not None and isinstance(axes.get(w.source), tuple):

@@ -30,6 +30,8 @@ DYNAMIC_MODELS = {
     ((1, 1), (3, 7), (8, 61), (2, 256), (8, 256)),
   ),
   "real:yolov8n": ("batch", (1, 4), (1, 3, 4)),
+  # a text line's width through convolutions and pools, 4 columns a step
+  "real:crnn_ctc:width": ("width", (32, 640), (32, 160, 331, 640)),
 }
 # a token id input's values: below the smallest vocabulary of the models above
 TOKEN_IDS = 1000
@@ -51,7 +53,7 @@ def _model_path(name: str, dims: tuple, tmp: Path, models_dir: Path | None) -> P
 
   base = name.removeprefix("real:").split(":")[0]
   if name.startswith("real:"):
-    return real_model_path(base, models_dir, batch="batch" in dims, sequence="sequence" in dims)
+    return real_model_path(base, models_dir, **{d: True for d in dims})
   model = onnx_model(base)
   if "batch" in dims:
     model = with_batch_dim(model)

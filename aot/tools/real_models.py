@@ -5,6 +5,8 @@ exported to ONNX (opset 17, static shapes), so that anyone can rebuild the same 
                DFL box decode), written here: no ultralytics
   dbnet        a DB text detector at 640x640 (a small ResNet, an FPN, the upsampling probability head)
   crnn         a CRNN text recogniser, 1x3x32x160 (a conv stack, two bidirectional LSTM layers, per-step classes)
+  crnn_ctc     the same without its LSTM (per-column classes from the conv stack), for the dynamic bench's width
+               range (not in the static set)
   mobilenetv2, mobilenetv3_small   torchvision's, weights=None
   bert6        a BERT-like encoder, 6 layers of torch.nn.TransformerEncoder, MiniLM-sized (384 wide), sequence 128
 
@@ -30,29 +32,30 @@ def default_models_dir() -> Path:
   return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aot-bench"
 
 
-def real_model_path(name: str, models_dir: Path | None = None, batch: bool = False, sequence: bool = False) -> Path:
+def real_model_path(
+  name: str, models_dir: Path | None = None, batch: bool = False, sequence: bool = False, width: bool = False
+) -> Path:
   """The cached ONNX file of real model NAME, exported first if it is not there yet; batch: with a symbolic batch
-  dim (its inputs' and outputs' first), as exporters write one (the bench's --dynamic); sequence: its sequence
-  symbolic (export)."""
-  if name not in REAL_MODELS:
+  dim (its inputs' and outputs' first), as exporters write one (the bench's --dynamic); sequence, width: its sequence
+  or image width symbolic (export)."""
+  if name not in _BUILDERS:
     raise RealModelError(f"unknown real model {name!r}: the real models are {', '.join(REAL_MODELS)}")
-  path = (
-    Path(models_dir or default_models_dir())
-    / f"{name}{'_batch' if batch else ''}{'_sequence' if sequence else ''}.onnx"
-  )
+  flags = "".join(f"_{f}" for f, on in (("batch", batch), ("sequence", sequence), ("width", width)) if on)
+  path = Path(models_dir or default_models_dir()) / f"{name}{flags}.onnx"
   if not path.is_file():
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    export(name, tmp, batch=batch, sequence=sequence)
+    export(name, tmp, batch=batch, sequence=sequence, width=width)
     # a run stopped half-way leaves no half-written file behind for the next run to take
     tmp.replace(path)
   return path
 
 
-def export(name: str, path: Path, batch: bool = False, sequence: bool = False, **sizes) -> None:
+def export(name: str, path: Path, batch: bool = False, sequence: bool = False, width: bool = False, **sizes) -> None:
   """Real model NAME exported to PATH with seeded weights (eval mode: BatchNorm folded into the convs by the
-  exporter), its batch dim symbolic with batch, its sequence (axis 1: bert6's, up to 512 positions) with sequence;
-  sizes (its builder's keywords: size, layers, ...) shrink it for a quick test, never for the bench."""
+  exporter), its batch dim symbolic with batch, its sequence (axis 1: bert6's, up to 512 positions) with sequence,
+  an image's width (its input's axis 3, its output's 1: a text line's columns) with width; sizes (its builder's
+  keywords: size, layers, ...) shrink it for a quick test, never for the bench."""
   try:
     import torch
   except ImportError:
@@ -68,6 +71,7 @@ def export(name: str, path: Path, batch: bool = False, sequence: bool = False, *
   module, example, input_names, output_names = _BUILDERS[name](**sizes)
   axes = {0: "batch"} if batch else {}
   axes |= {1: "sequence"} if sequence else {}
+  ins, outs = ({**axes, 3: "width"}, {**axes, 1: "time"}) if width else (axes, axes)
   module.eval()
   # (not under torch.no_grad: there TransformerEncoderLayer takes its fused fast path, an op with no ONNX form)
   with warnings.catch_warnings():
@@ -82,7 +86,7 @@ def export(name: str, path: Path, batch: bool = False, sequence: bool = False, *
       input_names=input_names,
       output_names=output_names,
       do_constant_folding=True,
-      dynamic_axes={n: axes for n in input_names + output_names} if axes else None,
+      dynamic_axes={**{n: ins for n in input_names}, **{n: outs for n in output_names}} if ins else None,
     )
 
 
@@ -263,7 +267,7 @@ def _dbnet(size: int = 640):
 # ---- CRNN text recogniser ----
 
 
-def _crnn(height: int = 32, width: int = 160, classes: int = 97):
+def _crnn(height: int = 32, width: int = 160, classes: int = 97, recurrent: bool = True):
   import torch
   from torch import nn
 
@@ -281,12 +285,12 @@ def _crnn(height: int = 32, width: int = 160, classes: int = 97):
         *cbr(128, 256), *cbr(256, 256), nn.MaxPool2d((2, 1)),
         *cbr(256, 256), nn.MaxPool2d((2, 1)),
       )  # fmt: skip
-      self.rnn = nn.LSTM(256, hidden, num_layers=2, bidirectional=True, batch_first=True)
-      self.fc = nn.Linear(2 * hidden, classes)
+      self.rnn = nn.LSTM(256, hidden, num_layers=2, bidirectional=True, batch_first=True) if recurrent else None
+      self.fc = nn.Linear(2 * hidden if recurrent else 256, classes)
 
     def forward(self, x):
       f = self.cnn(x).squeeze(2).permute(0, 2, 1)  # [1, time, channels]
-      y, _ = self.rnn(f)
+      y = self.rnn(f)[0] if self.rnn is not None else f
       return self.fc(y).softmax(2)
 
   return CRNN(), (torch.randn(1, 3, height, width),), ["x"], ["probs"]
@@ -359,6 +363,7 @@ _BUILDERS = {
   "yolov8n": _yolov8n,
   "dbnet": _dbnet,
   "crnn": _crnn,
+  "crnn_ctc": lambda **sizes: _crnn(recurrent=False, **sizes),
   "mobilenetv2": lambda: _torchvision("mobilenet_v2"),
   "mobilenetv3_small": lambda: _torchvision("mobilenet_v3_small"),
   "bert6": _bert6,
