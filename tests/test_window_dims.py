@@ -183,3 +183,22 @@ def test_a_recurrence_over_the_range_is_refused_naming_it():
   )
   with pytest.raises(CompileError, match=r"dim 'n' cannot have a range: .*LSTM node 'rnn' is built otherwise"):
     aot.compile_model(model, shapes={"n": (2, 20)})
+
+
+def test_a_loop_to_the_run_size_compared_with_a_pad_is_not_peeled(tmp_path):
+  # a pad's bounds would have cut the padded loop into pieces of constant bounds (a loop to a run-time size has
+  # none: an internal error, found by aot/tools/fuzz_batch.py --axis 2)
+  model = make(
+    [oh.make_node("Pad", ["x", "pads"], ["p"]), oh.make_node("Abs", ["p"], ["a"]), oh.make_node("Log", ["a"], ["y"])],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1, 6, "n", 4])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    [numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 0, 1, 0]), "pads")],
+  )
+  art = aot.compile_model(model, shapes={"n": (1, 9)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 5, 9):
+      x = RNG.standard_normal((1, 6, n, 4)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape == (1, 6, n + 3, 4)
+      np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -189,11 +189,12 @@ def loop_pieces(
 ) -> list[Piece]:
   """Pieces covering [0, r.size) over each of which the comparisons of r against a constant (a*r + c < 0), or else
   those of one affine form of r and the loops around it (outside), keep one value; [Piece(0, size)] when r is not
-  peeled (a kernel with sums, the threads' loop, no such gate, too many pieces). core: _affine_pieces'; affine: False
-  for constant gates only."""
+  peeled (a kernel with sums, the threads' loop, a loop to a run-time size, no such gate, too many pieces). core:
+  _affine_pieces'; affine: False for constant gates only."""
   nodes = ast.toposort()
   whole = [Piece(0, r.size)]
-  if is_outer(r) or any(u.op is Ops.ACCUMULATE for u in nodes):
+  # (a loop to a run-time size, compared with a pad's bound there: its pieces' edges would be run-time values)
+  if is_outer(r) or r.runtime or any(u.op is Ops.ACCUMULATE for u in nodes):
     return whole
   gates = [(u, *g) for u in nodes if (g := _gate_terms(u, r, outside)) is not None]
   constant = [(u, a, c) for u, a, terms, c in gates if not terms]
