@@ -8,9 +8,11 @@ table). It is proved here on the program and a probe at another size (frontends/
 that module does for a batch: a node's dim axes are those of the two sizes there, and every node keeps positions by
 its op's rule (_RULES); a constant that differs between the sizes must agree on the positions both have (a position
 table, an arange), or be a mean's 1/count over the dim (batch_dims.note_mean), which is then computed from the run's
-size (the VAR n_). Padding, flipping, gathering or slicing anything but a prefix along the dim, merging it with
-another dim, or another value of its size (the length read from Shape, as a value) is a CompileError naming the first
-node that does it.
+size (the VAR n_). Pads and windows (convolutions, pools) along the dim derive sizes from it, each with a form in
+the run's size (aot/dim_size.py), to which their loops then run and against which a pad's bound is compared
+(_DimSizes); the bound is then the first size at which every strided window reaches the end of its input, prime or
+not. Flipping, gathering or slicing anything but a prefix along the dim, merging it with another dim, or another value
+of its size (the length read from Shape, as a value) is a CompileError naming the first node that does it.
 
 Memory: the arena is the static plan at P (strides at the bound: every index stays a constant-coefficient sum, and
 a loop's bound is the only run-time value). Inputs and outputs are read and written in place when every axis before
@@ -116,7 +118,13 @@ def prove_extent_dim(
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
   outputs = _io_axes(dim, t1, axes, "output", staged)
   return BatchDim(
-    dim, inputs, outputs, runs="extent", bound=p1, sizes=tuple(sizes.forms.items()), gates=tuple(sizes.gates.items())
+    dim,
+    inputs,
+    outputs,
+    runs="extent",
+    bound=p1,
+    sizes=tuple(sizes.forms.items()),
+    gates=tuple(sizes.gates(p1).items()),
   )
 
 
@@ -127,8 +135,8 @@ class _DimSizes:
   def __init__(self, dim: RunDim, p1: int, p2: int):
     self.dim, self.p1, self.p2 = dim, p1, p2
     self.forms: dict[int, DimSize] = {p1: DimSize()}
-    # a pad's upper bound at p1 (its low pad plus the padded axis' size) -> its form; its lower bound -> None, kept
-    self.gates: dict[int, DimSize | None] = {}
+    # each pad along the dim: its low pad and the padded axis' form (its bounds, compared with a counter: gates)
+    self.pads: set[tuple[int, DimSize]] = set()
     # strided windows: their input's form, the window's span, its stride and the input's right pad. At the bound
     # every window must reach the end of its input, its pad too: a tap the bound's windows never take (or a pad's
     # bound they never cross) is simplified away there, and would be missed at another size
@@ -151,7 +159,7 @@ class _DimSizes:
       (lo, hi), form = u.arg[0][i], self.forms[u.src[0].shape[i]]
       if (lo, hi) != (0, 0):
         self._add(form.padded(lo + hi), u)
-        self.gates[lo + form.at(self.p1)], self.gates[lo] = form.padded(lo), None
+        self.pads.add((lo, form))
 
   def windows(self, u: UOp, w: Windows, src_axes: tuple, node: str) -> None:
     pre = len(w.source.shape) - len(w.kernel)
@@ -176,6 +184,11 @@ class _DimSizes:
         f"and {form.text(self.dim.name)}, are both {x} at its bound {self.p1}: pick another top of the range"
       )
 
+  def gates(self, bound: int) -> dict[int, DimSize | None]:
+    """Each pad's bounds at this bound: its upper one (its low pad plus the axis' size) -> its form, its lower one (the
+    low pad, the same at every size) -> None."""
+    return {lo: None for lo, _ in self.pads} | {lo + f.at(bound): f.padded(lo) for lo, f in self.pads}
+
   def unfit(self, bound: int) -> str | None:
     """Why the program laid out at this bound would not run right at every size (None: it would): a derived size
     that is another dim's too (its loops would run to the form), or strided windows that stop short of the end of
@@ -183,6 +196,9 @@ class _DimSizes:
     at = {f.at(bound): f for f in self.forms.values()}
     if len(at) < len(self.forms) or any(x in self.static for x, f in at.items() if f != DimSize()):
       return f"sizes derived from it coincide with each other or another dim's at its bound {bound}"
+    uppers = {(lo + f.at(bound), f.padded(lo)) for lo, f in self.pads}
+    if len({x for x, _ in uppers}) < len(uppers) or {x for x, _ in uppers} & {lo for lo, _ in self.pads}:
+      return f"two pads' bounds along it coincide at its bound {bound}"
     for padded, span, s, hi in self.reach:
       if (padded.at(bound) - span) % s >= max(hi, 1):
         return f"windows of stride {s} stop short of the end of their input at its bound {bound}"
@@ -190,8 +206,8 @@ class _DimSizes:
 
 
 class OtherBound(CompileError):
-  """The program traced at a range's bound would not run right at every size of it (_DimSizes.unfit), where another
-  bound may: fits(bound) says why one does not (None where it does)."""
+  """The program traced at a range's bound would not run right at every size of it, where another bound may:
+  unfit(bound) says why one does not (None where it does: _DimSizes.unfit)."""
 
   def __init__(self, message: str, unfit):
     super().__init__(message)
