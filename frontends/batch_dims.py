@@ -140,6 +140,8 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
   declared = {d.dim_value for vi in graph.input for d in vi.type.tensor_type.shape.dim}
   declared |= {d for init in graph.initializer for d in init.dims}
   probes = [p for p in PROBE_SIZES if p not in declared]
+  # (a range above the probes': a prime inside it too, where windows along the dim fit: _trace_one)
+  probes += [p for d in dims if (p := _prime_in(d.lo, d.hi, declared)) is not None and p not in probes]
   if len(dims) == 2:
     item = _trace_two(src, dims, pinned, bind, name, trace, probes)
     dim = item.batch.dim
@@ -155,6 +157,12 @@ def trace_batched(src, shapes: dict | None, bind: dict | None, name: str | None,
     what = "sequence or optional inputs or outputs" if item.containers else "inputs or outputs of a narrow type"
     raise CompileError(f"dim '{dim.name}' cannot have a range: the model has {what}, which take no range yet")
   return item
+
+
+def _prime_in(lo: int, hi: int, declared: set[int]) -> int | None:
+  from aot.frontends.extent_dims import _is_prime
+
+  return next((p for p in range(max(lo, 2), hi) if _is_prime(p) and p not in declared), None)
 
 
 def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -> Traced:
@@ -201,10 +209,11 @@ def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -
 
 def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[int]) -> Traced:
   """Two ranged dims: one a batch dim, run item by item, the other run to its size in each item's program (traced at
-  item size 1 and the other's bound): each way round until one is proved, else the last refusal."""
+  item size 1 and the other's bound): each way round until one is proved, else a refusal: what the run-time size
+  cannot take, where a way got that far (the other way's, that the sequence mixes its items, says less)."""
   from aot.frontends.extent_dims import bound_size, prove_extent_dim
 
-  refused = None
+  refusals: list[CompileError] = []
   for items, ext in (dims, dims[::-1]):
     b0, b1, b2 = probes[:3]
     with _at_size(ext, b0) as probe_at:
@@ -215,6 +224,10 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
       item = trace(src, pinned({items.name: 1, ext.name: bound}), bind, name, produced=item_labels)
     try:
       item.extent = prove_extent_dim(ext, item, probe, bound, b0, item_labels, at, probe_at, staged=False)
+    except CompileError as e:
+      refusals.insert(0, e)
+      continue
+    try:
       # (the extent still at its bound: its tables padded as in the item's program)
       with _above(ext, bound), _at_size(items, b1):
         t1 = trace(src, pinned({items.name: b1, ext.name: bound}), bind, name, produced=labels)
@@ -222,11 +235,11 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
         t2 = trace(src, pinned({items.name: b2, ext.name: bound}), bind, name)
       item.batch = prove_batch_dim(items, t1, t2, b1, b2, labels)
     except CompileError as e:
-      refused = e
+      refusals.append(e)
       continue
     _check_one_item(items, item, t1, labels)
     return item
-  raise refused
+  raise refusals[0]
 
 
 @dataclass
@@ -235,7 +248,7 @@ class AboveRange:
   the trace took over the dim (note_mean)."""
 
   top: int
-  means: dict[float, int] = field(default_factory=dict)  # a mean's 1/count (as float32) -> count / bound
+  means: dict[float, int] = field(default_factory=dict)  # a mean's 1/count (as float32) -> count
 
 
 @dataclass
@@ -318,11 +331,11 @@ def note_windows(windows: Windows, out: UOp) -> None:
 
 
 def note_mean(count: int) -> None:
-  """A mean over count elements (its 1/count a constant in the graph): over a dim traced above its range, a multiple
-  of its bound, it divides by the run's size (frontends/extent_dims.py _at_run_size)."""
-  for bound, above in (_ABOVE_RANGE.get() or {}).items():
-    if count % bound == 0:
-      above.means[float(np.float32(1.0 / count))] = count // bound
+  """A mean over count elements (its 1/count a constant in the graph) while the graph is traced above a range: over
+  the dim, or an axis windows derive from it, it divides by that size at the run (frontends/extent_dims.py
+  _at_run_size)."""
+  for above in (_ABOVE_RANGE.get() or {}).values():
+    above.means[float(np.float32(1.0 / count))] = count
 
 
 @contextmanager

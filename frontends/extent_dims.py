@@ -35,7 +35,7 @@ from aot.errors import CompileError, InvalidValueError
 from aot.frontends.batch_dims import BatchDim, RunDim, SizeTrace, Windows, _node_of, _sources, in_step
 from aot.frontends.tensor import Tensor
 from aot.scheduler.kernel import Traced
-from aot.scheduler.runtime_extent import blocks_before, size_var
+from aot.scheduler.runtime_extent import blocks_before, size_uop, size_var
 
 
 def _is_prime(n: int) -> bool:
@@ -83,7 +83,7 @@ def prove_extent_dim(
     why = None
     for s in (s for s in srcs if s in differs and s not in of_size):
       why = _prefix_values(s, differs[s], axes[s])
-      if why and (run := _at_run_size(s, differs[s], p1, p2, dim, means)):
+      if why and (run := _at_run_size(s, differs[s], p2, dim, means, sizes)):
         of_size[s], why = run, None
       if why:
         break
@@ -232,9 +232,10 @@ def _prefix_values(u: UOp, v: UOp, a) -> str | None:
   return "computes a value from its size"
 
 
-def _at_run_size(u: UOp, v: UOp, p1: int, p2: int, dim: RunDim, means: dict[float, int]) -> UOp | None:
-  """A mean's 1/count over the dim (a constant, broadcast) as computed from the run's size n_: 1 / (n_ x count / p1),
-  the constant a static compile folds at that size; None for any other constant."""
+def _at_run_size(u: UOp, v: UOp, p2: int, dim: RunDim, means: dict[float, int], sizes: _DimSizes) -> UOp | None:
+  """A mean's 1/count over the dim, or over an axis windows derive from it (a constant, broadcast), as computed from
+  the run's size n_: 1 / (the axis' form at n_ x the count's other factors), the constant a static compile folds at
+  that size; None for any other constant."""
   from aot.core.interpret import evaluate
 
   if not u.dtype.is_float or u.shape != v.shape:
@@ -242,11 +243,13 @@ def _at_run_size(u: UOp, v: UOp, p1: int, p2: int, dim: RunDim, means: dict[floa
   x, y = evaluate(u), evaluate(v)
   if x.size == 0 or np.any(x != x.flat[0]) or np.any(y != y.flat[0]):
     return None
-  per_size = means.get(float(np.float32(x.flat[0])))
-  if per_size is None or not math.isclose(float(y.flat[0]) * p2 * per_size, 1.0, rel_tol=1e-6):
-    return None
-  count = Tensor(size_var(dim) * per_size).cast(u.dtype)
-  return (Tensor(1.0, u.dtype) / count).reshape((1,) * len(u.shape)).expand(u.shape).uop
+  count = means.get(float(np.float32(x.flat[0])))
+  for size, form in sizes.forms.items() if count else ():
+    other = count // size
+    if count % size == 0 and math.isclose(float(y.flat[0]) * other * form.at(p2), 1.0, rel_tol=1e-6):
+      at_run = Tensor(size_uop(form, size_var(dim)) * other).cast(u.dtype)
+      return (Tensor(1.0, u.dtype) / at_run).reshape((1,) * len(u.shape)).expand(u.shape).uop
+  return None
 
 
 def _same_arg(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:

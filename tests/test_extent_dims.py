@@ -524,3 +524,25 @@ def test_a_model_traced_at_four_sizes_is_read_and_checked_once(tmp_path, monkeyp
   art = aot.compile_model(path, shapes={"batch": (1, 4), "sequence": (1, 64)}, out_dir=tmp_path / "a", cache=False)
   assert art.num_kernels > 0 and len(checks) == 1
   assert sorted(reads) == sorted(t.name for t in model.graph.initializer)
+
+
+
+def test_a_max_over_a_range_below_one_block_of_the_runtime_blocks(tmp_path):
+  # a max over a loop to a run-time size is cut in blocks of 16 and the rest: a bound of 7 has no whole block, and
+  # its loop of 0 blocks was an internal error (found by aot/tools/fuzz_batch.py --axis 2)
+  model = make(
+    [
+      oh.make_node("Cos", ["x"], ["c"]),
+      oh.make_node("ReduceMax", ["c", "axes"], ["r"], keepdims=1),
+      oh.make_node("GlobalMaxPool", ["r"], ["y"]),
+    ],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [5, 5, "n"])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    [numpy_helper.from_array(np.array([0, 1]), "axes")],
+  )
+  art = aot.compile_model(model, shapes={"n": (1, 5)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 4, 5):
+      x = np.random.default_rng(n).standard_normal((5, 5, n)).astype(np.float32)
+      np.testing.assert_allclose(m(x), sess.run(None, {"x": x})[0], rtol=1e-6)

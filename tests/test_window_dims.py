@@ -202,3 +202,36 @@ def test_a_loop_to_the_run_size_compared_with_a_pad_is_not_peeled(tmp_path):
       got, (want,) = m(x), sess.run(None, {"x": x})
       assert got.shape == want.shape == (1, 6, n + 3, 4)
       np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_range_above_the_small_probe_sizes_is_probed_inside_it(tmp_path):
+  # windows of 16 do not fit the small primes the proof probed a dim at (7): a range of 64..200 is probed at 67
+  model = pool_model(("MaxPool", 16, 16, 0, 0), ("MaxPool", 2, 1, 0, 1))
+  art = aot.compile_model(model, shapes={"n": (64, 200)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    assert m.get_outputs()[0].shape == [1, 4, "n//16"]
+    for n in (64, 95, 200):
+      x = RNG.standard_normal((1, 4, n)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_mean_over_an_axis_windows_derive_divides_by_its_size_at_each_call(tmp_path):
+  # a text classifier's shape: a strided conv over the sequence, then the mean over what is left of it
+  model = make(
+    [
+      oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1], strides=[2]),
+      oh.make_node("GlobalAveragePool", ["c"], ["y"]),
+    ],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1, 8, "n"])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    [numpy_helper.from_array(weight(6, 8, 3), "w")],
+  )
+  art = aot.compile_model(model, shapes={"n": (3, 70)}, out_dir=tmp_path / "a")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (3, 4, 37, 70):
+      x = RNG.standard_normal((1, 8, n)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -58,7 +58,7 @@ def runtime_marked(ast: UOp, batch, what: str) -> UOp:
   mapping = {
     r: UOp(Ops.RANGE, r.dtype, (), (*r.arg, size_uop(form, n)))
     for r in ranges
-    if not r.runtime and (form := batch.size_at(r.size)) is not None
+    if not r.runtime and r.kind != "panels" and (form := batch.size_at(r.size)) is not None
   }
   ast = substitute(ast, mapping) if mapping else ast
   counted = {r for r in ast.toposort() if r.op is Ops.RANGE and r.runtime}

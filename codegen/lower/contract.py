@@ -322,7 +322,8 @@ def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
   cut short), and a call over [p, p + 1) writes that one panel to its slot 0."""
   outer, rest = side.rows[0], side.rows[1:]
   panels = -(-outer.size // h)
-  p = UOp(Ops.RANGE, dtypes.index, (), (0, c.B * panels, "loop"))
+  # ("panels": a loop of the lowering's own, which a dim run to a run-time size never is, whatever its size)
+  p = UOp(Ops.RANGE, dtypes.index, (), (0, c.B * panels, "panels"))
   # a placeholder for the h rows in the panel, unlike any of the operand's ranges
   order = [*c.k, UOp(Ops.RANGE, dtypes.index, (), (-1, h, "panel")), *rest]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i + 1, r.size, "loop")) for i, r in enumerate(order)}

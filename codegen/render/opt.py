@@ -155,6 +155,8 @@ def runtime_blocks(ast: UOp) -> UOp:
       size = WIDE_SUM_BLOCK
     else:
       continue
+    if inner.size < size:
+      continue  # (a bound below one block: no whole block at any size, and a loop of none is no loop)
     n = inner.extent
     block = UOp(Ops.RANGE, dtypes.index, (), (inner.number, inner.size // size, "reduce", n // size))
     rest = UOp(Ops.RANGE, dtypes.index, (), (fresh, size, "reduce", n % size))
@@ -231,7 +233,7 @@ def _loops_and_sums(ast: UOp) -> tuple[list[UOp], list[UOp]]:
   if ast.op is not Ops.STORE:
     return [], []
   topo = ast.toposort()
-  outs = sorted((u for u in topo if u.op is Ops.RANGE and u.kind == "loop"), key=lambda r: r.number)
+  outs = sorted((u for u in topo if u.op is Ops.RANGE and u.kind in ("loop", "panels")), key=lambda r: r.number)
   return outs, [u for u in topo if u.op is Ops.ACCUMULATE]
 
 
