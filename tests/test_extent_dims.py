@@ -526,7 +526,6 @@ def test_a_model_traced_at_four_sizes_is_read_and_checked_once(tmp_path, monkeyp
   assert sorted(reads) == sorted(t.name for t in model.graph.initializer)
 
 
-
 def test_a_max_over_a_range_below_one_block_of_the_runtime_blocks(tmp_path):
   # a max over a loop to a run-time size is cut in blocks of 16 and the rest: a bound of 7 has no whole block, and
   # its loop of 0 blocks was an internal error (found by aot/tools/fuzz_batch.py --axis 2)
