@@ -33,7 +33,7 @@ class DimSize:
     return DimSize(b % q, q, 1 + b // q) if q > 1 else DimSize(0, 1, b + 1)
 
   def text(self, name: str) -> str:
-    """The form as an output's shape in the manifest writes it: name, name+2, (name+3)//4, (name-1)//2+1."""
+    """The form as an output's shape in the manifest writes it: name, name+3, name//4, (name+1)//2+1."""
     if self.q == 1:
       return f"{name}{self.b + self.e:+d}" if self.b + self.e else name
     return f"{f'({name}{self.b:+d})' if self.b else name}//{self.q}{f'{self.e:+d}' if self.e else ''}"
