@@ -12,6 +12,19 @@
 #include <string.h>
 #include "aot_gemm.h"
 
+/* the microkernels' loops unrolled, but under the sanitizers (tests/test_sanitize.py): there the checks of the
+   unrolled code made clang-19 take 25 s over this file, 3 without. Each accumulator's sum runs in the same order
+   either way. */
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer)
+#define AOT_UNROLL(n)
+#else
+#define AOT_UNROLL_(text) _Pragma(#text)
+#define AOT_UNROLL(n) AOT_UNROLL_(GCC unroll n)
+#endif
+
 /* K is walked in slices this long: fewer slices, fewer passes over C's tiles (measured in ResNet-18/50: 512-1024 is
    ~5% faster than 256; the slice of a B tile then lives in L2, not L1) */
 #define KC 1024
@@ -29,12 +42,12 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 #define ROW(x, xm) ((x)[i * (xm)] - (vec_t){0})
 #define COL(x, xm) (*(const vec_t *)((x) + i * (xm) + j * VW))
 #define ON_TILE(Y, EXPR)                                                                                   \
-  _Pragma("GCC unroll 16") for (int i = 0; i < TILE_MR; i++)                                                    \
-    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) { const vec_t v = acc[i][j], y = Y; acc[i][j] = EXPR; }
+  AOT_UNROLL(16) for (int i = 0; i < TILE_MR; i++)                                                    \
+    AOT_UNROLL(4) for (int j = 0; j < NV; j++) { const vec_t v = acc[i][j], y = Y; acc[i][j] = EXPR; }
 /* a multiply whose result an add takes: one statement per op, as the generated kernel has them */
 #define ON_TILE_MUL_ADD(Y, Z)                                                                              \
-  _Pragma("GCC unroll 16") for (int i = 0; i < TILE_MR; i++)                                                    \
-    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {                                                 \
+  AOT_UNROLL(16) for (int i = 0; i < TILE_MR; i++)                                                    \
+    AOT_UNROLL(4) for (int j = 0; j < NV; j++) {                                                 \
       const vec_t y_ = Y, z_ = Z, p_ = acc[i][j] * y_;                                                        \
       acc[i][j] = p_ + z_;                                                                                 \
     }
@@ -91,39 +104,52 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
     V acc[MR][NV];                                                                                         \
     const float *ai[MR];                                                                                   \
     const int whole = !(EDGE) || (mr == MR && nr == NR);                                                    \
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
+    AOT_UNROLL(16) for (int i = 0; i < MR; i++) {                                                \
       ai[i] = a + ((EDGE) && i >= mr ? mr - 1 : i) * ar;                                                   \
-      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)                                                 \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++)                                                 \
         acc[i][j] = accumulate && whole ? *(const V *)(c + i * ldc + j * VW)                               \
                   : accumulate && i < mr ? edge_load(c + i * ldc + j * VW, nr - j * VW, VW, (V){0})      \
                   : (V){0};                                                                                \
     }                                                                                                      \
     for (int k = 0; k < kc; k++) {                                                                         \
       V bv[NV];                                                                                            \
-      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) bv[j] = *(const V *)(b + k * bk + j * VW);     \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++) bv[j] = *(const V *)(b + k * bk + j * VW);     \
       /* scalar * vector broadcasts the scalar straight from memory (0 + a would be an add: -0 + 0 is not -0) */ \
-      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                              \
+      AOT_UNROLL(16) for (int i = 0; i < MR; i++) {                                              \
         const float av = ai[i][k * ak];                                                                    \
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[i][j] += bv[j] * av;                      \
+        AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[i][j] += bv[j] * av;                      \
       }                                                                                                    \
     }                                                                                                      \
     if (g) { TILE_STEPS }                                                                                  \
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                                                  \
-      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {                                               \
+    AOT_UNROLL(16) for (int i = 0; i < MR; i++)                                                  \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++) {                                               \
         if (whole) *(V *)(c + i * ldc + j * VW) = acc[i][j];                                               \
         else if (i < mr) edge_store(c + i * ldc + j * VW, nr - j * VW, VW, acc[i][j]);                   \
       }                                                                                                    \
   }
 
-/* 8 x 32 with 16-float vectors: 16 accumulators + 2 B vectors + 1 broadcast fit AVX-512's 32 registers */
-MICROKERNEL(microkernel_8x32, 8, 32, v16, 0)
-MICROKERNEL(microkernel_8x32_edge, 8, 32, v16, 1)
 /* 6 x 16 with 8-float vectors: 12 accumulators fit AVX2's 16 registers (and NEON's 32 as 24 halves) */
 MICROKERNEL(microkernel_6x16, 6, 16, v8, 0)
 MICROKERNEL(microkernel_6x16_edge, 6, 16, v8, 1)
+#if defined(__x86_64__)
+/* 8 x 32 with 16-float vectors: 16 accumulators + 2 B vectors + 1 broadcast fit AVX-512's 32 registers */
+MICROKERNEL(microkernel_8x32, 8, 32, v16, 0)
+MICROKERNEL(microkernel_8x32_edge, 8, 32, v16, 1)
 /* an edge tile of at most 16 columns on the 8 x 32 path: half the work of a full tile (a 13x13 image's 169 columns
    end in 9, which the full tile computed 32 of; the sums, k ascending, are the same) */
 MICROKERNEL(microkernel_8x16_edge, 8, 16, v16, 1)
+#else
+/* the 8 x 32 tile is x86's alone (codegen/lower/contract.py gemm_tile): elsewhere it is never called, and gcc's
+   16-float vectors as NEON quarters took 41 of the 45 s an aarch64 build of this file took. A call would trap */
+static void microkernel_8x32(int K, const float *a, long ar, long ak, const float *b, long bk, float *c, long ldc,
+                             int mr, int nr, int acc, const aot_gemm *g, int bb, int m, int n) {
+  (void)K, (void)a, (void)ar, (void)ak, (void)b, (void)bk, (void)c, (void)ldc, (void)mr, (void)nr, (void)acc;
+  (void)g, (void)bb, (void)m, (void)n;
+  __builtin_trap();
+}
+#define microkernel_8x32_edge microkernel_8x32
+#define microkernel_8x16_edge microkernel_8x32
+#endif
 
 typedef void (*microkernel_fn)(int, const float *, long, long, const float *, long, float *, long, int, int, int,
                                const aot_gemm *, int, int, int);
@@ -137,18 +163,18 @@ typedef void (*microkernel_fn)(int, const float *, long, long, const float *, lo
   static void NAME(int K, const float *restrict a, long ak, const float *restrict b, long bk, float *restrict c) { \
     enum { VW = (int)(sizeof(V) / sizeof(float)), NV = NR / VW };                                           \
     V acc[GEMV_SPLIT][NV];                                                                                  \
-    _Pragma("GCC unroll 4") for (int u = 0; u < GEMV_SPLIT; u++)                                            \
-      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[u][j] = (V){0};                              \
+    AOT_UNROLL(4) for (int u = 0; u < GEMV_SPLIT; u++)                                            \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[u][j] = (V){0};                              \
     int k = 0;                                                                                              \
     for (; k + GEMV_SPLIT <= K; k += GEMV_SPLIT)                                                            \
-      _Pragma("GCC unroll 4") for (int u = 0; u < GEMV_SPLIT; u++) {                                        \
+      AOT_UNROLL(4) for (int u = 0; u < GEMV_SPLIT; u++) {                                        \
         const float av = a[(k + u) * ak];                                                                   \
         const float *bu = b + (k + u) * bk;                                                                 \
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[u][j] += *(const V *)(bu + j * VW) * av;     \
+        AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[u][j] += *(const V *)(bu + j * VW) * av;     \
       }                                                                                                     \
     for (; k < K; k++)                                                                                      \
-      _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[0][j] += *(const V *)(b + k * bk + j * VW) * a[k * ak]; \
-    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)                                                    \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[0][j] += *(const V *)(b + k * bk + j * VW) * a[k * ak]; \
+    AOT_UNROLL(4) for (int j = 0; j < NV; j++)                                                    \
       *(V *)(c + j * VW) = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);                               \
   }
 GEMV_KERNEL(gemv_32, 32, v16)
