@@ -131,7 +131,7 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
 /* 6 x 16 with 8-float vectors: 12 accumulators fit AVX2's 16 registers (and NEON's 32 as 24 halves) */
 MICROKERNEL(microkernel_6x16, 6, 16, v8, 0)
 MICROKERNEL(microkernel_6x16_edge, 6, 16, v8, 1)
-#if defined(__x86_64__)
+#if defined(__AVX512F__)
 /* 8 x 32 with 16-float vectors: 16 accumulators + 2 B vectors + 1 broadcast fit AVX-512's 32 registers */
 MICROKERNEL(microkernel_8x32, 8, 32, v16, 0)
 MICROKERNEL(microkernel_8x32_edge, 8, 32, v16, 1)
@@ -139,8 +139,9 @@ MICROKERNEL(microkernel_8x32_edge, 8, 32, v16, 1)
    end in 9, which the full tile computed 32 of; the sums, k ascending, are the same) */
 MICROKERNEL(microkernel_8x16_edge, 8, 16, v16, 1)
 #else
-/* the 8 x 32 tile is x86's alone (codegen/lower/contract.py gemm_tile): elsewhere it is never called, and gcc's
-   16-float vectors as NEON quarters took 41 of the 45 s an aarch64 build of this file took. A call would trap */
+/* the 8 x 32 tile is AVX-512's alone (codegen/lower/contract.py gemm_tile): elsewhere it is never called, and gcc
+   split its 16-float vectors into quarters for long: 41 of the 45 s of an aarch64 build of this file, 13 of 18 s of
+   an x86-64-v2 one. A call would trap */
 static void microkernel_8x32(int K, const float *a, long ar, long ak, const float *b, long bk, float *c, long ldc,
                              int mr, int nr, int acc, const aot_gemm *g, int bb, int m, int n) {
   (void)K, (void)a, (void)ar, (void)ak, (void)b, (void)bk, (void)c, (void)ldc, (void)mr, (void)nr, (void)acc;
