@@ -341,7 +341,7 @@ def write_manifest(path: Path, sched: Schedule, built: Built) -> None:
   def t(b: Buffer, side: str, i: int) -> dict:
     # (an output's axis that windows derived from a dim run to a size is named by their form: aot/dim_size.py)
     named = {
-      a: d.size_at(b.shape[a]).text(d.dim.name) if d.runs == "extent" else d.dim.name
+      a: d.axis_form(b.shape[a]).text(d.dim.name)
       for d in dims
       if (a := (d.inputs if side == "input" else d.outputs)[i]) >= 0
     }

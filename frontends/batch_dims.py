@@ -59,6 +59,11 @@ class BatchDim:
     """The form of an axis of this size at the bound, if it is one of the dim's."""
     return dict(self.sizes).get(bound_size)
 
+  def axis_form(self, size: int) -> DimSize:
+    """The form of an input's or output's axis of the dim, of this size in the program: the dim itself where items
+    run one by one, else that size's at the bound (windows may have derived it)."""
+    return self.size_at(size) if self.runs == "extent" else DimSize()
+
 
 def ranged_dims(shapes: dict | None, graph: onnx.GraphProto) -> tuple[list[RunDim], Callable[[dict], dict]]:
   """The dims shapes gives a range to (at most two) and shapes with them pinned to sizes (by name). A range is a
@@ -187,13 +192,8 @@ def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -
     try:
       t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels, at, probe)
     except OtherBound as e:
-      # (windows along it: their sizes and reach at the bound depend on which bound; the next one that fits, prime
-      # or not: windows of stride 2 want an even size. A loop of it is still the dim's, no other size a multiple)
-      unfit = e.unfit
-      b2 = next(
-        (b for b in range(b2 + 1, 64 * b2) if not any(s % b == 0 for s in taken if s) and unfit(b) is None), None
-      )
-      if b2 is None:
+      # (windows along it: their sizes and reach at the bound depend on which bound; the next one that fits)
+      if (b2 := bound_size(b2 + 1, taken, e.unfit)) is None:
         raise
       bound_labels = []
       with _at_size(dim, b2) as at:
@@ -364,7 +364,7 @@ def _at_size(dim: RunDim, size: int):
       yield at
   except (CompileError, InternalError) as e:
     bound = (
-      f" ({size} is the prime the range is laid out at, the smallest >= {dim.hi} that no other dim's size is a "
+      f" ({size} is the size the range is laid out at: the smallest >= {dim.hi} that no other dim's size is a "
       "multiple of)"
       if size > dim.hi
       else ""

@@ -42,11 +42,16 @@ def _is_prime(n: int) -> bool:
   return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))
 
 
-def bound_size(hi: int, taken: set[int]) -> int:
+def bound_size(hi: int, taken: set[int], unfit=None) -> int | None:
   """The size a dim run to a size given at run time is traced and laid out at: the smallest prime >= hi that divides
   no other dim's size (a loop of that size is then the dim's and no other's). Above hi where small primes divide
-  the model's sizes (a detector's 320x320 has 2 and 5, its channels 3)."""
-  return next(p for p in itertools.count(max(hi, 2)) if _is_prime(p) and not any(s % p == 0 for s in taken if s))
+  the model's sizes (a detector's 320x320 has 2 and 5, its channels 3). unfit: where windows run along the dim
+  (_DimSizes.unfit), the first size >= hi, prime or not, dividing no other dim's size, that they fit (windows of
+  stride 2 want an even one); None when none below 64 x hi does."""
+  apart = lambda p: not any(s % p == 0 for s in taken if s)
+  if unfit is None:
+    return next(p for p in itertools.count(max(hi, 2)) if _is_prime(p) and apart(p))
+  return next((b for b in range(hi, 64 * hi) if apart(b) and unfit(b) is None), None)
 
 
 def prove_extent_dim(

@@ -42,12 +42,12 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 #define ROW(x, xm) ((x)[i * (xm)] - (vec_t){0})
 #define COL(x, xm) (*(const vec_t *)((x) + i * (xm) + j * VW))
 #define ON_TILE(Y, EXPR)                                                                                   \
-  AOT_UNROLL(16) for (int i = 0; i < TILE_MR; i++)                                                    \
+  AOT_UNROLL(16) for (int i = 0; i < TILE_MR; i++)                                                         \
     AOT_UNROLL(4) for (int j = 0; j < NV; j++) { const vec_t v = acc[i][j], y = Y; acc[i][j] = EXPR; }
 /* a multiply whose result an add takes: one statement per op, as the generated kernel has them */
 #define ON_TILE_MUL_ADD(Y, Z)                                                                              \
-  AOT_UNROLL(16) for (int i = 0; i < TILE_MR; i++)                                                    \
-    AOT_UNROLL(4) for (int j = 0; j < NV; j++) {                                                 \
+  AOT_UNROLL(16) for (int i = 0; i < TILE_MR; i++)                                                         \
+    AOT_UNROLL(4) for (int j = 0; j < NV; j++) {                                                           \
       const vec_t y_ = Y, z_ = Z, p_ = acc[i][j] * y_;                                                        \
       acc[i][j] = p_ + z_;                                                                                 \
     }
@@ -104,25 +104,25 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
     V acc[MR][NV];                                                                                         \
     const float *ai[MR];                                                                                   \
     const int whole = !(EDGE) || (mr == MR && nr == NR);                                                    \
-    AOT_UNROLL(16) for (int i = 0; i < MR; i++) {                                                \
+    AOT_UNROLL(16) for (int i = 0; i < MR; i++) {                                                          \
       ai[i] = a + ((EDGE) && i >= mr ? mr - 1 : i) * ar;                                                   \
-      AOT_UNROLL(4) for (int j = 0; j < NV; j++)                                                 \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++)                                                           \
         acc[i][j] = accumulate && whole ? *(const V *)(c + i * ldc + j * VW)                               \
                   : accumulate && i < mr ? edge_load(c + i * ldc + j * VW, nr - j * VW, VW, (V){0})      \
                   : (V){0};                                                                                \
     }                                                                                                      \
     for (int k = 0; k < kc; k++) {                                                                         \
       V bv[NV];                                                                                            \
-      AOT_UNROLL(4) for (int j = 0; j < NV; j++) bv[j] = *(const V *)(b + k * bk + j * VW);     \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++) bv[j] = *(const V *)(b + k * bk + j * VW);                \
       /* scalar * vector broadcasts the scalar straight from memory (0 + a would be an add: -0 + 0 is not -0) */ \
-      AOT_UNROLL(16) for (int i = 0; i < MR; i++) {                                              \
+      AOT_UNROLL(16) for (int i = 0; i < MR; i++) {                                                        \
         const float av = ai[i][k * ak];                                                                    \
-        AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[i][j] += bv[j] * av;                      \
+        AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[i][j] += bv[j] * av;                                \
       }                                                                                                    \
     }                                                                                                      \
     if (g) { TILE_STEPS }                                                                                  \
-    AOT_UNROLL(16) for (int i = 0; i < MR; i++)                                                  \
-      AOT_UNROLL(4) for (int j = 0; j < NV; j++) {                                               \
+    AOT_UNROLL(16) for (int i = 0; i < MR; i++)                                                            \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++) {                                                         \
         if (whole) *(V *)(c + i * ldc + j * VW) = acc[i][j];                                               \
         else if (i < mr) edge_store(c + i * ldc + j * VW, nr - j * VW, VW, acc[i][j]);                   \
       }                                                                                                    \
@@ -164,18 +164,18 @@ typedef void (*microkernel_fn)(int, const float *, long, long, const float *, lo
   static void NAME(int K, const float *restrict a, long ak, const float *restrict b, long bk, float *restrict c) { \
     enum { VW = (int)(sizeof(V) / sizeof(float)), NV = NR / VW };                                           \
     V acc[GEMV_SPLIT][NV];                                                                                  \
-    AOT_UNROLL(4) for (int u = 0; u < GEMV_SPLIT; u++)                                            \
-      AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[u][j] = (V){0};                              \
+    AOT_UNROLL(4) for (int u = 0; u < GEMV_SPLIT; u++)                                                     \
+      AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[u][j] = (V){0};                                       \
     int k = 0;                                                                                              \
     for (; k + GEMV_SPLIT <= K; k += GEMV_SPLIT)                                                            \
-      AOT_UNROLL(4) for (int u = 0; u < GEMV_SPLIT; u++) {                                        \
+      AOT_UNROLL(4) for (int u = 0; u < GEMV_SPLIT; u++) {                                                 \
         const float av = a[(k + u) * ak];                                                                   \
         const float *bu = b + (k + u) * bk;                                                                 \
-        AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[u][j] += *(const V *)(bu + j * VW) * av;     \
+        AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[u][j] += *(const V *)(bu + j * VW) * av;            \
       }                                                                                                     \
     for (; k < K; k++)                                                                                      \
       AOT_UNROLL(4) for (int j = 0; j < NV; j++) acc[0][j] += *(const V *)(b + k * bk + j * VW) * a[k * ak]; \
-    AOT_UNROLL(4) for (int j = 0; j < NV; j++)                                                    \
+    AOT_UNROLL(4) for (int j = 0; j < NV; j++)                                                             \
       *(V *)(c + j * VW) = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);                               \
   }
 GEMV_KERNEL(gemv_32, 32, v16)

@@ -86,7 +86,7 @@ def largest(sched: Schedule, b: Buffer, kind: str, i: int) -> tuple:
   shape = list(b.shape)
   for d, _ in ranged(sched):
     if (a := (d.inputs if kind == "INPUT" else d.outputs)[i]) >= 0:
-      shape[a] = d.size_at(b.shape[a]).at(d.dim.hi) if d.runs == "extent" else d.dim.hi
+      shape[a] = d.axis_form(b.shape[a]).at(d.dim.hi)
   return tuple(shape)
 
 
@@ -139,7 +139,7 @@ def run_dims_c(name: str, sched: Schedule) -> str:
     for d, v in ranged(sched):
       if (a := d.outputs[i]) >= 0:
         # (a dim run to a size may reach an output through windows: its size there is their form of e_)
-        dims[a] = d.size_at(b.shape[a]).c(v) if d.runs == "extent" else v
+        dims[a] = d.axis_form(b.shape[a]).c(v)
     fills.append(f"  if ({s}) {{ {' '.join(f'{s}[{j}] = {x};' for j, x in enumerate(dims))} }}")
   sizes = [v for _, v in ranged(sched)]
   return f"""static int run_dims_locked({name}_model *m, {", ".join(run_dims_args(sched))}) {{
