@@ -13,6 +13,9 @@ from pathlib import Path
 # the cap when AOT_CACHE_MAX_MB does not say: a zoo model's library and objects are 2-10 MB, the runtime's objects
 # for one compiler and CPU ~3 MB, so this holds a few hundred models' builds and stays small beside a disk
 DEFAULT_MAX_MB = 1024
+# a file bigger than this share of the cap is not kept: storing it would evict most of what is there (a VGG-19's
+# 0.6 GB library under the default cap took the runtime's objects and every other build with it, each time it was built)
+KEEP_MAX_SHARE = 0.25
 # a trim goes below the cap by this share, so the build after it does not trim again at once
 TRIM_TO = 0.8
 # a trim walks the whole cache (40 ms at 3,700 files: the test suite's cache, trimmed after each of its thousands of
@@ -58,8 +61,12 @@ def fetch(cached: Path, dest: Path) -> bool:
 
 
 def store(path: Path, cached: Path) -> None:
-  """Put a file into the cache atomically (concurrent builds may store the same key)."""
+  """Put a file into the cache atomically (concurrent builds may store the same key), unless it is too big for it
+  (KEEP_MAX_SHARE)."""
   try:
+    if os.path.getsize(path) > max_bytes() * KEEP_MAX_SHARE:
+      return
+
     cached.parent.mkdir(parents=True, exist_ok=True)
     part = cached.with_name(f"{cached.name}.{os.getpid()}.{id(path)}.part")
     shutil.copyfile(path, part)

@@ -45,6 +45,18 @@ def test_a_build_over_the_cap_removes_the_least_recently_used_files(cache_at, tm
   np.testing.assert_allclose(aot.load(art)(x), get("mnist").reference(x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_file_over_a_quarter_of_the_cap_is_not_kept(cache_at, tmp_path, monkeypatch):
+  _old_file(cache_at / "old" / "junk", 0.5, 100)
+  monkeypatch.setenv("AOT_CACHE_MAX_MB", "1.5")
+  art = aot.compile_model("models:mnist", out_dir=tmp_path / "m")
+  left = {p.name for p in cache_at.rglob("*") if p.is_file()}
+  # libmnist.so and libmnist.a (0.45 MiB each, over 1.5 / 4) are not stored, where they would have evicted the rest
+  assert art.library_path.stat().st_size > 1.5 * MIB / 4
+  assert "junk" in left and not {"lib.so", "libmnist.a"} & left
+  # the runtime's objects are kept
+  assert any(p.suffix == ".o" for p in (cache_at / "obj").iterdir())
+
+
 def test_a_hit_counts_as_a_use(cache_at, tmp_path):
   src = tmp_path / "src"
   src.mkdir()
