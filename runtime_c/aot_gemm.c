@@ -10,6 +10,7 @@
    summed in the same order (k ascending, in KC slices) whatever the thread count, so results are bitwise the same. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "aot_gemm.h"
 
 /* the microkernels' loops unrolled, but under the sanitizers (tests/test_sanitize.py): there the checks of the
@@ -28,6 +29,12 @@
 /* K is walked in slices this long: fewer slices, fewer passes over C's tiles (measured in ResNet-18/50: 512-1024 is
    ~5% faster than 256; the slice of a B tile then lives in L2, not L1) */
 #define KC 1024
+/* ... but a packed panel's (a convolution's window matrix, packed by each task) in slices of this many where L1 holds
+   a B tile's slice (32 x 256 floats: 32 KB) beside A's (L1 of 48 KB or more): measured on a Xeon with 48 KB, 1
+   thread, ResNet-18 35.4 -> 33.0 ms, 3x3 convolutions 5-7% faster, matmuls and 1x1 convolutions (B read in place)
+   as they were (or 2-7% slower at 256). Every element is summed in the same order either way */
+#define PANEL_KC 256
+#define PANEL_KC_L1 (48 * 1024)
 /* edge tiles are copied this many steps of k at a time (so the copies fit on the stack) */
 #define EDGE_KC 128
 
@@ -250,6 +257,21 @@ static int panel_groups(const aot_gemm *g) {
   return min(cdiv(g->slices, panels), tiles);
 }
 
+/* the K slice of a packed panel on this CPU (PANEL_KC), found once (sysconf may ask the CPU: a trap in a VM) */
+static int panel_kc(void) {
+  static int found;
+  int kc = __atomic_load_n(&found, __ATOMIC_RELAXED);
+  if (!kc) {
+    long l1 = 0;
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+    kc = l1 >= PANEL_KC_L1 ? PANEL_KC : KC;
+    __atomic_store_n(&found, kc, __ATOMIC_RELAXED);
+  }
+  return kc;
+}
+
 int aot_gemm_tasks(const aot_gemm *g) {
   return g->batch * cdiv(g->N, g->nc) * (g->pack ? panel_groups(g) : cdiv(g->M, g->mc));
 }
@@ -270,6 +292,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
   const long ldc = g->ldc ? g->ldc : g->N;
   const microkernel_fn micro = MR == 8 ? microkernel_8x32 : microkernel_6x16;
   const int mblocks = cdiv(g->M, g->mc), nblocks = cdiv(g->N, g->nc), vector_steps = steps_vectorise(g);
+  const int kcs = g->pack ? panel_kc() : KC;
   int column_steps = 0;
   for (int k = 0; k < g->nsteps; k++) column_steps |= g->steps[k].p && g->steps[k].n == 1;
   /* edge tiles of B that end at N (and B tiles whose lanes are not contiguous) are read through zero-padded copies
@@ -306,8 +329,8 @@ void aot_gemm_run(void *ctx, int start, int end) {
     }
     for (int m0 = m_lo; m0 < m_hi; m0 += g->mc) {
     const int m1 = min(m0 + g->mc, m_hi);
-    for (int k0 = 0; k0 < K; k0 += KC) {
-      const int kc = min(K - k0, KC);
+    for (int k0 = 0; k0 < K; k0 += kcs) {
+      const int kc = min(K - k0, kcs);
       for (int n = n0; n < n1; n += NR) {
         const int nr = min(n1 - n, NR);
         const int b_copy = (nr < NR && !bo.padded) || bo.row != 1;
