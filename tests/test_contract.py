@@ -6,7 +6,7 @@ compiled with, on 1, 2 and 3 threads, bitwise the same, compiled to split every 
 
 import numpy as np
 import pytest
-from conftest import TARGETS, fresh_like, run_body
+from conftest import TARGETS, fresh_like, outputs_on_threads, run_body
 
 import aot
 from aot.frontends.tensor import Tensor
@@ -20,13 +20,7 @@ def compiled(fn, xs, tmp_path, target, **kw):
   kernel count). Compiled with xs, run on fresh inputs of their shapes on 1, 2 and 3 threads (bitwise equal)."""
   art = aot.compile_model(fn, xs, out_dir=tmp_path / target, target=target, **kw)
   fresh = [fresh_like(x, 100 + i) for i, x in enumerate(xs)]
-  outs = []
-  for threads in (1, 2, 3):
-    model = aot.load(art, threads=threads)
-    try:
-      outs.append(model(*fresh))
-    finally:
-      model.close()
+  outs = outputs_on_threads(art, dict(enumerate(fresh)), (1, 2, 3))
   for n, out in zip((2, 3), outs[1:]):
     np.testing.assert_array_equal(out, outs[0], err_msg=f"{n} threads differ from 1")
   return outs[0], fresh, (art.dir / "src" / "model.c").read_text().count("aot_gemm g ="), art.num_kernels
@@ -265,13 +259,7 @@ def check_against_onnxruntime(model, xs: dict[str, np.ndarray], tmp_path, target
 
   art = aot.compile_model(model, out_dir=tmp_path / target, target=target, name="m")
   want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, xs)[0]
-  outs = []
-  for threads in (1, 2):
-    m = aot.load(art, threads=threads)
-    try:
-      outs.append(m(*xs.values()))
-    finally:
-      m.close()
+  outs = outputs_on_threads(art, xs, (1, 2))
   close(outs[0], want)
   assert np.array_equal(outs[0], outs[1])
   return json.loads((art.dir / "m.json").read_text())
@@ -381,13 +369,7 @@ def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tm
   ref = np.concatenate(
     [conv_ref(x[:, i * g : (i + 1) * g], w[i * 16 : (i + 1) * 16], padding=1) for i in range(groups)], 1
   )
-  outs = []
-  for threads in (1, 2):
-    model = aot.load(art, threads=threads)
-    try:
-      outs.append(model(x))
-    finally:
-      model.close()
+  outs = outputs_on_threads(art, {"x": x}, (1, 2))
   close(outs[0], np.maximum(ref, 0))
   assert np.array_equal(outs[0], outs[1])
   body = (art.dir / "src" / "model.c").read_text()
@@ -405,13 +387,7 @@ def test_big_input_of_a_1x1_conv_is_packed_a_panel_at_a_time(target, tmp_path):
   assert x.nbytes > PANEL_MAX_BYTES
   art = aot.compile_model(lambda x: x.conv2d(Tensor(w)).relu(), [x], out_dir=tmp_path / target, target=target)
   assert "_pack" in (art.dir / "src" / "model.c").read_text()
-  outs = []
-  for threads in (1, 2):
-    model = aot.load(art, threads=threads)
-    try:
-      outs.append(model(x))
-    finally:
-      model.close()
+  outs = outputs_on_threads(art, {"x": x}, (1, 2))
   close(outs[0], np.maximum(conv_ref(x, w), 0))
   assert np.array_equal(outs[0], outs[1])
 
@@ -425,13 +401,7 @@ def test_one_panel_splits_its_rows_between_threads(target, tmp_path):
   art = aot.compile_model(lambda x: x.conv2d(Tensor(w), padding=1), [x], out_dir=tmp_path / target, target=target)
   body = (art.dir / "src" / "model.c").read_text()
   assert "_pack" in body and ".slices = aot_pool_threads(m->pool)" in body
-  outs = []
-  for threads in (1, 2, 3):
-    model = aot.load(art, threads=threads)
-    try:
-      outs.append(model(x))
-    finally:
-      model.close()
+  outs = outputs_on_threads(art, {"x": x}, (1, 2, 3))
   close(outs[0], conv_ref(x, w, padding=1))
   assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
