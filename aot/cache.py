@@ -66,7 +66,6 @@ def store(path: Path, cached: Path) -> None:
   try:
     if os.path.getsize(path) > max_bytes() * KEEP_MAX_SHARE:
       return
-
     cached.parent.mkdir(parents=True, exist_ok=True)
     part = cached.with_name(f"{cached.name}.{os.getpid()}.{id(path)}.part")
     shutil.copyfile(path, part)
