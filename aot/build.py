@@ -353,12 +353,12 @@ def build_library(
     return True
   compiler = tc.compiler
   llvm_target = None
-  if any(s.endswith(".ll") for s in sources):
+  modules = sum(s.endswith(".ll") for s in sources)
+  if modules:
     from aot.codegen.render.llvm import object_command, object_target
     from aot.codegen.render.llvm_object import emit_object
 
     llvm_target = object_target(triple, cpu)
-  modules = sum(s.endswith(".ll") for s in sources)
   with tempfile.TemporaryDirectory(prefix="aot_build_") as tmp:
     objs = [str(Path(tmp) / (Path(s).stem + ".o")) for s in sources]
     done = [0]
