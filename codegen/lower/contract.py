@@ -11,9 +11,10 @@ Each operand reaches the microkernel in one of three forms (strides in the runti
   tiles ([tiles][K][R], R the tile's rows), which the inner loop reads contiguously: constants cost nothing to
   reorder ahead of time, as long as the packed copy does not repeat them many times over (PACK_GROWTH);
 - a runtime operand that is a plain strided view of a buffer (a matmul's input, a 1x1 convolution's input) is read
-  where it lies, unless it is a B big enough to be packed in panels (panel_rows): its rows of K are N apart, and the
-  microkernel walking them there took a 1x1 convolution over a 2304 x 4 x 160 input 7.4 ms, from its panels 5.4 (1
-  thread);
+  where it lies, unless it is a B big enough to be packed in panels (panel_rows) whose every batch is: its rows of K
+  are N apart, and the microkernel walking them there took a 1x1 convolution over a 2304 x 4 x 160 input 7.4 ms, from
+  its panels 5.4 (1 thread); a batch of small ones stays in L2 (Winograd's 16 products over a 28x28 map, 64
+  channels: 67 GFLOP/s in panels of one tile, 119 in place);
 - any other runtime operand (a convolution's window with its padding gates, a transposed view B would read across
   its lanes) is first written out as a dense matrix by a generated kernel (im2col, for a convolution), with the loops
   ordered so that it reads and writes contiguously.
@@ -611,10 +612,13 @@ def operand_form(c: Contraction, side: Side, is_b: bool, R: int, bufs: list) -> 
   consts = _constants(side, bufs)
   if consts is not None and _packs(c, side, R, list(consts.values())):
     return "packed"
-  # (a B big enough for panels is read contiguously from them rather than where it lies: module docstring)
-  if is_b and panel_rows(c, side, R, _source_bytes(side, bufs)) is not None:
+  # (a B big enough for panels is read contiguously from them rather than where it lies, where one batch's passes
+  # PANEL_MAX_BYTES: module docstring)
+  view = _readable(c, side, is_b) is not None
+  big = not view or side.size * c.K * 4 > PANEL_MAX_BYTES
+  if is_b and big and panel_rows(c, side, R, _source_bytes(side, bufs)) is not None:
     return "panels"
-  if _readable(c, side, is_b) is not None:
+  if view:
     return "view"
   return "dense"
 
