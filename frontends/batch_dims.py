@@ -22,6 +22,7 @@ import onnx
 from aot.core.ir import GroupOp, Ops, UOp
 from aot.dim_size import DimSize
 from aot.errors import CompileError, InternalError
+from aot.frontends.winograd import direct_convolutions
 from aot.options import DimRange
 from aot.scheduler.kernel import Traced
 
@@ -188,6 +189,10 @@ def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -
   try:
     batch = prove_batch_dim(dim, t1, t2, b1, b2, labels)
   except CompileError:
+    if probe.winograd or at.winograd:
+      # (the proof of a dim run in loops takes windows whole, not Winograd's tiles)
+      with direct_convolutions():
+        return _trace_one(src, dim, pinned, bind, name, trace, probes)
     # a dim some op mixes may still run to a size given at run time, in loops laid out at its bound
     try:
       t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels, at, probe)
@@ -211,6 +216,11 @@ def _trace_two(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[
   """Two ranged dims: one a batch dim, run item by item, the other run to its size in each item's program (traced at
   item size 1 and the other's bound): each way round until one is proved, else a refusal: what the run-time size
   cannot take, where a way got that far (the other way's, that the sequence mixes its items, says less)."""
+  with direct_convolutions():  # (the extent's proof takes windows whole, not Winograd's tiles)
+    return _trace_two_ways(src, dims, pinned, bind, name, trace, probes)
+
+
+def _trace_two_ways(src, dims: list[RunDim], pinned, bind, name, trace, probes: list[int]) -> Traced:
   from aot.frontends.extent_dims import bound_size, prove_extent_dim
 
   refusals: list[CompileError] = []
@@ -259,6 +269,7 @@ class SizeTrace:
   above: AboveRange | None
   windows: dict[UOp, Windows] = field(default_factory=dict)  # by the windows' output
   inside: set[UOp] = field(default_factory=set)  # the nodes they are built of, between source and output
+  winograd: bool = False  # a convolution was traced as Winograd's tiles (frontends/winograd.py)
 
 
 @dataclass(frozen=True)
@@ -328,6 +339,12 @@ def note_windows(windows: Windows, out: UOp) -> None:
       at.inside.add(u)
       todo += u.src
   at.windows[out] = windows
+
+
+def note_winograd() -> None:
+  """A convolution traced as Winograd's tiles while the graph is traced at a size of a ranged dim."""
+  if (at := _FOR_RANGE.get()) is not None:
+    at.winograd = True
 
 
 def note_mean(count: int) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 from aot.core.dtype import min_value
 from aot.core.ir import prod
 from aot.errors import InvalidValueError
+from aot.frontends.winograd import constant_weights, winograd_conv, winograd_fits
 
 if TYPE_CHECKING:
   from aot.frontends.tensor import Tensor
@@ -105,6 +106,9 @@ class TensorNN:
       )
     stride, dilation = _tuple(stride, n), _tuple(dilation, n)
     x, weight, padding = self._live_taps(weight, stride, _spatial_pads(padding, n), dilation)
+    if winograd_fits(x, weight, stride, padding, dilation, groups) and (w := constant_weights(weight)) is not None:
+      out = winograd_conv(x, w, padding)
+      return out + bias.reshape((1, cout, 1, 1)) if bias is not None else out
     kernel = weight.shape[2:]
     x = x._pad_spatial(padding, n)._windows(kernel, stride, dilation)  # (N, C, *O, *K)
     outs = x.shape[2 : 2 + n]

@@ -14,8 +14,10 @@ from . import _numpy_ref as ref
 SEED = 3
 # pinned by tests/test_models.py: conv1+bn+relu; maxpool; 15 convs (each with its bn, residual add and relu; the 1x1
 # downsample conv fuses into the block's second conv, which reads it once per output); the last conv fuses into the
-# global average pool, which reads each of its outputs once; fc
-EXPECTED_KERNELS = 19
+# global average pool, which reads each of its outputs once; fc. The 6 stride-1 3x3 convs of 128 and 256 channels (28x28
+# and 14x14 maps) run as Winograd's F(2x2, 3x3) (frontends/winograd.py): 4 kernels more each (the input transform
+# along each axis, the output transform's first axis, the products apart from the epilogue)
+EXPECTED_KERNELS = 43
 
 # (stage, block, Cin, Cout, stride); the first block of stages 2-4 halves the resolution and needs a 1x1/2 downsample
 BLOCKS = tuple(

@@ -1,0 +1,123 @@
+"""3x3 convolutions by Winograd's F(2x2, 3x3) (frontends/winograd.py): which convolutions take it, their answers
+against a float64 sum (onnxruntime sums in float32 itself, the less exact side), over sizes that leave the last tile
+partial, any padding and a batch, bitwise the same on any thread count, and through a batch range."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import outputs_on_threads
+from onnx import TensorProto, helper, numpy_helper
+
+import aot
+from aot.frontends.tensor import Tensor
+from aot.frontends.winograd import WINOGRAD_MIN_TILES
+from aot.testing import assert_kernel_count
+
+rng = np.random.default_rng(0)
+f32 = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
+
+
+def conv_ref(x, w, pads=(1, 1, 1, 1), stride=1):
+  """float64 NCHW convolution; pads (top, left, bottom, right) as ONNX orders them."""
+  x, w = x.astype(np.float64), w.astype(np.float64)
+  x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+  win = np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
+  return np.einsum("nchwij,ocij->nohw", win, w)
+
+
+def close(out, ref):
+  # F(2x2, 3x3) adds and subtracts 4 inputs per transformed value and 9 products per output: a few roundings more
+  # than the direct sum, within the 1e-4 relative the project holds convolutions to
+  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+# the input transform along each of the tile's axes, the 16 products as one batched matmul on the microkernel, the
+# output transform along the first axis of the 2x2 block; the second, interleaving the blocks into NCHW, is the
+# consumer's (here the bias add's kernel)
+WINOGRAD_KERNELS = 5
+
+
+@pytest.mark.parametrize(
+  "n, c, h, w, o, pads",
+  [
+    (1, 128, 28, 28, 128, (1, 1, 1, 1)),  # whole tiles
+    (2, 128, 15, 13, 160, (1, 1, 1, 1)),  # odd sizes: the last row and column of tiles half cut, a batch of 2
+    (1, 128, 17, 20, 144, (0, 2, 1, 0)),  # uneven padding
+    (1, 128, 18, 18, 128, (0, 0, 0, 0)),  # no padding: 16x16 outputs
+  ],
+)
+def test_winograd_conv_matches_a_float64_sum(n, c, h, w, o, pads, tmp_path):
+  x, wt, b = f32(n, c, h, w), f32(o, c, 3, 3) * 0.1, f32(o)
+  fn = lambda x: x.conv2d(Tensor(wt), Tensor(b), padding=[(pads[0], pads[2]), (pads[1], pads[3])])
+  art = aot.compile_model(fn, [x], out_dir=tmp_path / "m")
+  assert art.num_kernels == WINOGRAD_KERNELS
+  outs = outputs_on_threads(art, {"x": x}, (1, 2, 3))
+  close(outs[0], conv_ref(x, wt, pads) + b[:, None, None])
+  for out in outs[1:]:
+    np.testing.assert_array_equal(out, outs[0])
+
+
+def test_winograd_conv_is_five_kernels(tmp_path):
+  x, w = f32(1, 128, 28, 28), f32(128, 128, 3, 3)
+  assert_kernel_count(lambda x: x.conv2d(Tensor(w), padding=1), WINOGRAD_KERNELS, [x])
+
+
+@pytest.mark.parametrize(
+  "why, x, w, stride",
+  [
+    ("64 to 64 channels: the transforms cost more than the products save", (1, 64, 56, 56), (64, 64, 3, 3), 1),
+    ("a 7x7 map: 16 tiles use each transformed weight too few times", (1, 512, 7, 7), (512, 512, 3, 3), 1),
+    ("stride 2", (1, 128, 28, 28), (128, 128, 3, 3), 2),
+    ("a 5x5 window", (1, 128, 28, 28), (128, 128, 5, 5), 1),
+  ],
+)
+def test_other_convolutions_are_summed_directly(why, x, w, stride):
+  # one kernel: the microkernel over the window matrix, the conv's own
+  assert_kernel_count(lambda x: x.conv2d(Tensor(f32(*w)), stride=stride, padding=1), 1, [f32(*x)])
+
+
+def test_tile_threshold_counts_tiles_per_image():
+  # a batch does not change the program (a batch range traces it at other sizes): 16 tiles per image stay direct
+  assert 16 < WINOGRAD_MIN_TILES
+  assert_kernel_count(lambda x: x.conv2d(Tensor(f32(256, 256, 3, 3)), padding=1), 1, [f32(8, 256, 7, 7)])
+
+
+def _conv_model(w: np.ndarray, dims: list):
+  node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+  graph = helper.make_graph(
+    [node, helper.make_node("Relu", ["y"], ["z"])],
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+    [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+    [numpy_helper.from_array(w, "w")],
+  )
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_batch_range_runs_winograd_like_a_static_compile(tmp_path):
+  w = f32(128, 128, 3, 3) * 0.05
+  model = _conv_model(w, ["batch", 128, 16, 16])
+  ranged = aot.compile_model(model, out_dir=tmp_path / "ranged", shapes={"batch": (1, 5)})
+  static = aot.compile_model(model, out_dir=tmp_path / "static", shapes={"batch": 1})
+  assert ranged.num_kernels == static.num_kernels == WINOGRAD_KERNELS  # (the relu joins the interleave)
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  with aot.load(ranged) as run:
+    for n in (1, 3, 5):
+      x = f32(n, 128, 16, 16)
+      out = run(x)
+      close(out, np.maximum(conv_ref(x, w), 0))
+      np.testing.assert_allclose(out, session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_width_range_sums_directly(tmp_path):
+  # a dim run in loops to the size given at run time is proved over windows taken whole, not Winograd's tiles: that
+  # artifact sums its convolutions directly, where a static compile of the same width takes Winograd
+  w = f32(128, 128, 3, 3) * 0.05
+  model = _conv_model(w, [1, 128, 12, "width"])
+  ranged = aot.compile_model(model, out_dir=tmp_path / "ranged", shapes={"width": (8, 40)})
+  static = aot.compile_model(model, out_dir=tmp_path / "static", shapes={"width": 40})
+  assert (ranged.num_kernels, static.num_kernels) == (1, WINOGRAD_KERNELS)
+  with aot.load(ranged) as run:
+    for width in (8, 23, 40):
+      x = f32(1, 128, 12, width)
+      close(run(x), np.maximum(conv_ref(x, w), 0))
