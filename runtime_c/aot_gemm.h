@@ -58,6 +58,7 @@ typedef struct {
   long ldc;                    /* C's row stride (0: N): C[b][m][n] is c[b*ldcb + m*ldc + n] */
   int slices;                  /* a packing call's slices (aot_parallel's count; 0 or 1: one) */
   long ldcb;                   /* C's batch stride (0: M*ldc; more when M is a run-time size below the bound) */
+  int stream_b;                /* B is read in place, maybe from memory as it goes: prefetched ahead */
 } aot_gemm;
 __attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
 __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);

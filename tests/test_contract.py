@@ -407,6 +407,18 @@ def test_batched_b_view_is_read_in_place_where_each_batch_fits_l2(target, tmp_pa
   assert np.array_equal(outs[0], outs[1])
 
 
+def test_b_read_in_place_is_prefetched_and_panels_are_not(tmp_path):
+  # the microkernel prefetches a B it reads where it lies (weights, which may stream from memory: streams_b), not one
+  # packed in panels by the task just before (in cache: the prefetches cost 4% there)
+  w7, w56 = f32(256, 256, 3, 3), f32(64, 64, 3, 3)
+  small = aot.compile_model(lambda x: x.conv2d(Tensor(w7), padding=1), [f32(1, 256, 7, 7)], out_dir=tmp_path / "a")
+  big = aot.compile_model(lambda x: x.conv2d(Tensor(w56), padding=1), [f32(1, 64, 56, 56)], out_dir=tmp_path / "b")
+  # (the 7x7 map's 49 positions are the rows, its weights B; the 56x56 map's window matrix is B, in panels)
+  assert ".stream_b = 1" in (small.dir / "src" / "model.c").read_text()
+  body = (big.dir / "src" / "model.c").read_text()
+  assert "_pack" in body and ".stream_b" not in body
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_one_panel_splits_its_rows_between_threads(target, tmp_path):
   # a window matrix of one panel (the CRNN's 256x4x40 3x3 convs: 160 columns, whole tiles) was one task, run on one

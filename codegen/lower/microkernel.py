@@ -23,6 +23,14 @@ def gemm_task_work(g: Gemm) -> list[int]:
   return [m * n * c.K for _ in range(c.B) for n in cols for m in rows]
 
 
+def streams_b(g: Gemm) -> bool:
+  """Does the microkernel prefetch B ahead (runtime_c/aot_gemm.c STREAM_AHEAD)? Where it reads B in place (packed
+  weights, a view), which may come from memory as it goes: ResNet-18's swapped 7x7 convolutions (9.4 MB of weights as
+  B) 2.72 -> 2.34 ms each, the model 2.6% faster, the BERT-like encoder 4-6%, the other models as fast (1 thread,
+  interleaved). Not a B packed in panels or copied whole just before, which is in cache (panels: 4% slower with it)."""
+  return g.b.pack is None and g.b.dense is None
+
+
 def render_steps(steps, contract: bool, arg) -> str:
   """The fused epilogue's steps (contract.Step) as an array s on the stack that a runtime call's struct points to (its
   steps and nsteps: aot_gemm's, aot_depthwise's), "" for none; arg(slot) is a buffer's pointer. On the c target
@@ -171,6 +179,7 @@ class GemmCall(Call):
     tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
     # C's rows as far apart as the output's (a last-axis concat's branch written in place)
     tail += f", .ldc = {g.ldc}" if g.ldc else ""
+    tail += ", .stream_b = 1" if streams_b(g) else ""
     if sized:
       # (at a run-time size C's rows and batches lie as at the bound, not n_ apart)
       tail += ("" if g.ldc else f", .ldc = {c.b.size}") + f", .ldcb = {c.a.size * (g.ldc or c.b.size)}"
