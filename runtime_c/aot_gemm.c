@@ -35,9 +35,9 @@
    as they were (or 2-7% slower at 256). Every element is summed in the same order either way */
 #define PANEL_KC 256
 #define PANEL_KC_L1 (48 * 1024)
-/* a B read in place (aot_gemm.stream_b: codegen/lower/microkernel.py streams_b) is prefetched this many steps of k ahead
-   of the microkernel: a 512-channel 3x3 convolution over a 7x7 map (its 9.4 MB of weights as B, read once per 49
-   rows) ran 2.72 -> 2.34 ms in ResNet-18, 1 thread, at 32 to 128 steps alike */
+/* a B read in place (aot_gemm.stream_b: codegen/lower/microkernel.py streams_b) is prefetched this many steps of k
+   ahead of the microkernel: a 512-channel 3x3 convolution over a 7x7 map (its 9.4 MB of weights as B, read once per
+   49 rows) ran 2.72 -> 2.34 ms in ResNet-18, 1 thread, at 32 to 128 steps alike */
 #define STREAM_AHEAD 64
 /* edge tiles are copied this many steps of k at a time (so the copies fit on the stack) */
 #define EDGE_KC 128
