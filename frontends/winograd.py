@@ -118,7 +118,7 @@ def winograd_conv(x: Tensor, w: np.ndarray, pads: list[tuple[int, int]]) -> Tens
   x = x.pad([(0, 0), (0, 0), (top, 2 * Ty + 2 - H - top), (left, 2 * Tx + 2 - W - left)])
   tiles = x._windows((4, 4), (2, 2), (1, 1)).permute(4, 5, 0, 1, 2, 3)  # (4, 4, N, C, Ty, Tx)
   V = _transform(_transform(tiles, 0, BT), 1, BT).reshape(16, N, C, Ty * Tx)
-  U = np.einsum("ik,ockl,jl->ijoc", G, w.astype(np.float64), G).reshape(16, 1, O, C)
+  U = (G @ w.astype(np.float64) @ G.T).transpose(2, 3, 0, 1).reshape(16, 1, O, C)  # (einsum's loops: 3x slower)
   M = (Tensor(U.astype(np.float32)) @ V).reshape(4, 4, N, O, Ty, Tx)
   # (AT along the 4x4's axes before they are interleaved with the tiles': after, the consumer computed each output's
   # place in its 2x2 block through gates, ResNet-18's residual adds 3x slower)
