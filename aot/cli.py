@@ -143,6 +143,9 @@ def _add_build_arguments(p: argparse.ArgumentParser) -> None:
     help="pin a scalar input to a value at compile time (sr=16000), so control flow on it folds; repeatable",
   )
   p.add_argument("--no-cache", action="store_true", help="always run the C compiler (ignore the build cache)")
+  p.add_argument(
+    "--no-winograd", action="store_true", help="sum 3x3 convolutions directly (Winograd's weights are 16/9 the size)"
+  )
 
 
 def _add_action_arguments(p: argparse.ArgumentParser) -> None:
@@ -211,6 +214,7 @@ def _options(args, progress=None):
     triple=args.triple,
     offload_arch=tuple(args.offload_arch.split(",")) if args.offload_arch else None,
     profile=args.profile,
+    winograd=not args.no_winograd,
   )
 
 

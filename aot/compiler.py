@@ -50,6 +50,7 @@ from aot.core.ir import UOp
 from aot.cpu import cpu_target
 from aot.errors import BUG_REPORT, AotError, CompileError, InternalError, InvalidTypeError, places_of, working_on
 from aot.frontends.tensor import Tensor
+from aot.frontends.winograd import direct_convolutions
 from aot.options import TARGETS, CompileOptions
 from aot.scheduler.kernel import Buffer, Schedule, Traced
 from aot.scheduler.memory import align_up, memory_plan
@@ -286,6 +287,7 @@ def compile_model(what, example_inputs=None, *, options: CompileOptions | None =
   GPU targets "cuda", "hip", "metal" (codegen/render/gpu.py): offload_arch lists the AMD GPUs of a hip build (default
   gfx90a, gfx1100); emulate=True (cuda, hip) builds the kernel source for the CPU instead, to check their numbers.
   profile=True (CPU targets) builds the timed variant aot/tools/profile.py reads.
+  winograd=False sums every convolution directly: Winograd's F(2x2, 3x3) stores 16 floats per 3x3 filter for 9.
   sanitize (default: AOT_SANITIZE=1 in the environment) builds the C with AddressSanitizer and UBSan, for a program
   that is itself built with -fsanitize=address,undefined (or runs with the ASan runtime preloaded).
   options: the same as a CompileOptions, instead of the keywords (not both).
@@ -296,7 +298,8 @@ def compile_model(what, example_inputs=None, *, options: CompileOptions | None =
   t0 = time.perf_counter()
   _prebuild(opts)
   # a Tensor program is the user's code, run here: what it raises is its own, not a bug of the compiler's
-  traced = resolve(what, example_inputs, opts.name, opts.shapes, opts.bind) if callable(what) else None
+  with direct_convolutions(not opts.winograd):
+    traced = resolve(what, example_inputs, opts.name, opts.shapes, opts.bind) if callable(what) else None
   with bugs_as_internal_errors():
     traced = trace_stage(what, example_inputs, opts) if traced is None else traced
     sched = schedule_stage(traced, opts)
@@ -323,7 +326,7 @@ def _prebuild(opts: CompileOptions) -> None:
 
 
 def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
-  with working_on("while tracing the model"):
+  with working_on("while tracing the model"), direct_convolutions(not opts.winograd):
     traced = resolve(what, example_inputs, opts.name, opts.shapes, opts.bind)
   # a Metal host is built on macOS from its own sources, with no loop over a ranged dim's items yet
   if traced.batch is not None and opts.target == "metal":

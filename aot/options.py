@@ -42,6 +42,7 @@ class CompileOptions:
   emulate: bool = False
   profile: bool = False
   sanitize: bool | None = None
+  winograd: bool = True
 
   def __post_init__(self):
     if self.sanitize is None:

@@ -56,15 +56,16 @@ def constant_weights(w: Tensor) -> np.ndarray | None:
   return evaluate(w.uop)
 
 
-# set while a program is traced for a dim run to a size given at run time (frontends/extent_dims.py): its proof takes a
-# convolution's windows whole, not the tiles' movement ops or the interleaving of their outputs
+# set while a program is traced with winograd=False, or for a dim run to a size given at run time
+# (frontends/extent_dims.py), whose proof takes a convolution's windows whole, not the tiles' movement ops or the
+# interleaving of their outputs
 _DIRECT: ContextVar[bool] = ContextVar("direct_convolutions", default=False)
 
 
 @contextmanager
-def direct_convolutions():
-  """Convolutions traced inside are summed directly."""
-  token = _DIRECT.set(True)
+def direct_convolutions(direct: bool = True):
+  """Convolutions traced inside are summed directly (where direct: compile_model's winograd=False says so too)."""
+  token = _DIRECT.set(direct or _DIRECT.get())
   try:
     yield
   finally:

@@ -2,7 +2,10 @@
 against a float64 sum (onnxruntime sums in float32 itself, the less exact side), over sizes that leave the last tile
 partial, any padding and a batch, bitwise the same on any thread count, and through a batch range."""
 
+import json
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from conftest import outputs_on_threads
@@ -121,3 +124,18 @@ def test_width_range_sums_directly(tmp_path):
     for width in (8, 23, 40):
       x = f32(1, 128, 12, width)
       close(run(x), np.maximum(conv_ref(x, w), 0))
+
+
+def test_winograd_off_sums_directly(tmp_path):
+  # compile_model(winograd=False) and compile-model --no-winograd: for a user short of memory (16 floats per filter)
+  from aot import cli
+
+  x, w = f32(1, 128, 28, 28), f32(128, 128, 3, 3) * 0.05
+  art = aot.compile_model(lambda x: x.conv2d(Tensor(w), padding=1), [x], out_dir=tmp_path / "py", winograd=False)
+  assert art.num_kernels == 1
+  with aot.load(art) as run:
+    close(run(x), conv_ref(x, w))
+  model = _conv_model(w, [1, 128, 28, 28])
+  onnx.save(model, tmp_path / "conv.onnx")
+  assert cli.main([str(tmp_path / "conv.onnx"), "-o", str(tmp_path / "cli"), "--no-winograd", "-q"]) == 0
+  assert len(json.loads((tmp_path / "cli" / "conv.json").read_text())["kernels"]) == 1
