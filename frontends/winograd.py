@@ -40,6 +40,12 @@ WINOGRAD_MIN_CHANNELS = 64
 # tiles) ran 2.5 ms a convolution where the direct sum took 2.7 (alone, its weights in cache: 1.39 against 2.76), and
 # took the weights blob to 1.62x the model's weights (1.15x without them); its 14x14 ones (49 tiles) 1.2 against 1.8
 WINOGRAD_MIN_TILES = 40
+# the share of an ONNX model's weights that Winograd's transformed weights may add (7 floats more per 3x3 filter),
+# to keep the weights blob within 1.2x the model's. The convolutions traced first take it, the big maps of few
+# channels, which save the most time per byte. Where the budget held them back it cost (1 thread, interleaved): the
+# CRNN 5.14 -> 5.74 ms (one of its four; all direct 6.04), the DB detector 56.0 -> 58.3 ms (one of three; 58.9);
+# their blobs 1.32x and 1.47x without it
+WINOGRAD_MAX_GROWTH = 0.2
 
 # F(2x2, 3x3): filter to the 4 points, input tile to the 4 points, the 4 points' products to the 2 outputs
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
@@ -60,6 +66,19 @@ def constant_weights(w: Tensor) -> np.ndarray | None:
 # (frontends/extent_dims.py), whose proof takes a convolution's windows whole, not the tiles' movement ops or the
 # interleaving of their outputs
 _DIRECT: ContextVar[bool] = ContextVar("direct_convolutions", default=False)
+# the bytes of transformed weights a traced ONNX model may still add (weights_budget); None: no bound
+_BUDGET: ContextVar[list[int] | None] = ContextVar("winograd_budget", default=None)
+
+
+@contextmanager
+def weights_budget(model_bytes: int):
+  """Winograd's weights traced inside add at most WINOGRAD_MAX_GROWTH of the model's weight bytes (each trace of a
+  ranged dim's sizes starts afresh, so each takes the same convolutions)."""
+  token = _BUDGET.set([int(model_bytes * WINOGRAD_MAX_GROWTH)])
+  try:
+    yield
+  finally:
+    _BUDGET.reset(token)
 
 
 @contextmanager
@@ -82,7 +101,12 @@ def winograd_fits(x: Tensor, weight: Tensor, stride, pads, dilation, groups: int
     return False
   cin, cout = weight.shape[1], weight.shape[0]
   tiles = prod(-(-(size + lo + hi - 2) // 2) for size, (lo, hi) in zip(x.shape[2:], pads))
-  return cin * cout >= WINOGRAD_MIN_CHANNELS * (cin + cout) and tiles >= WINOGRAD_MIN_TILES
+  fits_budget = (left := _BUDGET.get()) is None or _added_bytes(weight) <= left[0]
+  return cin * cout >= WINOGRAD_MIN_CHANNELS * (cin + cout) and tiles >= WINOGRAD_MIN_TILES and fits_budget
+
+
+def _added_bytes(weight: Tensor) -> int:
+  return weight.shape[0] * weight.shape[1] * 7 * 4
 
 
 def _pick(t: Tensor, axis: int, i: int) -> Tensor:
@@ -112,6 +136,8 @@ def winograd_conv(x: Tensor, w: np.ndarray, pads: list[tuple[int, int]]) -> Tens
   note_winograd()
   N, C, H, W = x.shape
   O = w.shape[0]
+  if (left := _BUDGET.get()) is not None:
+    left[0] -= O * C * 7 * 4  # (_added_bytes)
   (top, bottom), (left, right) = pads
   Ho, Wo = H + top + bottom - 2, W + left + right - 2
   Ty, Tx = -(-Ho // 2), -(-Wo // 2)

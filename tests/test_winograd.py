@@ -86,29 +86,41 @@ def test_tile_threshold_counts_tiles_per_image():
 
 
 def _conv_model(w: np.ndarray, dims: list):
-  node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+  """A 3x3 conv, relu, then a 1x1 conv to 4096 channels: its 2 MB of weights leave the 3x3 conv's transformed ones
+  within the model's budget (WINOGRAD_MAX_GROWTH)."""
+  wide = f32(4096, w.shape[0], 1, 1) * 0.05
+  nodes = [
+    helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+    helper.make_node("Relu", ["y"], ["r"]),
+    helper.make_node("Conv", ["r", "wide"], ["z"]),
+  ]
   graph = helper.make_graph(
-    [node, helper.make_node("Relu", ["y"], ["z"])],
+    nodes,
     "g",
     [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
     [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
-    [numpy_helper.from_array(w, "w")],
+    [numpy_helper.from_array(w, "w"), numpy_helper.from_array(wide, "wide")],
   )
-  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), wide
+
+
+def _model_ref(x, w, wide):
+  return np.einsum("nchw,oc->nohw", np.maximum(conv_ref(x, w), 0), wide[:, :, 0, 0].astype(np.float64))
 
 
 def test_batch_range_runs_winograd_like_a_static_compile(tmp_path):
   w = f32(128, 128, 3, 3) * 0.05
-  model = _conv_model(w, ["batch", 128, 16, 16])
+  model, wide = _conv_model(w, ["batch", 128, 16, 16])
   ranged = aot.compile_model(model, out_dir=tmp_path / "ranged", shapes={"batch": (1, 5)})
   static = aot.compile_model(model, out_dir=tmp_path / "static", shapes={"batch": 1})
-  assert ranged.num_kernels == static.num_kernels == WINOGRAD_KERNELS  # (the relu joins the interleave)
+  direct = aot.compile_model(model, out_dir=tmp_path / "direct", shapes={"batch": 1}, winograd=False)
+  assert ranged.num_kernels == static.num_kernels == direct.num_kernels + WINOGRAD_KERNELS - 1
   session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
   with aot.load(ranged) as run:
     for n in (1, 3, 5):
       x = f32(n, 128, 16, 16)
       out = run(x)
-      close(out, np.maximum(conv_ref(x, w), 0))
+      close(out, _model_ref(x, w, wide))
       np.testing.assert_allclose(out, session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
@@ -116,26 +128,62 @@ def test_width_range_sums_directly(tmp_path):
   # a dim run in loops to the size given at run time is proved over windows taken whole, not Winograd's tiles: that
   # artifact sums its convolutions directly, where a static compile of the same width takes Winograd
   w = f32(128, 128, 3, 3) * 0.05
-  model = _conv_model(w, [1, 128, 12, "width"])
+  model, wide = _conv_model(w, [1, 128, 12, "width"])
   ranged = aot.compile_model(model, out_dir=tmp_path / "ranged", shapes={"width": (8, 40)})
   static = aot.compile_model(model, out_dir=tmp_path / "static", shapes={"width": 40})
-  assert (ranged.num_kernels, static.num_kernels) == (1, WINOGRAD_KERNELS)
+  direct = aot.compile_model(model, out_dir=tmp_path / "direct", shapes={"width": 40}, winograd=False)
+  assert ranged.num_kernels == direct.num_kernels == static.num_kernels - (WINOGRAD_KERNELS - 1)
   with aot.load(ranged) as run:
     for width in (8, 23, 40):
       x = f32(1, 128, 12, width)
-      close(run(x), np.maximum(conv_ref(x, w), 0))
+      close(run(x), _model_ref(x, w, wide))
 
 
 def test_winograd_off_sums_directly(tmp_path):
   # compile_model(winograd=False) and compile-model --no-winograd: for a user short of memory (16 floats per filter)
   from aot import cli
 
+  kernels = {}
   x, w = f32(1, 128, 28, 28), f32(128, 128, 3, 3) * 0.05
   art = aot.compile_model(lambda x: x.conv2d(Tensor(w), padding=1), [x], out_dir=tmp_path / "py", winograd=False)
   assert art.num_kernels == 1
   with aot.load(art) as run:
     close(run(x), conv_ref(x, w))
-  model = _conv_model(w, [1, 128, 28, 28])
+  model, _ = _conv_model(w, [1, 128, 28, 28])
   onnx.save(model, tmp_path / "conv.onnx")
-  assert cli.main([str(tmp_path / "conv.onnx"), "-o", str(tmp_path / "cli"), "--no-winograd", "-q"]) == 0
-  assert len(json.loads((tmp_path / "cli" / "conv.json").read_text())["kernels"]) == 1
+  for flags in ([], ["--no-winograd"]):
+    assert cli.main([str(tmp_path / "conv.onnx"), "-o", str(tmp_path / "cli"), *flags, "-q"]) == 0
+    kernels["off" if flags else "on"] = len(json.loads((tmp_path / "cli" / "conv.json").read_text())["kernels"])
+  assert kernels["on"] == kernels["off"] + WINOGRAD_KERNELS - 1
+
+
+def test_onnx_model_weights_grow_at_most_the_budget(tmp_path):
+  # an ONNX model's transformed weights add at most WINOGRAD_MAX_GROWTH of its weights: the first 3x3 convolution fits
+  # (a wide 1x1 convolution holds most of the weights), the second would pass it and is summed directly
+  from aot.frontends.winograd import WINOGRAD_MAX_GROWTH
+
+  w1, w2, wide = f32(128, 128, 3, 3) * 0.05, f32(128, 128, 3, 3) * 0.05, f32(4096, 128, 1, 1) * 0.05
+  nodes = [
+    helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+    helper.make_node("Conv", ["a", "w2"], ["b"], pads=[1, 1, 1, 1]),
+    helper.make_node("Conv", ["b", "wide"], ["y"]),
+  ]
+  weights = [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("w2", w2), ("wide", wide))]
+  graph = helper.make_graph(
+    nodes,
+    "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 16, 16])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    weights,
+  )
+  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+  own = w1.nbytes + w2.nbytes + wide.nbytes
+  assert w1.nbytes * 7 / 9 <= WINOGRAD_MAX_GROWTH * own < (w1.nbytes + w2.nbytes) * 7 / 9
+  art = aot.compile_model(model, out_dir=tmp_path / "m", name="m")
+  # Winograd's 5 kernels, the direct 3x3 conv, the 1x1 conv
+  assert art.num_kernels == WINOGRAD_KERNELS + 2
+  assert art.weights_bytes <= (1 + WINOGRAD_MAX_GROWTH) * own
+  x = f32(1, 128, 16, 16)
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  with aot.load(art) as run:
+    np.testing.assert_allclose(run(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
