@@ -13,7 +13,6 @@ import math
 import numpy as np
 
 from aot.core.dtype import dtypes, max_value, min_value
-from aot.core.ir import Ops
 from aot.errors import NeedsConstant
 from aot.frontends import narrow
 from aot.frontends.onnx import Unsupported, onnx_type, op
@@ -440,14 +439,9 @@ def dequantize_linear(n, x, x_scale, x_zero_point=None, axis=1, block_size=0, ou
 FLOAT_EXACT_TERMS = (1 << 24) // (255 * 255)
 
 
-def _at_run_time(t: Tensor) -> bool:
-  """Does t depend on a model input (not only on constants)?"""
-  return any(u.op is Ops.PARAM or (u.op is Ops.BUFFER and u.arg.kind != "const") for u in t.uop.toposort())
-
-
 @op("QLinearMatMul", since=10)
 def qlinear_matmul(n, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
-  if _at_run_time(b) and a.shape[-1] <= FLOAT_EXACT_TERMS:
+  if not b.from_constants() and a.shape[-1] <= FLOAT_EXACT_TERMS:
     # two activations (attention's Q.K^T and P.V): the int8 microkernel packs its B at compile time, the float GEMM
     # takes run-time and batched operands, and is exact here (FLOAT_EXACT_TERMS). The 8-bit operands are stored
     # first: their producers (a QGemm's requantized projection) stay int8 contractions of their own

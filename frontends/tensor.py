@@ -74,6 +74,10 @@ class Tensor(TensorNN):
   def numel(self) -> int:
     return prod(self.shape)
 
+  def from_constants(self) -> bool:
+    """Is it computed from constants alone (no model input, no function parameter)?"""
+    return not any(u.op is Ops.PARAM or (u.op is Ops.BUFFER and u.arg.kind != "const") for u in self.uop.toposort())
+
   def __len__(self) -> int:
     return self.shape[0]
 
