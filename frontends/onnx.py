@@ -19,7 +19,7 @@ from aot.core.ir import Ops
 from aot.errors import AotError, CompileError, InternalError, NeedsConstant, Unsupported
 from aot.frontends import narrow
 from aot.frontends.onnx_infer import weightless
-from aot.frontends.onnx_load import all_graphs, external_array, is_external, load_model, onnx_narrow
+from aot.frontends.onnx_load import all_graphs, external_array, is_external, load_model, onnx_narrow, weight_bytes
 from aot.frontends.tensor import Tensor, function
 from aot.frontends.winograd import weights_budget
 from aot.scheduler.kernel import Traced
@@ -477,12 +477,6 @@ def load_checked(src) -> LoadedOnnx:
   return LoadedOnnx(model, path.parent if path else None, path.stem if path else model.graph.name or "model")
 
 
-def _weight_bytes(g: onnx.GraphProto) -> int:
-  """The bytes of the graph's initializers, from their shapes (external data is not read)."""
-  size = lambda t: int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-  return sum(size(t) for t in g.initializer)
-
-
 def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: str | None = None, produced=None):
   """The ONNX model (a file, a ModelProto or a LoadedOnnx) as a traced Tensor program: (outputs, inputs) UOps ready
   for the scheduler (Tracer.produced)."""
@@ -498,7 +492,7 @@ def trace_onnx(src, shapes: dict | None = None, bind: dict | None = None, name: 
       ins.add(vi)
   ins.raise_problems()
   tracer = Tracer(model, loaded.folder, produced=produced, arrays=loaded.arrays)
-  with weights_budget(_weight_bytes(g)):
+  with weights_budget(weight_bytes(g)):
     outs = tracer.run_graph(g, ins.env, tracer.opset_of("", 1))
   if tracer.errors:
     raise CompileError(

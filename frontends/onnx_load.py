@@ -106,6 +106,12 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
   return n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
 
 
+def weight_bytes(g: onnx.GraphProto) -> int:
+  """The bytes of the weights a graph ships: its initializers and Constant tensors, as stored (external data unread)."""
+  consts = [a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+  return sum(_tensor_bytes(t) for t in [*g.initializer, *consts])
+
+
 # links one external data location may pass through before it is taken for a loop (Linux's own limit)
 EXTERNAL_LINKS_MAX = 40
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aot.core.dtype import dtypes
-from aot.core.ir import Ops, prod
+from aot.core.ir import prod
 
 if TYPE_CHECKING:
   from aot.frontends.tensor import Tensor
@@ -57,9 +57,7 @@ def constant_weights(w: Tensor) -> np.ndarray | None:
   """w's value when it is computed from constants only (the weights of an ONNX model, a Tensor program's numpy)."""
   from aot.core.interpret import evaluate
 
-  if any(u.op is Ops.PARAM or (u.op is Ops.BUFFER and u.arg.kind != "const") for u in w.uop.toposort()):
-    return None
-  return evaluate(w.uop)
+  return evaluate(w.uop) if w.from_constants() else None
 
 
 # set while a program is traced with winograd=False, or for a dim run to a size given at run time
@@ -101,12 +99,13 @@ def winograd_fits(x: Tensor, weight: Tensor, stride, pads, dilation, groups: int
     return False
   cin, cout = weight.shape[1], weight.shape[0]
   tiles = prod(-(-(size + lo + hi - 2) // 2) for size, (lo, hi) in zip(x.shape[2:], pads))
-  fits_budget = (left := _BUDGET.get()) is None or _added_bytes(weight) <= left[0]
+  fits_budget = (budget := _BUDGET.get()) is None or _added_bytes(weight.shape) <= budget[0]
   return cin * cout >= WINOGRAD_MIN_CHANNELS * (cin + cout) and tiles >= WINOGRAD_MIN_TILES and fits_budget
 
 
-def _added_bytes(weight: Tensor) -> int:
-  return weight.shape[0] * weight.shape[1] * 7 * 4
+def _added_bytes(weight_shape) -> int:
+  """The bytes Winograd's transformed weights take beyond the filters': 7 floats more per (output, input) channel."""
+  return weight_shape[0] * weight_shape[1] * 7 * 4
 
 
 def _pick(t: Tensor, axis: int, i: int) -> Tensor:
@@ -136,8 +135,8 @@ def winograd_conv(x: Tensor, w: np.ndarray, pads: list[tuple[int, int]]) -> Tens
   note_winograd()
   N, C, H, W = x.shape
   O = w.shape[0]
-  if (left := _BUDGET.get()) is not None:
-    left[0] -= O * C * 7 * 4  # (_added_bytes)
+  if (budget := _BUDGET.get()) is not None:
+    budget[0] -= _added_bytes(w.shape)
   (top, bottom), (left, right) = pads
   Ho, Wo = H + top + bottom - 2, W + left + right - 2
   Ty, Tx = -(-Ho // 2), -(-Wo // 2)

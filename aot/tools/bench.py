@@ -211,21 +211,10 @@ def _memory(art, stats: _ModelStats) -> dict:
 def _onnx_weight_bytes(model) -> int:
   """Bytes of an ONNX model's initializers and Constant tensors: the weights it ships."""
   import onnx
-  from onnx import helper
 
-  if isinstance(model, (str, Path)):
-    model = onnx.load(str(model))
-  tensors = list(model.graph.initializer) + [
-    a.t
-    for n in model.graph.node
-    if n.op_type == "Constant"
-    for a in n.attribute
-    if a.type == onnx.AttributeProto.TENSOR
-  ]
-  return sum(
-    int(np.prod(t.dims, dtype=np.int64)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    for t in tensors
-  )
+  from aot.frontends.onnx_load import weight_bytes
+
+  return weight_bytes((onnx.load(str(model)) if isinstance(model, (str, Path)) else model).graph)
 
 
 def _onnx_arg(path: str, models_dir: Path | None = None):
