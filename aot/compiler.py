@@ -54,7 +54,7 @@ from aot.frontends.winograd import direct_convolutions
 from aot.options import TARGETS, CompileOptions
 from aot.scheduler.kernel import Buffer, Schedule, Traced
 from aot.scheduler.memory import align_up, memory_plan
-from aot.scheduler.runtime_extent import blocks_before, mark_runtime_ranges
+from aot.scheduler.runtime_extent import blocks_before, guard_steps, mark_runtime_ranges
 from aot.scheduler.schedule import schedule, without_checks
 
 __all__ = ["TARGETS", "CompileOptions", "bugs_as_internal_errors", "compile_model", "render", "resolve", "trace"]
@@ -335,10 +335,10 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   ext = traced.extent
   if ext is not None and opts.target not in ("c", "llvm"):
     # (a GPU kernel's guards compare with the run's size itself: frontends/extent_dims.py's derived sizes are CPU's)
-    if len(ext.sizes) > 1 or ext.gates:
+    if len(ext.sizes) > 1 or ext.gates or ext.recurrent:
       raise CompileError(
-        f"dim '{ext.dim.name}' reaches convolutions, pools or pads, which take a range on the c and llvm targets, "
-        "not on GPUs, in this version"
+        f"dim '{ext.dim.name}' reaches convolutions, pools, pads or a recurrence (LSTM, GRU, RNN), which take a range "
+        "on the c and llvm targets, not on GPUs, in this version"
       )
     tensors = zip(traced.inputs + traced.outputs, ext.inputs + ext.outputs)
     before = any(blocks_before(u.shape, a) > 1 for u, a in tensors)
@@ -359,6 +359,7 @@ def schedule_stage(traced: Traced, opts: CompileOptions) -> Schedule:
   sched.batch, sched.extent = traced.batch, traced.extent
   if sched.extent is not None:
     mark_runtime_ranges(sched)
+    guard_steps(sched)
   opts.say(f"scheduled {len(sched.kernels)} kernels")
   return sched
 

@@ -55,6 +55,7 @@ class BatchDim:
   # and windows derive from it: aot/dim_size.py), and the constants a pad's bounds are compared with -> theirs
   sizes: tuple[tuple[int, DimSize], ...] = ()
   gates: tuple[tuple[int, DimSize | None], ...] = ()
+  recurrent: bool = False  # a recurrence runs over it (its steps to the run's length: batch_dims.note_recurrence)
 
   def size_at(self, bound_size: int) -> DimSize | None:
     """The form of an axis of this size at the bound, if it is one of the dim's."""
@@ -270,6 +271,8 @@ class SizeTrace:
   windows: dict[UOp, Windows] = field(default_factory=dict)  # by the windows' output
   inside: set[UOp] = field(default_factory=set)  # the nodes they are built of, between source and output
   winograd: bool = False  # a convolution was traced as Winograd's tiles (frontends/winograd.py)
+  recurrences: dict[UOp, Recurrence] = field(default_factory=dict)  # by the recurrence's output (note_recurrence)
+  recurrent: set[UOp] = field(default_factory=set)  # the nodes of their steps (in inside too)
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,22 @@ class Windows:
   kernel: tuple[int, ...]
   stride: tuple[int, ...]
   dilation: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Recurrence:
+  """A recurrence unrolled over the first axis of its source (frontends/onnx_ops_rnn.py _run_steps), its output
+  (T, ...) by step: the reversals of that axis its backward direction makes (of the source, and of its outputs back
+  into time order), the sizes its steps have besides T, the positions its steps are placed at along that axis
+  (their pads' bounds, the same at every length: a kernel compares a position there), and whether sequence_lens masks
+  its steps."""
+
+  source: UOp
+  steps: frozenset[UOp]
+  flips: tuple[UOp, ...]
+  static: frozenset[int]
+  positions: frozenset[int]
+  masked: bool
 
 
 # the ranged dims traced at or above their range's top, by the size they are traced at
@@ -339,6 +358,24 @@ def note_windows(windows: Windows, out: UOp) -> None:
       at.inside.add(u)
       todo += u.src
   at.windows[out] = windows
+
+
+def note_recurrence(source: UOp, out: UOp, given: list[UOp], masked: bool) -> None:
+  """A recurrence unrolled while the graph is traced at a size of a ranged dim: its steps are as many as the first
+  axis of source, so its graph depends on the size; the proof takes it whole, as one op from source to out (given:
+  its other inputs, weights and initial state, which are the graph's nodes, not its own)."""
+  if (at := _FOR_RANGE.get()) is None:
+    return
+  T, stops = source.shape[0], {source, *given}
+  steps = set(out.toposort(stop=lambda u: u in stops)) - stops - {out}
+  at.inside |= steps
+  at.recurrent |= steps
+  stages = [u for u in steps if u.op is Ops.CONTIGUOUS and u.arg is not None]
+  static = {s for u in steps for s in u.shape if s != T} | {s for u in stages for s in u.shape}
+  flips = tuple(u for u in steps if u.op is Ops.FLIP and u.arg == (0,) and u.shape[0] == T)
+  pads = [u for u in steps if u.op is Ops.PAD and u.shape[0] == T and u.arg[0][0] != (0, 0)]
+  positions = {x for u in pads for x in (u.arg[0][0][0], u.arg[0][0][0] + u.src[0].shape[0])}
+  at.recurrences[out] = Recurrence(source, frozenset(steps), flips, frozenset(static), frozenset(positions), masked)
 
 
 def note_winograd() -> None:

@@ -11,7 +11,9 @@ table, an arange), or be a mean's 1/count over the dim (batch_dims.note_mean), w
 size (the VAR n_). Pads and windows (convolutions, pools) along the dim derive sizes from it, each with a form in
 the run's size (aot/dim_size.py), to which their loops then run and against which a pad's bound is compared
 (_DimSizes); the bound is then the first size at which every strided window reaches the end of its input, prime or
-not. Flipping, gathering or slicing anything but a prefix along the dim, merging it with another dim, or another value
+not. A recurrence over the dim (LSTM, GRU, RNN: unrolled, one step per position) is taken whole too: its steps run
+as far as the run's length (aot/scheduler/runtime_extent.py guard_steps), its backward direction from the run's
+last position (_reversed_at_run). Flipping, gathering or slicing anything but a prefix along the dim, merging it with another dim, or another value
 of its size (the length read from Shape, as a value) is a CompileError naming the first node that does it.
 
 Memory: the arena is the static plan at P (strides at the bound: every index stays a constant-coefficient sum, and
@@ -32,7 +34,7 @@ from aot.core.ir import GroupOp, Ops, UOp
 from aot.core.rewrite import substitute
 from aot.dim_size import DimSize
 from aot.errors import CompileError, InvalidValueError
-from aot.frontends.batch_dims import BatchDim, RunDim, SizeTrace, Windows, _node_of, _sources, in_step
+from aot.frontends.batch_dims import BatchDim, Recurrence, RunDim, SizeTrace, Windows, _node_of, _sources, in_step
 from aot.frontends.tensor import Tensor
 from aot.scheduler.kernel import Traced
 from aot.scheduler.runtime_extent import blocks_before, size_uop, size_var
@@ -76,6 +78,7 @@ def prove_extent_dim(
   of_size: dict[UOp, UOp] = {}  # a constant computed from the size (a mean's 1/n) -> it computed from the run's
   sizes = _DimSizes(dim, p1, p2)
   means = at1.above.means if at1.above else {}
+  _same_steps_walked(at1, at2)
   for u, v, constant in in_step(dim, t1, t2, differs, (at1.inside, at2.inside), labels):
     if u.op is Ops.PAD and isinstance(axes[u.src[0]], tuple):
       sizes.pad(u, v, axes[u.src[0]])
@@ -96,6 +99,12 @@ def prove_extent_dim(
       why = a
     if u in at1.windows:
       pass  # (windows are taken whole, their steps skipped)
+    elif u in at1.recurrences:
+      why = why or _recurrence(at1.recurrences[u], a, axes[at1.recurrences[u].source])
+    elif why is None and any(s in at1.recurrent for s in srcs):
+      why = (
+        "reads a recurrence's final state (Y_h, Y_c), which a length given at run time does not give in this version"
+      )
     elif why is None and any(s in at1.inside for s in srcs):
       why = "reads a step of windows over it"
     elif why is None:
@@ -108,6 +117,8 @@ def prove_extent_dim(
         f"version: pin it (--shape {dim.name}=N)"
       )
   sizes.static = {x for u, a in axes.items() if isinstance(a, tuple) for i, x in enumerate(u.shape) if i not in a}
+  sizes.static |= {x for r in at1.recurrences.values() for x in r.static}
+  sizes.positions = {x for r in at1.recurrences.values() for x in r.positions}
   if (why := sizes.unfit(p1)) is not None:
     raise OtherBound(f"dim '{dim.name}' cannot have a range: {why}", sizes.unfit)
   if t1.containers or any(n in (t1.formats or {}) for n in [u.arg.name for u in t1.inputs] + (t1.output_names or [])):
@@ -115,13 +126,17 @@ def prove_extent_dim(
       f"dim '{dim.name}' cannot have a range: the model has sequence, optional or narrow-typed "
       "inputs or outputs, which take no range yet"
     )
-  if of_size:
-    sink = substitute(UOp(Ops.SINK, dtypes.void, tuple(t1.outputs)), of_size)
-    t1.outputs = list(sink.src)
   inputs = _io_axes(dim, t1, axes, "input", staged)
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
   outputs = _io_axes(dim, t1, axes, "output", staged)
+  # (a recurrence's backward direction starts at the run's last step, not the bound's)
+  of_size |= {f: _reversed_at_run(f, sizes.forms[f.shape[0]], dim) for r in at1.recurrences.values() for f in r.flips}
+  sink = UOp(Ops.SINK, dtypes.void, tuple(t1.outputs))
+  # (again while a replacement holds a node replaced: Y's reversal reads the steps, which read the source's)
+  while of_size and not of_size.keys().isdisjoint(sink.toposort()):
+    sink = substitute(sink, of_size)
+  t1.outputs = list(sink.src)
   return BatchDim(
     dim,
     inputs,
@@ -130,6 +145,7 @@ def prove_extent_dim(
     bound=p1,
     sizes=tuple(sizes.forms.items()),
     gates=tuple(sizes.gates(p1).items()),
+    recurrent=bool(at1.recurrences),
   )
 
 
@@ -147,6 +163,8 @@ class _DimSizes:
     # bound they never cross) is simplified away there, and would be missed at another size
     self.reach: list[tuple[DimSize, int, int, int]] = []
     self.static: set[int] = set()  # the sizes of the program's other dims
+    # the positions along it a recurrence's steps are placed at (Recurrence.positions), the same at every size
+    self.positions: set[int] = set()
 
   def axes(self, s1: tuple, s2: tuple) -> tuple | str:
     """The axes whose sizes are the dim's or derived from it in both traces; a string if the shapes differ
@@ -192,7 +210,8 @@ class _DimSizes:
   def gates(self, bound: int) -> dict[int, DimSize | None]:
     """Each pad's bounds at this bound: its upper one (its low pad plus the axis' size) -> its form, its lower one (the
     low pad, the same at every size) -> None."""
-    return {lo: None for lo, _ in self.pads} | {lo + f.at(bound): f.padded(lo) for lo, f in self.pads}
+    fixed = {lo: None for lo, _ in self.pads} | dict.fromkeys(self.positions)
+    return fixed | {lo + f.at(bound): f.padded(lo) for lo, f in self.pads}
 
   def unfit(self, bound: int) -> str | None:
     """Why the program laid out at this bound would not run right at every size (None: it would): a derived size
@@ -202,8 +221,10 @@ class _DimSizes:
     if len(at) < len(self.forms) or any(x in self.static for x, f in at.items() if f != DimSize()):
       return f"sizes derived from it coincide with each other or another dim's at its bound {bound}"
     uppers = {(lo + f.at(bound), f.padded(lo)) for lo, f in self.pads}
-    if len({x for x, _ in uppers}) < len(uppers) or {x for x, _ in uppers} & {lo for lo, _ in self.pads}:
-      return f"two pads' bounds along it coincide at its bound {bound}"
+    if len({x for x, _ in uppers}) < len(uppers) or {x for x, _ in uppers} & (
+      {lo for lo, _ in self.pads} | self.positions
+    ):
+      return f"two pads' bounds along it, or one and a recurrence's step, coincide at its bound {bound}"
     for padded, span, s, hi in self.reach:
       if (padded.at(bound) - span) % s >= max(hi, 1):
         return f"windows of stride {s} stop short of the end of their input at its bound {bound}"
@@ -255,6 +276,35 @@ def _at_run_size(u: UOp, v: UOp, p2: int, dim: RunDim, means: dict[float, int], 
       at_run = Tensor(size_uop(form, size_var(dim)) * other).cast(u.dtype)
       return (Tensor(1.0, u.dtype) / at_run).reshape((1,) * len(u.shape)).expand(u.shape).uop
   return None
+
+
+def _same_steps_walked(at1: SizeTrace, at2: SizeTrace) -> None:
+  """A recurrence with as many steps at both sizes (over another axis than the dim) is built the same at both: its
+  nodes are walked as the graph's others, not taken whole."""
+  for (o1, r1), (o2, r2) in zip(list(at1.recurrences.items()), list(at2.recurrences.items())):
+    if r1.source.shape[0] == r2.source.shape[0]:
+      for at, o, r in ((at1, o1, r1), (at2, o2, r2)):
+        at.inside -= r.steps
+        at.recurrent -= r.steps
+        del at.recurrences[o]
+
+
+def _recurrence(r: Recurrence, a, source_axes) -> str | None:
+  """Why a recurrence (batch_dims.note_recurrence) cannot run to the run's length, if it cannot: its steps must be
+  the dim's positions, and each step's time must be known (sequence_lens masks steps by a length of the bound's)."""
+  if r.masked:
+    return "masks its steps by sequence_lens, which takes no range of their count in this version"
+  if source_axes != (0,) or a != (0,):
+    return "runs a recurrence along another axis than the dim, or along it and another"
+  return None
+
+
+def _reversed_at_run(flip: UOp, form: DimSize, dim: RunDim) -> UOp:
+  """flip's reversal of its first axis (the bound's L positions) made of the run's first form(n) ones: position i
+  reads form(n) - 1 - i (positions past form(n) are not computed at the run)."""
+  length = flip.shape[0]
+  last = Tensor(size_uop(form, size_var(dim)) + (-1)).cast(dtypes.int64)
+  return Tensor(flip.src[0]).take(last - Tensor(np.arange(length, dtype=np.int64)), axis=0).uop
 
 
 def _same_arg(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:

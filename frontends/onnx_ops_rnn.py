@@ -1,5 +1,6 @@
-"""ONNX recurrent operators, unrolled over the (static) sequence length: RNN, GRU, LSTM and their shared helpers
-(activations, the step loop, outputs), and the stateful CausalConvWithState and LinearAttention.
+"""ONNX recurrent operators, unrolled over the sequence length (a ranged one's bound: _run_steps): RNN, GRU, LSTM
+and their shared helpers (activations, the step loop, outputs), and the stateful CausalConvWithState and
+LinearAttention.
 
 RNN, GRU and LSTM: the input product for every step and direction is one batched matmul ahead of the recurrence
 (_project); each step then runs both directions as one batch: a product h R^T with the gates in its epilogue, and for
@@ -14,13 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from aot.core.dtype import dtypes
-from aot.core.ir import Ops
+from aot.core.ir import Ops, UOp
+from aot.core.rewrite import substitute
+from aot.frontends.batch_dims import note_recurrence, tracing_for_range
 from aot.frontends.onnx import Unsupported, op
 from aot.frontends.onnx_ops_attention import _heads
 from aot.frontends.onnx_ops_nn import _conv, _f32, _reduce
 from aot.frontends.tensor import Tensor
+from aot.scheduler.kernel import StepGuard
 
-# *** recurrent layers: unrolled over the (static) sequence length ***
+# *** recurrent layers: unrolled over the sequence length ***
 
 _ACT = {
   "relu": lambda x, a, b: x.relu(),
@@ -113,10 +117,15 @@ def _act(fns, x):
   return Tensor.cat([f(x[d : d + 1]) for d, f in enumerate(fns)], 0)
 
 
-def _run_steps(proj, T, ndir, direction, lens, step, init):
-  """Run step(x_s, state) -> (h, state) over the steps, the directions batched ((ndir, B, ...) tensors: step s is
-  the forward direction's time s and the backward's T-1-s, the products one batched call): (each direction's outputs
-  by time, each direction's final state). Steps past a sequence's length keep the state and output zeros."""
+def _run_steps(x, proj, ndir, direction, lens, step, init, given):
+  """Run step(x_s, state) -> (h, state) over the steps of x (T, B, I) and its input product proj, the directions
+  batched ((ndir, B, ...) tensors: step s is the forward direction's time s and the backward's T-1-s, the products one
+  batched call): (each direction's outputs by time, each direction's final state). Steps past a sequence's length
+  keep the state and output zeros. Along a dim with a range (frontends/extent_dims.py) T is the bound's: each step's
+  stages are marked with it (StepGuard), the backward direction's reversals are made at the run's length, and the
+  final state, Y_h and Y_c, is not given. given: the node's other inputs (its weights, initial state: the graph's
+  nodes, not the recurrence's own)."""
+  T, ranged = x.shape[0], tracing_for_range()
   times = [[T - 1 - s if _reversed(direction, d) else s for d in range(ndir)] for s in range(T)]
   state, outs = init, []
   for s in range(T):
@@ -128,15 +137,17 @@ def _run_steps(proj, T, ndir, direction, lens, step, init):
     # each step's state is read by the next step's kernels and the output's: stored as it is made, not found one
     # step per round by the scheduler's fixpoint (a 40-step CRNN took 80 rounds, most of its 56 s compile)
     state = tuple(_stored(x) for x in new)
+    state = _of_step(state, StepGuard(T, s)) if ranged else state
     outs.append(state[0] if lens is None else h)
   # the outputs (T, ndir, B, H) in two levels, chunks of steps stored and then Y from the chunks: a concat of n
   # pieces evaluates n gated loads an element, and 80 (40 steps, 2 directions) took a CRNN's Y 0.17 ms a layer
   finals = [tuple(x[d] for x in state) for d in range(ndir)]
-  if T <= OUT_CHUNK:
+  if T <= OUT_CHUNK and not ranged:
     y = Tensor.stack([outs[times[t][d]][d] for t in range(T) for d in range(ndir)])
     return y.reshape(T, ndir, *outs[0].shape[1:]), finals
-  steps = _stacked(outs, OUT_CHUNK)
+  steps = _stacked(outs, OUT_CHUNK, T if ranged else 0)
   y = Tensor.stack([steps[:, d].flip(0) if _reversed(direction, d) else steps[:, d] for d in range(ndir)], axis=1)
+  note_recurrence(x.uop, y.uop, [t.uop for t in given if t is not None], masked=lens is not None)
   return y, finals
 
 
@@ -182,12 +193,16 @@ def _run_dirs(x, T, ndir, direction, lens, step, init):
   return y.reshape(T, ndir, *ys[0][0].shape), finals
 
 
-def _stacked(pieces: list[Tensor], chunk: int) -> Tensor:
+def _stacked(pieces: list[Tensor], chunk: int, steps: int = 0) -> Tensor:
   """The pieces stacked, in stored chunks of this many when there are more (a concat of n pieces evaluates n gated
-  loads an element wherever it is read)."""
+  loads an element wherever it is read). steps: the pieces are a recurrence's steps over a ranged dim (its length
+  at the bound): a chunk is stored only where the run reaches its first step (StepGuard)."""
   if len(pieces) <= chunk:
     return Tensor.stack(pieces)
-  return Tensor.cat([_stored(Tensor.stack(pieces[i : i + chunk])) for i in range(0, len(pieces), chunk)])
+  stored = [_stored(Tensor.stack(pieces[i : i + chunk])) for i in range(0, len(pieces), chunk)]
+  if steps:
+    stored = [_of_step((c,), StepGuard(steps, i * chunk))[0] for i, c in enumerate(stored)]
+  return Tensor.cat(stored)
 
 
 def _stored(x: Tensor) -> Tensor:
@@ -197,6 +212,18 @@ def _stored(x: Tensor) -> Tensor:
   while u.op in (Ops.SHRINK, Ops.RESHAPE):
     u = u.src[0]
   return x if u.op is Ops.CONTIGUOUS else x.contiguous()
+
+
+def _of_step(xs: tuple[Tensor, ...], guard: StepGuard) -> tuple[Tensor, ...]:
+  """xs (views of stored stages: _stored) with their stages marked as made by a recurrence's step, which the run
+  makes only where its length passes the step (aot/scheduler/runtime_extent.py guard_steps)."""
+  roots = {}
+  for x in xs:
+    u = x.uop
+    while u.op in (Ops.SHRINK, Ops.RESHAPE):
+      u = u.src[0]
+    roots[u] = UOp(Ops.CONTIGUOUS, u.dtype, u.src, guard)
+  return tuple(Tensor(substitute(x.uop, roots)) for x in xs)
 
 
 def _rnn_outputs(y, finals, layout, x_dtype):
@@ -228,6 +255,7 @@ def rnn(
   layout=0,
 ):
   x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 1)
+  given = (w, r, b, initial_h)
   acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], ndir)
   proj = _project(x, w, b[:, :H] + b[:, H:], ndir, direction)
   rt = r.transpose(1, 2)
@@ -237,7 +265,7 @@ def rnn(
     return h, (h,)
 
   init = (h0 if h0 is not None else Tensor(np.zeros((ndir, B, H), dtype=x.dtype.np)),)
-  return _rnn_outputs(*_run_steps(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
+  return _rnn_outputs(*_run_steps(x, proj, ndir, direction, lens, step, init, given), layout, x.dtype)
 
 
 @op("GRU", since=7)
@@ -259,6 +287,7 @@ def gru(
   linear_before_reset=0,
 ):
   x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 3)
+  given = (w, r, b, initial_h)
   acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], ndir)
   rb = b[:, 3 * H :]
   # the hidden gate's recurrent bias is inside the reset gate's product with linear_before_reset, else beside it
@@ -285,7 +314,7 @@ def gru(
     return h, (h,)
 
   init = (h0 if h0 is not None else Tensor(np.zeros((ndir, B, H), dtype=x.dtype.np)),)
-  return _rnn_outputs(*_run_steps(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
+  return _rnn_outputs(*_run_steps(x, proj, ndir, direction, lens, step, init, given), layout, x.dtype)
 
 
 @op("LSTM", since=7)
@@ -309,6 +338,7 @@ def lstm(
   layout=0,
 ):
   x, T, B, H, ndir, b, h0, lens = _rnn_setup(n, x, w, r, b, sequence_lens, initial_h, layout, direction, 4)
+  given = (w, r, b, initial_h, initial_c, p)
   if initial_c is not None and layout:
     initial_c = initial_c.transpose(0, 1)
   acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], ndir)
@@ -320,7 +350,7 @@ def lstm(
 
   zeros = Tensor(np.zeros((ndir, B, H), dtype=x.dtype.np))
   init = (h0 if h0 is not None else zeros, initial_c if initial_c is not None else zeros)
-  return _rnn_outputs(*_run_steps(proj, T, ndir, direction, lens, step, init), layout, x.dtype)
+  return _rnn_outputs(*_run_steps(x, proj, ndir, direction, lens, step, init, given), layout, x.dtype)
 
 
 def lstm_cell(acts, gts, cp, p, H, clip, input_forget):

@@ -45,12 +45,23 @@ class Buffer:
     return f"{self.kind}:{self.name or '?'}[{self.size}]{self.dtype.name}"
 
 
+@dataclass(frozen=True)
+class StepGuard:
+  """A stage made by one step of a recurrence over a ranged dim (frontends/onnx_ops_rnn.py _run_steps), which the run
+  makes only where the recurrence's length at its size passes the step: the length at the bound, the step."""
+
+  length: int
+  step: int
+
+
 @dataclass(eq=False)
 class Kernel:
   name: str
   ast: UOp  # STORE(DEFINE_GLOBAL(0), index, value) over RANGEs and ACCUMULATEs
   bufs: list[Buffer]  # argument slot -> buffer; slot 0 is written
   shape: tuple[int, ...]  # the stored tensor's shape
+  # a recurrence's step over a ranged dim: run only where the run's length passes it (scheduler/runtime_extent.py)
+  step: StepGuard | None = None
 
   @property
   def out(self) -> Buffer:

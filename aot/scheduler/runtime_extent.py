@@ -12,7 +12,7 @@ from aot.core.ir import Ops, UOp, prod
 from aot.core.rewrite import substitute
 from aot.dim_size import DimSize
 from aot.errors import CompileError, InternalError
-from aot.scheduler.kernel import Schedule
+from aot.scheduler.kernel import Kernel, Schedule, StepGuard
 
 # what an index holding a runtime loop counter may be: a sum of terms times constants, read as an address (or cast to
 # a value: an arange's position)
@@ -37,6 +37,29 @@ def mark_runtime_ranges(sched: Schedule) -> None:
     if k.ast not in done:
       done[k.ast] = runtime_marked(k.ast, sched.extent, f"kernel {k.name}")
     k.ast = done[k.ast]
+
+
+def guard_steps(sched: Schedule) -> None:
+  """A recurrence's steps made only as far as the run's length (frontends/onnx_ops_rnn.py StepGuard), in place: a
+  kernel whose stage a step is marked with has its guard; another kernel all of whose readers have guards takes the
+  first one's (a step's product, read by its state's kernel alone). The steps past the run's length are then not
+  made, and nothing the run computes reads them: a loop over the dim runs to the run's size."""
+  readers: dict[int, list[Kernel]] = {}
+  for k in sched.kernels:
+    for b in {id(b): b for b in k.bufs[1:]}.values():
+      readers.setdefault(id(b), []).append(k)
+  for k in reversed(sched.kernels):
+    if k.step is not None or k.out.kind != "scratch" or not (rs := readers.get(id(k.out))):
+      continue
+    if all(r.step is not None for r in rs) and len({r.step.length for r in rs}) == 1:
+      k.step = min((r.step for r in rs), key=lambda g: g.step)
+
+
+def step_condition(extent, guard: StepGuard) -> str | None:
+  """The C condition under which a kernel of this recurrence's step runs (the run's size e_), None where it always
+  does."""
+  form = extent.size_at(guard.length) if extent is not None else None
+  return f"{form.c('e_')} > {guard.step}" if form is not None and guard.step > 0 else None
 
 
 def size_uop(form: DimSize, n: UOp) -> UOp:

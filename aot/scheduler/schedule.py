@@ -19,7 +19,7 @@ from aot.core.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from aot.core.symbolic import pm_simplify, simplify
 from aot.errors import CompileError, InvalidTypeError, InvalidValueError, working_on
 from aot.scheduler.functions import place_calls, renumbered, separate_calls
-from aot.scheduler.kernel import Buffer, IndexCheckCall, Kernel, Schedule
+from aot.scheduler.kernel import Buffer, IndexCheckCall, Kernel, Schedule, StepGuard
 
 # *** prepare: inline calls, fold constants ***
 
@@ -681,7 +681,8 @@ def schedule(outputs: list[UOp], input_order: list[UOp], output_names: list[str]
       continue
     store, b, x = lowered[bid]
     ast, bufs = finalize(store)
-    kernels.append(Kernel(kernel_name(len(kernels), ast, x.shape), ast, bufs, x.shape))
+    step = x.arg if x.op is Ops.CONTIGUOUS and isinstance(x.arg, StepGuard) else None
+    kernels.append(Kernel(kernel_name(len(kernels), ast, x.shape), ast, bufs, x.shape, step))
 
   used = {id(b): b for k in kernels for b in k.bufs}
   inputs = []

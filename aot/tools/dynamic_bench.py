@@ -32,6 +32,8 @@ DYNAMIC_MODELS = {
   "real:yolov8n": ("batch", (1, 4), (1, 3, 4)),
   # a text line's width through convolutions and pools, 4 columns a step
   "real:crnn_ctc:width": ("width", (32, 640), (32, 160, 331, 640)),
+  # the same with its two bidirectional LSTM layers over the steps (width / 4 of them at a run)
+  "real:crnn:width": ("width", (32, 640), (32, 160, 331, 640)),
 }
 # a token id input's values: below the smallest vocabulary of the models above
 TOKEN_IDS = 1000

@@ -77,6 +77,28 @@ class Call:
     return None
 
 
+@dataclass
+class GuardedCall(Call):
+  """A call made only where a condition on the run's size holds (a recurrence's step the run's length passes:
+  aot/scheduler/runtime_extent.py step_condition)."""
+
+  call: Call
+  condition: str
+
+  def __post_init__(self):
+    self.role, self.parallel = self.call.role, self.call.parallel
+
+  @property
+  def tasks(self) -> int:
+    return self.call.tasks
+
+  def render(self, arg, tramps: dict[str, str]) -> str:
+    return f"  if ({self.condition}) {{\n{self.call.render(arg, tramps)}\n  }}"
+
+  def describe(self, kernel: str) -> CallInfo:
+    return self.call.describe(kernel)
+
+
 def ctype(b: Buffer, slot: int) -> str:
   """A kernel argument's C pointer type: slot 0 is the output, the others are read."""
   return f"{'' if slot == 0 else 'const '}{b.dtype.cname} *"

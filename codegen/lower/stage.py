@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from aot.artifact import WeightsWriter, release_mapped_pages
-from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered
+from aot.codegen.lower.calls import Call, CallContext, CallInfo, GuardedCall, Lowered
 from aot.codegen.lower.contract import (
   fuse_epilogues,
   lower_contractions,
@@ -31,7 +31,7 @@ from aot.core.ir import Ops, UOp
 from aot.errors import working_on
 from aot.scheduler.kernel import Buffer, Kernel, Schedule
 from aot.scheduler.memory import live_bytes
-from aot.scheduler.runtime_extent import runtime_marked
+from aot.scheduler.runtime_extent import runtime_marked, step_condition
 
 # kernels doing less work than this (flops + elements written) run on the calling thread: waking the pool costs more
 PARALLEL_MIN_WORK = 1 << 16
@@ -178,8 +178,13 @@ def lower_runtime_sized(k: Kernel, env: LowerEnv) -> Lowered | None:
     last, bufs, gemms = lower_contractions(k.ast, k.bufs, env.tile, env.make_buffer, found=found)
     if gemms:
       return _released(k, _gemm_lowered(Kernel(k.name, k.ast, bufs, k.shape), last, gemms))
-  bound = next(r.size for r in k.ast.toposort() if r.op is Ops.RANGE and r.runtime)
-  if (q := lower_qgemm(k.ast, k.bufs, env.producers, env.qresults)) and all(_rows_runtime(g, bound) for g in q[2]):
+  # (a kernel may take the size with no loop to it: a value computed from it, a reversal's last position)
+  bound = next((r.size for r in k.ast.toposort() if r.op is Ops.RANGE and r.runtime), None)
+  if (
+    bound
+    and (q := lower_qgemm(k.ast, k.bufs, env.producers, env.qresults))
+    and all(_rows_runtime(g, bound) for g in q[2])
+  ):
     return _int8_lowered(k, env, q)
   return _released(k, Lowered(Kernel(k.name, k.ast, k.bufs, k.shape), [k.ast]))
 
@@ -314,9 +319,12 @@ def lower_schedule(
   sizes = dict(sched.extent.sizes) if sched.extent is not None else {}
   ctx = CallContext(functions, optimized, threads, PARALLEL_MIN_WORK, target, bound=bound, sizes=sizes)
   kernel_calls = []
-  for low in lowered:
+  for k, low in zip(sched.kernels, lowered):
     with working_on(kernel_place(low.kernel)):
-      kernel_calls.append(low.calls(ctx))
+      calls = low.calls(ctx)
+    if k.step is not None and (condition := step_condition(sched.extent, k.step)) is not None:
+      calls = [GuardedCall(c, condition) for c in calls]
+    kernel_calls.append(calls)
   scratch = [b for b in sched.scratch if id(b) not in replaced] + env.scratch_made
   entries = [ctx.renamed.get(fn, fn) for fn in entries]
   return LoweredSchedule(lowered, scratch, ctx.rendered(functions), places, entries, kernel_calls)

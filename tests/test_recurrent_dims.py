@@ -1,0 +1,157 @@
+"""A recurrence (LSTM, GRU, RNN) over a dim with a range: the sequence a text recogniser's convolutions leave of a
+line's width, or a sequence input itself. One artifact laid out at the bound, its steps unrolled there and made only
+as far as each call's length, the backward direction started at the call's last step; checked against onnxruntime at
+the range's ends, at primes and around the outputs' chunks of 8 steps, and what it cannot take yet is refused naming
+why."""
+
+import re
+
+import numpy as np
+import pytest
+from conftest import make, ort_session, outputs_on_threads
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper
+
+import aot
+from aot.errors import CompileError
+
+RNG = np.random.default_rng(0)
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+
+
+def weight(*shape):
+  return (RNG.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+
+def recurrence(op: str, direction: str, inputs=("x", "w", "r", "b"), outputs=("y",), I=6, H=5):
+  """One op over x (n, 1, I): its W, R and B as initializers."""
+  nd = 2 if direction == "bidirectional" else 1
+  inits = [weight(nd, GATES[op] * H, I), weight(nd, GATES[op] * H, H), weight(nd, 2 * GATES[op] * H)]
+  return make(
+    [oh.make_node(op, list(inputs), list(outputs), hidden_size=H, direction=direction, name="rec")],
+    [oh.make_tensor_value_info("x", TP.FLOAT, ["n", 1, I])],
+    [oh.make_tensor_value_info(o, TP.FLOAT, None) for o in outputs if o],
+    [numpy_helper.from_array(a, n) for a, n in zip(inits, ("w", "r", "b"))],
+  )
+
+
+def line_recogniser(H=6, classes=7):
+  """A text line (1, 1, 8, width): a 3x3 conv, a 2x2 max pool, a 3x3 conv, a (4, 1) max pool leaving width // 2
+  columns of 8 channels, a bidirectional LSTM over them, per-column class scores and their softmax."""
+  nodes = [
+    oh.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+    oh.make_node("Relu", ["c1"], ["r1"]),
+    oh.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+    oh.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+    oh.make_node("Relu", ["c2"], ["r2"]),
+    oh.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[4, 1], strides=[4, 1]),
+    oh.make_node("Squeeze", ["p2", "axis2"], ["sq"]),
+    oh.make_node("Transpose", ["sq"], ["seq"], perm=[2, 0, 1]),
+    oh.make_node("LSTM", ["seq", "lw", "lr", "lb"], ["y"], hidden_size=H, direction="bidirectional"),
+    oh.make_node("Transpose", ["y"], ["yt"], perm=[2, 0, 1, 3]),
+    oh.make_node("Reshape", ["yt", "flat"], ["feat"]),
+    oh.make_node("MatMul", ["feat", "fc"], ["logits"]),
+    oh.make_node("Softmax", ["logits"], ["probs"], axis=2),
+  ]
+  inits = {
+    "w1": weight(6, 1, 3, 3),
+    "w2": weight(8, 6, 3, 3),
+    "axis2": np.array([2]),
+    "lw": weight(2, 4 * H, 8),
+    "lr": weight(2, 4 * H, H),
+    "lb": weight(2, 8 * H),
+    "flat": np.array([1, -1, 2 * H]),
+    "fc": weight(2 * H, classes),
+  }
+  return make(
+    nodes,
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1, 1, 8, "width"])],
+    [oh.make_tensor_value_info("probs", TP.FLOAT, None)],
+    [numpy_helper.from_array(a, n) for n, a in inits.items()],
+  )
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@pytest.mark.parametrize(
+  "op, direction", [("LSTM", "bidirectional"), ("GRU", "reverse"), ("RNN", "forward"), ("LSTM", "reverse")]
+)
+def test_a_recurrence_runs_as_many_steps_as_the_call_has(tmp_path, op, direction, target):
+  model = recurrence(op, direction)
+  art = aot.compile_model(model, shapes={"n": (1, 30)}, out_dir=tmp_path, target=target)
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    # the ends, primes, and either side of the outputs' chunks of 8 steps
+    for n in (1, 2, 7, 8, 9, 17, 29, 30):
+      x = RNG.standard_normal((n, 1, 6)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_steps_past_the_call_are_not_made(tmp_path):
+  # each step's kernels are guarded by the call's length: a step s runs where the run has more than s steps (the
+  # first always does); without the guards every call would run the bound's 31 steps
+  art = aot.compile_model(recurrence("LSTM", "bidirectional"), shapes={"n": (1, 30)}, out_dir=tmp_path)
+  model_c = (art.dir / "src" / "model.c").read_text()
+  assert {int(s) for s in re.findall(r"if \(e_ > (\d+)\)", model_c)} == set(range(1, 31))
+
+
+def test_a_text_line_recogniser_runs_any_width(tmp_path):
+  model = line_recogniser()
+  art = aot.compile_model(model, shapes={"width": (8, 64)}, out_dir=tmp_path)
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for w in (8, 9, 13, 16, 31, 63, 64):
+      x = RNG.standard_normal((1, 1, 8, w)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape == (1, w // 2, 7)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  x = RNG.standard_normal((1, 1, 8, 45)).astype(np.float32)
+  one, three = outputs_on_threads(art, {"x": x})
+  assert np.array_equal(one, three)
+
+
+@pytest.mark.parametrize(
+  "model, why",
+  [
+    (recurrence("LSTM", "forward", outputs=("y", "y_h")), r"reads a recurrence's final state \(Y_h, Y_c\)"),
+    (recurrence("GRU", "forward", outputs=("", "y_h")), r"reads a recurrence's final state"),
+  ],
+)
+def test_a_final_state_over_the_range_is_refused_naming_it(model, why):
+  with pytest.raises(CompileError, match=rf"dim 'n' cannot have a range: .*{why}"):
+    aot.compile_model(model, shapes={"n": (2, 20)})
+
+
+def test_sequence_lens_over_the_range_is_refused_naming_it():
+  model = recurrence("LSTM", "forward", inputs=("x", "w", "r", "b", "lens"))
+  model.graph.initializer.append(numpy_helper.from_array(np.array([3], np.int32), "lens"))
+  with pytest.raises(CompileError, match=r"dim 'n' cannot have a range: .*LSTM node 'rec' masks its steps by seq"):
+    aot.compile_model(model, shapes={"n": (4, 20)})
+
+
+def test_a_gpu_target_says_a_recurrence_along_the_range_is_for_the_cpu():
+  with pytest.raises(CompileError, match=r"dim 'n' reaches .* a recurrence .* not on GPUs"):
+    aot.compile_model(recurrence("LSTM", "forward"), shapes={"n": (1, 20)}, target="cuda")
+
+
+def test_a_recurrence_over_another_axis_is_walked_node_by_node():
+  # the LSTM's steps are its 4 rows, its batch the ranged dim, which a mean then mixes (so it would run to its size
+  # in loops at a bound): the same steps at every size, walked node by node, not taken whole; its input product
+  # takes the batch and the steps as one axis, which a run-time size cannot take
+  model = make(
+    [
+      oh.make_node("LSTM", ["x", "w", "r"], ["y"], hidden_size=5, direction="bidirectional"),
+      oh.make_node("ReduceMean", ["y", "axes"], ["m"], keepdims=0),
+    ],
+    [oh.make_tensor_value_info("x", TP.FLOAT, [4, "n", 6])],
+    [oh.make_tensor_value_info("m", TP.FLOAT, None)],
+    [
+      numpy_helper.from_array(weight(2, 20, 6), "w"),
+      numpy_helper.from_array(weight(2, 20, 5), "r"),
+      numpy_helper.from_array(np.array([2]), "axes"),
+    ],
+  )
+  with pytest.raises(CompileError, match=r"dim 'n' cannot have a range: LSTM node 'y' merges it with another dim"):
+    aot.compile_model(model, shapes={"n": (1, 12)})
