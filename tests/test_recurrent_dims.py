@@ -155,3 +155,22 @@ def test_a_recurrence_over_another_axis_is_walked_node_by_node():
   )
   with pytest.raises(CompileError, match=r"dim 'n' cannot have a range: LSTM node 'y' merges it with another dim"):
     aot.compile_model(model, shapes={"n": (1, 12)})
+
+
+def test_a_batch_first_recurrence_takes_a_batch_range_and_a_length_range(tmp_path):
+  # batch run item by item, each item's steps to its length (layout 1: onnxruntime runs the layout 0 model, on the
+  # input and output transposed)
+  nodes = lambda layout: [
+    oh.make_node("LSTM", ["x", "w", "r"], ["y"], hidden_size=5, direction="bidirectional", layout=layout)
+  ]
+  inits = [numpy_helper.from_array(weight(2, 20, 6), "w"), numpy_helper.from_array(weight(2, 20, 5), "r")]
+  out = [oh.make_tensor_value_info("y", TP.FLOAT, None)]
+  model = make(nodes(1), [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", "n", 6])], out, inits)
+  time_first = make(nodes(0), [oh.make_tensor_value_info("x", TP.FLOAT, ["n", "batch", 6])], out, inits)
+  art = aot.compile_model(model, shapes={"batch": (1, 3), "n": (1, 20)}, out_dir=tmp_path)
+  sess = ort_session(time_first)
+  with aot.load(art) as m:
+    for b, n in ((1, 1), (3, 7), (2, 20), (1, 9)):
+      x = RNG.standard_normal((b, n, 6)).astype(np.float32)
+      want = sess.run(None, {"x": x.transpose(1, 0, 2).copy()})[0].transpose(2, 0, 1, 3)
+      np.testing.assert_allclose(m(x), want, rtol=1e-5, atol=1e-6)
