@@ -174,3 +174,29 @@ def test_a_batch_first_recurrence_takes_a_batch_range_and_a_length_range(tmp_pat
       x = RNG.standard_normal((b, n, 6)).astype(np.float32)
       want = sess.run(None, {"x": x.transpose(1, 0, 2).copy()})[0].transpose(2, 0, 1, 3)
       np.testing.assert_allclose(m(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_initial_states_as_inputs_and_peepholes_over_the_range(tmp_path):
+  # the node's other inputs (initial_h, initial_c given at each call, the peepholes) are the graph's, read by the
+  # steps; clip bounds every gate
+  H, I = 5, 6
+  inits = [weight(2, 4 * H, I), weight(2, 4 * H, H), weight(2, 8 * H), weight(2, 3 * H)]
+  model = make(
+    [
+      oh.make_node(
+        "LSTM", ["x", "w", "r", "b", "", "h0", "c0", "p"], ["y"], hidden_size=H, direction="bidirectional", clip=2.0
+      )
+    ],
+    [oh.make_tensor_value_info(n, TP.FLOAT, s) for n, s in (("x", ["n", 1, I]), ("h0", [2, 1, H]), ("c0", [2, 1, H]))],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    [numpy_helper.from_array(a, n) for a, n in zip(inits, ("w", "r", "b", "p"))],
+  )
+  art = aot.compile_model(model, shapes={"n": (2, 25)}, out_dir=tmp_path)
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (2, 13, 25):
+      feeds = {
+        k: RNG.standard_normal(s).astype(np.float32)
+        for k, s in (("x", (n, 1, I)), ("h0", (2, 1, H)), ("c0", (2, 1, H)))
+      }
+      np.testing.assert_allclose(m(**feeds), sess.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
