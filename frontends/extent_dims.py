@@ -13,8 +13,9 @@ the run's size (aot/dim_size.py), to which their loops then run and against whic
 (_DimSizes); the bound is then the first size at which every strided window reaches the end of its input, prime or
 not. A recurrence over the dim (LSTM, GRU, RNN: unrolled, one step per position) is taken whole too: its steps run
 as far as the run's length (aot/scheduler/runtime_extent.py guard_steps), its backward direction from the run's
-last position (_reversed_at_run). Flipping, gathering or slicing anything but a prefix along the dim, merging it with another dim, or another value
-of its size (the length read from Shape, as a value) is a CompileError naming the first node that does it.
+last position (_reversed_at_run). Flipping, gathering or slicing anything but a prefix along the dim, merging it
+with another dim, or another value of its size (the length read from Shape, as a value) is a CompileError naming
+the first node that does it.
 
 Memory: the arena is the static plan at P (strides at the bound: every index stays a constant-coefficient sum, and
 a loop's bound is the only run-time value). Inputs and outputs are read and written in place when every axis before
