@@ -61,9 +61,10 @@ def test_convolutions_and_pools_run_to_the_sizes_their_windows_leave(tmp_path, t
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def line_recognizer():
-  """A text-line recogniser's shape without its recurrence, over images 8 high and of any width: 3x3 convs with pads,
-  pools of 2x2 and 2x1, the height pooled away, per column classes (a MatMul) and their softmax: [1, width // 4, 5]."""
+def line_recognizer(hidden: int = 0):
+  """A text-line recogniser's shape, over images 8 high and of any width: 3x3 convs with pads, pools of 2x2 and 2x1,
+  the height pooled away, with hidden > 0 a bidirectional LSTM over the columns, per column classes (a MatMul) and
+  their softmax: [1, width // 4, 5]."""
   nodes = [
     oh.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
     oh.make_node("Relu", ["c1"], ["r1"]),
@@ -73,21 +74,28 @@ def line_recognizer():
     oh.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
     oh.make_node("MaxPool", ["p2"], ["p3"], kernel_shape=[2, 1], strides=[2, 1]),
     oh.make_node("Squeeze", ["p3", "h"], ["sq"]),
-    oh.make_node("Transpose", ["sq"], ["cols"], perm=[0, 2, 1]),
-    oh.make_node("MatMul", ["cols", "fc"], ["logits"]),
-    oh.make_node("Softmax", ["logits"], ["probs"], axis=-1),
   ]
-  inits = [
-    numpy_helper.from_array(weight(12, 3, 3, 3), "w1"),
-    numpy_helper.from_array(weight(16, 12, 3, 3), "w2"),
-    numpy_helper.from_array(weight(16, 5), "fc"),
-    numpy_helper.from_array(np.array([2]), "h"),
-  ]
+  inits = {"w1": weight(12, 3, 3, 3), "w2": weight(16, 12, 3, 3), "h": np.array([2]), "fc": weight(2 * hidden or 16, 5)}
+  if hidden:
+    nodes += [
+      oh.make_node("Transpose", ["sq"], ["steps"], perm=[2, 0, 1]),
+      oh.make_node("LSTM", ["steps", "lw", "lr"], ["y"], hidden_size=hidden, direction="bidirectional"),
+      oh.make_node("Transpose", ["y"], ["yt"], perm=[2, 0, 1, 3]),
+      oh.make_node("Reshape", ["yt", "flat"], ["cols"]),
+    ]
+    inits |= {
+      "lw": weight(2, 4 * hidden, 16),
+      "lr": weight(2, 4 * hidden, hidden),
+      "flat": np.array([1, -1, 2 * hidden]),
+    }
+  else:
+    nodes.append(oh.make_node("Transpose", ["sq"], ["cols"], perm=[0, 2, 1]))
+  nodes += [oh.make_node("MatMul", ["cols", "fc"], ["logits"]), oh.make_node("Softmax", ["logits"], ["probs"], axis=-1)]
   return make(
     nodes,
     [oh.make_tensor_value_info("x", TP.FLOAT, [1, 3, 8, "width"])],
     [oh.make_tensor_value_info("probs", TP.FLOAT, [1, "time", 5])],
-    inits,
+    [numpy_helper.from_array(a, n) for n, a in inits.items()],
   )
 
 
