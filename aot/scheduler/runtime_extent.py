@@ -3,7 +3,8 @@ bound P, a prime no other dim's size is a multiple of, so a loop of P is a loop 
 RANGE (its arg's 4th field: the VAR n_, the run's size), which the renderer runs to n_, its index arithmetic
 unchanged (strides at the bound). That is exact only where the loop's counter reaches nothing but addresses: a counter
 compared, divided or taken modulo would compare against the bound; such a kernel is a bug of the proof, reported
-here."""
+here. A recurrence over the dim, unrolled to the bound's steps, has its steps' kernels guarded by the run's length
+(guard_steps): the kernel list stays the bound's, the steps past the run's length are skipped."""
 
 from __future__ import annotations
 
