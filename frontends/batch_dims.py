@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from aot.core.dtype import dtypes
 from aot.core.ir import GroupOp, Ops, UOp
 from aot.dim_size import DimSize
 from aot.errors import CompileError, InternalError
@@ -206,7 +207,8 @@ def _trace_one(src, dim: RunDim, pinned, bind, name, trace, probes: list[int]) -
         t2 = trace(src, pinned(b2), bind, name, produced=bound_labels)
       t2.extent = prove_extent_dim(dim, t2, t1, b2, b1, bound_labels, at, probe)
     return t2
-  with _at_size(dim, 1):
+  with _at_size(dim, 1) as one:
+    one.items = True
     item = trace(src, pinned(1), bind, name)
   item.batch = batch
   _check_one_item(dim, item, t1, labels)
@@ -273,6 +275,8 @@ class SizeTrace:
   winograd: bool = False  # a convolution was traced as Winograd's tiles (frontends/winograd.py)
   recurrences: dict[UOp, Recurrence] = field(default_factory=dict)  # by the recurrence's output (note_recurrence)
   recurrent: set[UOp] = field(default_factory=set)  # the nodes of their steps (in inside too)
+  # the program a batch dim's items run (traced at one item): a recurrence there is a static compile's
+  items: bool = False
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,7 @@ class Recurrence:
   its steps."""
 
   source: UOp
+  y: UOp  # its output by step (its other outputs: the final state's parts, one value each)
   steps: frozenset[UOp]
   flips: tuple[UOp, ...]
   static: frozenset[int]
@@ -312,6 +317,13 @@ def tracing_for_range() -> bool:
   """Is the graph being traced at a size of a ranged dim? Its form must then not depend on the size (a reduction over
   a whole tensor is not cut into parts by its length: frontends/onnx_ops_quant.py _whole)."""
   return _FOR_RANGE.get() is not None
+
+
+def recurrence_at_run() -> bool:
+  """Is a recurrence traced now to run as many steps as a call has (frontends/onnx_ops_rnn.py _run_steps)? While the
+  graph is traced at a size of a ranged dim, but for the program a batch dim's items run: that one unrolls it as a
+  static compile does (its kernels a static compile's)."""
+  return (at := _FOR_RANGE.get()) is not None and not at.items
 
 
 def rows_past_table(start: int, end: int, step: int, rows: int) -> int:
@@ -360,14 +372,16 @@ def note_windows(windows: Windows, out: UOp) -> None:
   at.windows[out] = windows
 
 
-def note_recurrence(source: UOp, out: UOp, given: list[UOp], masked: bool) -> None:
+def note_recurrence(source: UOp, outs: list[UOp], given: list[UOp], masked: bool) -> None:
   """A recurrence unrolled while the graph is traced at a size of a ranged dim: its steps are as many as the first
-  axis of source, so its graph depends on the size; the proof takes it whole, as one op from source to out (given:
-  its other inputs, weights and initial state, which are the graph's nodes, not its own)."""
+  axis of source, so its graph depends on the size; the proof takes it whole, as one op from source to its outputs
+  (Y by step, then the final state's parts) (given: its other inputs, weights and initial state, which are the
+  graph's nodes, not its own)."""
   if (at := _FOR_RANGE.get()) is None:
     return
   T, stops = source.shape[0], {source, *given}
-  steps = set(out.toposort(stop=lambda u: u in stops)) - stops - {out}
+  sink = UOp(Ops.SINK, dtypes.void, tuple(outs))
+  steps = set(sink.toposort(stop=lambda u: u in stops)) - stops - {sink, *outs}
   at.inside |= steps
   at.recurrent |= steps
   stages = [u for u in steps if u.op is Ops.CONTIGUOUS and u.arg is not None]
@@ -375,7 +389,8 @@ def note_recurrence(source: UOp, out: UOp, given: list[UOp], masked: bool) -> No
   flips = tuple(u for u in steps if u.op is Ops.FLIP and u.arg == (0,) and u.shape[0] == T)
   pads = [u for u in steps if u.op is Ops.PAD and u.shape[0] == T and u.arg[0][0] != (0, 0)]
   positions = {x for u in pads for x in (u.arg[0][0][0], u.arg[0][0][0] + u.src[0].shape[0])}
-  at.recurrences[out] = Recurrence(source, frozenset(steps), flips, frozenset(static), frozenset(positions), masked)
+  rec = Recurrence(source, outs[0], frozenset(steps), flips, frozenset(static), frozenset(positions), masked)
+  at.recurrences |= dict.fromkeys(outs, rec)
 
 
 def note_winograd() -> None:

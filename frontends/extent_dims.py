@@ -101,11 +101,9 @@ def prove_extent_dim(
     if u in at1.windows:
       pass  # (windows are taken whole, their steps skipped)
     elif u in at1.recurrences:
-      why = why or _recurrence(at1.recurrences[u], a, axes[at1.recurrences[u].source])
+      why = why or _recurrence(at1.recurrences[u], u, a, axes[at1.recurrences[u].source])
     elif why is None and any(s in at1.recurrent for s in srcs):
-      why = (
-        "reads a recurrence's final state (Y_h, Y_c), which a length given at run time does not give in this version"
-      )
+      why = "reads a step of a recurrence over it"
     elif why is None and any(s in at1.inside for s in srcs):
       why = "reads a step of windows over it"
     elif why is None:
@@ -132,7 +130,8 @@ def prove_extent_dim(
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
   outputs = _io_axes(dim, t1, axes, "output", staged)
   # (a recurrence's backward direction starts at the run's last step, not the bound's)
-  of_size |= {f: _reversed_at_run(f, sizes.forms[f.shape[0]], dim) for r in at1.recurrences.values() for f in r.flips}
+  reversals = {f for r in at1.recurrences.values() for f in r.flips}
+  of_size |= {f: _reversed_at_run(f, sizes.forms[f.shape[0]], dim) for f in reversals}
   sink = UOp(Ops.SINK, dtypes.void, tuple(t1.outputs))
   # (again while a replacement holds a node replaced: Y's reversal reads the steps, which read the source's)
   while of_size and not of_size.keys().isdisjoint(sink.toposort()):
@@ -282,20 +281,21 @@ def _at_run_size(u: UOp, v: UOp, p2: int, dim: RunDim, means: dict[float, int], 
 def _same_steps_walked(at1: SizeTrace, at2: SizeTrace) -> None:
   """A recurrence with as many steps at both sizes (over another axis than the dim) is built the same at both: its
   nodes are walked as the graph's others, not taken whole."""
-  for (o1, r1), (o2, r2) in zip(list(at1.recurrences.items()), list(at2.recurrences.items())):
+  for r1, r2 in zip(dict.fromkeys(at1.recurrences.values()), dict.fromkeys(at2.recurrences.values())):
     if r1.source.shape[0] == r2.source.shape[0]:
-      for at, o, r in ((at1, o1, r1), (at2, o2, r2)):
+      for at, r in ((at1, r1), (at2, r2)):
         at.inside -= r.steps
         at.recurrent -= r.steps
-        del at.recurrences[o]
+        at.recurrences = {o: x for o, x in at.recurrences.items() if x is not r}
 
 
-def _recurrence(r: Recurrence, a, source_axes) -> str | None:
-  """Why a recurrence (batch_dims.note_recurrence) cannot run to the run's length, if it cannot: its steps must be
-  the dim's positions, and each step's time must be known (sequence_lens masks steps by a length of the bound's)."""
+def _recurrence(r: Recurrence, out: UOp, a, source_axes) -> str | None:
+  """Why an output of a recurrence (batch_dims.note_recurrence) cannot be computed at the run's length, if it cannot:
+  its steps must be the dim's positions, Y's too, a final state has none, and each step's time must be known
+  (sequence_lens masks steps by a length of the bound's)."""
   if r.masked:
     return "masks its steps by sequence_lens, which takes no range of their count in this version"
-  if source_axes != (0,) or a != (0,):
+  if source_axes != (0,) or a != ((0,) if out is r.y else ()):
     return "runs a recurrence along another axis than the dim, or along it and another"
   return None
 

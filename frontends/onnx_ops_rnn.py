@@ -17,7 +17,7 @@ import numpy as np
 from aot.core.dtype import dtypes
 from aot.core.ir import Ops, UOp
 from aot.core.rewrite import substitute
-from aot.frontends.batch_dims import note_recurrence, tracing_for_range
+from aot.frontends.batch_dims import note_recurrence, recurrence_at_run
 from aot.frontends.onnx import Unsupported, op
 from aot.frontends.onnx_ops_attention import _heads
 from aot.frontends.onnx_ops_nn import _conv, _f32, _reduce
@@ -122,12 +122,12 @@ def _run_steps(x, proj, ndir, direction, lens, step, init, given):
   batched ((ndir, B, ...) tensors: step s is the forward direction's time s and the backward's T-1-s, the products one
   batched call): (each direction's outputs by time, each direction's final state). Steps past a sequence's length
   keep the state and output zeros. Along a dim with a range (frontends/extent_dims.py) T is the bound's: each step's
-  stages are marked with it (StepGuard), the backward direction's reversals are made at the run's length, and the
-  final state, Y_h and Y_c, is not given. given: the node's other inputs (its weights, initial state: the graph's
-  nodes, not the recurrence's own)."""
-  T, ranged = x.shape[0], tracing_for_range()
+  stages are marked with it (StepGuard), and the backward direction's reversals and the final state are made at the
+  run's length (_finals_at_run). given: the node's other inputs (its weights, initial state: the graph's nodes, not
+  the recurrence's own)."""
+  T, ranged = x.shape[0], recurrence_at_run()
   times = [[T - 1 - s if _reversed(direction, d) else s for d in range(ndir)] for s in range(T)]
-  state, outs = init, []
+  state, outs, states = init, [], []
   for s in range(T):
     h, new = step(proj[s], state)
     if lens is not None:
@@ -139,6 +139,7 @@ def _run_steps(x, proj, ndir, direction, lens, step, init, given):
     state = tuple(_stored(x) for x in new)
     state = _of_step(state, StepGuard(T, s)) if ranged else state
     outs.append(state[0] if lens is None else h)
+    states.append(state)
   # the outputs (T, ndir, B, H) in two levels, chunks of steps stored and then Y from the chunks: a concat of n
   # pieces evaluates n gated loads an element, and 80 (40 steps, 2 directions) took a CRNN's Y 0.17 ms a layer
   finals = [tuple(x[d] for x in state) for d in range(ndir)]
@@ -147,8 +148,20 @@ def _run_steps(x, proj, ndir, direction, lens, step, init, given):
     return y.reshape(T, ndir, *outs[0].shape[1:]), finals
   steps = _stacked(outs, OUT_CHUNK, T if ranged else 0)
   y = Tensor.stack([steps[:, d].flip(0) if _reversed(direction, d) else steps[:, d] for d in range(ndir)], axis=1)
-  note_recurrence(x.uop, y.uop, [t.uop for t in given if t is not None], masked=lens is not None)
+  if ranged:
+    last = _finals_at_run(steps, states) if lens is None else [Tensor.stack(f) for f in zip(*finals)]
+    finals = [tuple(f[d] for f in last) for d in range(ndir)]
+    note_recurrence(x.uop, [y.uop, *(f.uop for f in last)], [t.uop for t in given if t is not None], lens is not None)
   return y, finals
+
+
+def _finals_at_run(steps: Tensor, states: list[tuple[Tensor, ...]]) -> list[Tensor]:
+  """Each part of the final state (h, and LSTM's c), (ndir, B, H), where the run's length is given at run time: both
+  directions end at step T(n) - 1 (the backward one runs the input reversed), read as the first of the steps' states
+  reversed along the steps, a reversal the proof makes at the run's length (extent_dims._reversed_at_run)."""
+  T = len(states)
+  parts = [steps] + [_stacked([st[k] for st in states], OUT_CHUNK, T) for k in range(1, len(states[0]))]
+  return [p.flip(0)[0] for p in parts]
 
 
 def _rnn_setup(n, x, w, r, b, seq_lens, h0, layout, direction, gates, extra=None):
