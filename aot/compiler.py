@@ -335,10 +335,10 @@ def trace_stage(what, example_inputs, opts: CompileOptions) -> Traced:
   ext = traced.extent
   if ext is not None and opts.target not in ("c", "llvm"):
     # (a GPU kernel's guards compare with the run's size itself: frontends/extent_dims.py's derived sizes are CPU's)
-    if len(ext.sizes) > 1 or ext.gates or ext.recurrent:
+    if len(ext.sizes) > 1 or any(form is not None for _, form in ext.gates):
       raise CompileError(
-        f"dim '{ext.dim.name}' reaches convolutions, pools, pads or a recurrence (LSTM, GRU, RNN), which take a range "
-        "on the c and llvm targets, not on GPUs, in this version"
+        f"dim '{ext.dim.name}' reaches convolutions, pools or pads, which take a range on the c and llvm targets, "
+        "not on GPUs, in this version"
       )
     tensors = zip(traced.inputs + traced.outputs, ext.inputs + ext.outputs)
     before = any(blocks_before(u.shape, a) > 1 for u, a in tensors)

@@ -118,9 +118,26 @@ def test_sequence_lens_over_the_range_is_refused_naming_it():
     aot.compile_model(model, shapes={"n": (4, 20)})
 
 
-def test_a_gpu_target_says_a_recurrence_along_the_range_is_for_the_cpu():
-  with pytest.raises(CompileError, match=r"dim 'n' reaches .* a recurrence .* not on GPUs"):
-    aot.compile_model(recurrence("LSTM", "forward"), shapes={"n": (1, 20)}, target="cuda")
+@pytest.mark.parametrize("target", ["cuda", "hip"])
+def test_gpu_targets_launch_as_many_steps_as_the_call_has(tmp_path, target):
+  # the kernel source on the CPU (tests/test_gpu.py's shim) against onnxruntime, and the device build's launches
+  # guarded by the call's length as model.c's calls are on the CPU
+  model = recurrence("LSTM", "bidirectional", outputs=("y", "y_h"))
+  art = aot.compile_model(model, shapes={"n": (1, 30)}, target=target, emulate=True, out_dir=tmp_path / "emulated")
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (1, 9, 30):
+      x = RNG.standard_normal((n, 1, 6)).astype(np.float32)
+      for got, want in zip(m(x), sess.run(None, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  built = aot.compile_model(model, shapes={"n": (1, 30)}, target=target, out_dir=tmp_path / "built")
+  model_c = (built.dir / "src" / "model.c").read_text()
+  assert {int(s) for s in re.findall(r"if \(e_ > (\d+)\)", model_c)} == set(range(1, 31))
+
+
+def test_a_gpu_target_says_a_recurrence_after_windows_along_the_range_is_for_the_cpu():
+  with pytest.raises(CompileError, match=r"dim 'width' reaches convolutions, pools or pads, .* not on GPUs"):
+    aot.compile_model(line_recognizer(hidden=4), shapes={"width": (16, 40)}, target="cuda")
 
 
 def test_a_recurrence_over_another_axis_is_walked_node_by_node():

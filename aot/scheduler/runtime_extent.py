@@ -56,10 +56,10 @@ def guard_steps(sched: Schedule) -> None:
       k.step = min((r.step for r in rs), key=lambda g: g.step)
 
 
-def step_condition(extent, guard: StepGuard) -> str | None:
-  """The C condition under which a kernel of this recurrence's step runs (the run's size e_), None where it always
-  does."""
-  form = extent.size_at(guard.length) if extent is not None else None
+def step_condition(extent, guard: StepGuard | None) -> str | None:
+  """The C condition under which a kernel of a recurrence's step runs (the run's size e_), None where it always
+  does (no step, or the first)."""
+  form = extent.size_at(guard.length) if extent is not None and guard is not None else None
   return f"{form.c('e_')} > {guard.step}" if form is not None and guard.step > 0 else None
 
 

@@ -99,6 +99,11 @@ class GuardedCall(Call):
     return self.call.describe(kernel)
 
 
+def guarded(call: Call, condition: str | None) -> Call:
+  """call, made only where condition holds (None: always)."""
+  return GuardedCall(call, condition) if condition else call
+
+
 def ctype(b: Buffer, slot: int) -> str:
   """A kernel argument's C pointer type: slot 0 is the output, the others are read."""
   return f"{'' if slot == 0 else 'const '}{b.dtype.cname} *"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from aot.artifact import WeightsWriter, release_mapped_pages
-from aot.codegen.lower.calls import Call, CallContext, CallInfo, GuardedCall, Lowered
+from aot.codegen.lower.calls import Call, CallContext, CallInfo, Lowered, guarded
 from aot.codegen.lower.contract import (
   fuse_epilogues,
   lower_contractions,
@@ -321,10 +321,7 @@ def lower_schedule(
   kernel_calls = []
   for k, low in zip(sched.kernels, lowered):
     with working_on(kernel_place(low.kernel)):
-      calls = low.calls(ctx)
-    if k.step is not None and (condition := step_condition(sched.extent, k.step)) is not None:
-      calls = [GuardedCall(c, condition) for c in calls]
-    kernel_calls.append(calls)
+      kernel_calls.append([guarded(c, step_condition(sched.extent, k.step)) for c in low.calls(ctx)])
   scratch = [b for b in sched.scratch if id(b) not in replaced] + env.scratch_made
   entries = [ctx.renamed.get(fn, fn) for fn in entries]
   return LoweredSchedule(lowered, scratch, ctx.rendered(functions), places, entries, kernel_calls)

@@ -6,7 +6,7 @@ CUDA or HIP build runs its kernels on the CPU through per-function wrappers behi
 from __future__ import annotations
 
 from aot.artifact import ExternalWeights, param_names
-from aot.codegen.lower.calls import LoopCall
+from aot.codegen.lower.calls import LoopCall, guarded
 from aot.codegen.render.c import CRenderer
 from aot.codegen.render.cpp_header import render_cpp_header
 from aot.codegen.render.gpu import DEVICE_IMAGE, KERNEL_SOURCE, Launch
@@ -23,6 +23,7 @@ from aot.codegen.render.host_cpu import (
 )
 from aot.codegen.render.run_dims import item_bytes, item_stride, ranged, run_dims_c, scratch_item
 from aot.scheduler.kernel import Buffer, Schedule
+from aot.scheduler.runtime_extent import step_condition
 
 
 def render_gpu_model_c(
@@ -186,11 +187,13 @@ def _gpu_launch_all(
   # dim run to a size given at run time: its size after the buffers, to the kernels that take it
   over = "  for (int64_t b_ = 0; b_ < n_; b_++)\n" if sched.batch else ""
   args = lambda bufs, l: [ptr(b) for b in bufs] + (["(aot_devptr)e_"] if l.sized else [])
+  # (a recurrence's step past the run's length is not launched: runtime_extent.step_condition)
+  when = lambda k: f"if ({c}) " if (c := step_condition(sched.extent, k.step)) else ""
   body = [
-    f"{over}  {{ const aot_devptr a[] = {{{', '.join(args(bufs, l))}}};\n"
+    f"{over}  {when(k)}{{ const aot_devptr a[] = {{{', '.join(args(bufs, l))}}};\n"
     f"    if ((st = aot_gpu_launch(m->gpu, m->fn[{fn_index[fn]}], {l.grid}u, {l.block}u, a, {len(args(bufs, l))}, "
     f"m->error)) != AOT_OK) return st; }}"
-    for fn, bufs, l in launches
+    for (fn, bufs, l), k in zip(launches, sched.kernels)
   ]
   items = _sizes(sched)
   return f"""static int launch_all({name}_model *m, const aot_devptr *io{items}) {{
@@ -381,12 +384,11 @@ def render_emulated_host(
   function behind a wrapper the CPU targets' model.c calls like one of its own kernels."""
   emulate_cpp, protos = _emulated_wrappers(functions, launch, target)
   calls = [
-    LoopCall(
-      fn=f"{functions[k.ast]}_blocks",
-      args=list(enumerate(k.bufs)),
-      extent=l.grid,
-      parallel=l.grid > 1,
-      sized=l.sized,
+    guarded(
+      LoopCall(
+        fn=f"{functions[k.ast]}_blocks", args=list(enumerate(k.bufs)), extent=l.grid, parallel=l.grid > 1, sized=l.sized
+      ),
+      step_condition(sched.extent, k.step),
     )
     for k in sched.kernels
     for l in [launch[k.ast]]
