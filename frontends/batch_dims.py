@@ -25,7 +25,7 @@ from aot.dim_size import DimSize
 from aot.errors import CompileError, InternalError
 from aot.frontends.winograd import direct_convolutions
 from aot.options import DimRange
-from aot.scheduler.kernel import Traced
+from aot.scheduler.kernel import StepGuard, Traced
 
 # sizes the graph is traced at to find each node's batch axis: primes, so that no product of other dims is one by
 # chance; the two smallest that no dim of the one-item graph has are taken
@@ -56,7 +56,6 @@ class BatchDim:
   # and windows derive from it: aot/dim_size.py), and the constants a pad's bounds are compared with -> theirs
   sizes: tuple[tuple[int, DimSize], ...] = ()
   gates: tuple[tuple[int, DimSize | None], ...] = ()
-  recurrent: bool = False  # a recurrence runs over it (its steps to the run's length: batch_dims.note_recurrence)
 
   def size_at(self, bound_size: int) -> DimSize | None:
     """The form of an axis of this size at the bound, if it is one of the dim's."""
@@ -381,12 +380,14 @@ def note_recurrence(source: UOp, outs: list[UOp], given: list[UOp], masked: bool
     return
   T, stops = source.shape[0], {source, *given}
   sink = UOp(Ops.SINK, dtypes.void, tuple(outs))
-  steps = set(sink.toposort(stop=lambda u: u in stops)) - stops - {sink, *outs}
+  order = sink.toposort(stop=lambda u: u in stops)
+  steps = set(order) - stops - {sink, *outs}
   at.inside |= steps
   at.recurrent |= steps
-  stages = [u for u in steps if u.op is Ops.CONTIGUOUS and u.arg is not None]
+  stages = [u for u in steps if u.op is Ops.CONTIGUOUS and isinstance(u.arg, StepGuard)]
   static = {s for u in steps for s in u.shape if s != T} | {s for u in stages for s in u.shape}
-  flips = tuple(u for u in steps if u.op is Ops.FLIP and u.arg == (0,) and u.shape[0] == T)
+  # (sources first: a reversal of Y reads the steps, which read the source's reversal)
+  flips = tuple(u for u in order if u in steps and u.op is Ops.FLIP and u.arg == (0,) and u.shape[0] == T)
   pads = [u for u in steps if u.op is Ops.PAD and u.shape[0] == T and u.arg[0][0] != (0, 0)]
   positions = {x for u in pads for x in (u.arg[0][0][0], u.arg[0][0][0] + u.src[0].shape[0])}
   rec = Recurrence(source, outs[0], frozenset(steps), flips, frozenset(static), frozenset(positions), masked)

@@ -129,14 +129,13 @@ def prove_extent_dim(
   if all(a < 0 for a in inputs):
     raise CompileError(f"dim '{dim.name}' is given a range, but no input has it")
   outputs = _io_axes(dim, t1, axes, "output", staged)
-  # (a recurrence's backward direction starts at the run's last step, not the bound's)
-  reversals = {f for r in at1.recurrences.values() for f in r.flips}
-  of_size |= {f: _reversed_at_run(f, sizes.forms[f.shape[0]], dim) for f in reversals}
-  sink = UOp(Ops.SINK, dtypes.void, tuple(t1.outputs))
-  # (again while a replacement holds a node replaced: Y's reversal reads the steps, which read the source's)
-  while of_size and not of_size.keys().isdisjoint(sink.toposort()):
-    sink = substitute(sink, of_size)
-  t1.outputs = list(sink.src)
+  # (a recurrence's backward direction starts at the run's last step, not the bound's: each reversal, in the order
+  # traced, made of what it reads with the reversals below it made already)
+  for f in (f for r in dict.fromkeys(at1.recurrences.values()) for f in r.flips):
+    of_size[f] = _reversed_at_run(substitute(f.src[0], of_size), sizes.forms[f.shape[0]], dim)
+  if of_size:
+    sink = substitute(UOp(Ops.SINK, dtypes.void, tuple(t1.outputs)), of_size)
+    t1.outputs = list(sink.src)
   return BatchDim(
     dim,
     inputs,
@@ -145,7 +144,6 @@ def prove_extent_dim(
     bound=p1,
     sizes=tuple(sizes.forms.items()),
     gates=tuple(sizes.gates(p1).items()),
-    recurrent=bool(at1.recurrences),
   )
 
 
@@ -300,12 +298,11 @@ def _recurrence(r: Recurrence, out: UOp, a, source_axes) -> str | None:
   return None
 
 
-def _reversed_at_run(flip: UOp, form: DimSize, dim: RunDim) -> UOp:
-  """flip's reversal of its first axis (the bound's L positions) made of the run's first form(n) ones: position i
-  reads form(n) - 1 - i (positions past form(n) are not computed at the run)."""
-  length = flip.shape[0]
+def _reversed_at_run(x: UOp, form: DimSize, dim: RunDim) -> UOp:
+  """x's first axis (the bound's L positions) reversed as the run's first form(n) ones: position i reads form(n) - 1
+  - i (positions past form(n) are not computed at the run)."""
   last = Tensor(size_uop(form, size_var(dim)) + (-1)).cast(dtypes.int64)
-  return Tensor(flip.src[0]).take(last - Tensor(np.arange(length, dtype=np.int64)), axis=0).uop
+  return Tensor(x).take(last - Tensor(np.arange(x.shape[0], dtype=np.int64)), axis=0).uop
 
 
 def _same_arg(u: UOp, v: UOp, a, srcs: list, dim: RunDim) -> str | None:

@@ -218,24 +218,24 @@ def _stacked(pieces: list[Tensor], chunk: int, steps: int = 0) -> Tensor:
   return Tensor.cat(stored)
 
 
-def _stored(x: Tensor) -> Tensor:
-  """x as a stage of its own (stored once, read by the next step and the outputs); a value the step also reads itself
-  (LSTM's c) is stored before those reads, else its stage would be copied into this one."""
+def _viewed(x: Tensor) -> UOp:
+  """The node x is a slice or reshape of (x's own where it is neither)."""
   u = x.uop
   while u.op in (Ops.SHRINK, Ops.RESHAPE):
     u = u.src[0]
-  return x if u.op is Ops.CONTIGUOUS else x.contiguous()
+  return u
+
+
+def _stored(x: Tensor) -> Tensor:
+  """x as a stage of its own (stored once, read by the next step and the outputs); a value the step also reads itself
+  (LSTM's c) is stored before those reads, else its stage would be copied into this one."""
+  return x if _viewed(x).op is Ops.CONTIGUOUS else x.contiguous()
 
 
 def _of_step(xs: tuple[Tensor, ...], guard: StepGuard) -> tuple[Tensor, ...]:
   """xs (views of stored stages: _stored) with their stages marked as made by a recurrence's step, which the run
   makes only where its length passes the step (aot/scheduler/runtime_extent.py guard_steps)."""
-  roots = {}
-  for x in xs:
-    u = x.uop
-    while u.op in (Ops.SHRINK, Ops.RESHAPE):
-      u = u.src[0]
-    roots[u] = UOp(Ops.CONTIGUOUS, u.dtype, u.src, guard)
+  roots = {u: UOp(Ops.CONTIGUOUS, u.dtype, u.src, guard) for u in map(_viewed, xs)}
   return tuple(Tensor(substitute(x.uop, roots)) for x in xs)
 
 
