@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make, ort_session
+from conftest import make, ort_session, outputs_on_threads
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper
@@ -113,6 +113,46 @@ def test_a_line_recognizer_reads_lines_of_every_width_of_its_range(tmp_path):
       got, (want,) = m(x), sess.run(None, {"x": x})
       assert got.shape == want.shape == (1, n // 4, 5)
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def feature_rows_over_width():
+  """16 -> 24 -> 32 channels of 3x3 convolutions over 8 rows of any width, the first pooled 2x2 and the second 2x1:
+  window matrices big enough to be packed a panel at a time, each column a (row, position) pair at the call's width."""
+  nodes = [
+    oh.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+    oh.make_node("Relu", ["c1"], ["r1"]),
+    oh.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+    oh.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+    oh.make_node("Relu", ["c2"], ["r2"]),
+    oh.make_node("MaxPool", ["r2"], ["y"], kernel_shape=[2, 1], strides=[2, 1]),
+  ]
+  inits = {"w1": weight(24, 16, 3, 3), "w2": weight(32, 24, 3, 3)}
+  return make(
+    nodes,
+    [oh.make_tensor_value_info("x", TP.FLOAT, [1, 16, 16, "width"])],
+    [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+    [numpy_helper.from_array(a, n) for n, a in inits.items()],
+  )
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_feature_rows_over_a_width_range_are_packed_at_each_calls_width(tmp_path, target):
+  # the microkernel's columns run row by row at the call's width (contract.Contraction.compact), the first window
+  # matrix's 16 rows 5 to a panel (the last one's past the end wrapped around): a panel ends in a partial tile
+  # wherever the width leaves one, and the pools read each row's run of it
+  model = feature_rows_over_width()
+  art = aot.compile_model(model, shapes={"width": (4, 1000)}, out_dir=tmp_path / "dyn", target=target)
+  assert art.num_kernels == aot.compile_model(model, shapes={"width": 64}, out_dir=tmp_path / "static").num_kernels
+  sess = ort_session(model)
+  with aot.load(art) as m:
+    for n in (4, 5, 31, 32, 33, 97, 160, 611, 999, 1000):
+      x = RNG.standard_normal((1, 16, 16, n)).astype(np.float32)
+      got, (want,) = m(x), sess.run(None, {"x": x})
+      assert got.shape == want.shape == (1, 32, 4, n // 2)
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  x = RNG.standard_normal((1, 16, 16, 211)).astype(np.float32)
+  one, three = outputs_on_threads(art, {"x": x})
+  np.testing.assert_array_equal(one, three)
 
 
 def test_windows_along_the_range_under_the_sanitizers(tmp_path):

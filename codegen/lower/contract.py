@@ -77,6 +77,12 @@ GEMM_KC = 1024
 # (PANEL_MIN_TILE_USE): a 13x13 image cut into 1-row panels wastes 60% of a 32-lane tile, 27x27 in 3-row panels 16%
 # (SqueezeNet's 3x3 convs: 2% slower than whole copies, measured interleaved), and stays a whole copy.
 DENSE_SMALL, DENSE_GROWTH, PANEL_MIN_TILE_USE = 1 << 18, 1, 0.9
+# a panel of compact columns (Contraction.compact: a feature map's rows over a ranged width) is only as wide as the
+# run's size makes it, one partial tile at its end: it takes the most rows whose columns at the bound fit this many
+# times PANEL_MAX_BYTES, fewer columns at every smaller size. The CRNN over widths 32..640 (1 thread, interleaved,
+# ms at 32 / 97 / 160 / 480 / 640): 1x 1.60 / 4.52 / 7.03 / 19.9 / 25.9 (two 80-column panels at 160, each ending in
+# a half tile), 2x 1.47 / 4.41 / 6.95 / 20.1 / 27.0, 4x 1.48 / 4.38 / 6.97 / 19.9 / 27.3
+COMPACT_PANEL_GROWTH = 2
 # panels a B operand is cut into at least (when it can be), so threads have tasks to share
 MIN_PANELS = 8
 # a panel pays by being read by every row tile of A while it is in cache: with fewer rows than this (a depthwise
@@ -137,6 +143,29 @@ class Contraction:
   @property
   def K(self) -> int:
     return prod(r.size for r in self.k)
+
+  @property
+  def compact(self) -> bool:
+    """Are B's columns a loop to a run-time size innermost, after rows of fixed sizes, laid out compactly at the run's
+    size (compact_columns)?"""
+    return compact_rows(self.b.rows)
+
+
+def compact_rows(rows: tuple[UOp, ...]) -> bool:
+  """Is one loop to a run-time size among these rows, after fixed ones (a feature map's rows before a text line's
+  width)? Columns then run row-major at the run's size (compact_columns)."""
+  sized = [i for i, r in enumerate(rows) if r.runtime]
+  return len(sized) == 1 and sized[0] > 0
+
+
+def compact_columns(rows: tuple[UOp, ...]) -> UOp:
+  """The flat column of B's rows: row-major at the run's size where they are compact (compact_rows), so that B and C
+  hold a run's columns contiguously, in the order the kernel reads and writes them; else row-major at the bound."""
+  if not compact_rows(rows):
+    return flat_of(rows)
+  at = next(i for i, r in enumerate(rows) if r.runtime)
+  inner = prod(r.size for r in rows[at + 1 :])
+  return (flat_of(rows[:at]) * rows[at].extent + rows[at]) * inner + flat_of(rows[at + 1 :])
 
 
 def _tile_use(m: int, n: int, tile: tuple[int, int]) -> float:
@@ -209,7 +238,7 @@ def _slice_and_split(x: UOp, y: UOp, k: tuple[UOp, ...]) -> tuple[UOp, UOp, dict
   return x, y, back, [(r, start[r], end[r]) for r in sliced]
 
 
-def _row_order(expr: UOp, rows: set) -> tuple[UOp, ...]:
+def _row_order(expr: UOp, rows: set, is_b: bool) -> tuple[UOp, ...]:
   """An operand's free ranges, outer first: in loop order, unless one is the window of a reduction the kernel makes
   of the result (a max pool after a convolution: C is then a scratch matrix only the kernel reads), when they go by
   their step in the operand's source, largest first, so that its copy reads and writes rows contiguously (the CRNN's
@@ -219,8 +248,13 @@ def _row_order(expr: UOp, rows: set) -> tuple[UOp, ...]:
   if any(r.kind == "reduce" for r in rows) and len(loads) == 1:
     terms = linear(loads[0].src[1])[0]
     ordered = tuple(sorted(ordered, key=lambda r: -terms.get(r, 0)))
-  # a loop to a run-time size first (aot/scheduler/runtime_extent.py): the rows it runs are then the first of the
-  # side's, a prefix of the matrix at the bound's strides
+  # a loop to a run-time size (aot/scheduler/runtime_extent.py) innermost, B's, stays there: B's and C's columns are
+  # then compact at the run's size (compact_columns). Taken first instead (a text line's width before a feature map's
+  # 4 rows: the rows it runs a prefix of the matrix at the bound's strides), the window matrix was packed and C read
+  # across their loops: the CRNN over a width range, 160 columns, its convolutions' packs 0.38 -> 1.09 ms of a 5.3 ms
+  # static run, its epilogues 0.05 -> 0.3 ms
+  if is_b and compact_rows(ordered):
+    return ordered
   return tuple(sorted(ordered, key=lambda r: not r.runtime))
 
 
@@ -254,7 +288,8 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     if gain * prod(r.size for r in k) > SWAP_GAIN:
       (x, mx), (y, ny) = (y, ny), (x, mx)
     c = Contraction(
-      acc, batch, k, Side(x, _row_order(x, mx)), Side(y, _row_order(y, ny)), tuple(back.items()), tuple(bounds)
+      acc, batch, k, Side(x, _row_order(x, mx, False)), Side(y, _row_order(y, ny, True)), tuple(back.items()),
+      tuple(bounds),
     )
     if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK:
       found.append(c)
@@ -282,7 +317,8 @@ def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
   else:
     order = [*c.batch, *c.k, *side.rows]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(order)}
-  batch, own, k = (flat_of([fresh[r] for r in g]) for g in (c.batch, side.rows, c.k))
+  batch, k = (flat_of([fresh[r] for r in g]) for g in (c.batch, c.k))
+  own = substitute(compact_columns(side.rows), fresh) if is_b else flat_of([fresh[r] for r in side.rows])
   idx = (batch * c.K + k) * rows + own if is_b else (batch * rows + own) * c.K + k
   store = UOp(
     Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh))
@@ -294,7 +330,8 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
   """Rows h of B's outermost own range per panel (a panel is h whole rows of the rest: for a convolution's input
   window, h output rows), or None when B is copied whole (small enough to stay in L2, and not many times the
   source_bytes of runtime tensors it is copied from)."""
-  outer, inner = side.rows[0].size, prod(r.size for r in side.rows[1:])
+  cut, rest = panel_cut(c, side)
+  outer, inner = prod(r.size for r in cut), prod(r.size for r in rest)
   whole = c.B * side.size * c.K * 4
   grown = whole > max(DENSE_SMALL, DENSE_GROWTH * source_bytes)
   if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS:
@@ -303,6 +340,8 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
   if c.B > 1 and any(r.runtime for r in side.rows):
     return None
   fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= PANEL_MAX_BYTES]
+  if c.compact:
+    return max(h for h in range(1, outer + 1) if h * inner * min(c.K, GEMM_KC) * 4 <= COMPACT_PANEL_GROWTH * PANEL_MAX_BYTES)
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel
   h = max(
@@ -319,25 +358,48 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
   return h
 
 
-def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
-  """A kernel writing panel p of a B operand as a dense [k][ld] matrix (columns contiguous, ld a whole number of
-  tiles): its outermost loop runs over the panels (batch, then h-row slices of B's outermost row range, the last one
-  cut short), and a call over [p, p + 1) writes that one panel to its slot 0."""
-  outer, rest = side.rows[0], side.rows[1:]
-  panels = -(-outer.size // h)
+def panel_ld(c: Contraction, cols: int, R: int) -> UOp | int:
+  """A panel's row stride: its cols columns (at the bound) in whole tiles of R; compact ones at the run's size (the
+  bound's stride on a narrower panel cost a static CRNN's convolutions 12%: the microkernel's B tiles 4x as far
+  apart, their cache sets fewer)."""
+  if not c.compact:
+    return -(-cols // R) * R
+  sized = next(r for r in c.b.rows if r.runtime)
+  return (sized.extent * (cols // sized.size) + (R - 1)) // R * R
+
+
+def panel_cut(c: Contraction, side: Side) -> tuple[tuple[UOp, ...], tuple[UOp, ...]]:
+  """(the rows a panel takes h of, the rows it takes whole): B's outermost row and the rest, or where its columns are
+  compact (Contraction.compact) its fixed rows flattened and the run-time one."""
+  at = next(i for i, r in enumerate(side.rows) if r.runtime) if c.compact else 1
+  return side.rows[:at], side.rows[at:]
+
+
+def panel_operand(c: Contraction, side: Side, h: int, R: int) -> UOp:
+  """A kernel writing panel p of a B operand as a dense [k][ld] matrix (columns contiguous, ld its columns in whole
+  tiles of R: panel_ld): its outermost loop runs over the panels (batch, then h-row slices of the rows panel_cut cuts,
+  the last one cut short), and a call over [p, p + 1) writes that one panel to its slot 0."""
+  cut, rest = panel_cut(c, side)
+  size = prod(r.size for r in cut)
+  panels = -(-size // h)
   # ("panels": a loop of the lowering's own, which a dim run to a run-time size never is, whatever its size)
   p = UOp(Ops.RANGE, dtypes.index, (), (0, c.B * panels, "panels"))
   # a placeholder for the h rows in the panel, unlike any of the operand's ranges
-  order = [*c.k, UOp(Ops.RANGE, dtypes.index, (), (-1, h, "panel")), *rest]
+  held = UOp(Ops.RANGE, dtypes.index, (), (-1, h, "panel"))
+  order = [*c.k, held, *rest]
   fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i + 1, r.size, "loop")) for i, r in enumerate(order)}
   # the last panel's rows past the end wrap around to real ones: their columns are packed, never used
   sub = {
     **{r: fresh[r] for r in (*c.k, *rest)},
     **_unflat(p // panels, c.batch),
-    outer: ((p % panels) * h + fresh[order[len(c.k)]]) % outer.size,
+    **_unflat((p % panels) * h + fresh[held], cut),
   }
-  own = flat_of([fresh[r] for r in order[len(c.k) :]])
-  idx = flat_of([fresh[r] for r in c.k]) * ld + own
+  # (compact columns: a held row's are the run's size apart)
+  own = flat_of([fresh[r] for r in (held, *rest)])
+  if c.compact:
+    inner = prod(r.size for r in rest[1:])
+    own = (fresh[held] * rest[0].extent + fresh[rest[0]]) * inner + flat_of([fresh[r] for r in rest[1:]])
+  idx = flat_of([fresh[r] for r in c.k]) * panel_ld(c, h * prod(r.size for r in rest), R) + own
   store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, sub)))
   return graph_rewrite(store, pm_simplify)
 
@@ -359,7 +421,7 @@ def _view(side: Side, c: Contraction) -> tuple[int, int, tuple[int, int, int]] |
 
 def result_index(c: Contraction, ldc: int = 0) -> UOp:
   """Where acc[batch, m, n] lies in the result matrix C[batch][m][n], its rows ldc apart (0: N, dense)."""
-  return (flat_of(c.batch) * c.a.size + flat_of(c.a.rows)) * (ldc or c.b.size) + flat_of(c.b.rows)
+  return (flat_of(c.batch) * c.a.size + flat_of(c.a.rows)) * (ldc or c.b.size) + compact_columns(c.b.rows)
 
 
 def _inside(c: Contraction) -> UOp:
@@ -449,7 +511,7 @@ def _in_place_offset(ast: UOp, out, c: Contraction, placed: list[Contraction]) -
   element where C has it (a slice's C at the slice's start; a slice of the last axis, a concat's branch there, with
   C's rows as far apart as the output's) and no contraction already placed there writes the same elements; else
   None."""
-  if ast.op is not Ops.STORE or out.dtype != dtypes.float32:
+  if ast.op is not Ops.STORE or out.dtype != dtypes.float32 or c.compact:
     return None
   out_terms, out_const = linear(ast.src[1])
   # the output's row stride, when m's innermost range is one of the kernel's (not sliced or split)
@@ -590,6 +652,9 @@ def _constants(side: Side, bufs: list) -> dict[int, np.ndarray] | None:
 
 def _readable(c: Contraction, side: Side, is_b: bool) -> tuple[int, int, tuple[int, int, int]] | None:
   """The operand's view (_view) when the microkernel can read it there: B's lanes must be contiguous (row stride 1)."""
+  # (B's compact columns are not where the bound's strides have them)
+  if is_b and c.compact:
+    return None
   view = _view(side, c)
   return view if view is not None and (not is_b or view[2][1] == 1) else None
 
@@ -610,7 +675,8 @@ def operand_form(c: Contraction, side: Side, is_b: bool, R: int, bufs: list) -> 
   """The cheapest form of one operand (module docstring): "packed" (a constant), "view" (read where it lies),
   "panels" (B copied a panel at a time into its thread's buffer) or "dense" (copied whole into the arena)."""
   consts = _constants(side, bufs)
-  if consts is not None and _packs(c, side, R, list(consts.values())):
+  # (compact columns are laid out at the run's size, which a constant packed at compile time is not)
+  if consts is not None and _packs(c, side, R, list(consts.values())) and not (is_b and c.compact):
     return "packed"
   # (a B big enough for panels is read contiguously from them rather than where it lies, where one batch's passes
   # PANEL_MAX_BYTES: module docstring)
@@ -639,9 +705,9 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
     return Operand(slot, offset, (sb, R * sr, sr, sk), is_b and bufs[slot].kind == "scratch")
   if form == "panels":
     h = panel_rows(c, side, R, _source_bytes(side, bufs))
-    cols = h * prod(r.size for r in side.rows[1:])
+    cols = h * prod(r.size for r in panel_cut(c, side)[1])
     ld = -(-cols // R) * R
-    return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, ld), panel=(cols, ld))
+    return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, R), panel=(cols, ld))
   # rows padded to whole tiles, so the microkernel reads edge tiles in place
   rows, K = -(-side.size // R) * R, c.K
   slot = new_slot(make_buffer("scratch", c.B * rows * K))

@@ -152,11 +152,12 @@ class GemmCall(Call):
     )
 
   def _size(self, ranges) -> str:
-    """M, N or K: at a run's size, the form of its outermost range's (stage.py _runtime_sized) times the rest."""
-    if not ranges or not ranges[0].runtime:
+    """M, N or K: at a run's size, the form of its range to one (stage.py _runtime_sized) times the rest's sizes."""
+    sized = next((r for r in ranges if r.runtime), None)
+    if sized is None:
       return str(prod(r.size for r in ranges))
-    rest = prod(r.size for r in ranges[1:])
-    return self.sizes[ranges[0].size].c("(int)e_") + (f" * {rest}" if rest > 1 else "")
+    rest = prod(r.size for r in ranges if r is not sized)
+    return self.sizes[sized.size].c("(int)e_") + (f" * {rest}" if rest > 1 else "")
 
   def render(self, arg, tramps: dict) -> str:
     g, c, f = self.gemm, self.gemm.c, self.items
@@ -169,9 +170,16 @@ class GemmCall(Call):
       where = "NULL" if o.pack is not None else f"{arg(self.bufs[o.slot], o.slot)} + {o.offset}"
       return f"{{{where}, {', '.join(map(str, strides))}, {int(o.padded)}}}"
 
+    # a panel of compact columns (contract.Contraction.compact) holds its rows' columns at the run's size, its row
+    # stride those in whole tiles (contract.panel_ld)
+    nc, b_strides = str(g.block[1]), f.b if f else g.b.strides
+    if g.b.pack is not None and c.compact:
+      sized, R = next(r for r in c.b.rows if r.runtime), g.tile[1]
+      nc = f"{self._size((sized,))} * {g.b.panel[0] // sized.size}"
+      b_strides = (*b_strides[:3], f"({nc} + {R - 1}) / {R} * {R}")
     desc = (
-      f"{batch}, {rows}, {cols}, {depth}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {g.block[1]}, "
-      f"{operand(g.a, f.a if f else g.a.strides)}, {operand(g.b, f.b if f else g.b.strides)}, "
+      f"{batch}, {rows}, {cols}, {depth}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {nc}, "
+      f"{operand(g.a, f.a if f else g.a.strides)}, {operand(g.b, b_strides)}, "
       f"(float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0"
     )
     gsteps = g.steps if f is None else [replace(st, strides=x) for st, x in zip(g.steps, f.steps)]
