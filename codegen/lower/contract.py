@@ -158,6 +158,11 @@ def compact_rows(rows: tuple[UOp, ...]) -> bool:
   return len(sized) == 1 and sized[0] > 0
 
 
+def compact_size(rows: tuple[UOp, ...]) -> UOp:
+  """The columns of compact rows (compact_rows) at the run's size."""
+  return prod(r.size for r in rows if not r.runtime) * next(r for r in rows if r.runtime).extent
+
+
 def compact_columns(rows: tuple[UOp, ...]) -> UOp:
   """The flat column of B's rows: row-major at the run's size where they are compact (compact_rows), so that B and C
   hold a run's columns contiguously, in the order the kernel reads and writes them; else row-major at the bound."""
@@ -421,7 +426,9 @@ def _view(side: Side, c: Contraction) -> tuple[int, int, tuple[int, int, int]] |
 
 def result_index(c: Contraction, ldc: int = 0) -> UOp:
   """Where acc[batch, m, n] lies in the result matrix C[batch][m][n], its rows ldc apart (0: N, dense)."""
-  return (flat_of(c.batch) * c.a.size + flat_of(c.a.rows)) * (ldc or c.b.size) + compact_columns(c.b.rows)
+  # (compact columns: C's rows those of a run apart too)
+  rows = ldc or (compact_size(c.b.rows) if c.compact else c.b.size)
+  return (flat_of(c.batch) * c.a.size + flat_of(c.a.rows)) * rows + compact_columns(c.b.rows)
 
 
 def _inside(c: Contraction) -> UOp:

@@ -190,7 +190,9 @@ class GemmCall(Call):
     tail += ", .stream_b = 1" if streams_b(g) else ""
     if sized:
       # (at a run-time size C's rows and batches lie as at the bound, not n_ apart)
-      tail += ("" if g.ldc else f", .ldc = {c.b.size}") + f", .ldcb = {c.a.size * (g.ldc or c.b.size)}"
+      # (compact columns, contract.Contraction.compact: C's rows a run's columns apart)
+      ldc = g.ldc or (cols if c.compact else c.b.size)
+      tail += ("" if g.ldc else f", .ldc = {ldc}") + f", .ldcb = {c.a.size} * ({ldc})"
     split = "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))"
     if self.pack is None:
       run = split if self.parallel else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
