@@ -192,7 +192,8 @@ class GemmCall(Call):
       # (at a run-time size C's rows and batches lie as at the bound, not n_ apart)
       # (compact columns, contract.Contraction.compact: C's rows a run's columns apart)
       ldc = g.ldc or (cols if c.compact else c.b.size)
-      tail += ("" if g.ldc else f", .ldc = {ldc}") + f", .ldcb = {c.a.size} * ({ldc})"
+      ldcb = c.a.size * ldc if isinstance(ldc, int) else f"{c.a.size} * ({ldc})"
+      tail += ("" if g.ldc else f", .ldc = {ldc}") + f", .ldcb = {ldcb}"
     split = "aot_parallel(m->pool, aot_gemm_run, &g, aot_gemm_tasks(&g))"
     if self.pack is None:
       run = split if self.parallel else "aot_gemm_run(&g, 0, aot_gemm_tasks(&g))"
