@@ -292,10 +292,8 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     gain = _tile_use(size(ny), size(mx), tile) - _tile_use(size(mx), size(ny), tile)
     if gain * prod(r.size for r in k) > SWAP_GAIN:
       (x, mx), (y, ny) = (y, ny), (x, mx)
-    c = Contraction(
-      acc, batch, k, Side(x, _row_order(x, mx, False)), Side(y, _row_order(y, ny, True)), tuple(back.items()),
-      tuple(bounds),
-    )
+    a, b = Side(x, _row_order(x, mx, False)), Side(y, _row_order(y, ny, True))
+    c = Contraction(acc, batch, k, a, b, tuple(back.items()), tuple(bounds))
     if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK:
       found.append(c)
   return found
@@ -346,7 +344,8 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
     return None
   fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= PANEL_MAX_BYTES]
   if c.compact:
-    return max(h for h in range(1, outer + 1) if h * inner * min(c.K, GEMM_KC) * 4 <= COMPACT_PANEL_GROWTH * PANEL_MAX_BYTES)
+    budget = COMPACT_PANEL_GROWTH * PANEL_MAX_BYTES
+    return max(h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= budget)
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel
   h = max(

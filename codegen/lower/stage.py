@@ -195,8 +195,9 @@ def _rows_runtime(q: QGemm, bound: int) -> bool:
 
 
 def _runtime_sized(c) -> bool:
-  """Is each loop of a contraction to a run-time size the outermost range of its M, N or K (not in its batch, nor a
-  slice of an output range)? Its rows at a run's size are then a prefix of that side's at the bound."""
+  """Is each loop of a contraction to a run-time size the outermost range of its M, N or K, or among B's rows after
+  fixed ones (not in its batch, nor a slice of an output range)? Its rows at a run's size are then a prefix of that
+  side's at the bound, or B's columns compact at the run's size (contract.Contraction.compact)."""
   inner = [r for rs in (c.a.rows, c.k) for r in rs[1:]] + list(() if c.compact else c.b.rows[1:])
   return not c.bounds and not any(r.runtime for r in (*c.batch, *inner))
 
