@@ -199,7 +199,7 @@ def test_pools_run_in_pieces_match_onnxruntime(op, attrs, target, tmp_path):
 
 
 def conv_packs(model) -> list:
-  """The optimised kernels that pack a conv's window matrix a panel at a time (codegen/lower/contract.py's
+  """The optimised kernels that pack a conv's window matrix a panel at a time (codegen/lower/columns.py's
   panel_operand)."""
   from aot.artifact import WeightsWriter
   from aot.codegen.lower.contract import gemm_tile

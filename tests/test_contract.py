@@ -352,7 +352,7 @@ def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tm
   # 9x), is never written whole: each task packs its panel of output rows into its thread's buffer (30 rows in panels
   # of 8 leave the last one short; a grouped conv's panels run over the groups too), so the arena holds the input and
   # the output only
-  from aot.codegen.lower.contract import DENSE_GROWTH, DENSE_SMALL, PANEL_MAX_BYTES
+  from aot.codegen.lower.columns import DENSE_GROWTH, DENSE_SMALL, PANEL_MAX_BYTES
 
   cin, n = shape[1], shape[2] * shape[3]
   w, x = f32(16 * groups, cin // groups, 3, 3), f32(*shape)
@@ -381,7 +381,7 @@ def test_big_window_matrix_is_packed_a_panel_at_a_time(groups, shape, target, tm
 def test_big_input_of_a_1x1_conv_is_packed_a_panel_at_a_time(target, tmp_path):
   # the input of a 1x1 conv is a plain view of B, but one bigger than PANEL_MAX_BYTES is packed in panels: its rows of
   # K lie N apart (a 2304 x 4 x 160 input: 7.4 ms read in place, 5.4 from panels)
-  from aot.codegen.lower.contract import PANEL_MAX_BYTES
+  from aot.codegen.lower.columns import PANEL_MAX_BYTES
 
   w, x = f32(64, 512, 1, 1), f32(1, 512, 8, 160)
   assert x.nbytes > PANEL_MAX_BYTES
@@ -396,7 +396,7 @@ def test_big_input_of_a_1x1_conv_is_packed_a_panel_at_a_time(target, tmp_path):
 def test_batched_b_view_is_read_in_place_where_each_batch_fits_l2(target, tmp_path):
   # a batch of B views bigger than PANEL_MAX_BYTES in all, each under it (Winograd's 16 products over a 28x28 map,
   # 64 channels), is read where it lies: packed in panels of one tile each it ran at 67 GFLOP/s, in place 119
-  from aot.codegen.lower.contract import PANEL_MAX_BYTES
+  from aot.codegen.lower.columns import PANEL_MAX_BYTES
 
   u, v = f32(16, 64, 64), f32(16, 64, 784)
   assert v[0].nbytes <= PANEL_MAX_BYTES < v.nbytes
@@ -495,7 +495,7 @@ def test_long_reduction_keeps_wide_panels(target, tmp_path):
   # (224 columns, 7 whole tiles), not of 1 row (28 columns: the weights streamed past every 28 columns)
   from onnx import helper
 
-  from aot.codegen.lower.contract import GEMM_KC
+  from aot.codegen.lower.columns import GEMM_KC
 
   w = f32(16, 256, 3, 3)
   assert 256 * 9 > GEMM_KC

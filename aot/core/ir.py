@@ -392,8 +392,9 @@ class UOp:
     return _binop(Ops.AND, self, o)
 
   # *** named fields of the args read most; the arg itself stays the plain value the hash-cons table keys on ***
-  # RANGE: (number, size, kind): loops nest in the order of their numbers; kind is "loop", "reduce", "panel" or
-  # "panels" (a packed operand's panel count: codegen/lower/contract.py panel_operand)
+  # RANGE: (number, size, kind): loops nest in the order of their numbers; kind is "loop", "reduce", "panel",
+  # "panels" (a packed operand's panel count: codegen/lower/columns.py panel_operand) or "rows" (a compact panel's rows,
+  # a count computed from a run's size: columns.py compact_panel_operand)
   @property
   def number(self):
     return _arg_of(self, Ops.RANGE)[0]

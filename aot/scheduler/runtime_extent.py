@@ -85,7 +85,8 @@ def runtime_marked(ast: UOp, batch, what: str) -> UOp:
     if not r.runtime and r.kind != "panels" and (form := batch.size_at(r.size)) is not None
   }
   ast = substitute(ast, mapping) if mapping else ast
-  counted = {r for r in ast.toposort() if r.op is Ops.RANGE and r.runtime}
+  # (a pack's "rows" run to a count computed from the run's size, not over the dim: codegen/lower/columns.py)
+  counted = {r for r in ast.toposort() if r.op is Ops.RANGE and r.runtime and r.kind != "rows"}
   gates, compared = dict(batch.gates), {}
   for u in ast.toposort():
     if u in counted or not any(s in counted for s in u.src):

@@ -28,6 +28,19 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from aot.codegen.lower.columns import (
+  PANEL_MAX_BYTES,
+  CompactPanel,
+  compact_columns,
+  compact_panel_operand,
+  compact_rows,
+  compact_size,
+  dense_operand,
+  panel_cut,
+  panel_operand,
+  panel_rows,
+  tile_use,
+)
 from aot.codegen.render.linearize import is_outer
 from aot.core.dtype import dtypes
 from aot.core.interpret import evaluate
@@ -47,8 +60,6 @@ MIN_TASKS = 32
 # costs the epilogue a pass over the result read across its loops, which a long reduction hides): measured on
 # ResNet's 7x7 layers (K >= 2304: faster) and a 14x14 1x1 conv (K = 256: slower)
 SWAP_GAIN = 100
-# an outermost loop shorter than this splits unevenly across threads
-MIN_SPLIT = 16
 # block sizes in tiles: a B block (KC x nc floats per K slice) and the A tiles passing over it stay in L2
 NC_TILES, MC_TILES = 4, 32
 # a packed constant holds each element the operand reads once, plus tile padding (under 2x once the rows fill a tile);
@@ -59,36 +70,6 @@ NC_TILES, MC_TILES = 4, 32
 PACK_GROWTH = 4
 # ... unless it is smaller than this (elements): a small matrix's tile padding alone can pass PACK_GROWTH
 PACK_SMALL = 1 << 16
-# a B operand copied whole (im2col) is written out one panel of columns at a time instead when the whole copy is
-# bigger than this: each task packs its panel into a buffer of its thread's and runs every row block over it while it
-# sits in L2 (1 MiB per core here), rather than writing the whole matrix to memory and reading it back. What must sit
-# there is one K slice of the panel (GEMM_KC rows: the microkernel walks K in slices), so a long K does not narrow the
-# panel: VGG-19's 512x28x28 3x3 convs (K = 4608) ran in 1-row panels of 28 columns, each streaming all 9.4 MB of the
-# weights past 28 columns, and run in 8-row panels of 224 now (a thread's buffer 0.6 -> 4.1 MB): 22.3 -> 20.3
-# ms, 256x56x56 (K = 2304) 20.3 -> 18.1 ms (thread CPU time, interleaved; 37.0 -> 22.7 ms while the memory was busy)
-PANEL_MAX_BYTES = 3 << 19
-# K's slice in runtime_c/aot_gemm.c (KC)
-GEMM_KC = 1024
-# ... or when it is bigger than DENSE_SMALL and than DENSE_GROWTH times the runtime tensors it is copied from (a 5x5
-# window matrix is 25x its input): a whole copy that many times an activation makes the arena a multiple of the model's
-# tensors (MNIST's 5x5 conv: a 1.28 MB copy of a 74 KB input, the arena 19.9x the largest tensor), while its panels
-# take one L2-sized buffer per thread, and are written and read there (SqueezeNet's stem, a 1.33 MB copy of a 0.6 MB
-# input: 3% faster in panels, thread CPU time interleaved). Only where the panels fill the microkernel's tiles
-# (PANEL_MIN_TILE_USE): a 13x13 image cut into 1-row panels wastes 60% of a 32-lane tile, 27x27 in 3-row panels 16%
-# (SqueezeNet's 3x3 convs: 2% slower than whole copies, measured interleaved), and stays a whole copy.
-DENSE_SMALL, DENSE_GROWTH, PANEL_MIN_TILE_USE = 1 << 18, 1, 0.9
-# a panel of compact columns (Contraction.compact: a feature map's rows over a ranged width) is only as wide as the
-# run's size makes it, one partial tile at its end: it takes the most rows whose columns at the bound fit this many
-# times PANEL_MAX_BYTES, fewer columns at every smaller size. The CRNN over widths 32..640 (1 thread, interleaved,
-# ms at 32 / 97 / 160 / 480 / 640): 1x 1.60 / 4.52 / 7.03 / 19.9 / 25.9 (two 80-column panels at 160, each ending in
-# a half tile), 2x 1.47 / 4.41 / 6.95 / 20.1 / 27.0, 4x 1.48 / 4.38 / 6.97 / 19.9 / 27.3
-COMPACT_PANEL_GROWTH = 2
-# panels a B operand is cut into at least (when it can be), so threads have tasks to share
-MIN_PANELS = 8
-# a panel pays by being read by every row tile of A while it is in cache: with fewer rows than this (a depthwise
-# convolution's M = 1 per channel) B is read once either way, and per-panel calls only add work (ShuffleNet: 2.58x
-# -> 2.83x onnxruntime with panels)
-MIN_PANEL_ROWS = 8
 
 
 def gemm_tile(cpu: str, triple: str | None) -> tuple[int, int]:
@@ -149,33 +130,6 @@ class Contraction:
     """Are B's columns a loop to a run-time size innermost, after rows of fixed sizes, laid out compactly at the run's
     size (compact_columns)?"""
     return compact_rows(self.b.rows)
-
-
-def compact_rows(rows: tuple[UOp, ...]) -> bool:
-  """Is one loop to a run-time size among these rows, after fixed ones (a feature map's rows before a text line's
-  width)? Columns then run row-major at the run's size (compact_columns)."""
-  sized = [i for i, r in enumerate(rows) if r.runtime]
-  return len(sized) == 1 and sized[0] > 0
-
-
-def compact_size(rows: tuple[UOp, ...]) -> UOp:
-  """The columns of compact rows (compact_rows) at the run's size."""
-  return prod(r.size for r in rows if not r.runtime) * next(r for r in rows if r.runtime).extent
-
-
-def compact_columns(rows: tuple[UOp, ...]) -> UOp:
-  """The flat column of B's rows: row-major at the run's size where they are compact (compact_rows), so that B and C
-  hold a run's columns contiguously, in the order the kernel reads and writes them; else row-major at the bound."""
-  if not compact_rows(rows):
-    return flat_of(rows)
-  at = next(i for i, r in enumerate(rows) if r.runtime)
-  inner = prod(r.size for r in rows[at + 1 :])
-  return (flat_of(rows[:at]) * rows[at].extent + rows[at]) * inner + flat_of(rows[at + 1 :])
-
-
-def _tile_use(m: int, n: int, tile: tuple[int, int]) -> float:
-  """The fraction of the microkernel's tiles that holds real rows and columns (the rest is padding)."""
-  return m / (-(-m // tile[0]) * tile[0]) * n / (-(-n // tile[1]) * tile[1])
 
 
 # index arithmetic, and loads that a known gate turns off read nothing
@@ -289,7 +243,7 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     # ... unless the other way round wastes fewer lanes on padding (a 7x7 image's 49 positions fill two 32-lane tiles
     # to 77%, 512 channels fill them all), by enough to pay for the epilogue reading the result across its loops
     size = lambda rs: prod(r.size for r in rs)
-    gain = _tile_use(size(ny), size(mx), tile) - _tile_use(size(mx), size(ny), tile)
+    gain = tile_use(size(ny), size(mx), tile) - tile_use(size(mx), size(ny), tile)
     if gain * prod(r.size for r in k) > SWAP_GAIN:
       (x, mx), (y, ny) = (y, ny), (x, mx)
     a, b = Side(x, _row_order(x, mx, False)), Side(y, _row_order(y, ny, True))
@@ -297,115 +251,6 @@ def find_contractions(ast: UOp, tile: tuple[int, int]) -> list[Contraction]:
     if c.K >= MIN_K and c.B * c.a.size * c.b.size * c.K >= MIN_WORK:
       found.append(c)
   return found
-
-
-def _unflat(flat: UOp, ranges) -> dict[UOp, UOp]:
-  """Each range's value at a flat index; the modulo keeps the outermost in bounds past the end (padding rows)."""
-  out, stride = {}, 1
-  for r in reversed(ranges):
-    out[r] = (flat // stride) % r.size
-    stride *= r.size
-  return out
-
-
-def dense_operand(c: Contraction, side: Side, is_b: bool, rows: int) -> UOp:
-  """A kernel writing a runtime operand out as a dense row-major matrix: A as [batch][rows][k], B as [batch][k][rows]
-  (n contiguous, as the microkernel's vector loads want it), rows padded to whole tiles (left unwritten)."""
-  # B's rows are written whole (n innermost: contiguous writes, reads along a convolution's rows), except that a k
-  # too short to split across threads (an RGB input's 3 channels) goes inside n's outer ranges
-  if not is_b:
-    order = [*c.batch, *side.rows, *c.k]
-  elif c.k[0].size < MIN_SPLIT:
-    order = [*c.batch, *side.rows[:-1], *c.k, *side.rows[-1:]]
-  else:
-    order = [*c.batch, *c.k, *side.rows]
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i, r.size, "loop")) for i, r in enumerate(order)}
-  batch, k = (flat_of([fresh[r] for r in g]) for g in (c.batch, c.k))
-  own = substitute(compact_columns(side.rows), fresh) if is_b else flat_of([fresh[r] for r in side.rows])
-  idx = (batch * c.K + k) * rows + own if is_b else (batch * rows + own) * c.K + k
-  store = UOp(
-    Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, fresh))
-  )
-  return graph_rewrite(store, pm_simplify)
-
-
-def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> int | None:
-  """Rows h of B's outermost own range per panel (a panel is h whole rows of the rest: for a convolution's input
-  window, h output rows), or None when B is copied whole (small enough to stay in L2, and not many times the
-  source_bytes of runtime tensors it is copied from)."""
-  cut, rest = panel_cut(c, side)
-  outer, inner = prod(r.size for r in cut), prod(r.size for r in rest)
-  whole = c.B * side.size * c.K * 4
-  grown = whole > max(DENSE_SMALL, DENSE_GROWTH * source_bytes)
-  if (whole <= PANEL_MAX_BYTES and not grown) or c.a.size < MIN_PANEL_ROWS:
-    return None
-  # a panel's number is the batch's times the panels at the bound, the runtime's the batch's times those at n_
-  if c.B > 1 and any(r.runtime for r in side.rows):
-    return None
-  fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= PANEL_MAX_BYTES]
-  if c.compact:
-    budget = COMPACT_PANEL_GROWTH * PANEL_MAX_BYTES
-    return max(h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= budget)
-  # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
-  # the threads; then the fewest padding lanes; then the smallest panel
-  h = max(
-    fits,
-    key=lambda h: (
-      h * inner % nr == 0,
-      c.B * -(-outer // h) >= MIN_PANELS,
-      round(_tile_use(1, h * inner, (1, nr)), 2),
-      -h,
-    ),
-  )
-  if whole <= PANEL_MAX_BYTES and _tile_use(1, h * inner, (1, nr)) < PANEL_MIN_TILE_USE:
-    return None
-  return h
-
-
-def panel_ld(c: Contraction, cols: int, R: int) -> UOp | int:
-  """A panel's row stride: its cols columns (at the bound) in whole tiles of R; compact ones at the run's size (the
-  bound's stride on a narrower panel cost a static CRNN's convolutions 12%: the microkernel's B tiles 4x as far
-  apart, their cache sets fewer)."""
-  if not c.compact:
-    return -(-cols // R) * R
-  sized = next(r for r in c.b.rows if r.runtime)
-  return (sized.extent * (cols // sized.size) + (R - 1)) // R * R
-
-
-def panel_cut(c: Contraction, side: Side) -> tuple[tuple[UOp, ...], tuple[UOp, ...]]:
-  """(the rows a panel takes h of, the rows it takes whole): B's outermost row and the rest, or where its columns are
-  compact (Contraction.compact) its fixed rows flattened and the run-time one."""
-  at = next(i for i, r in enumerate(side.rows) if r.runtime) if c.compact else 1
-  return side.rows[:at], side.rows[at:]
-
-
-def panel_operand(c: Contraction, side: Side, h: int, R: int) -> UOp:
-  """A kernel writing panel p of a B operand as a dense [k][ld] matrix (columns contiguous, ld its columns in whole
-  tiles of R: panel_ld): its outermost loop runs over the panels (batch, then h-row slices of the rows panel_cut cuts,
-  the last one cut short), and a call over [p, p + 1) writes that one panel to its slot 0."""
-  cut, rest = panel_cut(c, side)
-  size = prod(r.size for r in cut)
-  panels = -(-size // h)
-  # ("panels": a loop of the lowering's own, which a dim run to a run-time size never is, whatever its size)
-  p = UOp(Ops.RANGE, dtypes.index, (), (0, c.B * panels, "panels"))
-  # a placeholder for the h rows in the panel, unlike any of the operand's ranges
-  held = UOp(Ops.RANGE, dtypes.index, (), (-1, h, "panel"))
-  order = [*c.k, held, *rest]
-  fresh = {r: UOp(Ops.RANGE, dtypes.index, (), (i + 1, r.size, "loop")) for i, r in enumerate(order)}
-  # the last panel's rows past the end wrap around to real ones: their columns are packed, never used
-  sub = {
-    **{r: fresh[r] for r in (*c.k, *rest)},
-    **_unflat(p // panels, c.batch),
-    **_unflat((p % panels) * h + fresh[held], cut),
-  }
-  # (compact columns: a held row's are the run's size apart)
-  own = flat_of([fresh[r] for r in (held, *rest)])
-  if c.compact:
-    inner = prod(r.size for r in rest[1:])
-    own = (fresh[held] * rest[0].extent + fresh[rest[0]]) * inner + flat_of([fresh[r] for r in rest[1:]])
-  idx = flat_of([fresh[r] for r in c.k]) * panel_ld(c, h * prod(r.size for r in rest), R) + own
-  store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, sub)))
-  return graph_rewrite(store, pm_simplify)
 
 
 def _view(side: Side, c: Contraction) -> tuple[int, int, tuple[int, int, int]] | None:
@@ -598,6 +443,8 @@ class Operand:
   # its row stride (slot and offset are then unused; the strides are the panel's)
   pack: UOp | None = None
   panel: tuple[int, int] = (0, 0)
+  # ... of compact columns (Contraction.compact): as the run's size shapes it, panel the most columns it holds
+  compact: CompactPanel | None = None
 
 
 # the ops of an epilogue step the microkernel applies to each finished tile (aot_gemm_step in runtime_c/aot_gemm.h)
@@ -709,11 +556,17 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
     # (49 columns) ran slower than an 8x8 one's (400x49x400 0.130 vs 0.099 ms; read in place 0.106). The caller's
     # memory (an input) and the weights' are not read past
     return Operand(slot, offset, (sb, R * sr, sr, sk), is_b and bufs[slot].kind == "scratch")
+  if form == "panels" and c.compact:
+    panel = CompactPanel.of(c, side)
+    cols = panel.columns(next(r.size for r in side.rows if r.runtime))
+    ld = -(-cols // R) * R
+    pack = compact_panel_operand(c, side, panel, R)
+    return Operand(-1, 0, (0, R, 1, ld), True, pack=pack, panel=(cols, ld), compact=panel)
   if form == "panels":
     h = panel_rows(c, side, R, _source_bytes(side, bufs))
     cols = h * prod(r.size for r in panel_cut(c, side)[1])
     ld = -(-cols // R) * R
-    return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, R), panel=(cols, ld))
+    return Operand(-1, 0, (0, R, 1, ld), True, pack=panel_operand(c, side, h, ld), panel=(cols, ld))
   # rows padded to whole tiles, so the microkernel reads edge tiles in place
   rows, K = -(-side.size // R) * R, c.K
   slot = new_slot(make_buffer("scratch", c.B * rows * K))

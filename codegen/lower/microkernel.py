@@ -170,20 +170,20 @@ class GemmCall(Call):
       where = "NULL" if o.pack is not None else f"{arg(self.bufs[o.slot], o.slot)} + {o.offset}"
       return f"{{{where}, {', '.join(map(str, strides))}, {int(o.padded)}}}"
 
-    # a panel of compact columns (contract.Contraction.compact) holds its rows' columns at the run's size, its row
-    # stride those in whole tiles (contract.panel_ld)
-    nc, b_strides = str(g.block[1]), f.b if f else g.b.strides
-    if g.b.pack is not None and c.compact:
-      sized, R = next(r for r in c.b.rows if r.runtime), g.tile[1]
-      nc = f"{self._size((sized,))} * {g.b.panel[0] // sized.size}"
-      b_strides = (*b_strides[:3], f"({nc} + {R - 1}) / {R} * {R}")
+    # a panel of compact columns (columns.CompactPanel) holds its rows' columns at the run's size, its row stride
+    # those in whole tiles (a run with none of them: no tasks)
+    nc, b_strides, local = str(g.block[1]), f.b if f else g.b.strides, ""
+    if (panel := g.b.compact) is not None:
+      size, R = self._size([next(r for r in c.b.rows if r.runtime)]), g.tile[1]
+      local = panel.columns_c(size) + " "
+      nc, b_strides = "(nc_ > 0 ? nc_ : 1)", (*b_strides[:3], f"(nc_ + {R - 1}) / {R} * {R}")
     desc = (
       f"{batch}, {rows}, {cols}, {depth}, {g.tile[0]}, {g.tile[1]}, {g.block[0]}, {nc}, "
       f"{operand(g.a, f.a if f else g.a.strides)}, {operand(g.b, b_strides)}, "
       f"(float *){arg(self.bufs[g.result], g.result)} + {g.result_offset}, 0"
     )
     gsteps = g.steps if f is None else [replace(st, strides=x) for st, x in zip(g.steps, f.steps)]
-    steps = render_steps(gsteps, self.contract, lambda slot: arg(self.bufs[slot], slot))
+    steps = local + render_steps(gsteps, self.contract, lambda slot: arg(self.bufs[slot], slot))
     tail = f", .steps = s, .nsteps = {len(g.steps)}" if g.steps else ""
     # C's rows as far apart as the output's (a last-axis concat's branch written in place)
     tail += f", .ldc = {g.ldc}" if g.ldc else ""
