@@ -217,10 +217,35 @@ def compact_panel_operand(c: Contraction, side: Side, panel: CompactPanel, R: in
   # real ones (_unflat): their columns are packed, never used
   k = {r: UOp(Ops.RANGE, dtypes.index, (), (i + 1, r.size, "loop")) for i, r in enumerate(c.k)}
   rows = UOp(Ops.RANGE, dtypes.index, (), (len(c.k) + 1, panel.rows, "rows", held))
-  own = {r: UOp(Ops.RANGE, dtypes.index, (), (len(c.k) + 2 + i, r.size, "loop")) for i, r in enumerate(rest)}
-  sub = {**k, **own, **_unflat(p // panels, c.batch), **_unflat(first + rows, cut)}
-  column = (rows * sized.extent + own[sized]) * panel.row + flat_of([own[r] for r in rest[1:]])
+  sub = {**k, **_unflat(p // panels, c.batch), **_unflat(first + rows, cut)}
+  own, at = _one_run(side.expr, sub, rest, len(c.k) + 2) or _each_row(rest, len(c.k) + 2, panel.row)
   ld = (held * sized.extent * panel.row + (R - 1)) // R * R
-  idx = flat_of(list(k.values())) * ld + column
-  store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, sub)))
+  idx = flat_of(list(k.values())) * ld + rows * sized.extent * panel.row + at
+  store = UOp(
+    Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), idx, substitute(side.expr, sub | own))
+  )
   return graph_rewrite(store, pm_simplify)
+
+
+def _each_row(rest: tuple[UOp, ...], number: int, row: int) -> tuple[dict[UOp, UOp], UOp]:
+  """(the run-time row and the fixed ones inside it as loops of their own, numbered from number on; a column's place
+  in a held row)."""
+  own = {r: UOp(Ops.RANGE, dtypes.index, (), (number + i, r.size, "loop")) for i, r in enumerate(rest)}
+  return own, own[rest[0]] * row + flat_of([own[r] for r in rest[1:]])
+
+
+def _one_run(expr: UOp, sub: dict, rest: tuple[UOp, ...], number: int) -> tuple[dict[UOp, UOp], UOp] | None:
+  """_each_row's as one loop over a held row's columns, where the operand reads them as one run (a convolution's
+  window over a width its 2x1 pool then takes in pairs: positions 2 w + i, i < 2): the pack's innermost loop then
+  runs whole rows, not runs of 2. None where the operand reads a position or one inside it alone (the loop's counter
+  divided: runtime_extent refuses a run-time counter divided)."""
+  sized, inner = rest[0], prod(r.size for r in rest[1:])
+  # (a row of the dim's own size, merged with another: a loop of a multiple of the bound, which runtime_extent refuses)
+  if inner == 1 or sized.extent.op is Ops.VAR:
+    return None
+  run = UOp(Ops.RANGE, dtypes.index, (), (number, sized.size * inner, "loop", sized.extent * inner))
+  own = {sized: run // inner, **_unflat(run % inner, rest[1:])}
+  value = graph_rewrite(substitute(expr, sub | own), pm_simplify)
+  if any(u.op in (Ops.IDIV, Ops.MOD) and run in u.toposort() for u in value.toposort()):
+    return None
+  return own, run
