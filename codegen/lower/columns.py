@@ -47,6 +47,13 @@ MIN_PANELS = 8
 MIN_PANEL_ROWS = 8
 
 
+# a panel of compact columns (CompactPanel) holds as many of B's fixed rows as fit this much of a K slice at each
+# call's width: PANEL_MAX_BYTES, the most a static panel takes, ran the CRNN over widths 32..640 (1 thread,
+# interleaved) 1.8 / 2.6 / 0.4 / 6.7% slower at 32 / 160 / 331 / 640 (a 640-column panel where static compiles take
+# 160), a quarter as fast as half but 3.1% slower at 160 (3 of 4 rows, then 1); the rows shared evenly, within 1%
+COMPACT_PANEL_BYTES = PANEL_MAX_BYTES // 2
+
+
 def compact_rows(rows: tuple[UOp, ...]) -> bool:
   """Is one loop to a run-time size among these rows, after fixed ones (a feature map's rows before a text line's
   width)? Columns then run row-major at the run's size (compact_columns)."""
@@ -170,9 +177,9 @@ def panel_operand(c: Contraction, side: Side, h: int, ld: int) -> UOp:
 @dataclass(frozen=True)
 class CompactPanel:
   """A panel of compact columns as a run's size shapes it: held(n) of B's fixed rows (panel_cut's, rows of them), as
-  many as fit positions positions of the run-time row (PANEL_MAX_BYTES of a K slice: the static rule, at the run's
-  width), at least one; each position row columns wide. The pack kernel takes held from n_ (held), the call from e_
-  (columns_c): one formula, written for each."""
+  many as fit positions positions of the run-time row (COMPACT_PANEL_BYTES of a K slice), at least one, the rows then
+  shared evenly between the panels that takes (no small last one, its tiles partial); each position row columns wide.
+  The pack kernel takes held from n_ (held), the call from e_ (columns_c): one formula, written for each."""
 
   positions: int
   rows: int
@@ -182,20 +189,22 @@ class CompactPanel:
   def of(c: Contraction, side: Side) -> CompactPanel:
     cut, rest = panel_cut(c, side)
     row = prod(r.size for r in rest[1:])
-    return CompactPanel(PANEL_MAX_BYTES // (min(c.K, GEMM_KC) * 4 * row), prod(r.size for r in cut), row)
+    return CompactPanel(COMPACT_PANEL_BYTES // (min(c.K, GEMM_KC) * 4 * row), prod(r.size for r in cut), row)
 
   def held(self, size: UOp) -> UOp:
     """The rows a panel holds where the run-time row is size long."""
-    one = size.const_like(1)
+    one, rows = size.const_like(1), size.const_like(self.rows)
     fit = size.const_like(self.positions) // UOp(Ops.MAX, size.dtype, (size, one))
-    return UOp(Ops.MIN, size.dtype, (UOp(Ops.MAX, size.dtype, (fit, one)), size.const_like(self.rows)))
+    fit = UOp(Ops.MIN, size.dtype, (UOp(Ops.MAX, size.dtype, (fit, one)), rows))
+    panels = (rows + fit - 1) // fit
+    return (rows + panels - 1) // panels
 
   def columns_c(self, size: str) -> str:
     """C declarations of a panel's columns, nc_, where the run-time row is size long (a C int expression): held's."""
-    fit = f"{self.positions} / (f_ > 1 ? f_ : 1)"
-    return (
-      f"const int f_ = {size}, h_ = {fit}, nc_ = (h_ < 1 ? 1 : h_ > {self.rows} ? {self.rows} : h_) * f_ * {self.row};"
-    )
+    rows = self.rows
+    fit = f"g_ = {self.positions} / (f_ > 1 ? f_ : 1), h_ = g_ < 1 ? 1 : g_ > {rows} ? {rows} : g_"
+    panels = f"p_ = ({rows} + h_ - 1) / h_"
+    return f"const int f_ = {size}, {fit}, {panels}, nc_ = ({rows} + p_ - 1) / p_ * f_ * {self.row};"
 
   def columns(self, bound: int) -> int:
     """The most columns a panel holds, the run-time row's size at most bound: one row however long, else as many
