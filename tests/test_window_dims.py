@@ -138,15 +138,15 @@ def feature_rows_over_width():
 @pytest.mark.parametrize("target", ["c", "llvm"])
 def test_feature_rows_over_a_width_range_are_packed_at_each_calls_width(tmp_path, target):
   # the microkernel's columns run row by row at the call's width (contract.Contraction.compact), as many of a window
-  # matrix's rows to a panel as fit at that width (columns.CompactPanel): the first one's 16 rows all at 160, 5 at 501
-  # (the last panel's past the end wrapped around), 2 at 1000; a panel ends in a partial tile wherever the width leaves
-  # one, and the pools read each row's run of it
+  # matrix's rows to a panel as fit at that width (columns.CompactPanel): the first one's 16 rows all in one at 32, 8
+  # at 160, 3 at 401 (the sixth panel's last two past the end wrapped around), 1 at 1000; a panel ends in a partial
+  # tile wherever the width leaves one, and the pools read each row's run of it
   model = feature_rows_over_width()
   art = aot.compile_model(model, shapes={"width": (4, 1000)}, out_dir=tmp_path / "dyn", target=target)
   assert art.num_kernels == aot.compile_model(model, shapes={"width": 64}, out_dir=tmp_path / "static").num_kernels
   sess = ort_session(model)
   with aot.load(art) as m:
-    for n in (4, 5, 31, 32, 33, 97, 160, 501, 611, 999, 1000):
+    for n in (4, 5, 31, 32, 33, 97, 160, 401, 611, 999, 1000):
       x = RNG.standard_normal((1, 16, 16, n)).astype(np.float32)
       got, (want,) = m(x), sess.run(None, {"x": x})
       assert got.shape == want.shape == (1, 32, 4, n // 2)
