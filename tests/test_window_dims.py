@@ -61,17 +61,25 @@ def test_convolutions_and_pools_run_to_the_sizes_their_windows_leave(tmp_path, t
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def line_recognizer(hidden: int = 0):
-  """A text-line recogniser's shape, over images 8 high and of any width: 3x3 convs with pads, pools of 2x2 and 2x1,
-  the height pooled away, with hidden > 0 a bidirectional LSTM over the columns, per column classes (a MatMul) and
-  their softmax: [1, width // 4, 5]."""
-  nodes = [
+def two_convs(second_pool: list[int], out: str) -> list:
+  """x through two 3x3 convs with pads (weights w1, w2), each after its ReLU max pooled: 2x2, then second_pool (its
+  kernel and stride) into out."""
+  return [
     oh.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
     oh.make_node("Relu", ["c1"], ["r1"]),
     oh.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
     oh.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
     oh.make_node("Relu", ["c2"], ["r2"]),
-    oh.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+    oh.make_node("MaxPool", ["r2"], [out], kernel_shape=second_pool, strides=second_pool),
+  ]
+
+
+def line_recognizer(hidden: int = 0):
+  """A text-line recogniser's shape, over images 8 high and of any width: 3x3 convs with pads, pools of 2x2 and 2x1,
+  the height pooled away, with hidden > 0 a bidirectional LSTM over the columns, per column classes (a MatMul) and
+  their softmax: [1, width // 4, 5]."""
+  nodes = [
+    *two_convs([2, 2], "p2"),
     oh.make_node("MaxPool", ["p2"], ["p3"], kernel_shape=[2, 1], strides=[2, 1]),
     oh.make_node("Squeeze", ["p3", "h"], ["sq"]),
   ]
@@ -118,17 +126,9 @@ def test_a_line_recognizer_reads_lines_of_every_width_of_its_range(tmp_path):
 def feature_rows_over_width():
   """16 -> 24 -> 32 channels of 3x3 convolutions over 8 rows of any width, the first pooled 2x2 and the second 2x1:
   window matrices big enough to be packed a panel at a time, each column a (row, position) pair at the call's width."""
-  nodes = [
-    oh.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
-    oh.make_node("Relu", ["c1"], ["r1"]),
-    oh.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
-    oh.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
-    oh.make_node("Relu", ["c2"], ["r2"]),
-    oh.make_node("MaxPool", ["r2"], ["y"], kernel_shape=[2, 1], strides=[2, 1]),
-  ]
   inits = {"w1": weight(24, 16, 3, 3), "w2": weight(32, 24, 3, 3)}
   return make(
-    nodes,
+    two_convs([2, 1], "y"),
     [oh.make_tensor_value_info("x", TP.FLOAT, [1, 16, 16, "width"])],
     [oh.make_tensor_value_info("y", TP.FLOAT, None)],
     [numpy_helper.from_array(a, n) for n, a in inits.items()],
