@@ -45,8 +45,6 @@ MIN_PANELS = 8
 # convolution's M = 1 per channel) B is read once either way, and per-panel calls only add work (ShuffleNet: 2.58x
 # -> 2.83x onnxruntime with panels)
 MIN_PANEL_ROWS = 8
-
-
 # a panel of compact columns (CompactPanel) holds as many of B's fixed rows as fit this much of a K slice at each
 # call's width: PANEL_MAX_BYTES, the most a static panel takes, ran the CRNN over widths 32..640 (1 thread,
 # interleaved) 1.8 / 2.6 / 0.4 / 6.7% slower at 32 / 160 / 331 / 640 (a 640-column panel where static compiles take
@@ -124,10 +122,10 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
   # a panel's number is the batch's times the panels at the bound, the runtime's the batch's times those at n_
   if c.B > 1 and any(r.runtime for r in side.rows):
     return None
-  fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= PANEL_MAX_BYTES]
-  # (compact columns: as many rows as fit at the run's width, CompactPanel)
+  # (compact columns: a panel's rows are as many as fit at each run's width, CompactPanel)
   if c.compact:
     return 1
+  fits = [h for h in range(1, outer + 1) if h == 1 or h * inner * min(c.K, GEMM_KC) * 4 <= PANEL_MAX_BYTES]
   # panels of whole tiles (an edge tile takes the microkernel's slow path in every panel); then enough panels for
   # the threads; then the fewest padding lanes; then the smallest panel
   h = max(
@@ -245,7 +243,7 @@ def _each_row(rest: tuple[UOp, ...], number: int, row: int) -> tuple[dict[UOp, U
 
 def _one_run(expr: UOp, sub: dict, rest: tuple[UOp, ...], number: int) -> tuple[dict[UOp, UOp], UOp] | None:
   """_each_row's as one loop over a held row's columns, where the operand reads them as one run (a convolution's
-  window over a width its 2x1 pool then takes in pairs: positions 2 w + i, i < 2): the pack's innermost loop then
+  window over a width its 2x2 pool then takes in pairs: positions 2 w + i, i < 2): the pack's innermost loop then
   runs whole rows, not runs of 2. None where the operand reads a position or one inside it alone (the loop's counter
   divided: runtime_extent refuses a run-time counter divided)."""
   sized, inner = rest[0], prod(r.size for r in rest[1:])
