@@ -127,8 +127,8 @@ class Contraction:
 
   @property
   def compact(self) -> bool:
-    """Are B's columns a loop to a run-time size innermost, after rows of fixed sizes, laid out compactly at the run's
-    size (compact_columns)?"""
+    """Do B's rows hold a loop to a run-time size after fixed ones, its columns then laid out compactly at the run's
+    size (columns.compact_columns)?"""
     return compact_rows(self.b.rows)
 
 
