@@ -81,29 +81,43 @@ def light_model(name: str):
   return randomize_constant_weights(onnx.load(os.path.join(LIGHT, f"light_{name}.onnx")), seed=0)
 
 
-def assert_matches_onnxruntime(art, model, name: str):
-  """The artifact's output on a seeded input is within 1e-4 (relative to the largest value) of onnxruntime's."""
+def onnxruntime_output(model, name: str, shape) -> tuple[np.ndarray, np.ndarray]:
+  """A seeded input of this shape to the model's first input (by name) and onnxruntime's output for it."""
   ort.set_default_logger_severity(3)
-  x = np.random.default_rng(1).standard_normal(art.inputs[0].shape).astype(np.float32)
-  want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-    None, {art.inputs[0].name: x}
-  )[0]
+  x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  return x, session.run(None, {name: x})[0]
+
+
+def assert_close(art, x: np.ndarray, want: np.ndarray, name: str) -> np.ndarray:
+  """The artifact's output on x is within 1e-4 (relative to the largest value) of want; that output."""
   got = aot.load(art)(x)
   assert got.shape == want.shape
   rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
   assert rel <= 1e-4, f"{name}: max relative error {rel:.2e}"
-  return x, got
+  return got
 
 
-@pytest.mark.parametrize("target", TARGETS)
+def assert_matches_onnxruntime(art, model, name: str):
+  """The artifact's output on a seeded input is within 1e-4 (relative to the largest value) of onnxruntime's."""
+  x, want = onnxruntime_output(model, art.inputs[0].name, art.inputs[0].shape)
+  return x, assert_close(art, x, want, name)
+
+
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_light_model_matches_onnxruntime(name, target, tmp_path):
+def test_light_model_matches_onnxruntime(name, tmp_path):
+  # every target against one onnxruntime run (drawing vgg19's weights, serializing them and making its session take
+  # 7 s, which each target's test had taken again)
   model = light_model(name)
-  art = aot.compile_model(model, out_dir=tmp_path / name, name=name, target=target)
-  assert_kernel_count(art, KERNELS[name])
-  x, one = assert_matches_onnxruntime(art, model, name)
-  # on 2 threads (the tests run on 1), bitwise the same: on c only, where the split is the same runtime code as on
-  # llvm (a run of densenet121 costs seconds)
-  if target == "c":
-    np.testing.assert_array_equal(aot.load(art, threads=2)(x), one, err_msg=f"{name}: 2 threads differ from 1")
-  assert_memory_bounds(art, model, name)
+  x = want = None
+  for target in TARGETS:
+    art = aot.compile_model(model, out_dir=tmp_path / target, name=name, target=target)
+    assert_kernel_count(art, KERNELS[name])
+    if want is None:
+      x, want = onnxruntime_output(model, art.inputs[0].name, art.inputs[0].shape)
+    one = assert_close(art, x, want, f"{name} on {target}")
+    # on 2 threads (the tests run on 1), bitwise the same: on c only, where the split is the same runtime code as on
+    # llvm (a run of densenet121 costs seconds)
+    if target == "c":
+      np.testing.assert_array_equal(aot.load(art, threads=2)(x), one, err_msg=f"{name}: 2 threads differ from 1")
+    assert_memory_bounds(art, model, name)
