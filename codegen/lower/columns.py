@@ -52,24 +52,29 @@ MIN_PANEL_ROWS = 8
 COMPACT_PANEL_BYTES = PANEL_MAX_BYTES // 2
 
 
-def compact_rows(rows: tuple[UOp, ...]) -> bool:
-  """Is one loop to a run-time size among these rows, after fixed ones (a feature map's rows before a text line's
-  width)? Columns then run row-major at the run's size (compact_columns)."""
+def _sized_at(rows: tuple[UOp, ...]) -> int | None:
+  """Where the one loop to a run-time size among these rows is, when it comes after fixed ones (a feature map's rows
+  before a text line's width); else None."""
   sized = [i for i, r in enumerate(rows) if r.runtime]
-  return len(sized) == 1 and sized[0] > 0
+  return sized[0] if len(sized) == 1 and sized[0] > 0 else None
+
+
+def compact_rows(rows: tuple[UOp, ...]) -> bool:
+  """Are these rows' columns compact: row-major at the run's size (compact_columns)?"""
+  return _sized_at(rows) is not None
 
 
 def compact_size(rows: tuple[UOp, ...]) -> UOp:
   """The columns of compact rows (compact_rows) at the run's size."""
-  return prod(r.size for r in rows if not r.runtime) * next(r for r in rows if r.runtime).extent
+  at = _sized_at(rows)
+  return prod(r.size for i, r in enumerate(rows) if i != at) * rows[at].extent
 
 
 def compact_columns(rows: tuple[UOp, ...]) -> UOp:
   """The flat column of B's rows: row-major at the run's size where they are compact (compact_rows), so that B and C
   hold a run's columns contiguously, in the order the kernel reads and writes them; else row-major at the bound."""
-  if not compact_rows(rows):
+  if (at := _sized_at(rows)) is None:
     return flat_of(rows)
-  at = next(i for i, r in enumerate(rows) if r.runtime)
   inner = prod(r.size for r in rows[at + 1 :])
   return (flat_of(rows[:at]) * rows[at].extent + rows[at]) * inner + flat_of(rows[at + 1 :])
 
@@ -145,7 +150,7 @@ def panel_rows(c: Contraction, side: Side, nr: int, source_bytes: int = 0) -> in
 def panel_cut(c: Contraction, side: Side) -> tuple[tuple[UOp, ...], tuple[UOp, ...]]:
   """(the rows a panel takes h of, the rows it takes whole): B's outermost row and the rest, or where its columns are
   compact (Contraction.compact) its fixed rows flattened and the run-time one."""
-  at = next(i for i, r in enumerate(side.rows) if r.runtime) if c.compact else 1
+  at = _sized_at(side.rows) if c.compact else 1
   return side.rows[:at], side.rows[at:]
 
 
@@ -182,12 +187,14 @@ class CompactPanel:
   positions: int
   rows: int
   row: int
+  bound: int  # the run-time row's size at the bound
 
   @staticmethod
   def of(c: Contraction, side: Side) -> CompactPanel:
-    cut, rest = panel_cut(c, side)
-    row = prod(r.size for r in rest[1:])
-    return CompactPanel(COMPACT_PANEL_BYTES // (min(c.K, GEMM_KC) * 4 * row), prod(r.size for r in cut), row)
+    cut, (sized, *inner) = panel_cut(c, side)
+    row = prod(r.size for r in inner)
+    positions = COMPACT_PANEL_BYTES // (min(c.K, GEMM_KC) * 4 * row)
+    return CompactPanel(positions, prod(r.size for r in cut), row, sized.size)
 
   def held(self, size: UOp) -> UOp:
     """The rows a panel holds where the run-time row is size long."""
@@ -204,10 +211,10 @@ class CompactPanel:
     panels = f"p_ = ({rows} + h_ - 1) / h_"
     return f"const int f_ = {size}, {fit}, {panels}, nc_ = ({rows} + p_ - 1) / p_ * f_ * {self.row};"
 
-  def columns(self, bound: int) -> int:
-    """The most columns a panel holds, the run-time row's size at most bound: one row however long, else as many
-    positions as fit, at most every row's."""
-    return self.row * min(max(self.positions, bound), self.rows * bound)
+  @property
+  def columns(self) -> int:
+    """The most columns a panel holds: one row however long, else as many positions as fit, at most every row's."""
+    return self.row * min(max(self.positions, self.bound), self.rows * self.bound)
 
 
 def compact_panel_operand(c: Contraction, side: Side, panel: CompactPanel, R: int) -> UOp:

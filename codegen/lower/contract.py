@@ -558,10 +558,9 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
     return Operand(slot, offset, (sb, R * sr, sr, sk), is_b and bufs[slot].kind == "scratch")
   if form == "panels" and c.compact:
     panel = CompactPanel.of(c, side)
-    cols = panel.columns(next(r.size for r in side.rows if r.runtime))
-    ld = -(-cols // R) * R
+    ld = -(-panel.columns // R) * R
     pack = compact_panel_operand(c, side, panel, R)
-    return Operand(-1, 0, (0, R, 1, ld), True, pack=pack, panel=(cols, ld), compact=panel)
+    return Operand(-1, 0, (0, R, 1, ld), True, pack=pack, panel=(panel.columns, ld), compact=panel)
   if form == "panels":
     h = panel_rows(c, side, R, _source_bytes(side, bufs))
     cols = h * prod(r.size for r in panel_cut(c, side)[1])

@@ -174,7 +174,7 @@ class GemmCall(Call):
     # those in whole tiles (a run with none of them: no tasks)
     nc, b_strides, local = str(g.block[1]), f.b if f else g.b.strides, ""
     if (panel := g.b.compact) is not None:
-      size, R = self._size([next(r for r in c.b.rows if r.runtime)]), g.tile[1]
+      size, R = self.sizes[panel.bound].c("(int)e_"), g.tile[1]
       local = panel.columns_c(size) + " "
       nc, b_strides = "(nc_ > 0 ? nc_ : 1)", (*b_strides[:3], f"(nc_ + {R - 1}) / {R} * {R}")
     desc = (
