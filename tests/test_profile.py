@@ -97,6 +97,24 @@ def test_call_times_add_up_to_the_run(mnist_builds):
   assert p["cpu_ms"] == p["cpu_all_ms"] == 0
 
 
+def test_a_batch_range_times_each_call_over_its_items(tmp_path):
+  """Over a batch range, model.c runs some calls once over all items (folded) and the rest item by item in loops:
+  each call is timed on its own all the same, and its work counted for as many items as the run has."""
+  from aot.models.onnx_forms import onnx_model, with_batch_dim
+
+  timed = aot.compile_model(
+    with_batch_dim(onnx_model("mnist")), shapes={"batch": (1, 8)}, out_dir=tmp_path / "timed", profile=True
+  )
+  calls, model_c = load_calls(timed), (timed.dir / "src" / "model.c").read_text()
+  assert [c.function for c in calls] == _timed_calls(model_c)
+  assert "for (int64_t b_ = 0; b_ < n_; b_++)" in model_c and "const int64_t b_ = 0;" in model_c
+  x = np.random.default_rng(0).standard_normal((5, 1, 28, 28)).astype(np.float32)
+  p = profile_artifact(timed, inputs=[x], budget_s=0.5)
+  assert 0.8 * p["total_ms"] <= p["calls_ms"] <= p["total_ms"] <= p["wall_ms"]
+  assert all(r["ms"] > 0 for r in p["calls"])
+  assert p["gflop"] == pytest.approx(5 * sum(c.flops for c in calls) / 1e9)
+
+
 def test_thread_cpu_times(mnist_builds):
   _, timed = mnist_builds
   p = profile_artifact(timed, budget_s=0.2, threads=2, cpu=True)

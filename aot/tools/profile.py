@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,8 +78,9 @@ def profile_artifact(
     model.close()
   n = len(infos)
   total = sums[n] / runs
-  rows = []
-  for i, info in enumerate(infos):
+  rows, items = [], _items(art, xs)
+  for i, one in enumerate(infos):
+    info = replace(one, flops=one.flops * items, bytes=one.bytes * items)
     s = sums[i] / runs
     rows.append(
       {
@@ -97,7 +98,7 @@ def profile_artifact(
   by_path = {}
   for r in rows:
     by_path[r["path"]] = by_path.get(r["path"], 0.0) + r["ms"]
-  flops = sum(i.flops for i in infos)
+  flops = sum(i.flops for i in infos) * items
   p = {
     "model": art.name,
     "target": art.target,
@@ -116,6 +117,17 @@ def profile_artifact(
     "cpu_all_ms": sum(r["cpu_all_ms"] for r in rows),
   }
   return p | thread_bound(p, BOUND_THREADS) if threads == 1 else p
+
+
+def _items(art, xs: list[np.ndarray]) -> int:
+  """How many items of a batch range (a dim whose items run the one-item program: frontends/batch_dims.py) the
+  inputs hold: a call describes its work for one item (a dim run to its size in the program, at its bound)."""
+  for d in art.dims:
+    if d["runs"] == "items":
+      for t, x in zip(art.inputs, xs):
+        if d["name"] in t.shape:
+          return x.shape[t.shape.index(d["name"])]
+  return 1
 
 
 # the thread count a 1-thread profile's Amdahl bound is given for

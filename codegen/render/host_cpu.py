@@ -304,16 +304,15 @@ static int load_weights(char *error, const char *given, const unsigned char **ou
 """
 
 
-def _timed(body: list[str]) -> list[str]:
-  """Each call timed in wall time, and in thread CPU time when NAME_profile_cpu is on: a split call's busiest
-  thread, read through the aot_parallel of _profile_c, is what it would take on that many free cores however
-  loaded this machine is."""
-  return [
+def _timed(i: int, line: str) -> str:
+  """Call i timed in wall time, and in thread CPU time when NAME_profile_cpu is on: a split call's busiest thread,
+  read through the aot_parallel of _profile_c, is what it would take on that many free cores however loaded this
+  machine is. Summed over the runs, and over the items of a ranged dim's item loop."""
+  return (
     f"  {{ m->call = {i}; m->split = 0; double c_ = m->cpu ? aot_thread_now() : 0;\n"
     f"  double t_ = aot_profile_now();\n  {line.strip()}\n"
     f"  m->profile[{i}] += aot_profile_now() - t_; aot_serial_cpu(m, c_); }}"
-    for i, line in enumerate(body)
-  ]
+  )
 
 
 def render_model_c(
@@ -348,17 +347,20 @@ def render_model_c(
     return f"({ctype(b, slot)}){item_pointer(sched, b, where) if items else where}"
 
   tramps: dict[str, str] = {}
+
+  def statement(i: int, call: Call) -> str:
+    line = call.render(arg, tramps)
+    return _timed(i, line) if profile else line
+
   if items:
-    body = item_statements(sched, calls, lambda call: call.render(arg, tramps), each_call)
+    body = item_statements(sched, calls, statement, each_call)
   else:
-    body = [call.render(arg, tramps) for call in calls]
-  if profile:
-    body = _timed(body)
+    body = [statement(i, call) for i, call in enumerate(calls)]
   return (
     _model_preamble(name, protos, tramps, external_weights, panel_floats)
-    + _model_struct(name, len(body), profile, external_weights)
+    + _model_struct(name, len(calls), profile, external_weights)
     + _model_create(name, external_weights)
-    + _model_run(name, sched, body, profile)
+    + _model_run(name, sched, body, len(calls) if profile else None)
     + _model_set_threads(name)
     + _model_destroy(name, external_weights)
     + _model_last_error(name)
@@ -438,8 +440,10 @@ API int {name}_create({name}_model **out) {{
 """
 
 
-def _model_run(name: str, sched: Schedule, body: list[str], profile: bool) -> str:
-  n = len(body)
+def _model_run(name: str, sched: Schedule, body: list[str], profiled_calls: int | None) -> str:
+  """run_locked over the body's statements; profiled_calls: a profile build's timed calls (the run's total after
+  them)."""
+  profile, n = profiled_calls is not None, profiled_calls
   # a ranged dim's run takes its size, and keeps every item's checks in the arena (codegen/render/run_dims.py); a
   # dim run to a size given at run time, that size
   items = (", int64_t n_" if sched.batch else "") + (", int64_t e_" if sched.extent else "")

@@ -256,9 +256,9 @@ def item_segments(sched: Schedule, low) -> list[Segment]:
 def item_statements(sched: Schedule, calls: list, render, each_call: bool = False) -> list[str]:
   """model.c's statements over the items: a call folded over all of them runs once (at item 0); the calls between
   folded ones run one item after another, all of them for an item before the next (its activations still in cache:
-  ResNet-18 at 16 items 0.92x a static batch's time, call by call over the items 1.01x). render(call) is a call's
-  statement. each_call: every call over the items before the next (a GPU target's launches: the arena is planned
-  by kernels there)."""
+  ResNet-18 at 16 items 0.92x a static batch's time, call by call over the items 1.01x). render(i, call) is the
+  statement of call i of the kernel list (or of its fold). each_call: every call over the items before the next (a
+  GPU target's launches: the arena is planned by kernels there)."""
   item, out, loop = item_stride(sched), [], []
 
   def close_loop():
@@ -266,12 +266,12 @@ def item_statements(sched: Schedule, calls: list, render, each_call: bool = Fals
       out.append("  for (int64_t b_ = 0; b_ < n_; b_++) {\n" + "\n".join(loop) + "\n  }")
       loop.clear()
 
-  for call in calls:
+  for i, call in enumerate(calls):
     if _folds(sched, call, item) and (folded := call.fold(item)) is not None:
       close_loop()
-      out.append(f"  {{ const int64_t b_ = 0; (void)b_;\n  {render(folded).strip()}\n  }}")
+      out.append(f"  {{ const int64_t b_ = 0; (void)b_;\n  {render(i, folded).strip()}\n  }}")
     else:
-      loop.append("  " + render(call).strip())
+      loop.append("  " + render(i, call).strip())
       if each_call:
         close_loop()
   close_loop()
