@@ -44,7 +44,7 @@ from aot.codegen.render.gpu import GPU_TARGETS, HOST_GLUE, KERNEL_SOURCE, Launch
 from aot.codegen.render.gpu import RENDERERS as GPU_RENDERERS
 from aot.codegen.render.host_cpu import render_header, render_model_c, render_weights_asm
 from aot.codegen.render.host_gpu import render_emulated_host, render_gpu_host
-from aot.codegen.render.run_dims import batch_arena, item_segments, items_apart, staged_io
+from aot.codegen.render.run_dims import batch_arena, plan_items, staged_io
 from aot.core.dtype import to_dtype
 from aot.core.ir import UOp
 from aot.cpu import cpu_target
@@ -247,10 +247,7 @@ def _render_cpu(
 ) -> Sources:
   """The lowered schedule's functions rendered, the arena placed, and model.c's calls over them."""
   if sched.batch:
-    # (items that run the whole program one after another are planned as one: by the calls' segments)
-    sched.items_apart = items_apart(sched, low)
-    segments = item_segments(sched, low) if sched.items_apart else [s for x in low.lowered for s in x.segments()]
-    arena = batch_arena(sched, memory_plan(segments, low.scratch))
+    arena = plan_items(sched, low)
   else:
     arena = memory_plan([s for x in low.lowered for s in x.segments()], low.scratch)
     sched.staged, arena = staged_io(sched, arena)

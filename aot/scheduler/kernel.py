@@ -88,6 +88,8 @@ class Schedule:
   checks: list[IndexCheckCall] = field(default_factory=list)
   # a ranged dim's items each keep their scratch apart (codegen/render/run_dims.py items_apart; set when rendered)
   items_apart: bool = True
+  # ... but for these, by buffer id: their one place in the arena, shared by all items (run_dims.plan_items)
+  items_share: dict = field(default_factory=dict)
   # model inputs that are indices (checked or not: GPU targets drop the checks), by name: the smallest axis' size
   indexed: dict[str, int] = field(default_factory=dict)
   # inputs and outputs copied to and from the arena at a dim's bound (codegen/render/run_dims.py Staged; set when

@@ -6,7 +6,8 @@ those one item after another.
 
 The arena holds each scratch buffer's items one after another (item b of a buffer the one-item plan puts at offset o
 is at checks_bytes + hi * o + b * its bytes: the plan's buffers scaled by the largest size, so no two overlap), after
-the index checks' results of every item (scratch_item).
+the index checks' results of every item (scratch_item); then the buffers that only the calls of one item loop use,
+which every item reuses (plan_items).
 
 A dim run to a size given at run time reads and writes an input or output in place when every dim before it is 1;
 one with others before it is staged (Staged): copied into its layout at the bound in the arena, after the plan, before
@@ -20,6 +21,7 @@ from aot.artifact import api_type, param_names
 from aot.core.ir import prod
 from aot.dim_size import DimSize
 from aot.scheduler.kernel import Buffer, Schedule
+from aot.scheduler.memory import align_up, memory_plan
 from aot.scheduler.runtime_extent import blocks_before
 
 
@@ -161,8 +163,6 @@ API int {name}_run_dims({name}_model *m, {", ".join(run_dims_args(sched))}) {{
 
 def checks_bytes(sched: Schedule) -> int:
   """The arena's first bytes: every item's index check results (int64 [position, value] per check)."""
-  from aot.scheduler.memory import align_up
-
   return align_up(sched.batch.dim.hi * 2 * len(sched.checks) * 8)
 
 
@@ -205,6 +205,8 @@ def item_stride(sched: Schedule):
 def scratch_item(sched: Schedule, b: Buffer) -> tuple[int, int | str]:
   """A scratch buffer's item 0 in the arena, and the bytes from one item to the next (the module's layout; an
   expression of e_ for Rows)."""
+  if (at := sched.items_share.get(id(b))) is not None:
+    return at, 0
   if not sched.items_apart:
     return checks_bytes(sched) + b.offset, 0
   return checks_bytes(sched) + sched.batch.dim.hi * b.offset, item_bytes(b, item_stride(sched)(b))
@@ -235,6 +237,7 @@ class Segment:
   segment, items interleave, so every buffer its calls touch lives for all of it."""
 
   bufs: list = field(default_factory=list)
+  folded: bool = False
 
 
 def item_segments(sched: Schedule, low) -> list[Segment]:
@@ -244,13 +247,37 @@ def item_segments(sched: Schedule, low) -> list[Segment]:
   for lowered, calls in zip(low.lowered, low.kernel_calls):
     for call in calls:
       if _folds(sched, call, item):
-        out.append(Segment(list(lowered.kernel.bufs)))
+        out.append(Segment(list(lowered.kernel.bufs), folded=True))
         out.append(Segment())
       else:
         if not out:
           out.append(Segment())
         out[-1].bufs += lowered.kernel.bufs
   return [seg for seg in out if seg.bufs]
+
+
+def plan_items(sched: Schedule, low) -> int:
+  """The arena of a CPU schedule with a batch dim (codegen/lower/stage.py LoweredSchedule low), its scratch placed
+  (items_apart and items_share set). A buffer that only the calls of one item loop use is dead before the loop's next
+  item starts: one copy for all items, planned by kernels (as a static compile's: each item's attention scores, then
+  its probabilities, in the memory its last layer's used, still in cache: MiniLM at 8 sentences of 61 tokens 117 ->
+  98 ms, a static compile 94; ResNet-18 at 16 images 505 -> 445); the rest, each item's own (the module's layout)."""
+  sched.items_apart = items_apart(sched, low)
+  by_kernels = [s for x in low.lowered for s in x.segments()]
+  if not sched.items_apart:
+    return batch_arena(sched, memory_plan(by_kernels, low.scratch))
+  segments = item_segments(sched, low)
+  where: dict[int, set[int]] = {}
+  for i, seg in enumerate(segments):
+    for b in seg.bufs:
+      where.setdefault(id(b), set()).add(i)
+  one_loop = lambda b: len(at := where.get(id(b), ())) == 1 and not segments[next(iter(at))].folded
+  shared = [b for b in low.scratch if b.kind == "scratch" and one_loop(b)]
+  own = [b for b in low.scratch if not (b.kind == "scratch" and one_loop(b))]
+  base = align_up(batch_arena(sched, memory_plan(segments, own)))
+  top = memory_plan(by_kernels, shared)
+  sched.items_share = {id(b): base + b.offset for b in shared}
+  return base + top
 
 
 def item_statements(sched: Schedule, calls: list, render, each_call: bool = False) -> list[str]:
@@ -317,8 +344,6 @@ class Staged:
 
 def staged_io(sched: Schedule, arena: int) -> tuple[list[Staged], int]:
   """The inputs and outputs to stage, placed after an arena of this size, and the arena with them."""
-  from aot.scheduler.memory import align_up
-
   ext, staged = sched.extent, []
   if ext is None or sched.batch is not None:
     return staged, arena
