@@ -121,7 +121,8 @@ def profile_artifact(
 
 def _items(art, xs: list[np.ndarray]) -> int:
   """How many items of a batch range (a dim whose items run the one-item program: frontends/batch_dims.py) the
-  inputs hold: a call describes its work for one item (a dim run to its size in the program, at its bound)."""
+  inputs hold: a call describes its work for one item (and where a dim runs to its size in the program, for the
+  dim's bound)."""
   for d in art.dims:
     if d["runs"] == "items":
       for t, x in zip(art.inputs, xs):
