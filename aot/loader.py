@@ -40,6 +40,32 @@ _link_numbers = itertools.count()
 _opened_in_place: dict[str, list[int]] = {}
 
 
+def dim_sizes(a: Artifact, arrays) -> dict[str, int]:
+  """Each ranged dim's size (by name) in these inputs of artifact a: in its range and the same in every input that
+  has it, else an InputShapeError naming the input and the dim."""
+  sizes = {}
+  for dim in a.dims:
+    name, n, first = dim["name"], None, None
+    for t, x in zip(a.inputs, arrays):
+      if name not in t.shape:
+        continue
+      shape, axis = np.shape(x), t.shape.index(name)
+      if len(shape) != len(t.shape):
+        raise InputShapeError(
+          f"{a.name} input '{t.name}': expected shape {t.shape}, got {shape}", t.name, t.shape, shape
+        )
+      size = shape[axis]
+      why = f"outside {dim['min']}..{dim['max']}" if not dim["min"] <= size <= dim["max"] else ""
+      why = why or (f"but input '{first}' has {n}" if n is not None and size != n else "")
+      if why:
+        raise InputShapeError(
+          f"{a.name} input '{t.name}' dim {axis} ('{name}') is {size}, {why}", t.name, t.shape, shape
+        )
+      n, first = size, first or t.name
+    sizes[name] = n
+  return sizes
+
+
 class LoadedModel:
   """One instance of a compiled model (its own arena). Calling it checks every input's shape and dtype. Threads may
   share it: the library runs one call on an instance at a time (NAME.h); close() waits for the calls under way."""
@@ -172,28 +198,9 @@ class LoadedModel:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   def _at_sizes(self, arrays) -> tuple[list, list, list]:
-    """The inputs and outputs with each ranged dim at the size the inputs have (in its range, the same in each), and
-    their shapes as C arrays."""
-    a, sizes = self.artifact, {}
-    for dim in a.dims:
-      name, n, first = dim["name"], None, None
-      for t, x in zip(a.inputs, arrays):
-        if name not in t.shape:
-          continue
-        shape, axis = np.shape(x), t.shape.index(name)
-        if len(shape) != len(t.shape):
-          raise InputShapeError(
-            f"{a.name} input '{t.name}': expected shape {t.shape}, got {shape}", t.name, t.shape, shape
-          )
-        size = shape[axis]
-        why = f"outside {dim['min']}..{dim['max']}" if not dim["min"] <= size <= dim["max"] else ""
-        why = why or (f"but input '{first}' has {n}" if n is not None and size != n else "")
-        if why:
-          raise InputShapeError(
-            f"{a.name} input '{t.name}' dim {axis} ('{name}') is {size}, {why}", t.name, t.shape, shape
-          )
-        n, first = size, first or t.name
-      sizes[name] = n
+    """The inputs and outputs with each ranged dim at the size the inputs have (dim_sizes), and their shapes as C
+    arrays."""
+    a, sizes = self.artifact, dim_sizes(self.artifact, arrays)
     key = tuple(sizes.values())
     if key not in self._sizes:
       # made once per size: a small model's call is a few microseconds

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from aot.codegen.lower.calls import CALLS_FILE, CallInfo
+from aot.loader import dim_sizes
 
 # runs after warm-up: at least MIN_RUNS, more while they fit in the budget, at most MAX_RUNS
 WARMUP_RUNS, MIN_RUNS, MAX_RUNS = 2, 3, 50
@@ -123,12 +124,8 @@ def _items(art, xs: list[np.ndarray]) -> int:
   """How many items of a batch range (a dim whose items run the one-item program: frontends/batch_dims.py) the
   inputs hold: a call describes its work for one item (and where a dim runs to its size in the program, for the
   dim's bound)."""
-  for d in art.dims:
-    if d["runs"] == "items":
-      for t, x in zip(art.inputs, xs):
-        if d["name"] in t.shape:
-          return x.shape[t.shape.index(d["name"])]
-  return 1
+  sizes = dim_sizes(art, xs)
+  return next((sizes[d["name"]] for d in art.dims if d["runs"] == "items"), 1)
 
 
 # the thread count a 1-thread profile's Amdahl bound is given for
