@@ -249,7 +249,7 @@ def _render_cpu(
   if sched.batch:
     arena = plan_items(sched, low)
   else:
-    arena = memory_plan([s for x in low.lowered for s in x.segments()], low.scratch)
+    arena = memory_plan(low.segments, low.scratch)
     sched.staged, arena = staged_io(sched, arena)
   external = weights.finish()
   files = render_kernels(target, low.functions, low.places)

@@ -259,6 +259,11 @@ class LoweredSchedule:
   def panel_floats(self) -> int:
     return max([low.panel_floats() for low in self.lowered], default=0)
 
+  @property
+  def segments(self) -> list[Kernel]:
+    """Every kernel's runs of calls with their buffers, in order: the memory plan's steps (Lowered.segments)."""
+    return [s for low in self.lowered for s in low.segments()]
+
 
 def _lower_kernels(sched: Schedule, env: LowerEnv) -> tuple[list[Lowered], set[int]]:
   """Each kernel by the first rule of LOWERINGS that takes it; and the ids of the schedule's scratch buffers
