@@ -330,3 +330,43 @@ def test_big_calls_split_evenly_across_threads(tmp_path):
   p = {"total_ms": sum(c.flops + c.bytes for c in calls), "calls": [vars(c) | {"ms": c.flops + c.bytes} for c in calls]}
   p["calls_ms"] = p["total_ms"]
   assert thread_bound(p, 2)["bound"] >= 1.8 and thread_bound(p, 1)["bound"] == pytest.approx(1.0)
+
+
+def _conv_relu_model(path):
+  import onnx
+  from onnx import TensorProto, helper
+
+  w = np.random.default_rng(0).standard_normal((16, 3, 3, 3)).astype(np.float32)
+  graph = helper.make_graph(
+    [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+    "conv_relu",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32, 32])],
+    [onnx.numpy_helper.from_array(w, "w")],
+  )
+  onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+  return path
+
+
+def test_bench_profile_prints_onnxruntimes_nodes_beside_the_calls(tmp_path):
+  """An ONNX model's profile has onnxruntime's per-node times on the same inputs beside our calls' (its session
+  profiling): its conv, with the shapes it ran at, and the nodes' shares of their sum."""
+  path = _conv_relu_model(tmp_path / "conv_relu.onnx")
+  out = tmp_path / "profile.json"
+  argv = [str(path), "--profile", "--targets", "c", "--top", "3", "--budget", "0.2", "--json", str(out)]
+  r = subprocess.run([sys.executable, "-m", "aot.tools.bench", *argv], capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
+  ours, _, theirs = r.stdout.partition("onnxruntime, the same inputs (1 thread")
+  assert "aot_gemm_run" in ours and theirs
+  assert re.search(r"%\s+\d+\.\d+\s+\w*Conv\s+\S+: 1x3x32x32, 16x3x3x3 -> 1x16x32x32", theirs), theirs
+  (p,) = json.loads(out.read_text())
+  nodes = p["onnxruntime"]
+  assert nodes and all(n["ms"] > 0 for n in nodes) and abs(sum(n["share"] for n in nodes) - 1) < 1e-9
+  assert [n["ms"] for n in nodes] == sorted((n["ms"] for n in nodes), reverse=True)
+  # (the models:NAME form is a Tensor program, which onnxruntime does not run: our table alone)
+  r = subprocess.run(
+    [sys.executable, "-m", "aot.tools.bench", "models:mlp", "--profile", "--targets", "c", "--budget", "0.2"],
+    capture_output=True,
+    text=True,
+  )
+  assert r.returncode == 0 and "onnxruntime" not in r.stdout, r.stderr

@@ -699,8 +699,11 @@ def _profile_arg(what: str, models_dir: Path | None):
 
 def _profile(models: list[str], targets, threads: list[int], args) -> int:
   """Profile builds of each model for each target and thread count: the tables, and with --json all of them."""
+  import onnx
+
   import aot
-  from aot.tools.profile import cpu_speedup, profile_and_report
+  from aot.check import random_inputs
+  from aot.tools.profile import cpu_speedup, format_nodes, onnxruntime_nodes, profile_and_report
 
   if not models:
     raise SystemExit(
@@ -713,9 +716,14 @@ def _profile(models: list[str], targets, threads: list[int], args) -> int:
     for t in targets:
       out = Path(tempfile.mkdtemp(prefix=f"profile_{t}_"))
       art = aot.compile_model(model, target=t, out_dir=out, profile=True)
+      xs = random_inputs(art.at_size()[0], indexed=art.indexed_inputs)
       one = None
       for n in threads:
-        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top, cpu=len(threads) > 1)
+        p = profile_and_report(art, out / "profile.json", n, args.budget, args.top, len(threads) > 1, xs)
+        if isinstance(model, onnx.ModelProto):
+          # (the anchor's layers beside our calls: which of ours loses, against which of its nodes)
+          p["onnxruntime"] = onnxruntime_nodes(model, xs, n, args.budget)
+          print(format_nodes(p["onnxruntime"], n, args.top))
         profiles.append({"what": what, **p})
         one = p if n == 1 else one
         if one and n > 1:

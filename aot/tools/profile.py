@@ -10,7 +10,10 @@ sums; a normal build renders none of that (its model.c, and so its cache entry, 
   floating-point arithmetic (data movement only), else "loop" (generated loops).
 The table gives each call's share of the run, its time, GFLOP/s and the bytes of the buffers it reads and writes, by
 the schedule kernel it belongs to. Flops are those the call executes (a contraction's 2 B M N K, a loop's
-flop_count), which is more than the model needs where a kernel computes values it then drops."""
+flop_count), which is more than the model needs where a kernel computes values it then drops.
+
+Beside it, for an ONNX model, the bench prints onnxruntime's own per-node times on the same inputs (its session
+profiling: onnxruntime_nodes), so that a kernel that loses can be named against the anchor's layer."""
 
 from __future__ import annotations
 
@@ -228,10 +231,73 @@ def write_profile(p: dict, path: Path) -> None:
 
 
 def profile_and_report(
-  art, json_path: Path, threads: int = 1, budget_s: float = 5.0, top: int | None = None, cpu: bool = False
+  art,
+  json_path: Path,
+  threads: int = 1,
+  budget_s: float = 5.0,
+  top: int | None = None,
+  cpu: bool = False,
+  inputs: list[np.ndarray] | None = None,
 ) -> dict:
   """Profile a profile build, print the table, write the profile as JSON to json_path (compile-model and the bench)."""
-  p = profile_artifact(art, threads=threads, budget_s=budget_s, cpu=cpu)
+  p = profile_artifact(art, inputs=inputs, threads=threads, budget_s=budget_s, cpu=cpu)
   print(format_profile(p, top))
   write_profile(p, json_path)
   return p
+
+
+def onnxruntime_nodes(model, inputs: list[np.ndarray], threads: int = 1, budget_s: float = 2.0) -> list[dict]:
+  """onnxruntime's time per node of its optimized graph (a default session's, these threads), run on these inputs
+  with its session profiling after warm-up: per node its op, name, input and output shapes, the median of its times
+  in ms and its share of the nodes' sum, slowest first. model: a ModelProto or a path."""
+  import tempfile
+
+  import onnxruntime as ort
+
+  with tempfile.TemporaryDirectory(prefix="ort_profile_") as tmp:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.enable_profiling, so.profile_file_prefix = True, str(Path(tmp) / "ort")
+    source = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
+    session = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+    feed = {i.name: x for i, x in zip(session.get_inputs(), inputs)}
+    for _ in range(WARMUP_RUNS):
+      session.run(None, feed)
+    runs, t0 = 0, time.perf_counter()
+    while runs < MIN_RUNS or (runs < MAX_RUNS and time.perf_counter() < t0 + budget_s):
+      session.run(None, feed)
+      runs += 1
+    events = json.loads(Path(session.end_profiling()).read_text())
+  times: dict[str, list[float]] = {}
+  about: dict[str, dict] = {}
+  shapes = lambda ts: [next(iter(t.values())) for t in ts or []]
+  for e in events:
+    if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+      name = e["name"].removesuffix("_kernel_time")
+      times.setdefault(name, []).append(e["dur"] / 1e3)
+      args = e.get("args", {})
+      about[name] = {
+        "op": args.get("op_name", "?"),
+        "inputs": shapes(args.get("input_type_shape")),
+        "outputs": shapes(args.get("output_type_shape")),
+      }
+  # (the warm-up runs are profiled too: the median over all runs)
+  rows = [{"node": n, **about[n], "ms": float(np.median(t))} for n, t in times.items()]
+  total = sum(r["ms"] for r in rows) or 1.0
+  return sorted(({**r, "share": r["ms"] / total} for r in rows), key=lambda r: -r["ms"])
+
+
+def format_nodes(rows: list[dict], threads: int, top: int | None = None) -> str:
+  """onnxruntime_nodes as a table, slowest node first, and the nodes' sum."""
+  lines = [
+    f"onnxruntime, the same inputs ({threads} thread{'s' if threads > 1 else ''}, its session profiling, medians)",
+    f"{'share':>6} {'ms':>9}  {'op':<20} node: input shapes -> output shapes",
+  ]
+  for r in rows[:top]:
+    ins = ", ".join("x".join(map(str, s)) for s in r["inputs"])
+    outs = ", ".join("x".join(map(str, s)) for s in r["outputs"])
+    lines.append(f"{100 * r['share']:5.1f}% {r['ms']:9.3f}  {r['op']:<20} {r['node']}: {ins} -> {outs}")
+  if top is not None and len(rows) > top:
+    lines.append(f"  ... {len(rows) - top} more nodes")
+  lines.append(f"total {sum(r['ms'] for r in rows):.3f} ms in {len(rows)} nodes")
+  return "\n".join(lines)
