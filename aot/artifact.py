@@ -15,10 +15,17 @@ from aot.dim_size import size_of
 from aot.errors import ArtifactError
 from aot.scheduler.kernel import Buffer, Schedule
 
+# a model's name is its files' (NAMEConfig.cmake, libNAME.so) and its symbols' prefix: a longer one (a graph named by
+# an exporter after all its nodes) keeps this much and a hash of the rest, within a file name's 255 bytes
+C_NAME_MAX = 200
+
 
 def c_name(name: str) -> str:
   s = re.sub(r"\W", "_", name)
-  return s if s and not s[0].isdigit() else f"m_{s}"
+  s = s if s and not s[0].isdigit() else f"m_{s}"
+  if len(s) > C_NAME_MAX:
+    s = f"{s[: C_NAME_MAX - 9]}_{hashlib.sha256(s.encode()).hexdigest()[:8]}"
+  return s
 
 
 def api_type(dt: DType) -> str:

@@ -308,3 +308,21 @@ def test_the_newest_opset_and_other_domains_versions_still_compile():
   # com.microsoft's and a custom domain's versions are their owners' to define: the op table decides
   gelu = _relu([("", 18), ("com.microsoft", 1), ("my.domain", 99)], "Gelu", "com.microsoft")
   np.testing.assert_allclose(aot.load(aot.compile_model(gelu))(x), ort_run(gelu, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_graph_named_past_a_file_names_length_compiles(tmp_path):
+  """A graph named by its exporter after all its nodes (300 characters here, past the 255 bytes of a file name) is
+  compiled under a name cut to C_NAME_MAX with a hash of the rest: two such names stay apart, the files are written."""
+  from aot.artifact import C_NAME_MAX
+
+  x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+  names = []
+  for tail in "ab":
+    x_info, y_info = (oh.make_tensor_value_info(n, TP.FLOAT, [2, 3]) for n in "xy")
+    model = make([oh.make_node("Relu", ["x"], ["y"])], [x_info], [y_info])
+    model.graph.name = "relu_" * 59 + tail
+    art = aot.compile_model(model, out_dir=tmp_path / tail)
+    assert len(art.name) == C_NAME_MAX and (tmp_path / tail / f"lib{art.name}.so").exists()
+    np.testing.assert_array_equal(aot.load(art)(x), np.maximum(x, 0))
+    names.append(art.name)
+  assert names[0] != names[1]
