@@ -51,11 +51,11 @@ def run_suite(junit: str | None = None) -> dict[str, dict[str, str]]:
       )
     results: dict = {"c": {}, "llvm": {}}
     for tc in ET.parse(xml).getroot().iter("testcase"):
-      if "OnnxBackendNodeModelTest" not in tc.get("classname", ""):
+      # (one test per target and case: test_node_case[TARGET-CASE], and under xdist @ its chunk's group)
+      if not (m := re.fullmatch(r"test_node_case\[(\w+)-(\w+)\](@\w+)?", tc.get("name", ""))):
         continue
-      target = "llvm" if tc.get("classname").endswith("LLVM") else "c"
       bad = tc.find("failure") is not None or tc.find("error") is not None
-      results[target][tc.get("name").removesuffix("_cpu")] = "failed" if bad else "passed"
+      results[m[1]][m[2]] = "failed" if bad else "passed"
   return results
 
 
