@@ -520,6 +520,18 @@ def test_task_blocks_shrink_their_longer_side(target, tmp_path, whole_kernels):
   assert "aot_gemm g = {1, 49, 256, 2304, 8, 32, 16, 32," in (tmp_path / target / "src" / "model.c").read_text()
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_short_reduction_into_a_big_result_runs_tasks_of_whole_rows(target, tmp_path, whole_kernels):
+  # MobileNetV2's expansion, a 1x1 conv of 16 -> 96 channels over 112x112 (K = 16, C 4.8 MB): tasks of one tile of rows
+  # over a third of N each (36 of them), not 96 rows x 128 columns (98), which wrote C in runs of 512 bytes
+  from onnx import helper
+
+  node = helper.make_node("Conv", ["x", "w"], ["c"])
+  model = onnx_graph([node, helper.make_node("Relu", ["c"], ["y"])], {"x": (1, 16, 112, 112)}, {"w": f32(96, 16, 1, 1)})
+  check_against_onnxruntime(model, {"x": f32(1, 16, 112, 112)}, tmp_path, target)
+  assert "aot_gemm g = {1, 96, 12544, 16, 8, 32, 8, 4192," in (tmp_path / target / "src" / "model.c").read_text()
+
+
 POOLED_CONV = (  # a 1x1 conv's 64 x 32 x 32 result (256 KB) max-pooled 2x2 to 64 KB, the largest tensor, then a conv
   [
     ("Conv", ["x", "w1"], ["c"], {}),

@@ -62,6 +62,12 @@ MIN_TASKS = 32
 SWAP_GAIN = 100
 # block sizes in tiles: a B block (KC x nc floats per K slice) and the A tiles passing over it stay in L2
 NC_TILES, MC_TILES = 4, 32
+# ... but a contraction over at most SHORT_K steps of k (a 1x1 convolution of few channels) into a C of at least
+# SHORT_K_MIN_C elements writes C about as fast as it computes it: its tasks take one tile of rows over all of N (cut
+# into as few pieces as give MIN_TASKS), each writing its rows in long runs, where 96 rows x 128 columns a task wrote
+# 96 runs of 512 bytes. MobileNetV2 (expansions of K 16-64 into C up to 96 x 12544), interleaved: 1 thread 0.96-0.98,
+# 2 threads 0.94-0.96 of its time; a smaller C (MobileNetV3-small's) 1.5-3% slower, so left as it was
+SHORT_K, SHORT_K_MIN_C = 64, 1 << 18
 # a packed constant holds each element the operand reads once, plus tile padding (under 2x once the rows fill a tile);
 # one bigger than this many times the constants it is computed from repeats them, and is read at run time instead:
 # a weight gated by the output position, packed once per position (a text-detection model asked for 1 TB), or a
@@ -418,6 +424,9 @@ def blocks(c: Contraction, mr: int, nr: int, panel: int = 0) -> tuple[int, int]:
     return min(up(c.a.size, mr), MC_TILES * mr), panel
   mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.b.size, nr), NC_TILES * nr)
   tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
+  if c.K <= SHORT_K and c.B * c.a.size * c.b.size >= SHORT_K_MIN_C:
+    pieces = -(-MIN_TASKS // (c.B * -(-c.a.size // mr)))
+    return mr, up(-(-c.b.size // pieces), nr)
   # the longer side first: a task reads mc x K of A and K x nc of B for mc x nc x K multiply-adds, so square blocks
   # read the least (rows first had a swapped 7x7 conv's 49 rows in blocks of 8, each re-reading its 64 x 4608 block
   # of weights)
