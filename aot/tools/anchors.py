@@ -13,13 +13,16 @@ from pathlib import Path
 SPINNING = ("ort",)
 
 
-def ort_session(model, threads: int):
-  """An onnxruntime CPU session for the model on this many threads, as a user's default one runs them."""
+def ort_session(model, threads: int, profile_prefix: str | None = None):
+  """An onnxruntime CPU session for the model on this many threads, as a user's default one runs them; with
+  profile_prefix, one that profiles its nodes into a file named so (InferenceSession.end_profiling)."""
   import onnxruntime as ort
 
   ort.set_default_logger_severity(3)
   so = ort.SessionOptions()
   so.intra_op_num_threads = so.inter_op_num_threads = threads
+  if profile_prefix is not None:
+    so.enable_profiling, so.profile_file_prefix = True, profile_prefix
   data = model.SerializeToString() if not isinstance(model, (str, Path)) else str(model)
   return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 

@@ -96,9 +96,8 @@ def _compiled_cold(path: Path, shapes: dict, out_dir: Path):
 def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Path | None = None) -> list[dict]:
   """One row per model and size: the dynamic artifact's time over the static one's and over onnxruntime's, the
   kernel counts, and both compile times."""
-  import onnxruntime as ort
-
   import aot
+  from aot.tools.anchors import ort_session
   from aot.tools.bench import _time
 
   rows = []
@@ -110,9 +109,7 @@ def dynamic_rows(names: list[str], repeats: int, budget_s: float, models_dir: Pa
       path = _model_path(name, dims, Path(tmp), models_dir)
       folder = Path(tmp) / f"{name}_dyn".replace(":", "_").replace("+", "_")
       dyn_art, dyn_s = _compiled_cold(path, dict(zip(dims, ranges)), folder)
-      so = ort.SessionOptions()
-      so.intra_op_num_threads = so.inter_op_num_threads = 1
-      sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+      sess = ort_session(path, 1)
       with aot.load(dyn_art, threads=1) as dyn:
         for n in sizes:
           at = dict(zip(dims, n))

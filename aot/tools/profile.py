@@ -71,11 +71,7 @@ def profile_artifact(
       model(*xs)
     if read(handle, model.ffi.NULL, 0) != 0:
       raise RuntimeError(f"{art.name}_profile failed")
-    runs, t0 = 0, time.perf_counter()
-    while runs < MIN_RUNS or (runs < MAX_RUNS and time.perf_counter() < t0 + budget_s):
-      model(*xs)
-      runs += 1
-    wall = (time.perf_counter() - t0) / runs
+    runs, wall = _timed_runs(lambda: model(*xs), budget_s)
     if read(handle, sums, len(sums)) != 0:
       raise RuntimeError(f"{art.name}_profile failed")
   finally:
@@ -121,6 +117,15 @@ def profile_artifact(
     "cpu_all_ms": sum(r["cpu_all_ms"] for r in rows),
   }
   return p | thread_bound(p, BOUND_THREADS) if threads == 1 else p
+
+
+def _timed_runs(call, budget_s: float) -> tuple[int, float]:
+  """call() MIN_RUNS to MAX_RUNS times, more while they fit in budget_s: how many times, and the seconds per call."""
+  runs, t0 = 0, time.perf_counter()
+  while runs < MIN_RUNS or (runs < MAX_RUNS and time.perf_counter() < t0 + budget_s):
+    call()
+    runs += 1
+  return runs, (time.perf_counter() - t0) / runs
 
 
 def _items(art, xs: list[np.ndarray]) -> int:
@@ -247,26 +252,19 @@ def profile_and_report(
 
 
 def onnxruntime_nodes(model, inputs: list[np.ndarray], threads: int = 1, budget_s: float = 2.0) -> list[dict]:
-  """onnxruntime's time per node of its optimized graph (a default session's, these threads), run on these inputs
-  with its session profiling after warm-up: per node its op, name, input and output shapes, the median of its times
-  in ms and its share of the nodes' sum, slowest first. model: a ModelProto or a path."""
+  """onnxruntime's time per node of its optimized graph (the bench's session: aot/tools/anchors.py ort_session), run
+  on these inputs with its session profiling after warm-up: per node its op, name, input and output shapes, the
+  median of its times in ms and its share of the nodes' sum, slowest first. model: a ModelProto or a path."""
   import tempfile
 
-  import onnxruntime as ort
+  from aot.tools.anchors import ort_session
 
   with tempfile.TemporaryDirectory(prefix="ort_profile_") as tmp:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.enable_profiling, so.profile_file_prefix = True, str(Path(tmp) / "ort")
-    source = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
-    session = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+    session = ort_session(model, threads, profile_prefix=str(Path(tmp) / "ort"))
     feed = {i.name: x for i, x in zip(session.get_inputs(), inputs)}
     for _ in range(WARMUP_RUNS):
       session.run(None, feed)
-    runs, t0 = 0, time.perf_counter()
-    while runs < MIN_RUNS or (runs < MAX_RUNS and time.perf_counter() < t0 + budget_s):
-      session.run(None, feed)
-      runs += 1
+    _timed_runs(lambda: session.run(None, feed), budget_s)
     events = json.loads(Path(session.end_profiling()).read_text())
   times: dict[str, list[float]] = {}
   about: dict[str, dict] = {}

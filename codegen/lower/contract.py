@@ -422,11 +422,11 @@ def blocks(c: Contraction, mr: int, nr: int, panel: int = 0) -> tuple[int, int]:
   up = lambda n, t: -(-n // t) * t
   if panel:
     return min(up(c.a.size, mr), MC_TILES * mr), panel
-  mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.b.size, nr), NC_TILES * nr)
-  tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
   if c.K <= SHORT_K and c.B * c.a.size * c.b.size >= SHORT_K_MIN_C:
     pieces = -(-MIN_TASKS // (c.B * -(-c.a.size // mr)))
     return mr, up(-(-c.b.size // pieces), nr)
+  mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.b.size, nr), NC_TILES * nr)
+  tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
   # the longer side first: a task reads mc x K of A and K x nc of B for mc x nc x K multiply-adds, so square blocks
   # read the least (rows first had a swapped 7x7 conv's 49 rows in blocks of 8, each re-reading its 64 x 4608 block
   # of weights)
