@@ -73,6 +73,16 @@ def _run_alone(target: str, name: str) -> list:
   return [rep.run([_normalize_tensor(x) for x in inputs]) for inputs, _ in case.data_sets]
 
 
+def _merged(chunk: str):
+  """The chunk's cases side by side in one model, case i's names prefixed c{i}_ (inputs, outputs, nodes, weights)."""
+  merged = None
+  for i, name in enumerate(CHUNKS[chunk]):
+    part = compose.add_prefix(CASES[name].model, f"c{i}_")
+    merged = part if merged is None else compose.merge_models(merged, part, io_map=[])
+  merged.graph.name = chunk
+  return merged
+
+
 @functools.lru_cache(maxsize=None)
 def _chunk_outputs(target: str, chunk: str) -> dict[str, list] | None:
   """Each case's outputs (one data set) from its chunk compiled as one model; None where that model does not compile
@@ -80,11 +90,7 @@ def _chunk_outputs(target: str, chunk: str) -> dict[str, list] | None:
   names = CHUNKS[chunk]
   if len(names) == 1:
     return None
-  merged = None
-  for i, name in enumerate(names):
-    part = compose.add_prefix(CASES[name].model, f"c{i}_")
-    merged = part if merged is None else compose.merge_models(merged, part, io_map=[])
-  merged.graph.name = chunk
+  merged = _merged(chunk)
   feed = {}
   for i, name in enumerate(names):
     (inputs, _), graph = CASES[name].data_sets[0], CASES[name].model.graph
@@ -117,8 +123,9 @@ def test_every_case_onnx_ships_is_run_or_excluded_by_name():
   excluded = [n for n in everything if any(re.search(p, n) for p, _ in EXCLUDED)]
   assert sorted(CASES) == sorted(set(everything) - set(excluded)) and len(CASES) > 1700
   assert sorted(CHUNK_OF) == sorted(CASES) and max(len(n) for n in CHUNKS.values()) == CHUNK
-  names = next(n for n in CHUNKS.values() if len(n) > 1)
-  merged = [compose.add_prefix(CASES[n].model, f"c{i}_") for i, n in enumerate(names)]
-  io = [v.name for m in merged for v in [*m.graph.input, *m.graph.output]]
-  own = sum(len(CASES[n].model.graph.input) + len(CASES[n].model.graph.output) for n in names)
-  assert len(io) == len(set(io)) == own
+  chunk, names = next((c, n) for c, n in CHUNKS.items() if len(n) > 1)
+  graph = _merged(chunk).graph
+  io = [v.name for v in [*graph.input, *graph.output]]
+  cases = [CASES[n].model.graph for n in names]
+  own = [f"c{i}_{v.name}" for i, g in enumerate(cases) for v in [*g.input, *g.output]]
+  assert len(io) == len(set(io)) and sorted(io) == sorted(own)
