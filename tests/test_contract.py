@@ -419,6 +419,21 @@ def test_b_read_in_place_is_prefetched_and_panels_are_not(tmp_path):
   assert "_pack" in body and ".stream_b" not in body
 
 
+def test_b_no_longer_than_the_prefetchs_reach_is_not_prefetched(tmp_path):
+  # a 1x1 convolution over 64 channels reads B in place over 64 steps of k: a prefetch STREAM_AHEAD steps ahead would
+  # only fetch rows past the tile's (ResNet-50's expansions: 4% faster without); over 65 it prefetches
+  from aot.codegen.lower.microkernel import STREAM_AHEAD
+
+  sources = []
+  for k in (STREAM_AHEAD, STREAM_AHEAD + 1):
+    x, w = f32(1, k, 56, 56), f32(256, k, 1, 1)
+    art = aot.compile_model(lambda x: x.conv2d(Tensor(w)), [x], out_dir=tmp_path / str(k))
+    sources.append((art.dir / "src" / "model.c").read_text())
+    close(aot.load(art)(x), np.einsum("ok,bkhw->bohw", w[:, :, 0, 0].astype(np.float64), x.astype(np.float64)))
+  assert "aot_gemm g" in sources[0] and ".stream_b" not in sources[0]
+  assert ".stream_b = 1" in sources[1]
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_one_panel_splits_its_rows_between_threads(target, tmp_path):
   # a window matrix of one panel (the CRNN's 256x4x40 3x3 convs: 160 columns, whole tiles) was one task, run on one
