@@ -42,7 +42,7 @@ from aot.codegen.lower.contract import (
   result_index,
 )
 from aot.codegen.lower.microkernel import render_steps
-from aot.codegen.lower.window import Window, padded_window
+from aot.codegen.lower.window import Window, padded_window, runtime_load
 from aot.codegen.render.linearize import flop_count
 from aot.core.dtype import dtypes
 from aot.core.interpret import evaluate_grid
@@ -96,19 +96,6 @@ class Depthwise:
     return self.planes * self.win.taps
 
 
-def _runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
-  """The load under WHERE(gate, ., 0) wrappers, and every gate on the way (the value is 0 where one is false)."""
-  gates = []
-  while expr.op is Ops.WHERE and expr.src[2].op is Ops.CONST and expr.src[2].arg == 0:
-    gates.append(expr.src[0])
-    expr = expr.src[1]
-  if expr.op is not Ops.LOAD:
-    return None
-  if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True):
-    gates.append(expr.src[2])
-  return expr, gates
-
-
 def _multiplier_rows(c: Contraction) -> tuple[UOp, ...] | None:
   """The ranges a filter side may have as rows: none, or with a channel multiplier (output channel o reads input
   channel o // m) the filter index o % m of the output channel split into (group, filter): () when there is no
@@ -151,7 +138,7 @@ def match_depthwise(c: Contraction, bufs: list) -> dict | None:
     return None
   if any(bufs[u.src[0].arg].kind != "const" for u in filt.expr.toposort() if u.op is Ops.LOAD):
     return None
-  found = _runtime_load(image.expr)
+  found = runtime_load(image.expr)
   if found is None:
     return None
   load, gates = found

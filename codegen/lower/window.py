@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aot.core.interpret import evaluate_grid
-from aot.core.ir import UOp, ranges_of
+from aot.core.ir import Ops, UOp, ranges_of
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,16 @@ def padded_window(
   if not np.array_equal(mask, row_ok[ih][:, :, None, None] & col_ok[iw][None, None, :, :]):
     return None
   return Window(H, W, KH, KW, SH, SW, PH, PW, OH, OW, DH, DW)
+
+
+def runtime_load(expr: UOp) -> tuple[UOp, list[UOp]] | None:
+  """The load under WHERE(gate, ., 0) wrappers, and every gate on the way (the value is 0 where one is false)."""
+  gates = []
+  while expr.op is Ops.WHERE and expr.src[2].op is Ops.CONST and expr.src[2].arg == 0:
+    gates.append(expr.src[0])
+    expr = expr.src[1]
+  if expr.op is not Ops.LOAD:
+    return None
+  if not (expr.src[2].op is Ops.CONST and expr.src[2].arg is True):
+    gates.append(expr.src[2])
+  return expr, gates
