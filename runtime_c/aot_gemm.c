@@ -97,12 +97,13 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
   return s->p ? s->p + (long)b * s->batch + (long)m * s->m + (long)n * s->n : &s->value;
 }
 
-/* the microkernel's step k (inside it, MR, NR and AHEAD its own): B's row k times A's column k, row i's element AV,
-   into the accumulators; B prefetched AHEAD steps ahead, and A where A_AHEAD (packed in tiles: ak * AHEAD further) */
-#define MICRO_STEP(MR, NR, AHEAD, AV, A_AHEAD)                                                             \
+/* the microkernel's step k (inside it, MR, NR and AHEAD its own): B's row k (at BROW) times A's column k, row i's
+   element AV, into the accumulators; B prefetched AHEAD steps ahead, and A where A_AHEAD (packed in tiles: ak * AHEAD
+   further) */
+#define MICRO_STEP(MR, NR, AHEAD, BROW, AV, A_AHEAD)                                                       \
   do {                                                                                                     \
     vec_t bv[NV];                                                                                          \
-    AOT_UNROLL(4) for (int j = 0; j < NV; j++) bv[j] = *(const vec_t *)(b + k * bk + j * VW);              \
+    AOT_UNROLL(4) for (int j = 0; j < NV; j++) bv[j] = *(const vec_t *)((BROW) + j * VW);                  \
     if (AHEAD) AOT_UNROLL(2) for (int j = 0; j < NR; j += 16) __builtin_prefetch(b + (k + AHEAD) * bk + j); \
     if (AHEAD && (A_AHEAD)) __builtin_prefetch(a + (k + AHEAD) * ak);                                      \
     /* scalar * vector broadcasts the scalar straight from memory (0 + a would be an add: -0 + 0 is not -0) */ \
@@ -123,11 +124,12 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
    With g set, the tile is final: g's steps for C's element (gb, gm, gn) at the tile's corner are applied before it is
    stored (the caller checks they can be: their operands are read for the whole tile). AHEAD (0: none) prefetches B
    that many steps of k ahead, and A where it is packed in tiles (weights: ar == 1), STREAM_AHEAD (a prefetch past an
-   operand's end does not fault). */
-#define MICROKERNEL(NAME, MR, NR, V, EDGE, AHEAD)                                                         \
+   operand's end does not fault). The WINDOW variant reads B's row k at b + koff[k] (aot_gemm.koff) and A packed in
+   tiles, every row of a tile (zero past M). */
+#define MICROKERNEL(NAME, MR, NR, V, EDGE, AHEAD, WINDOW)                                                 \
   static void NAME(int kc, const float *restrict a, long ar, long ak, const float *restrict b, long bk,    \
                    float *restrict c, long ldc, int mr, int nr, int accumulate, const aot_gemm *g, int gb,   \
-                   int gm, int gn) {                                                                       \
+                   int gm, int gn, const int *restrict koff) {                                             \
     enum { VW = (int)(sizeof(V) / sizeof(float)), NV = NR / VW, TILE_MR = MR };                            \
     typedef V vec_t;                                                                                       \
     V acc[MR][NV];                                                                                         \
@@ -142,10 +144,12 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
     }                                                                                                      \
     /* A packed in tiles (weights) has constant offsets: that loop unrolled reads it without the generic one's index \
        arithmetic, which nearly filled the front end (a 3x3 convolution's 64 x 1760 x 144: 151 -> 162 GFLOP/s) */  \
-    if (ar == 1 && ak == MR && mr == MR)                                                                   \
-      AOT_UNROLL(4) for (int k = 0; k < kc; k++) MICRO_STEP(MR, NR, AHEAD, a[k * MR + i], 1);              \
+    if (WINDOW)                                                                                            \
+      AOT_UNROLL(4) for (int k = 0; k < kc; k++) MICRO_STEP(MR, NR, 0, b + koff[k], a[k * MR + i], 0);      \
+    else if (ar == 1 && ak == MR && mr == MR)                                                              \
+      AOT_UNROLL(4) for (int k = 0; k < kc; k++) MICRO_STEP(MR, NR, AHEAD, b + k * bk, a[k * MR + i], 1);  \
     else                                                                                                   \
-      for (int k = 0; k < kc; k++) MICRO_STEP(MR, NR, AHEAD, ai[i][k * ak], ar == 1);                      \
+      for (int k = 0; k < kc; k++) MICRO_STEP(MR, NR, AHEAD, b + k * bk, ai[i][k * ak], ar == 1);          \
     if (g) { TILE_STEPS }                                                                                  \
     AOT_UNROLL(16) for (int i = 0; i < MR; i++)                                                            \
       AOT_UNROLL(4) for (int j = 0; j < NV; j++) {                                                         \
@@ -155,34 +159,37 @@ static inline const float *step_at(const aot_gemm_step *s, int b, int m, int n) 
   }
 
 /* 6 x 16 with 8-float vectors: 12 accumulators fit AVX2's 16 registers (and NEON's 32 as 24 halves) */
-MICROKERNEL(microkernel_6x16, 6, 16, v8, 0, 0)
-MICROKERNEL(microkernel_6x16_edge, 6, 16, v8, 1, 0)
-MICROKERNEL(microkernel_6x16_stream, 6, 16, v8, 0, STREAM_AHEAD)
+MICROKERNEL(microkernel_6x16, 6, 16, v8, 0, 0, 0)
+MICROKERNEL(microkernel_6x16_edge, 6, 16, v8, 1, 0, 0)
+MICROKERNEL(microkernel_6x16_stream, 6, 16, v8, 0, STREAM_AHEAD, 0)
+MICROKERNEL(microkernel_6x16_window, 6, 16, v8, 0, 0, 1)
 #if defined(__AVX512F__)
 /* 8 x 32 with 16-float vectors: 16 accumulators + 2 B vectors + 1 broadcast fit AVX-512's 32 registers */
-MICROKERNEL(microkernel_8x32, 8, 32, v16, 0, 0)
-MICROKERNEL(microkernel_8x32_edge, 8, 32, v16, 1, 0)
-MICROKERNEL(microkernel_8x32_stream, 8, 32, v16, 0, STREAM_AHEAD)
+MICROKERNEL(microkernel_8x32, 8, 32, v16, 0, 0, 0)
+MICROKERNEL(microkernel_8x32_edge, 8, 32, v16, 1, 0, 0)
+MICROKERNEL(microkernel_8x32_stream, 8, 32, v16, 0, STREAM_AHEAD, 0)
+MICROKERNEL(microkernel_8x32_window, 8, 32, v16, 0, 0, 1)
 /* an edge tile of at most 16 columns on the 8 x 32 path: half the work of a full tile (a 13x13 image's 169 columns
    end in 9, which the full tile computed 32 of; the sums, k ascending, are the same) */
-MICROKERNEL(microkernel_8x16_edge, 8, 16, v16, 1, 0)
+MICROKERNEL(microkernel_8x16_edge, 8, 16, v16, 1, 0, 0)
 #else
 /* the 8 x 32 tile is AVX-512's alone (codegen/lower/contract.py gemm_tile): elsewhere it is never called, and gcc
    split its 16-float vectors into quarters for long: 41 of the 45 s of an aarch64 build of this file, 13 of 18 s of
    an x86-64-v2 one. A call would trap */
 static void microkernel_8x32(int K, const float *a, long ar, long ak, const float *b, long bk, float *c, long ldc,
-                             int mr, int nr, int acc, const aot_gemm *g, int bb, int m, int n) {
+                             int mr, int nr, int acc, const aot_gemm *g, int bb, int m, int n, const int *koff) {
   (void)K, (void)a, (void)ar, (void)ak, (void)b, (void)bk, (void)c, (void)ldc, (void)mr, (void)nr, (void)acc;
-  (void)g, (void)bb, (void)m, (void)n;
+  (void)g, (void)bb, (void)m, (void)n, (void)koff;
   __builtin_trap();
 }
 #define microkernel_8x32_edge microkernel_8x32
 #define microkernel_8x32_stream microkernel_8x32
 #define microkernel_8x16_edge microkernel_8x32
+#define microkernel_8x32_window microkernel_8x32
 #endif
 
 typedef void (*microkernel_fn)(int, const float *, long, long, const float *, long, float *, long, int, int, int,
-                               const aot_gemm *, int, int, int);
+                               const aot_gemm *, int, int, int, const int *);
 
 /* M = 1 (a batch-1 fully connected layer): c[0, NR) = sum over k of a[k * ak] * b[k * bk + (0, NR)], reading each
    element of B once (the microkernel would fill 1 of its MR rows, compute-bound at MR x the work). The sum runs in
@@ -303,6 +310,47 @@ static const float *at(const aot_operand *o, int b, int row, int R) {
   return o->p + b * o->batch + (long)(row / R) * o->tile + (long)(row % R) * o->row;
 }
 
+/* A window read from a padded copy (aot_gemm.koff) at copy, its column n0 first, over C's rows [m_lo, m_hi) and the
+   microkernel's columns [n0, n1): each tile over all of K (its partial sums never leave the registers), whole (A is
+   packed in tiles, zero past M, and the copy readable past its last column), into C where the tile lies in one of its
+   rows, else into a tile on the stack of which each of the copy's rows' first `narrow` columns are stored where C has
+   them. With fuse, a tile of whole rows goes through the steps (one value or one per row: they do not read by column)
+   before it is stored; else they run on the stored columns. */
+static void window_rows(const aot_gemm *g, const float *copy, int m_lo, int m_hi, int n0, int n1, float *c, long ldc,
+                        int fuse) {
+  const int b = 0;
+  const int MR = g->mr, NR = g->nr;
+  const microkernel_fn micro = MR == 8 ? microkernel_8x32_window : microkernel_6x16_window;
+  float tile[8 * 32] __attribute__((aligned(64)));
+  for (int n = n0; n < n1; n += NR) {
+    /* the tile's columns in runs of one row of the copy: from, to C's column to, len (wide >= 8: at most 5 runs) */
+    int from[5], to[5], len[5], runs = 0;
+    for (int j = 0, nr = min(n1 - n, NR); j < nr;) {
+      const int col = (n + j) % g->wide, run = min(nr - j, g->wide - col);
+      if (col < g->narrow) {
+        from[runs] = j, to[runs] = (n + j) / g->wide * g->narrow + col, len[runs++] = min(run, g->narrow - col);
+      }
+      j += run;
+    }
+    for (int m = m_lo; m < m_hi; m += MR) {
+      const int mr = min(m_hi - m, MR), steps = fuse && mr == MR;
+      const float *a_ = at(&g->a, b, m, MR), *b_ = copy + (n - n0);
+      /* (a tile of whole rows inside one of C's rows is stored there) */
+      const int direct = mr == MR && runs == 1 && len[0] == NR;
+      float *ct = direct ? c + (long)m * ldc + to[0] : tile;
+      micro(g->K, a_, g->a.row, g->a.k, b_, 0, ct, direct ? ldc : NR, MR, NR, 0, steps ? g : NULL, b, m, n, g->koff);
+      for (int r = 0; r < runs && !direct; r++)
+        for (int i = 0; i < mr; i++) {
+          float *restrict d = c + (long)(m + i) * ldc + to[r];
+          const float *s = tile + i * NR + from[r];
+          for (int l = 0; l < len[r]; l++) d[l] = s[l];
+        }
+      if (g->nsteps && !steps)
+        for (int r = 0; r < runs; r++) apply_steps(g, b, m, to[r], mr, len[r], c + (long)m * ldc + to[r], ldc);
+    }
+  }
+}
+
 void aot_gemm_run(void *ctx, int start, int end) {
   /* tasks are taken from a shared counter, not from [start, end): blocks at the edges are smaller, and a fixed split
      would leave one thread waiting (each task computes its block whole, so results do not depend on who takes it);
@@ -339,6 +387,10 @@ void aot_gemm_run(void *ctx, int start, int end) {
     if (m_lo >= m_hi) continue;
     if (g->pack) g->pack(g->pack_args, panel, p);
     float *c = g->c + (long)b * (g->ldcb ? g->ldcb : g->M * ldc);
+    if (g->koff) {
+      window_rows(g, panel, m_lo, m_hi, n0, n1, c, ldc, vector_steps && !column_steps);
+      continue;
+    }
     /* one row of A, and B a packed constant (lanes contiguous, whole tiles): the GEMV, over all of K at once */
     if (!g->pack && g->M == 1 && g->b.row == 1 && g->b.padded) {
       for (int n = n0; n < n1; n += NR) {
@@ -380,7 +432,7 @@ void aot_gemm_run(void *ctx, int start, int end) {
               const int fuse = last && vector_steps && mr == MR && (nr == NR || !column_steps);
               const microkernel_fn f = mr == MR && nr == NR ? micro : nr <= 16 && MR == 8 ? microkernel_8x16_edge
                                        : MR == 8 ? microkernel_8x32_edge : microkernel_6x16_edge;
-              f(kan, a_, ar, ak, b_, bk, ct, ldc, mr, nr, ka > 0, fuse ? g : NULL, b, m, n);
+              f(kan, a_, ar, ak, b_, bk, ct, ldc, mr, nr, ka > 0, fuse ? g : NULL, b, m, n, NULL);
               if (last && !fuse) apply_steps(g, b, m, n, mr, nr, ct, ldc);
             }
           }

@@ -59,6 +59,11 @@ typedef struct {
   int slices;                  /* a packing call's slices (aot_parallel's count; 0 or 1: one) */
   long ldcb;                   /* C's batch stride (0: M*ldc; more when M is a run-time size below the bound) */
   int stream_b;                /* B is read in place, maybe from memory as it goes: prefetched ahead */
+  const int *koff;             /* B's row k at koff[k] + its column in its panel (b.k unused): a convolution's window
+                                  read from a padded copy of its input (pack writes it), the taps' offsets there, the
+                                  panel's first column at its start; A packed in tiles, batch 1 */
+  int wide, narrow;            /* ... the microkernel's columns in rows of `wide` (the copy's), of which C has the
+                                  first `narrow` (the output's row), C's row holding those alone */
 } aot_gemm;
 __attribute__((visibility("hidden"))) int aot_gemm_tasks(const aot_gemm *g);
 __attribute__((visibility("hidden"))) void aot_gemm_run(void *g, int start, int end);

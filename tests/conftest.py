@@ -52,6 +52,15 @@ def compiled_model(tmp_path_factory):
 
 
 @pytest.fixture
+def taps_copy(monkeypatch):
+  """Convolutions compiled under this fixture copy their windows out tap by tap (im2col, whole or in panels) whatever
+  their output channels: the few-channel ones these tests use read a padded copy in place (columns.padded_copy)."""
+  import aot.codegen.lower.columns
+
+  monkeypatch.setattr(aot.codegen.lower.columns, "WINDOW_ROWS", 0)
+
+
+@pytest.fixture
 def split_every_kernel(monkeypatch):
   """Artifacts compiled under this fixture split every kernel with an outer loop across the pool, however little work
   it does (the thresholds in codegen/lower/stage.py are about speed): small, odd shapes then test the split itself."""

@@ -223,6 +223,7 @@ PADDED_CONVS = [
 ]
 
 
+@pytest.mark.usefixtures("taps_copy")
 @pytest.mark.parametrize("kernel, stride, pads, size", PADDED_CONVS)
 def test_a_padded_conv_pack_runs_its_rows_in_pieces_bounded_by_the_taps(kernel, stride, pads, size, tmp_path):
   # the pack's gate on an input column, ow*stride + kw - pad >= 0 (and < W + pad), changes where the tap kw says: the
@@ -279,6 +280,7 @@ def test_a_narrow_maps_pack_runs_its_rows_in_pieces(tmp_path):
     check_against_onnxruntime(model, {"x": x}, tmp_path, target)
 
 
+@pytest.mark.usefixtures("taps_copy")
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_panel_pack_masks_its_rows_tail(target, tmp_path):
   # a 3x3 conv over 8x40x40 packs B in panels of 4 rows of 40: in C, the 40-wide row's interior (38 to 40 long, its

@@ -336,7 +336,8 @@ def test_grouped_conv_is_a_batch_over_groups(groups, target, tmp_path):
 @pytest.mark.parametrize("target", TARGETS)
 def test_concat_branches_share_one_window_copy(target, tmp_path):
   # two 3x3 convolutions of one input, concatenated: the input's windows (im2col) are written once for both branches
-  w1, w2, x = f32(24, 16, 3, 3), f32(48, 16, 3, 3), f32(1, 16, 12, 12)
+  # (of more output channels than read a padded copy in place: columns.WINDOW_ROWS)
+  w1, w2, x = f32(72, 16, 3, 3), f32(96, 16, 3, 3), f32(1, 16, 12, 12)
   fn = lambda x: Tensor.cat([x.conv2d(Tensor(w1), padding=1).relu(), x.conv2d(Tensor(w2), padding=1)], 1)
   out, (x,), gemms, kernels = compiled(fn, [x], tmp_path, target, name="m")
   close(out, np.concatenate([np.maximum(conv_ref(x, w1, padding=1), 0), conv_ref(x, w2, padding=1)], 1))
@@ -475,7 +476,7 @@ def test_strided_panel_pack_runs_its_rows_unmasked(pads, target, tmp_path):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("pool", [(2, 1), (2, 2)], ids=["2x1", "2x2"])
-def test_pooled_conv_packs_whole_rows(pool, target, tmp_path, whole_kernels):
+def test_pooled_conv_packs_whole_rows(pool, target, tmp_path, whole_kernels, taps_copy):
   # a conv whose max pool runs over its result (C a scratch the kernel pools): B's columns go by their step in the
   # input, so the pool's window rows are not innermost and the copy's inner loop runs along a whole input row (the
   # CRNN's conv + 2x1 pools: a copy loop of 2 innermost, 0.85 -> 0.73 ms for its 256x160x2304 layer)
@@ -505,7 +506,7 @@ def test_pooled_conv_packs_whole_rows(pool, target, tmp_path, whole_kernels):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_long_reduction_keeps_wide_panels(target, tmp_path):
+def test_long_reduction_keeps_wide_panels(target, tmp_path, taps_copy):
   # K = 2304 > GEMM_KC: only a K slice of the panel has to sit in L2, so a 28x28 image is packed in panels of 8 rows
   # (224 columns, 7 whole tiles), not of 1 row (28 columns: the weights streamed past every 28 columns)
   from onnx import helper

@@ -31,11 +31,13 @@ import numpy as np
 from aot.codegen.lower.columns import (
   PANEL_MAX_BYTES,
   CompactPanel,
+  PaddedCopy,
   compact_columns,
   compact_panel_operand,
   compact_rows,
   compact_size,
   dense_operand,
+  padded_copy,
   panel_cut,
   panel_operand,
   panel_rows,
@@ -122,6 +124,8 @@ class Contraction:
   back: tuple[tuple[UOp, UOp], ...] = ()
   # (kernel range, start, end): outside this slice of an output range the accumulator is zero (a concat's branch)
   bounds: tuple[tuple[UOp, int, int], ...] = ()
+  # B read in place from a padded copy of a convolution's input (columns.padded_copy)
+  window: PaddedCopy | None = None
 
   @property
   def B(self) -> int:
@@ -130,6 +134,11 @@ class Contraction:
   @property
   def K(self) -> int:
     return prod(r.size for r in self.k)
+
+  @property
+  def N(self) -> int:
+    """The microkernel's columns: B's, or a padded copy's rows of them (PaddedCopy.columns)."""
+    return self.window.columns if self.window is not None else self.b.size
 
   @property
   def compact(self) -> bool:
@@ -422,11 +431,11 @@ def blocks(c: Contraction, mr: int, nr: int, panel: int = 0) -> tuple[int, int]:
   up = lambda n, t: -(-n // t) * t
   if panel:
     return min(up(c.a.size, mr), MC_TILES * mr), panel
-  if c.K <= SHORT_K and c.B * c.a.size * c.b.size >= SHORT_K_MIN_C:
+  if c.K <= SHORT_K and c.B * c.a.size * c.N >= SHORT_K_MIN_C:
     pieces = -(-MIN_TASKS // (c.B * -(-c.a.size // mr)))
-    return mr, up(-(-c.b.size // pieces), nr)
-  mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.b.size, nr), NC_TILES * nr)
-  tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.b.size // nc)
+    return mr, up(-(-c.N // pieces), nr)
+  mc, nc = min(up(c.a.size, mr), MC_TILES * mr), min(up(c.N, nr), NC_TILES * nr)
+  tasks = lambda: c.B * -(-c.a.size // mc) * -(-c.N // nc)
   # the longer side first: a task reads mc x K of A and K x nc of B for mc x nc x K multiply-adds, so square blocks
   # read the least (rows first had a swapped 7x7 conv's 49 rows in blocks of 8, each re-reading its 64 x 4608 block
   # of weights)
@@ -454,6 +463,9 @@ class Operand:
   panel: tuple[int, int] = (0, 0)
   # ... of compact columns (Contraction.compact): as the run's size shapes it, panel the most columns it holds
   compact: CompactPanel | None = None
+  # B's row k at koff[k] + its column in the panel (a convolution's window read from a padded copy of its input rows
+  # that the task packs: Contraction.window)
+  koff: tuple[int, ...] = ()
 
 
 # the ops of an epilogue step the microkernel applies to each finished tile (aot_gemm_step in runtime_c/aot_gemm.h)
@@ -503,7 +515,7 @@ class Gemm:
     runtime cuts a panel's rows into groups when threads outnumber the panels: runtime_c/aot_gemm.c panel_groups)."""
     c, (mc, nc) = self.c, self.block
     rows = -(-c.a.size // self.tile[0]) if self.b.pack is not None else -(-c.a.size // mc)
-    return c.B * -(-c.b.size // nc) * rows
+    return c.B * -(-c.N // nc) * rows
 
 
 def _constants(side: Side, bufs: list) -> dict[int, np.ndarray] | None:
@@ -535,7 +547,10 @@ def _source_bytes(side: Side, bufs: list) -> int:
 
 def operand_form(c: Contraction, side: Side, is_b: bool, R: int, bufs: list) -> str:
   """The cheapest form of one operand (module docstring): "packed" (a constant), "view" (read where it lies),
-  "panels" (B copied a panel at a time into its thread's buffer) or "dense" (copied whole into the arena)."""
+  "panels" (B copied a panel at a time into its thread's buffer), "dense" (copied whole into the arena) or "window"
+  (a convolution's input copied padded, read tap by tap: Contraction.window)."""
+  if is_b and c.window is not None:
+    return "window"
   consts = _constants(side, bufs)
   # (compact columns are laid out at the run's size, which a constant packed at compile time is not)
   if consts is not None and _packs(c, side, R, list(consts.values())) and not (is_b and c.compact):
@@ -554,6 +569,10 @@ def operand_form(c: Contraction, side: Side, is_b: bool, R: int, bufs: list) -> 
 def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slot, make_buffer) -> Operand:
   """The operand in its form (operand_form)."""
   form = operand_form(c, side, is_b, R, bufs)
+  if form == "window":
+    # (a panel's copy, its columns whole rows of Wp: PaddedCopy)
+    columns = c.window.rows * c.window.wide
+    return Operand(-1, 0, (0, R, 1, 0), True, pack=c.window.pad, panel=(columns, columns), koff=c.window.koff)
   if form == "packed":
     packed = evaluate_operand(c, side, R, _constants(side, bufs))
     return Operand(new_slot(make_buffer("const", packed)), 0, (packed[0].size, c.K * R, 1, R), True)
@@ -632,12 +651,24 @@ def fused_steps(ast: UOp, g: Gemm, written: set[int] = frozenset()) -> tuple[Ste
 
 
 def lowerable_contractions(ast: UOp, bufs: list, tile: tuple[int, int]) -> list[Contraction]:
-  """The kernel's contractions whose operands can be formed without copying a constant many times over (_bounded)."""
+  """The kernel's contractions whose operands can be formed without copying a constant many times over (_bounded),
+  each with B read from a padded copy of its input where that pays (_windowed)."""
   return [
-    c
+    _windowed(c, bufs, tile)
     for c in find_contractions(ast, tile)
     if _bounded(c, c.a, False, tile[0], bufs) and _bounded(c, c.b, True, tile[1], bufs)
   ]
+
+
+def _windowed(c: Contraction, bufs: list, tile: tuple[int, int]) -> Contraction:
+  """The contraction reading B from a padded copy of a convolution's input (columns.padded_copy) where B would be
+  copied tap by tap and A is packed weights (the microkernel reads them so then), else as it is."""
+  if operand_form(c, c.b, True, tile[1], bufs) not in ("panels", "dense"):
+    return c
+  if operand_form(c, c.a, False, tile[0], bufs) != "packed":
+    return c
+  window = padded_copy(c, bufs, tile[1])
+  return c if window is None else replace(c, window=window)
 
 
 def _copy_key(c: Contraction, side: Side, is_b: bool) -> tuple:

@@ -16,7 +16,7 @@ def gemm_task_work(g: Gemm) -> list[int]:
   """The multiply-adds of each of a contraction's tasks (Gemm.tasks) in the order aot_gemm_run hands them out
   (runtime_c/aot_gemm.c: m blocks innermost, or a panel's row tiles): the blocks at the edges are smaller."""
   c, (mc, nc) = g.c, g.block
-  M, N = c.a.size, c.b.size
+  M, N = c.a.size, c.N
   cols = [min(nc, N - n0) for n0 in range(0, N, nc)]
   step = mc if g.b.pack is None else g.tile[0]
   rows = [min(step, M - m0) for m0 in range(0, M, step)]
@@ -168,6 +168,7 @@ class GemmCall(Call):
   def render(self, arg, tramps: dict) -> str:
     g, c, f = self.gemm, self.gemm.c, self.items
     batch, rows, cols, depth = str(c.B), self._size(c.a.rows), self._size(c.b.rows), self._size(c.k)
+    cols = str(c.N) if c.window is not None else cols
     if f is not None:
       batch, rows = ("1", f"(int)n_ * {rows}") if f.rows else ("(int)n_", rows)
     sized = any(r.runtime for r in (*c.a.rows, *c.b.rows, *c.k))
@@ -194,6 +195,12 @@ class GemmCall(Call):
     # C's rows as far apart as the output's (a last-axis concat's branch written in place)
     tail += f", .ldc = {g.ldc}" if g.ldc else ""
     tail += ", .stream_b = 1" if streams_b(g) else ""
+    if c.window is not None:
+      # a window's taps, read in place from a padded copy of the input (Operand.koff), in rows of columns wide, of
+      # which C has the first OW, its rows as far apart as its own (N is the microkernel's columns, wide per row)
+      steps = f"static const int k_[] = {{{', '.join(map(str, g.b.koff))}}}; " + steps
+      tail += f", .koff = k_, .wide = {c.window.wide}, .narrow = {c.window.narrow}"
+      tail += "" if g.ldc else f", .ldc = {c.b.size}"
     if sized:
       # (at a run-time size C's rows and batches lie as at the bound, not n_ apart)
       # (compact columns, contract.Contraction.compact: C's rows a run's columns apart)
@@ -251,7 +258,8 @@ class GemmLowered(Lowered):
     return super().reads() | globals_read(asts) | {o.slot for g in self.gemms for o in (g.a, g.b) if o.pack is None}
 
   def panel_floats(self) -> int:
-    return max([g.c.K * g.b.panel[1] for g in self.gemms], default=0)
+    # (a padded copy's panel: PaddedCopy.floats)
+    return max([g.c.window.floats if g.c.window else g.c.K * g.b.panel[1] for g in self.gemms], default=0)
 
   def calls(self, ctx: CallContext) -> list[Call]:
     bufs, calls = self.kernel.bufs, []

@@ -1,0 +1,91 @@
+"""A stride-1 convolution's window read in place from padded copies of its input (codegen/lower/columns.py
+padded_copy, runtime_c/aot_gemm.c window_rows): each task copies its panel of output rows' input rows, padded, and the
+microkernel reads the taps there, its columns in the copy's rows (Wp wide), each tile stored where the output has it.
+Against numpy in float64 over geometries whose tiles cross the copy's rows and end past it (widths 12 to 57, 3x3 and
+5x5 windows, even, odd, one-sided and no padding, one input plane, rows that fill no whole tile), a 2x2 pool after the
+convolution (its rows split in two), the epilogue's steps in the tile (bias, ReLU) and after the store (a residual),
+on 1, 2 and 3 threads bitwise, split into every task there is; and built by each C compiler."""
+
+import numpy as np
+import pytest
+from conftest import COMPILERS, TARGETS, fresh_like, outputs_on_threads
+
+import aot
+from aot.frontends.tensor import Tensor
+
+rng = np.random.default_rng(7)
+f32 = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
+
+
+def conv_ref(x, w, pads):
+  """float64 convolution at stride 1, pads ((top, bottom), (left, right))."""
+  x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), *pads))
+  return np.einsum("nchwij,ocij->nohw", np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3)), w)
+
+
+def run(fn, xs, tmp_path, target="c"):
+  """(the outputs on fresh inputs, those inputs, model.c): on 1, 2 and 3 threads, bitwise the same."""
+  art = aot.compile_model(fn, xs, out_dir=tmp_path / target, target=target)
+  fresh = [fresh_like(x, 100 + i) for i, x in enumerate(xs)]
+  outs = outputs_on_threads(art, dict(enumerate(fresh)), (1, 2, 3))
+  for out in outs[1:]:
+    np.testing.assert_array_equal(out, outs[0])
+  return outs[0], fresh, (art.dir / "src" / "model.c").read_text()
+
+
+def close(out, ref):
+  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+GEOMETRIES = [
+  # (input planes, output channels, height, width, window, pads ((top, bottom), (left, right)))
+  (16, 32, 20, 23, 3, ((1, 1), (1, 1))),
+  (8, 20, 13, 57, 3, ((1, 1), (1, 1))),
+  (12, 64, 11, 28, 3, ((1, 1), (1, 1))),
+  (1, 16, 28, 28, 5, ((0, 0), (0, 0))),
+  (5, 24, 19, 33, 5, ((2, 2), (2, 2))),
+  (6, 32, 17, 26, 3, ((0, 2), (2, 0))),
+]
+
+
+@pytest.mark.usefixtures("split_every_kernel")
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "x".join(map(str, g[:5])))
+def test_window_read_from_a_padded_copy(geometry, target, tmp_path):
+  cin, cout, h, w, k, pads = geometry
+  x, wt, bias = f32(1, cin, h, w), f32(cout, cin, k, k), f32(cout)
+  fn = lambda x: x.conv2d(Tensor(wt), Tensor(bias), padding=[p for pair in zip(*pads) for p in pair]).relu()
+  out, (x,), src = run(fn, [x], tmp_path, target)
+  assert ".koff = k_" in src
+  close(out, np.maximum(conv_ref(x, wt, pads) + bias[:, None, None], 0))
+
+
+@pytest.mark.usefixtures("split_every_kernel")
+@pytest.mark.parametrize("target", TARGETS)
+def test_window_under_a_pool_and_a_residual(target, tmp_path):
+  # a 2x2 max pool after the convolution splits its rows and columns in two each (MNIST's 5x5 convs), which still step
+  # as one; a residual is read by column, so the steps run after the tiles are stored
+  x, r, w1, w2 = f32(1, 8, 26, 30), f32(1, 24, 13, 15), f32(24, 8, 3, 3), f32(24, 24, 3, 3)
+  fn = lambda x, r: (x.conv2d(Tensor(w1), padding=1).max_pool2d(2).conv2d(Tensor(w2), padding=1) + r).relu()
+  out, (x, r), src = run(fn, [x, r], tmp_path, target)
+  assert src.count(".koff = k_") == 2
+  pooled = conv_ref(x, w1, ((1, 1), (1, 1))).reshape(1, 24, 13, 2, 15, 2).max(axis=(3, 5))
+  close(out, np.maximum(conv_ref(pooled, w2, ((1, 1), (1, 1))) + r, 0))
+
+
+@pytest.mark.parametrize("cc", COMPILERS)
+def test_window_built_by_each_compiler(cc, tmp_path, monkeypatch):
+  monkeypatch.setenv("CC", cc)
+  x, wt = f32(1, 16, 21, 40), f32(24, 16, 3, 3)
+  out, (x,), src = run(lambda x: x.conv2d(Tensor(wt), padding=1), [x], tmp_path)
+  assert ".koff = k_" in src
+  close(out, conv_ref(x, wt, ((1, 1), (1, 1))))
+
+
+def test_many_output_channels_keep_the_taps_copy(tmp_path):
+  # 128 output channels share the taps' copy (im2col) over a K of 576: the padded copy's extra columns and stores
+  # through the stack cost more there (columns.WINDOW_ROWS)
+  x, wt = f32(1, 64, 28, 28), f32(128, 64, 3, 3)
+  out, (x,), src = run(lambda x: x.conv2d(Tensor(wt), padding=1), [x], tmp_path)
+  assert "aot_gemm g" in src and ".koff" not in src
+  close(out, conv_ref(x, wt, ((1, 1), (1, 1))))
