@@ -273,11 +273,13 @@ def _one_run(expr: UOp, sub: dict, rest: tuple[UOp, ...], number: int) -> tuple[
 # a stride-1 convolution's window is read in place from a padded copy of its input (PaddedCopy), where the taps' copy
 # (im2col: K x N floats written, then read back, shared by the M rows) costs more than the padded rows' extra columns,
 # computed and dropped, and C's tiles stored through a copy where they cross a row: at most WINDOW_ROWS rows, or up to
-# twice as many over a K of at most WINDOW_SHORT_K, and rows at most WINDOW_MAX_WIDEN as wide. Measured (1 thread, a
-# convolution with bias and ReLU, interleaved, against panels): 3x3 32->32 over 56x56 0.85x, 16->32 over 112x112
-# 0.89x, 128->32 over 56x56 and 28x28 0.90x, 5x5 32->32 over 24x24 0.91x, 16->64 over 55x55 0.90x, 32->64 over 56x56
-# 0.94x; as fast at 64 rows over a K of 576 or 1152, and at 128 rows over 288; 1.08x at 128 rows over 576
-WINDOW_ROWS, WINDOW_SHORT_K, WINDOW_MAX_WIDEN = 32, 288, 1.25
+# twice as many over a K of at most WINDOW_SHORT_K; a K of WINDOW_MIN_K at least, rows WINDOW_MIN_WIDTH wide at least
+# and at most WINDOW_MAX_WIDEN as wide padded. Measured (1 thread, a convolution with bias and ReLU, interleaved,
+# against the taps' copy in panels): 3x3 32->32 over 56x56 0.85x, 16->32 over 112x112 0.89x, 128->32 over 56x56 and
+# 28x28 0.90x, 5x5 32->32 over 24x24 0.91x, 16->64 over 55x55 0.90x, 32->64 over 56x56 0.94x; as fast at 64 rows over
+# a K of 576 or 1152, and at 128 rows over 288; slower at 128 rows over 576 (1.08x), over a K of 25 (MNIST's first
+# conv, 1.08x) and over 8-wide rows (32->64 over 10x10, 1.41x: every tile crosses a row and the copies dominate)
+WINDOW_ROWS, WINDOW_SHORT_K, WINDOW_MIN_K, WINDOW_MIN_WIDTH, WINDOW_MAX_WIDEN = 32, 288, 64, 16, 1.25
 
 
 @dataclass(frozen=True)
@@ -342,7 +344,7 @@ def padded_copy(c: Contraction, bufs: list, nr: int) -> PaddedCopy | None:
   OH, OW, zero = prod(r.size for r in rows), prod(r.size for r in cols), kh.const_like(0)
   Hp, Wp = OH + kh.size - 1, OW + kw.size - 1
   # (a tile crosses at most 5 of the copy's rows: runtime_c/aot_gemm.c window_rows)
-  if Wp > WINDOW_MAX_WIDEN * OW or Wp < 8:
+  if Wp > WINDOW_MAX_WIDEN * OW or OW < max(WINDOW_MIN_WIDTH, 8) or c.K < WINDOW_MIN_K:
     return None
   # the window over one output row y and column x: each group's last range stands for it (its step is the group's)
   y, x = (UOp(Ops.RANGE, dtypes.index, (), (i, n, "loop")) for i, n in enumerate((OH, OW)))
