@@ -4,8 +4,8 @@ microkernel reads the taps there, its columns in the copy's rows (Wp wide), each
 Against numpy in float64 over geometries whose tiles cross the copy's rows and end past it (widths 20 to 57; 3x3, 5x5
 and 9x9 windows; even, odd, one-sided and no padding; one input plane; rows that fill no whole tile), a 2x2 pool after
 the convolution (its rows split in two), the epilogue's steps in the tile (bias, ReLU) and after the store (a
-residual), on 1, 2 and 3 threads bitwise, split into every task there is; built by each C compiler; and the shapes
-where the copy does not pay keeping the taps' copy."""
+residual), on 1, 2 and 3 threads bitwise, split into every task there is; built by each C compiler; on the 6x16 tile
+(no AVX-512); and the shapes where the copy does not pay keeping the taps' copy."""
 
 import numpy as np
 import pytest
@@ -72,6 +72,17 @@ def test_window_under_a_pool_and_a_residual(target, tmp_path):
   assert src.count(".koff = k_") == 2
   pooled = conv_ref(x, w1, ((1, 1), (1, 1))).reshape(1, 24, 13, 2, 20, 2).max(axis=(3, 5))
   close(out, np.maximum(conv_ref(pooled, w2, ((1, 1), (1, 1))) + r, 0))
+
+
+def test_window_on_the_6x16_tile(tmp_path):
+  # a CPU without AVX-512 runs 6x16 tiles (gemm_tile): the window's variant of that microkernel
+  x, wt = f32(1, 8, 20, 41), f32(20, 8, 3, 3)
+  art = aot.compile_model(lambda x: x.conv2d(Tensor(wt), padding=1).relu(), [x], out_dir=tmp_path, cpu="x86-64-v3")
+  src = (art.dir / "src" / "model.c").read_text()
+  assert ".koff = k_" in src and "aot_gemm g = {1, 20, 860, 72, 6, 16," in src
+  outs = outputs_on_threads(art, {"x": x}, (1, 2))
+  np.testing.assert_array_equal(outs[1], outs[0])
+  close(outs[0], np.maximum(conv_ref(x, wt, ((1, 1), (1, 1))), 0))
 
 
 @pytest.mark.parametrize("cc", COMPILERS)
