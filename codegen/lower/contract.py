@@ -463,9 +463,6 @@ class Operand:
   panel: tuple[int, int] = (0, 0)
   # ... of compact columns (Contraction.compact): as the run's size shapes it, panel the most columns it holds
   compact: CompactPanel | None = None
-  # B's row k at koff[k] + its column in the panel (a convolution's window read from a padded copy of its input rows
-  # that the task packs: Contraction.window)
-  koff: tuple[int, ...] = ()
 
 
 # the ops of an epilogue step the microkernel applies to each finished tile (aot_gemm_step in runtime_c/aot_gemm.h)
@@ -572,7 +569,7 @@ def _operand(c: Contraction, side: Side, is_b: bool, R: int, bufs: list, new_slo
   if form == "window":
     # (a panel's copy, its columns whole rows of Wp: PaddedCopy)
     columns = c.window.rows * c.window.wide
-    return Operand(-1, 0, (0, R, 1, 0), True, pack=c.window.pad, panel=(columns, columns), koff=c.window.koff)
+    return Operand(-1, 0, (0, R, 1, 0), True, pack=c.window.pad, panel=(columns, columns))
   if form == "packed":
     packed = evaluate_operand(c, side, R, _constants(side, bufs))
     return Operand(new_slot(make_buffer("const", packed)), 0, (packed[0].size, c.K * R, 1, R), True)

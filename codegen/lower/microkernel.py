@@ -167,8 +167,9 @@ class GemmCall(Call):
 
   def render(self, arg, tramps: dict) -> str:
     g, c, f = self.gemm, self.gemm.c, self.items
-    batch, rows, cols, depth = str(c.B), self._size(c.a.rows), self._size(c.b.rows), self._size(c.k)
-    cols = str(c.N) if c.window is not None else cols
+    batch, rows, depth = str(c.B), self._size(c.a.rows), self._size(c.k)
+    # (a window read from a padded copy: the microkernel's columns, Contraction.N)
+    cols = str(c.N) if c.window is not None else self._size(c.b.rows)
     if f is not None:
       batch, rows = ("1", f"(int)n_ * {rows}") if f.rows else ("(int)n_", rows)
     sized = any(r.runtime for r in (*c.a.rows, *c.b.rows, *c.k))
@@ -196,9 +197,9 @@ class GemmCall(Call):
     tail += f", .ldc = {g.ldc}" if g.ldc else ""
     tail += ", .stream_b = 1" if streams_b(g) else ""
     if c.window is not None:
-      # a window's taps, read in place from a padded copy of the input (Operand.koff), in rows of columns wide, of
+      # a window's taps, read in place from a padded copy of the input (PaddedCopy.koff), in rows of columns wide, of
       # which C has the first OW, its rows as far apart as its own (N is the microkernel's columns, wide per row)
-      steps = f"static const int k_[] = {{{', '.join(map(str, g.b.koff))}}}; " + steps
+      steps = f"static const int k_[] = {{{', '.join(map(str, c.window.koff))}}}; " + steps
       tail += f", .koff = k_, .wide = {c.window.wide}, .narrow = {c.window.narrow}"
       tail += "" if g.ldc else f", .ldc = {c.b.size}"
     if sized:
