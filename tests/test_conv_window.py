@@ -9,7 +9,9 @@ residual), on 1, 2 and 3 threads bitwise, split into every task there is; built 
 
 import numpy as np
 import pytest
-from conftest import COMPILERS, TARGETS, fresh_like, outputs_on_threads
+from conftest import COMPILERS, TARGETS, outputs_on_threads
+from test_contract import close, compiled
+from test_conv_taps import reference
 
 import aot
 from aot.frontends.tensor import Tensor
@@ -20,22 +22,13 @@ f32 = lambda *shape: rng.standard_normal(shape, dtype=np.float32)
 
 def conv_ref(x, w, pads):
   """float64 convolution at stride 1, pads ((top, bottom), (left, right))."""
-  x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), *pads))
-  return np.einsum("nchwij,ocij->nohw", np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3)), w)
+  return reference(x, w, (1, 1), pads, (1, 1))
 
 
 def run(fn, xs, tmp_path, target="c"):
-  """(the outputs on fresh inputs, those inputs, model.c): on 1, 2 and 3 threads, bitwise the same."""
-  art = aot.compile_model(fn, xs, out_dir=tmp_path / target, target=target)
-  fresh = [fresh_like(x, 100 + i) for i, x in enumerate(xs)]
-  outs = outputs_on_threads(art, dict(enumerate(fresh)), (1, 2, 3))
-  for out in outs[1:]:
-    np.testing.assert_array_equal(out, outs[0])
-  return outs[0], fresh, (art.dir / "src" / "model.c").read_text()
-
-
-def close(out, ref):
-  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+  """(the outputs on fresh inputs, those inputs, model.c): test_contract's compiled, on 1, 2 and 3 threads bitwise."""
+  out, fresh, _, _ = compiled(fn, xs, tmp_path, target)
+  return out, fresh, (tmp_path / target / "src" / "model.c").read_text()
 
 
 GEOMETRIES = [
